@@ -1,0 +1,1 @@
+"""Serving the fine-tuned classifier over HTTP (FastAPI). Imports nothing from `training`."""

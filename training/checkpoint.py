@@ -1,0 +1,181 @@
+"""What a run leaves in --output_dir, and how to find it again.
+
+    distilbert_agnews.pt   state_dict of the best model, unwrapped (no "module."/"_orig_mod." prefixes)
+    config.json            model config with id2label / label2id
+    tokenizer/             tokenizer.save_pretrained
+    metrics.json           validation (best) and test metrics, config, versions, world size
+    state/step_N/          resumable state: accelerator.save_state + progress.json
+
+Every writer here is called on ALL ranks (so they stay in step) and writes on the main process only,
+except `accelerator.save_state`, which by accelerate's design also stores each rank's RNG state. Files
+and state folders are written under a temporary name and renamed into place, so a crash mid-save leaves
+the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from accelerate import Accelerator
+
+WEIGHTS_NAME = "distilbert_agnews.pt"
+CONFIG_NAME = "config.json"
+TOKENIZER_DIR = "tokenizer"
+METRICS_NAME = "metrics.json"
+STATE_DIR = "state"
+PROGRESS_NAME = "progress.json"
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved with every resumable state."""
+
+    epoch: int = 0
+    """Epoch in progress (0-based)."""
+    batches_done: int = 0
+    """Batches of that epoch each rank has already trained on."""
+    global_step: int = 0
+    """Optimizer steps taken."""
+    best_metric: Optional[float] = None
+    """Best validation value of metric_for_best_model so far."""
+    best_step: Optional[int] = None
+    """Optimizer step at which the best model was saved."""
+    best_validation: dict[str, Any] = field(default_factory=dict)
+    """All validation metrics of the best model."""
+    evals_since_best: int = 0
+    """Evaluations without improvement (early stopping)."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Every evaluation: step, epoch and metrics."""
+    layout: dict[str, Any] = field(default_factory=dict)
+    """World size, batch size, accumulation, seed: what fixes the order of the batches."""
+
+
+class ResumeError(RuntimeError):
+    """A resumable state that cannot continue this run exactly."""
+
+
+# ----------------------------------------------------------------------------------------- file writes
+
+
+def _atomic_write_bytes(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    _atomic_write_bytes(Path(path), lambda fh: fh.write(json.dumps(data, indent=2, default=str).encode() + b"\n"))
+
+
+def _replace_dir(staging: Path, target: Path) -> None:
+    """Swap a fully written folder into place (the old one is removed only after the new one is there)."""
+    old = target.with_name(f".{target.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------ best model
+
+
+def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: str) -> None:
+    """Write the servable model: weights, config.json, tokenizer/. Call on all ranks."""
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+        weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in unwrapped.state_dict().items()}
+        _atomic_write_bytes(out / WEIGHTS_NAME, lambda fh: torch.save(weights, fh))
+        config_staging = Path(tempfile.mkdtemp(prefix=".config.", dir=out))
+        unwrapped.config.save_pretrained(config_staging)
+        os.replace(config_staging / CONFIG_NAME, out / CONFIG_NAME)
+        shutil.rmtree(config_staging, ignore_errors=True)
+        tok_staging = Path(tempfile.mkdtemp(prefix=f".{TOKENIZER_DIR}.", dir=out))
+        tokenizer.save_pretrained(tok_staging)
+        _replace_dir(tok_staging, out / TOKENIZER_DIR)
+    accelerator.wait_for_everyone()
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The saved state_dict, refusing anything but plain tensors (never unpickles code)."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# ------------------------------------------------------------------------------------ resumable state
+
+
+def state_path(output_dir: str, step: int) -> Path:
+    return Path(output_dir) / STATE_DIR / f"step_{step}"
+
+
+def save_state(accelerator: Accelerator, output_dir: str, progress: Progress) -> Path:
+    """accelerator.save_state into a temporary folder, then rename to state/step_N. Call on all ranks."""
+    target = state_path(output_dir, progress.global_step)
+    staging = target.with_name(f".tmp_{target.name}")
+    if accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging))  # model, optimizer, scheduler, grad scaler, every rank's RNG
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        write_json(staging / PROGRESS_NAME, dataclasses.asdict(progress))
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    accelerator.wait_for_everyone()
+    return target
+
+
+def read_progress(state_folder: str | Path) -> Progress:
+    with open(Path(state_folder) / PROGRESS_NAME, encoding="utf-8") as fh:
+        return Progress(**json.load(fh))
+
+
+def find_latest_state(output_dir: str) -> Optional[Path]:
+    """The complete state folder with the highest recorded optimizer step (not the newest mtime)."""
+    root = Path(output_dir) / STATE_DIR
+    best: tuple[int, Optional[Path]] = (-1, None)
+    for folder in root.glob("step_*") if root.is_dir() else []:
+        if (folder / PROGRESS_NAME).is_file():
+            step = read_progress(folder).global_step
+            if step > best[0]:
+                best = (step, folder)
+    return best[1]
+
+
+def load_state(accelerator: Accelerator, state_folder: str | Path, layout: dict[str, Any]) -> Progress:
+    """Restore model, optimizer, scheduler and RNG states; return where training stood.
+
+    A state saved mid-epoch can only continue with the same batch layout (the position in the epoch is
+    counted in batches per rank); at an epoch boundary a different layout is allowed (e.g. more GPUs).
+    """
+    if not (Path(state_folder) / PROGRESS_NAME).is_file():
+        raise ResumeError(f"{state_folder}: not a resumable state (no {PROGRESS_NAME})")
+    progress = read_progress(state_folder)
+    if progress.batches_done and progress.layout != layout:
+        raise ResumeError(
+            f"{state_folder} was saved mid-epoch with {progress.layout}; this run has {layout}. Resume with the "
+            "same launch config and batch settings, or from a state saved at the end of an epoch."
+        )
+    accelerator.load_state(str(state_folder))
+    progress.layout = layout
+    return progress

@@ -1,0 +1,322 @@
+"""The one typed training configuration: defaults < ``--preset`` < ``--config file.yaml`` < CLI flags.
+
+Every field carries its documentation as an attribute docstring (the string right below it); ``--help``
+prints those. Parsing never touches torch, a process group or a model, so a bad value is reported in one
+line with exit code 2 before anything expensive starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import os
+import textwrap
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from training.smoke import smoke_dir
+
+SUPPORTED_DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet")
+METRICS = ("accuracy", "macro_f1")
+TRACKERS = ("none", "all", "tensorboard", "wandb", "trackio", "comet_ml", "aim", "mlflow", "clearml", "dvclive", "swanlab")
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, mistyped or impossible; the message names the field."""
+
+
+@dataclass
+class TrainConfig:
+    # ----------------------------------------------------------------------------------------- model
+    model_name_or_path: str = "distilbert-base-uncased"
+    """Hub model id or local folder with a config, tokenizer and weights."""
+    tokenizer_name: Optional[str] = None
+    """Tokenizer id or folder, when it differs from model_name_or_path."""
+    from_scratch: bool = False
+    """Build the model from model_name_or_path's config with random weights (smoke preset, speed benchmarks)."""
+    # ------------------------------------------------------------------------------------------ data
+    dataset_name: str = "ag_news"
+    """Hub dataset with train/test splits; ignored when --train_file is given."""
+    train_file: Optional[str] = None
+    """Local training data (.csv, .jsonl/.json or .parquet) with a text and a label column."""
+    validation_file: Optional[str] = None
+    """Local validation data; default: a seeded slice of the training data (see validation_split)."""
+    test_file: Optional[str] = None
+    """Local test data, scored once at the end with the best model; default: the Hub dataset's test split."""
+    text_column: str = "text"
+    """Name of the text column."""
+    label_column: str = "label"
+    """Name of the label column; values are class ids (0..N-1) or class names."""
+    label_names: Optional[list[str]] = None
+    """Class names in id order. Default: the Hub dataset's names; for local files, the AG News names
+    (World, Sports, Business, Sci/Tech) when labels are ids 0..3 or those names, else the sorted names found."""
+    validation_split: float = 0.05
+    """Fraction of the training data held out (seeded, deterministic) when no validation file is given."""
+    num_samples: Optional[int] = None
+    """Use only N examples of each split (seeded shuffle), for quick runs."""
+    max_length: int = 128
+    """Truncate texts to this many tokens."""
+    group_by_length: bool = True
+    """Batch texts of similar length together (less padding); every rank still gets an equal, disjoint shard."""
+    dataloader_num_workers: int = 0
+    """DataLoader worker processes per rank (0 = load in the training process)."""
+    # ------------------------------------------------------------------------------------ optimization
+    num_train_epochs: int = 2
+    """Passes over the training data."""
+    max_train_steps: Optional[int] = None
+    """Stop after this many optimizer steps (overrides num_train_epochs)."""
+    per_device_train_batch_size: int = 32
+    """Training examples per process per forward pass."""
+    per_device_eval_batch_size: int = 64
+    """Evaluation examples per process per forward pass."""
+    gradient_accumulation_steps: int = 1
+    """Forward/backward passes per optimizer step."""
+    learning_rate: float = 5e-5
+    """Peak learning rate of AdamW (before --scale_lr)."""
+    scale_lr: str = "none"
+    """'linear' multiplies the learning rate by the number of processes (linear scaling rule); 'none' keeps it."""
+    weight_decay: float = 0.01
+    """AdamW weight decay; never applied to biases and LayerNorm weights."""
+    warmup_ratio: float = 0.1
+    """Fraction of optimizer steps with linear warmup; the rest decays linearly to zero."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient norm to this value (0 disables clipping)."""
+    mixed_precision: Optional[str] = None
+    """'no', 'fp16' or 'bf16'; default: what `accelerate launch` / the accelerate config says."""
+    seed: int = 42
+    """Seed for model init, data order, dropout and the validation split."""
+    # ------------------------------------------------------------------------ evaluation and stopping
+    eval_steps: Optional[int] = None
+    """Also evaluate every N optimizer steps (always at the end of each epoch)."""
+    metric_for_best_model: str = "accuracy"
+    """Validation metric that picks the best model: 'accuracy' or 'macro_f1'."""
+    early_stopping_patience: Optional[int] = None
+    """Stop after N evaluations without improvement of metric_for_best_model."""
+    # ---------------------------------------------------------------------- checkpoints and logging
+    output_dir: str = "checkpoints"
+    """Folder for the best model, tokenizer, config, metrics and resumable state."""
+    checkpointing_steps: str = "epoch"
+    """Save resumable state every N optimizer steps, at each 'epoch' end, or 'none'."""
+    resume_from_checkpoint: Optional[str] = None
+    """'latest' (newest state under output_dir/state, by recorded step) or a path to a state/step_N folder."""
+    logging_steps: int = 50
+    """Log the loss (mean over all ranks) every N optimizer steps."""
+    report_to: str = "none"
+    """Experiment tracker(s) for accelerate: 'none', 'all', or comma-separated names such as 'tensorboard,wandb'."""
+    ddp_timeout: int = 1800
+    """Seconds a collective may wait for the other ranks before the job fails."""
+    find_unused_parameters: bool = False
+    """DDP option for models with parameters that get no gradient; slower, off by default."""
+    preset: Optional[str] = None
+    """'smoke': offline synthetic news data, a tokenizer trained on it and a tiny DistilBERT (CPU, < 1 min)."""
+
+    def effective_batch_size(self, num_processes: int) -> int:
+        """Examples per optimizer step across all ranks."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps * num_processes
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def presets() -> dict[str, dict[str, Any]]:
+    """Named bundles of defaults; explicit YAML and CLI values still win."""
+    root = smoke_dir()
+    return {
+        "smoke": {
+            "model_name_or_path": str(root / "model"),
+            "from_scratch": True,
+            "train_file": str(root / "train.csv"),
+            "test_file": str(root / "test.csv"),
+            "validation_split": 0.1,
+            "max_length": 64,
+            "num_train_epochs": 3,
+            "per_device_train_batch_size": 16,
+            "per_device_eval_batch_size": 64,
+            "learning_rate": 1e-3,
+            "warmup_ratio": 0.1,
+            "logging_steps": 50,
+        }
+    }
+
+
+# --------------------------------------------------------------------------------------------- parsing
+
+
+def field_docs(cls: type = TrainConfig) -> dict[str, str]:
+    """Attribute docstrings of a dataclass, read from its source (Python keeps no runtime record of them)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _base_type(annotation: Any) -> tuple[type, bool]:
+    """(int | str | float | bool | list, optional?) for a field annotation such as Optional[int]."""
+    hint = annotation
+    optional = False
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        hint = args[0]
+    origin = typing.get_origin(hint)
+    return (origin or hint), optional
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Convert a YAML or CLI value to the field's type, or raise ConfigError naming the field."""
+    hints = typing.get_type_hints(TrainConfig)
+    kind, optional = _base_type(hints[name])
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ConfigError(f"{name}: a value is required")
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    if kind is list:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+            raise ConfigError(f"{name}: expected a list of strings, got {value!r}")
+        return [v.strip() for v in items]
+    if kind is int:
+        if isinstance(value, bool) or isinstance(value, float):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
+    if kind is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a string, got {value!r}")
+    return str(value)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Reject impossible combinations with one message naming the field."""
+
+    def need(ok: bool, name: str, message: str) -> None:
+        if not ok:
+            raise ConfigError(f"{name}: {message} (got {getattr(cfg, name)!r})")
+
+    for name in ("num_train_epochs", "per_device_train_batch_size", "per_device_eval_batch_size",
+                 "gradient_accumulation_steps", "max_length", "logging_steps", "ddp_timeout"):
+        need(getattr(cfg, name) >= 1, name, "must be >= 1")
+    for name in ("max_train_steps", "num_samples", "eval_steps", "early_stopping_patience"):
+        need(getattr(cfg, name) is None or getattr(cfg, name) >= 1, name, "must be >= 1 or none")
+    need(cfg.max_length >= 8, "max_length", "must be >= 8")
+    need(cfg.learning_rate > 0, "learning_rate", "must be > 0")
+    need(cfg.weight_decay >= 0, "weight_decay", "must be >= 0")
+    need(0 <= cfg.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
+    need(cfg.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
+    need(0 < cfg.validation_split < 1, "validation_split", "must be in (0, 1)")
+    need(cfg.dataloader_num_workers >= 0, "dataloader_num_workers", "must be >= 0")
+    need(cfg.scale_lr in ("none", "linear"), "scale_lr", "must be 'none' or 'linear'")
+    need(cfg.mixed_precision in (None, "no", "fp16", "bf16"), "mixed_precision", "must be no, fp16 or bf16")
+    need(cfg.metric_for_best_model in METRICS, "metric_for_best_model", f"must be one of {', '.join(METRICS)}")
+    need(cfg.preset in (None, *presets()), "preset", f"must be one of {', '.join(presets())}")
+    need(cfg.checkpointing_steps in ("epoch", "none") or (cfg.checkpointing_steps.isdigit()
+         and int(cfg.checkpointing_steps) >= 1), "checkpointing_steps", "must be 'epoch', 'none' or a positive integer")
+    unknown = [t for t in cfg.report_to.split(",") if t.strip() not in TRACKERS]
+    need(not unknown, "report_to", f"unknown tracker {unknown[0] if unknown else ''!r}; use {', '.join(TRACKERS)}")
+    need(not cfg.label_names or len(set(cfg.label_names)) == len(cfg.label_names) >= 2,
+         "label_names", "needs two or more distinct names")
+    for name in ("train_file", "validation_file", "test_file"):
+        path = getattr(cfg, name)
+        need(path is None or Path(path).suffix.lower() in SUPPORTED_DATA_SUFFIXES, name,
+             f"must end in one of {', '.join(SUPPORTED_DATA_SUFFIXES)}")
+    need(cfg.train_file is not None or cfg.dataset_name.strip() != "", "dataset_name",
+         "give a Hub dataset name or --train_file")
+    resume = cfg.resume_from_checkpoint
+    need(resume in (None, "latest") or Path(resume).is_dir(), "resume_from_checkpoint",
+         "must be 'latest' or an existing state folder")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage dump) and exits 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
+    parser = _OneLineParser(
+        prog=prog,
+        description="Fine-tune a text classifier (DistilBERT on AG News by default). "
+        "Precedence: defaults < --preset < --config YAML < flags.",
+        argument_default=argparse.SUPPRESS,  # only flags given on the command line reach the namespace
+        allow_abbrev=False,
+    )
+    parser.add_argument("--config", help="YAML file with TrainConfig fields")
+    docs = field_docs()
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        kind, _ = _base_type(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kwargs: dict[str, Any] = {"help": f"{docs.get(f.name, '')} (default: {default})"}
+        if kind is bool:
+            kwargs.update(nargs="?", const="true", metavar="{true,false}")
+        elif kind is list:
+            kwargs.update(nargs="+", metavar="NAME")
+        else:
+            kwargs["metavar"] = kind.__name__.upper()
+        parser.add_argument(f"--{f.name}", **kwargs)
+    return parser
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"config: file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config: {path} is not valid YAML ({' '.join(str(exc).split())})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path} must hold a mapping of field: value")
+    return data
+
+
+def load_config(argv: Optional[list[str]] = None) -> TrainConfig:
+    """Parse CLI flags (and the YAML they point to) into a validated TrainConfig. Raises ConfigError."""
+    cli = vars(build_parser().parse_args(argv))
+    from_yaml = _read_yaml(cli.pop("config")) if "config" in cli else {}
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    for key in from_yaml:
+        if key not in known:
+            raise ConfigError(f"{key}: unknown field in the YAML config")
+    preset = cli.get("preset", from_yaml.get("preset"))
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in presets():
+            raise ConfigError(f"preset: must be one of {', '.join(presets())} (got {preset!r})")
+        values.update(presets()[preset])
+    values.update(from_yaml)
+    values.update(cli)
+    cfg = TrainConfig(**{name: _coerce(name, value) for name, value in values.items()})
+    validate(cfg)
+    return cfg

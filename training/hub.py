@@ -1,0 +1,74 @@
+"""Fail fast when the Hugging Face Hub is out of reach.
+
+Without a network, `from_pretrained` and `load_dataset` retry for about a minute before giving up. We probe
+the Hub once with a short timeout; if it does not answer, we switch the libraries to offline mode, so what
+is already in the local cache still loads and anything else fails at once with a message that says what to
+do instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import urllib.error
+import urllib.request
+
+import datasets.config
+import huggingface_hub.constants
+
+logger = logging.getLogger(__name__)
+
+HUB_URL = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+OFFLINE_HELP = (
+    "To try the whole pipeline offline, run `python training/train.py --preset smoke` (synthetic data and a tiny "
+    "model, no downloads). To train on your own data without the Hub, pass --train_file (and optionally "
+    "--validation_file / --test_file: csv, jsonl or parquet with text and label columns) and "
+    "--model_name_or_path pointing to a local model folder (one written by save_pretrained)."
+)
+
+
+class HubUnavailableError(RuntimeError):
+    """The Hub cannot be reached and what the run needs is not in the local cache."""
+
+
+def is_offline() -> bool:
+    return bool(huggingface_hub.constants.HF_HUB_OFFLINE)
+
+
+def hub_reachable(timeout: float = 5.0) -> bool:
+    """One HEAD request to the Hub; any answer from the server (even an error status) counts as reachable."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(HUB_URL, method="HEAD"), timeout=timeout)
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return True
+
+
+def go_offline() -> None:
+    """Switch huggingface_hub, transformers and datasets to cache-only loading for this process.
+
+    The libraries read HF_HUB_OFFLINE when they are imported, so setting the variable now is not enough:
+    we also flip the flags they consult at call time.
+    """
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    datasets.config.HF_HUB_OFFLINE = True
+
+
+def ensure_hub_or_offline(needs_hub: bool) -> None:
+    """Probe the Hub when the run needs it; without an answer, continue from the cache only."""
+    if not needs_hub or is_offline():
+        return
+    if not hub_reachable():
+        logger.warning("The Hugging Face Hub (%s) did not answer; loading from the local cache only.", HUB_URL)
+        go_offline()
+
+
+def explain_missing(what: str, exc: BaseException) -> HubUnavailableError:
+    """A one-paragraph error for a Hub resource that could not be loaded from the network or the cache."""
+    where = "the Hub is unreachable (offline mode)" if is_offline() else "it could not be loaded"
+    reason = " ".join(str(exc).split())[:300]
+    return HubUnavailableError(f"Cannot load {what}: {where} and it is not in the local cache ({reason}). {OFFLINE_HELP}")

@@ -1,0 +1,50 @@
+"""Model and optimizer construction."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+
+from training.config import TrainConfig
+from training.hub import explain_missing
+
+
+def load_tokenizer(cfg: TrainConfig):
+    name = cfg.tokenizer_name or cfg.model_name_or_path
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except OSError as exc:
+        raise explain_missing(f"tokenizer {name!r}", exc) from None
+
+
+def build_model(cfg: TrainConfig, label_names: Sequence[str]) -> PreTrainedModel:
+    """A sequence classifier with one output per class; pretrained weights unless cfg.from_scratch."""
+    labels = dict(
+        num_labels=len(label_names),
+        id2label={i: name for i, name in enumerate(label_names)},
+        label2id={name: i for i, name in enumerate(label_names)},
+    )
+    try:
+        if cfg.from_scratch:
+            config = AutoConfig.from_pretrained(cfg.model_name_or_path, **labels)
+            return AutoModelForSequenceClassification.from_config(config)
+        return AutoModelForSequenceClassification.from_pretrained(cfg.model_name_or_path, **labels)
+    except OSError as exc:
+        raise explain_missing(f"model {cfg.model_name_or_path!r}", exc) from None
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, learning_rate: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on weight matrices only: biases and LayerNorm weights are not decayed."""
+    no_decay = set()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if name == "bias" or isinstance(module, torch.nn.LayerNorm):
+                no_decay.add(param)
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p not in no_decay], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p in no_decay], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=learning_rate)

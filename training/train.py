@@ -1,0 +1,331 @@
+"""Fine-tune a text classifier (DistilBERT on AG News by default) with a plain PyTorch loop and Accelerate.
+
+    accelerate launch training/train.py                                   # Hub model + data
+    python training/train.py --preset smoke                               # offline, CPU, under a minute
+    accelerate launch --config_file accelerate_configs/cpu_2proc.yaml training/train.py --preset smoke
+
+Read top to bottom: `make_accelerator` (topology from the launcher), `main` (data, model, optimizer,
+prepare, resume), `fit` (epochs of `accelerator.accumulate` steps, periodic evaluation, checkpoints, early
+stopping), `evaluate` (all ranks in parallel, `gather_for_metrics`), then the best model on the test split.
+Rank logic goes through the Accelerator only; files are written by the main process (training/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a script (`python training/train.py`, `accelerate launch training/train.py`): Python put
+    # training/ itself first on sys.path. Replace it with the project root, so `training.*` imports work
+    # without installing and our module names never shadow an installed library.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import logging
+import math
+import os
+import time
+from datetime import timedelta
+from importlib.metadata import version
+
+import datasets
+import torch
+import transformers
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, set_seed
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from training import checkpoint
+from training.checkpoint import Progress
+from training.config import ConfigError, TrainConfig, load_config
+from training.data import DataError, load_splits, make_dataloaders, steps_per_epoch, tokenize_splits
+from training.hub import HubUnavailableError, ensure_hub_or_offline
+from training.metrics import classification_metrics
+from training.model import build_model, build_optimizer, load_tokenizer
+from training.smoke import ensure_smoke_assets
+
+logger = get_logger(__name__)
+
+
+class LaunchError(RuntimeError):
+    """The processes were started in a way that would not train correctly."""
+
+
+def make_accelerator(cfg: TrainConfig) -> Accelerator:
+    """One Accelerator for the whole run; topology and precision come from `accelerate launch`."""
+    accelerator = Accelerator(
+        # On a CPU-only machine, cpu=True turns a torchrun-started group into MULTI_CPU over gloo.
+        cpu=not torch.cuda.is_available(),
+        mixed_precision=cfg.mixed_precision,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        log_with=None if cfg.report_to == "none" else cfg.report_to.split(","),
+        project_dir=cfg.output_dir,
+        kwargs_handlers=[
+            InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout)),
+            DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters),
+        ],
+    )
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and accelerator.num_processes != launched:
+        raise LaunchError(
+            f"The launcher started {launched} processes but each one sees a world of "
+            f"{accelerator.num_processes}: they would train independently and overwrite each other's files. "
+            "On CPU use accelerate_configs/cpu_2proc.yaml (distributed_type MULTI_GPU, use_cpu false)."
+        )
+    return accelerator
+
+
+def main(cfg: TrainConfig, accelerator: Accelerator) -> dict:
+    started = time.time()
+    set_seed(cfg.seed)
+    logger.info("Distributed: %s, %d process(es), mixed precision %s, device %s", accelerator.distributed_type,
+                accelerator.num_processes, accelerator.mixed_precision, accelerator.device)
+
+    # ---- data and tokenizer (the main process downloads/tokenizes first; the others read its cache)
+    local = [cfg.tokenizer_name or cfg.model_name_or_path, cfg.model_name_or_path]
+    ensure_hub_or_offline(needs_hub=not cfg.train_file or not all(Path(p).is_dir() for p in local))
+    if cfg.preset == "smoke":
+        with accelerator.local_main_process_first():
+            ensure_smoke_assets()
+    with accelerator.main_process_first():
+        tokenizer = load_tokenizer(cfg)
+        splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
+    train_loader, sampler, val_loader, test_loader = make_dataloaders(
+        splits, tokenizer, cfg, accelerator.num_processes, pin_memory=accelerator.device.type == "cuda")
+
+    # ---- model, optimizer, schedule
+    model = build_model(cfg, splits.label_names)
+    learning_rate = cfg.learning_rate * (accelerator.num_processes if cfg.scale_lr == "linear" else 1)
+    optimizer = build_optimizer(model, cfg, learning_rate)
+    epoch_steps = steps_per_epoch(len(sampler) // accelerator.num_processes, cfg.gradient_accumulation_steps)
+    total_steps = cfg.max_train_steps or epoch_steps * cfg.num_train_epochs
+    num_epochs = math.ceil(total_steps / epoch_steps)
+    scheduler = transformers.get_linear_schedule_with_warmup(
+        optimizer, num_warmup_steps=round(cfg.warmup_ratio * total_steps), num_training_steps=total_steps)
+    model, optimizer, train_loader, val_loader, test_loader = accelerator.prepare(
+        model, optimizer, train_loader, val_loader, test_loader)
+    accelerator.register_for_checkpointing(scheduler)  # stepped by us once per optimizer step
+
+    logger.info("Examples: %d train, %d validation, %s test; %d classes: %s", len(splits.train),
+                len(splits.validation), len(splits.test) if splits.test is not None else "no",
+                len(splits.label_names), ", ".join(splits.label_names))
+    logger.info("Effective batch size %d (%d per device x %d accumulation x %d processes); learning rate %g; "
+                "%d optimizer steps (%d per epoch, %d epochs)", cfg.effective_batch_size(accelerator.num_processes),
+                cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, accelerator.num_processes,
+                learning_rate, total_steps, epoch_steps, num_epochs)
+
+    # ---- resume
+    progress = Progress(layout=layout_of(cfg, accelerator))
+    resume_from = cfg.resume_from_checkpoint
+    if resume_from == "latest":
+        resume_from = checkpoint.find_latest_state(cfg.output_dir)
+        if resume_from is None:
+            logger.info("No resumable state under %s/state; starting from scratch.", cfg.output_dir)
+    if resume_from:
+        progress = checkpoint.load_state(accelerator, resume_from, layout=progress.layout)
+        logger.info("Resumed from %s: epoch %d, %d batches into it, optimizer step %d", resume_from,
+                    progress.epoch, progress.batches_done, progress.global_step)
+
+    if accelerator.log_with:
+        accelerator.init_trackers("distilbert_agnews", config=tracker_config(cfg))
+
+    # ---- train, then score the best model once on the test split
+    fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, sampler, val_loader, progress,
+        total_steps, num_epochs)
+    test_metrics = None
+    if test_loader is not None:
+        best = checkpoint.load_weights(Path(cfg.output_dir) / checkpoint.WEIGHTS_NAME)
+        accelerator.unwrap_model(model).load_state_dict(best)
+        test_metrics = evaluate(accelerator, model, test_loader, len(splits.label_names))
+        logger.info("Test (best model, step %s): %s", progress.best_step, format_metrics(test_metrics))
+    summary = run_summary(cfg, accelerator, splits, progress, test_metrics, time.time() - started)
+    if accelerator.is_main_process:
+        checkpoint.write_json(Path(cfg.output_dir) / checkpoint.METRICS_NAME, summary)
+    accelerator.wait_for_everyone()
+    return summary
+
+
+def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, sampler, val_loader,
+        progress: Progress, total_steps: int, num_epochs: int) -> None:
+    num_labels = accelerator.unwrap_model(model).config.num_labels
+    save_every = int(cfg.checkpointing_steps) if cfg.checkpointing_steps.isdigit() else None
+    bar = tqdm(total=total_steps, initial=progress.global_step, desc="Training", unit="step",
+               disable=not accelerator.is_local_main_process)
+    loss_sum = torch.zeros((), device=accelerator.device)  # summed on device: no host sync per step
+    loss_count = 0
+
+    def validate_and_save() -> bool:
+        """Evaluate on every rank, save the model if it improved; True when early stopping fires."""
+        metrics = evaluate(accelerator, model, val_loader, num_labels)
+        progress.history.append({"step": progress.global_step, "epoch": progress.epoch, **metrics})
+        accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=progress.global_step)
+        value = metrics[cfg.metric_for_best_model]
+        improved = progress.best_metric is None or value > progress.best_metric
+        logger.info("Validation at step %d: %s%s", progress.global_step, format_metrics(metrics),
+                    " (best so far, saved)" if improved else "")
+        if improved:
+            progress.best_metric, progress.best_step, progress.best_validation = value, progress.global_step, metrics
+            progress.evals_since_best = 0
+            checkpoint.save_model(accelerator, model, tokenizer, cfg.output_dir)
+            if accelerator.is_main_process:
+                checkpoint.write_json(Path(cfg.output_dir) / checkpoint.METRICS_NAME,
+                                      run_summary(cfg, accelerator, None, progress, None, None))
+        else:
+            progress.evals_since_best += 1
+        if cfg.early_stopping_patience and progress.evals_since_best >= cfg.early_stopping_patience:
+            accelerator.set_trigger()
+        # Every rank computed the same metrics from the same gathered predictions; check_trigger (an
+        # all-reduce) makes the stop decision collectively all the same, so no rank can be left waiting.
+        return accelerator.check_trigger()
+
+    stop = progress.global_step >= total_steps
+    for epoch in range(progress.epoch, num_epochs):
+        if stop:
+            break
+        progress.epoch = epoch
+        sampler.set_epoch(epoch)  # reshuffle: same permutation on every rank, different each epoch
+        batches = accelerator.skip_first_batches(train_loader, progress.batches_done) if progress.batches_done \
+            else train_loader
+        model.train()
+        for batch in batches:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and cfg.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            progress.batches_done += 1
+            loss_sum += loss.detach()
+            loss_count += 1
+            if not accelerator.sync_gradients:
+                continue  # still accumulating
+
+            # ---- one optimizer step is done
+            if not optimizer.step_was_skipped:  # fp16 overflow skips the step; keep the schedule in step
+                scheduler.step()
+            progress.global_step += 1
+            bar.update(1)
+            if progress.global_step % cfg.logging_steps == 0:
+                mean_loss = accelerator.reduce(loss_sum / loss_count, reduction="mean").item()
+                loss_sum.zero_()
+                loss_count = 0
+                lr = scheduler.get_last_lr()[0]
+                bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
+                logger.info("step %d  loss %.4f  lr %.3e", progress.global_step, mean_loss, lr)
+                accelerator.log({"train/loss": mean_loss, "train/lr": lr, "train/epoch": epoch},
+                                step=progress.global_step)
+            if cfg.eval_steps and progress.global_step % cfg.eval_steps == 0:
+                stop = validate_and_save()
+            if save_every and progress.global_step % save_every == 0:
+                checkpoint.save_state(accelerator, cfg.output_dir, progress)
+            if stop or progress.global_step >= total_steps:
+                stop = True
+                break
+
+        epoch_done = progress.batches_done >= len(train_loader)
+        if epoch_done:
+            progress.epoch, progress.batches_done = epoch + 1, 0
+        if not (progress.history and progress.history[-1]["step"] == progress.global_step):
+            stop = validate_and_save() or stop  # end of epoch, or the last step (unless just evaluated)
+        if epoch_done and not stop and cfg.checkpointing_steps == "epoch":
+            checkpoint.save_state(accelerator, cfg.output_dir, progress)
+    bar.close()
+    if cfg.early_stopping_patience and progress.evals_since_best >= cfg.early_stopping_patience:
+        logger.info("Early stopping: no improvement of %s in %d evaluations (best %.4f at step %s).",
+                    cfg.metric_for_best_model, progress.evals_since_best, progress.best_metric, progress.best_step)
+
+
+@torch.no_grad()
+def evaluate(accelerator: Accelerator, model, loader, num_labels: int) -> dict:
+    """Every rank scores its shard; gather_for_metrics drops the padding duplicates of the last batch."""
+    was_training = model.training
+    model.eval()
+    predictions, labels, losses = [], [], []
+    for batch in loader:
+        logits = model(**batch).logits
+        loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"], reduction="none")
+        gathered = accelerator.gather_for_metrics((logits.argmax(dim=-1), batch["labels"], loss))
+        predictions.append(gathered[0])
+        labels.append(gathered[1])
+        losses.append(gathered[2])
+    model.train(was_training)
+    metrics = classification_metrics(torch.cat(predictions), torch.cat(labels), num_labels)
+    metrics["loss"] = torch.cat(losses).float().mean().item()
+    return metrics
+
+
+# ------------------------------------------------------------------------------------------ reporting
+
+
+def layout_of(cfg: TrainConfig, accelerator: Accelerator) -> dict:
+    """What must match for a mid-epoch resume to continue with exactly the next batches."""
+    return {"num_processes": accelerator.num_processes, "per_device_train_batch_size": cfg.per_device_train_batch_size,
+            "gradient_accumulation_steps": cfg.gradient_accumulation_steps, "seed": cfg.seed,
+            "group_by_length": cfg.group_by_length}
+
+
+def format_metrics(metrics: dict) -> str:
+    return "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+
+
+def tracker_config(cfg: TrainConfig) -> dict:
+    """Trackers (TensorBoard hparams) accept only scalars."""
+    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in cfg.to_dict().items()}
+
+
+def run_summary(cfg, accelerator, splits, progress: Progress, test_metrics, runtime_s) -> dict:
+    summary = {
+        "validation": progress.best_validation,
+        "test": test_metrics,
+        "best_step": progress.best_step,
+        "global_step": progress.global_step,
+        "epochs_completed": progress.epoch,
+        "metric_for_best_model": cfg.metric_for_best_model,
+        "world_size": accelerator.num_processes,
+        "effective_batch_size": cfg.effective_batch_size(accelerator.num_processes),
+        "mixed_precision": accelerator.mixed_precision,
+        "history": progress.history,
+        "config": cfg.to_dict(),
+        "versions": {name: version(name) for name in ("torch", "accelerate", "transformers", "datasets", "tokenizers")},
+        "train_runtime_s": runtime_s,
+    }
+    if splits is not None:
+        summary["num_examples"] = {"train": len(splits.train), "validation": len(splits.validation),
+                                   "test": len(splits.test) if splits.test is not None else 0}
+        summary["label_names"] = splits.label_names
+    return summary
+
+
+def cli(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        level=logging.INFO)
+    try:
+        cfg = load_config(argv)
+    except ConfigError as exc:
+        sys.stderr.write(f"train.py: error: {exc}\n")
+        return 2
+    try:
+        accelerator = make_accelerator(cfg)
+    except LaunchError as exc:
+        sys.stderr.write(f"train.py: error: {exc}\n")
+        return 2
+    if not accelerator.is_local_main_process:  # one copy of library chatter per machine
+        datasets.utils.logging.set_verbosity_error()
+        transformers.utils.logging.set_verbosity_error()
+    try:
+        with logging_redirect_tqdm():  # log lines print above the progress bar instead of through it
+            main(cfg, accelerator)
+    except (DataError, HubUnavailableError, checkpoint.ResumeError) as exc:
+        # Expected, explainable failures: one paragraph, no traceback. Everything else propagates.
+        logger.error("%s", exc)
+        return 1
+    finally:
+        accelerator.end_training()  # destroys the process group; without it gloo may abort at exit
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
