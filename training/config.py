@@ -257,10 +257,10 @@ def validate(cfg: TrainConfig) -> None:
 
 
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line (no usage dump) and exits 2."""
+    """argparse whose errors become ConfigError (one line, no usage dump); the caller exits 2."""
 
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        raise ConfigError(message)
 
 
 def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:

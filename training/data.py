@@ -55,6 +55,8 @@ def load_file(path: str) -> datasets.Dataset:
         loaded = datasets.load_dataset(_LOADERS[file.suffix.lower()], data_files=str(file), split="train")
     except (datasets.exceptions.DatasetGenerationError, ValueError, OSError) as exc:
         cause = exc.__cause__ or exc
+        if "corresponds to no data" in str(cause):  # datasets' words for a file with a header and no rows
+            raise DataError(f"{path}: no rows") from None
         raise DataError(f"{path}: cannot parse as {file.suffix.lower()[1:]} ({' '.join(str(cause).split())[:200]})") from None
     if len(loaded) == 0:
         raise DataError(f"{path}: no rows")

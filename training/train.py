@@ -67,6 +67,12 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
             DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters),
         ],
     )
+    check_world_size(accelerator)
+    return accelerator
+
+
+def check_world_size(accelerator: Accelerator) -> None:
+    """Refuse N launched processes that each believe they are alone (N trainings writing the same files)."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and accelerator.num_processes != launched:
         raise LaunchError(
@@ -74,7 +80,6 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
             f"{accelerator.num_processes}: they would train independently and overwrite each other's files. "
             "On CPU use accelerate_configs/cpu_2proc.yaml (distributed_type MULTI_GPU, use_cpu false)."
         )
-    return accelerator
 
 
 def main(cfg: TrainConfig, accelerator: Accelerator) -> dict:

@@ -1,0 +1,73 @@
+"""Shared fixtures: the project root, a hermetic environment for real CLI runs, data-file writers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_2PROC = ROOT / "accelerate_configs" / "cpu_2proc.yaml"
+
+
+@pytest.fixture(scope="session")
+def smoke_dir(tmp_path_factory) -> Path:
+    """Smoke assets generated once per test session, in a temporary folder (not the user's cache)."""
+    path = tmp_path_factory.mktemp("smoke") / "assets"
+    os.environ["DISTILBERT_AGNEWS_SMOKE_DIR"] = str(path)
+    from training.smoke import ensure_smoke_assets
+
+    return ensure_smoke_assets(path)
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """Environment for a real training process: offline, quiet, and pointing at the test's smoke assets."""
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def run_train(args: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
+    """Run training/train.py as users do: plain `python` for 1 process, `accelerate launch` (gloo) for 2."""
+    if processes == 1:
+        cmd = [sys.executable, str(ROOT / "training" / "train.py"), *args]
+    else:
+        cmd = [shutil.which("accelerate") or "accelerate", "launch", "--config_file", str(CPU_2PROC),
+               "--main_process_port", str(free_port()), str(ROOT / "training" / "train.py"), *args]
+    started = time.time()
+    result = subprocess.run(cmd, cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=timeout)
+    return result, time.time() - started
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def describe(result: subprocess.CompletedProcess) -> str:
+    """The tail of a failed run's output, for assertion messages."""
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    """Write rows as csv, jsonl or parquet depending on the suffix."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    if path.suffix == ".csv":
+        frame.to_csv(path, index=False)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        frame.to_parquet(path)
+    return path

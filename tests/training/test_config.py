@@ -1,0 +1,105 @@
+"""TrainConfig: defaults, precedence (preset < YAML < CLI), type coercion, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from training.config import ConfigError, TrainConfig, build_parser, field_docs, load_config, presets
+from training.train import cli
+
+
+def test_defaults_are_the_documented_real_run():
+    cfg = load_config([])
+    assert (cfg.model_name_or_path, cfg.dataset_name, cfg.output_dir) == ("distilbert-base-uncased", "ag_news", "checkpoints")
+    assert (cfg.num_train_epochs, cfg.learning_rate, cfg.per_device_train_batch_size, cfg.max_length) == (2, 5e-5, 32, 128)
+    assert cfg.group_by_length and cfg.validation_split == 0.05 and cfg.preset is None
+
+
+def test_every_field_has_a_docstring_and_a_flag():
+    docs = field_docs()
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    assert sorted(docs) == sorted(names)
+    assert all(len(doc) > 10 for doc in docs.values())
+    help_text = build_parser().format_help()
+    for name in names:
+        assert f"--{name}" in help_text
+    assert "Batch texts of similar length together" in help_text
+
+
+def test_hugging_face_example_flag_names_exist():
+    flags = build_parser().format_help()
+    for flag in ("--model_name_or_path", "--dataset_name", "--train_file", "--validation_file", "--test_file",
+                 "--output_dir", "--num_train_epochs", "--per_device_train_batch_size", "--per_device_eval_batch_size",
+                 "--gradient_accumulation_steps", "--learning_rate", "--weight_decay", "--warmup_ratio",
+                 "--max_length", "--seed", "--resume_from_checkpoint", "--checkpointing_steps", "--report_to",
+                 "--num_samples", "--preset", "--scale_lr", "--eval_steps", "--early_stopping_patience"):
+        assert flag in flags
+
+
+def test_precedence_preset_then_yaml_then_cli(tmp_path):
+    yaml_file = tmp_path / "exp.yaml"
+    yaml_file.write_text("preset: smoke\nlearning_rate: 5e-4\nnum_train_epochs: 4\nlabel_names: [a, b, c, d]\n")
+    cfg = load_config(["--config", str(yaml_file), "--num_train_epochs", "1"])
+    assert cfg.learning_rate == 5e-4  # YAML "5e-4" is a string to PyYAML; coerced to float
+    assert cfg.num_train_epochs == 1  # CLI beats YAML
+    assert cfg.max_length == presets()["smoke"]["max_length"]  # preset beats the dataclass default
+    assert cfg.from_scratch is True and cfg.label_names == ["a", "b", "c", "d"]
+
+
+def test_cli_types_bools_and_lists():
+    cfg = load_config(["--group_by_length", "false", "--from_scratch", "--label_names", "x", "y",
+                       "--max_train_steps", "none", "--checkpointing_steps", "25"])
+    assert cfg.group_by_length is False and cfg.from_scratch is True
+    assert cfg.label_names == ["x", "y"] and cfg.max_train_steps is None and cfg.checkpointing_steps == "25"
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--bogus", "1"], "--bogus"),
+    (["--learning_rate", "abc"], "learning_rate"),
+    (["--num_train_epochs", "0"], "num_train_epochs"),
+    (["--per_device_train_batch_size", "2.5"], "per_device_train_batch_size"),
+    (["--warmup_ratio", "1.5"], "warmup_ratio"),
+    (["--checkpointing_steps", "often"], "checkpointing_steps"),
+    (["--report_to", "myspace"], "report_to"),
+    (["--train_file", "data.txt"], "train_file"),
+    (["--resume_from_checkpoint", "/nonexistent/state"], "resume_from_checkpoint"),
+    (["--preset", "huge"], "preset"),
+    (["--group_by_length", "maybe"], "group_by_length"),
+    (["--mixed_precision", "fp8"], "mixed_precision"),
+    (["--label_names", "a", "a"], "label_names"),
+])
+def test_bad_values_give_one_line_naming_the_field_and_exit_2(argv, field, capsys):
+    assert cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert field in err and "error" in err
+
+
+def test_yaml_errors_name_the_key(tmp_path, capsys):
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("learning_rate: 1e-4\nlearnin_rate: 3\n")
+    with pytest.raises(ConfigError, match="learnin_rate"):
+        load_config(["--config", str(unknown)])
+    wrong_type = tmp_path / "wrong.yaml"
+    wrong_type.write_text("num_train_epochs: [1, 2]\n")
+    assert cli(["--config", str(wrong_type)]) == 2
+    assert "num_train_epochs" in capsys.readouterr().err
+    assert cli(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
+
+
+def test_real_script_rejects_config_before_any_process_group():
+    """Through the real entry point: exit 2, one line on stderr, and nothing of the training run started."""
+    started = time.time()
+    result = subprocess.run([sys.executable, str(ROOT / "training" / "train.py"), "--learning_rate", "-1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["train.py: error: learning_rate: must be > 0 (got -1.0)"]
+    assert "Distributed" not in result.stdout + result.stderr
+    assert time.time() - started < 60
