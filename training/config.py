@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import accelerate.utils
 import yaml
 
 from training.smoke import smoke_dir
@@ -241,8 +242,12 @@ def validate(cfg: TrainConfig) -> None:
     need(cfg.preset in (None, *presets()), "preset", f"must be one of {', '.join(presets())}")
     need(cfg.checkpointing_steps in ("epoch", "none") or (cfg.checkpointing_steps.isdigit()
          and int(cfg.checkpointing_steps) >= 1), "checkpointing_steps", "must be 'epoch', 'none' or a positive integer")
-    unknown = [t for t in cfg.report_to.split(",") if t.strip() not in TRACKERS]
+    trackers = [t.strip() for t in cfg.report_to.split(",")]
+    unknown = [t for t in trackers if t not in TRACKERS]
     need(not unknown, "report_to", f"unknown tracker {unknown[0] if unknown else ''!r}; use {', '.join(TRACKERS)}")
+    # accelerate only warns and logs nowhere when a named tracker is missing; a requested one must exist
+    missing = [t for t in trackers if t not in ("none", "all") and not getattr(accelerate.utils, f"is_{t}_available")()]
+    need(not missing, "report_to", f"tracker {missing[0] if missing else ''!r} is not installed (pip install it)")
     need(not cfg.label_names or len(set(cfg.label_names)) == len(cfg.label_names) >= 2,
          "label_names", "needs two or more distinct names")
     for name in ("train_file", "validation_file", "test_file"):

@@ -73,6 +73,7 @@ def test_cli_types_bools_and_lists():
     (["--group_by_length", "maybe"], "group_by_length"),
     (["--mixed_precision", "fp8"], "mixed_precision"),
     (["--label_names", "a", "a"], "label_names"),
+    (["--report_to", "clearml"], "report_to"),  # a known tracker that is not installed here
 ])
 def test_bad_values_give_one_line_naming_the_field_and_exit_2(argv, field, capsys):
     assert cli(argv) == 2

@@ -1,0 +1,31 @@
+"""Model construction and the optimizer's weight-decay groups."""
+
+from __future__ import annotations
+
+import torch
+
+from training.config import load_config
+from training.model import build_model, build_optimizer
+
+
+def test_tiny_model_from_config_and_no_decay_on_bias_and_layernorm(smoke_dir):
+    cfg = load_config(["--preset", "smoke", "--weight_decay", "0.05"])
+    model = build_model(cfg, ["World", "Sports", "Business", "Sci/Tech"])
+    assert model.config.num_labels == 4 and model.config.id2label[3] == "Sci/Tech"
+    optimizer = build_optimizer(model, cfg, learning_rate=1e-3)
+    decay, no_decay = optimizer.param_groups
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    no_decay_names = {names[id(p)] for p in no_decay["params"]}
+    decay_names = {names[id(p)] for p in decay["params"]}
+    def is_norm(name: str) -> bool:  # DistilBERT names them embeddings.LayerNorm and *_layer_norm
+        return "layernorm" in name.lower().replace("_", "")
+
+    assert all(n.endswith("bias") or is_norm(n) for n in no_decay_names)
+    assert "distilbert.embeddings.LayerNorm.weight" in no_decay_names
+    assert any(n.endswith("output_layer_norm.weight") for n in no_decay_names)
+    assert all(not n.endswith("bias") and not is_norm(n) for n in decay_names)
+    assert "distilbert.embeddings.word_embeddings.weight" in decay_names
+    assert len(decay_names) + len(no_decay_names) == len(list(model.parameters()))
+    assert all(group["lr"] == 1e-3 for group in optimizer.param_groups)
+    assert isinstance(optimizer, torch.optim.AdamW)
