@@ -1,0 +1,49 @@
+"""`python -m inference --checkpoint_dir checkpoints --host 0.0.0.0 --port 8000`
+
+Flags override the environment variables of inference/settings.py. The checkpoint is checked here first,
+so a missing or broken one stops the command with one line naming the file (exit 1) instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import uvicorn
+
+from inference.loading import CheckpointError, load_checkpoint, resolve_device
+from inference.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inference", description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint_dir")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (each loads the model)")
+    for name in ("max_client_batch_size", "max_batch_size", "max_queue_size", "torch_threads"):
+        parser.add_argument(f"--{name}", type=int)
+    parser.add_argument("--max_wait_ms", type=float)
+    parser.add_argument("--reload_interval_s", type=float)
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"])
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    args = vars(parser.parse_args(argv))
+    host, port, workers = args.pop("host"), args.pop("port"), args.pop("workers")
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    try:
+        settings = Settings.from_env(**args)
+        load_checkpoint(settings.checkpoint_dir, resolve_device(settings.device), None)
+    except (CheckpointError, ValueError) as exc:
+        sys.stderr.write(f"inference: error: {exc}\n")
+        return 1
+    # The app (in this process or in each worker) reads its settings from the environment.
+    for name, value in vars(settings).items():
+        os.environ[name.upper()] = str(value)
+    uvicorn.run("inference.app:app", host=host, port=port, workers=workers, timeout_graceful_shutdown=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
