@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 import uvicorn
@@ -41,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     # The app (in this process or in each worker) reads its settings from the environment.
     for name, value in vars(settings).items():
         os.environ[name.upper()] = str(value)
+    # uvicorn drains on SIGTERM (stops accepting, answers queued requests, runs the lifespan shutdown), then
+    # restores the previous handler and re-raises the signal. A drained shutdown is a success: this handler
+    # turns that last re-raise (or a SIGTERM during start-up) into exit code 0.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run("inference.app:app", host=host, port=port, workers=workers, timeout_graceful_shutdown=30)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,15 +61,21 @@ class Server:
     def __init__(self, checkpoint: Path, *args: str, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # Output goes to a file: a pipe nobody reads fills up with access-log lines and blocks the server.
+        self.log = tempfile.TemporaryFile(mode="w+")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "inference", "--checkpoint_dir", str(checkpoint), "--port", str(self.port), *args],
-            cwd=ROOT, env=env or cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cwd=ROOT, env=env or cli_env(), stdout=self.log, stderr=subprocess.STDOUT, text=True)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
 
     def wait_ready(self, timeout: float = 60) -> "Server":
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.process.poll() is not None:
-                raise AssertionError(f"server exited {self.process.returncode}: {self.process.stdout.read()}")
+                raise AssertionError(f"server exited {self.process.returncode}: {self.output()}")
             try:
                 if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
                     return self
@@ -81,4 +88,4 @@ class Server:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(30)
-        return self.process.stdout.read()
+        return self.output()
