@@ -81,3 +81,16 @@ def test_sigterm_finishes_queued_requests_and_exits_0(smoke_checkpoint):
     assert results == [200] * 12
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.url}/health", timeout=2)
+
+
+def test_quickstart_demo_serves_one_prediction_and_stops(smoke_checkpoint):
+    """The last step of the README's first command."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, cli_env
+
+    result = subprocess.run([sys.executable, "-m", "inference.demo", "--checkpoint_dir", str(smoke_checkpoint)],
+                            cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "-> 200" in result.stderr and "Business" in result.stderr and "service stopped (exit code 0)" in result.stderr
