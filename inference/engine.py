@@ -2,7 +2,7 @@
 
 Requests put a job (their texts + an asyncio future) on a queue. The worker thread, which alone touches the
 model and the tokenizer, takes the first job, waits up to `max_wait_ms` for more until `max_batch_size`
-texts are collected, tokenizes them, sorts them by length and runs them in length buckets (little padding),
+texts are collected (only while requests keep arriving together), tokenizes them, sorts them by length and runs them in length buckets (little padding),
 then hands each job exactly its own rows back on its event loop. The model reference is read once per
 micro-batch, so a reload swaps models between batches: in-flight work finishes on the model it started with.
 """
@@ -14,7 +14,6 @@ import logging
 import queue
 import threading
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Optional
 
@@ -60,6 +59,7 @@ class Engine:
         self._queued_texts = 0
         self._lock = threading.Lock()
         self._carry: Optional[_Job] = None
+        self._last_jobs = 0
         self._thread = threading.Thread(target=self._run, name="inference-worker", daemon=True)
 
     # ------------------------------------------------------------------------------- event-loop side
@@ -96,7 +96,9 @@ class Engine:
         if first is _STOP:
             return [], True
         jobs, count = [first], len(first.texts)
-        deadline = time.monotonic() + self.max_wait_s
+        # Wait for company only under concurrent load (the last micro-batch merged several requests): a lone
+        # client never pays the batching window, busy periods still fill batches.
+        deadline = time.monotonic() + (self.max_wait_s if self._last_jobs > 1 else 0.0)
         while count < self.max_batch_size:
             try:
                 job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -110,6 +112,7 @@ class Engine:
                 break
             jobs.append(job)
             count += len(job.texts)
+        self._last_jobs = len(jobs)
         return jobs, False
 
     def _run(self) -> None:
@@ -165,9 +168,7 @@ def length_buckets(items: list, ratio: float = 1.5, slack: int = 16) -> list[lis
 def forward(loaded: LoadedModel, input_ids: list[list[int]]) -> torch.Tensor:
     batch = loaded.tokenizer.pad({"input_ids": input_ids}, padding=True, pad_to_multiple_of=8, return_tensors="pt")
     batch = {k: v.to(loaded.device) for k, v in batch.items()}
-    autocast = torch.autocast(loaded.device.type, dtype=loaded.dtype) if loaded.dtype else nullcontext()
-    with autocast:
-        return loaded.model(**batch).logits.float().cpu()
+    return loaded.model(**batch).logits.float().cpu()
 
 
 def _resolve(job: _Job, value=None, exc: Optional[BaseException] = None) -> None:

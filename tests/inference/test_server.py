@@ -61,24 +61,43 @@ def test_64_concurrent_clients_each_get_their_own_answers(smoke_checkpoint, refe
         server.stop()
 
 
-def test_sigterm_finishes_queued_requests_and_exits_0(smoke_checkpoint):
-    # A long batching window keeps requests queued when SIGTERM arrives.
-    server = Server(smoke_checkpoint, "--max_wait_ms", "1500", "--max_batch_size", "256").wait_ready()
+@pytest.fixture
+def slow_checkpoint(checkpoint_copy):
+    """The smoke checkpoint with a full-size DistilBERT (random weights): a 512-token batch takes seconds here."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, DistilBertConfig
+
+    small = AutoConfig.from_pretrained(checkpoint_copy)
+    config = DistilBertConfig(vocab_size=small.vocab_size, pad_token_id=small.pad_token_id, id2label=small.id2label,
+                              label2id=small.label2id)
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config)
+    config.save_pretrained(checkpoint_copy)
+    torch.save(model.state_dict(), checkpoint_copy / "distilbert_agnews.pt")
+    return checkpoint_copy
+
+
+def test_sigterm_finishes_in_flight_requests_and_exits_0(slow_checkpoint):
+    server = Server(slow_checkpoint, "--precision", "fp32", "--reload_interval_s", "0").wait_ready()
     results: list[int] = []
+    long_text = " ".join(SUBJECTS * 60)  # truncated to 512 tokens
 
     def call(i: int) -> None:
-        response = httpx.post(f"{server.url}/predict", json={"inputs": f"request {i} about oil prices"}, timeout=30)
+        response = httpx.post(f"{server.url}/predict", json={"inputs": [f"{i} {long_text}"] * 4}, timeout=120)
         results.append(response.status_code)
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
-    time.sleep(0.7)  # all 12 are waiting inside the batching window
+    time.sleep(1.0)  # 24 texts x 512 tokens: the forward passes take several seconds on this CPU
+    started = time.time()
     server.process.send_signal(signal.SIGTERM)
     for t in threads:
-        t.join(30)
-    assert server.process.wait(30) == 0
-    assert results == [200] * 12
+        t.join(120)
+    assert server.process.wait(60) == 0, server.output()
+    assert results == [200] * 6, server.output()
+    assert time.time() - started > 1.0, "requests had already finished: the test proved nothing"
+    assert "Shutting down" in server.output()
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.url}/health", timeout=2)
 
