@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inference.engine import Engine, Overloaded, TooLong
+from inference.engine import Engine, Overloaded, TooLong, forward
 from inference.loading import LoadedModel, load_checkpoint, resolve_device, resolve_precision, signature
 from inference.metrics import Metrics
 from inference.reload import CheckpointWatcher
@@ -87,8 +87,6 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         return load_checkpoint(settings.checkpoint_dir, device, resolve_precision(settings.precision, device))
 
     def warm_up(loaded: LoadedModel) -> None:
-        from inference.engine import forward
-
         forward(loaded, [loaded.tokenizer("warm up the kernels")["input_ids"]])
 
     def swap_in(loaded: LoadedModel) -> None:
