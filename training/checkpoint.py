@@ -54,6 +54,8 @@ class Progress:
     """Evaluations without improvement (early stopping)."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """Every evaluation: step, epoch and metrics."""
+    train_loss: list[dict[str, Any]] = field(default_factory=list)
+    """Every logged training loss (mean over ranks): step, loss, learning rate."""
     layout: dict[str, Any] = field(default_factory=dict)
     """World size, batch size, accumulation, seed: what fixes the order of the batches."""
 

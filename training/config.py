@@ -42,6 +42,8 @@ class TrainConfig:
     """Tokenizer id or folder, when it differs from model_name_or_path."""
     from_scratch: bool = False
     """Build the model from model_name_or_path's config with random weights (smoke preset, speed benchmarks)."""
+    dropout: Optional[float] = None
+    """Override every dropout probability of the model config (0 for exactly reproducible comparisons)."""
     # ------------------------------------------------------------------------------------------ data
     dataset_name: str = "ag_news"
     """Hub dataset with train/test splits; ignored when --train_file is given."""
@@ -234,6 +236,7 @@ def validate(cfg: TrainConfig) -> None:
     need(cfg.weight_decay >= 0, "weight_decay", "must be >= 0")
     need(0 <= cfg.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
     need(cfg.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
+    need(cfg.dropout is None or 0 <= cfg.dropout < 1, "dropout", "must be in [0, 1) or none")
     need(0 < cfg.validation_split < 1, "validation_split", "must be in (0, 1)")
     need(cfg.dataloader_num_workers >= 0, "dataloader_num_workers", "must be >= 0")
     need(cfg.scale_lr in ("none", "linear"), "scale_lr", "must be 'none' or 'linear'")

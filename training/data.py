@@ -195,48 +195,53 @@ def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tra
 class LengthGroupedBatchSampler(Sampler[list[int]]):
     """Training batches for ALL ranks, in the order accelerate deals them out (batch i -> rank i % world).
 
-    Each epoch (seeded by seed + epoch, so it reshuffles and is reproducible):
-    1. shuffle all indices and drop the remainder that would not fill one batch on every rank, so each
-       rank gets the same number of full batches and no example is seen twice;
-    2. if group_by_length: sort chunks of `megabatch` global batches by length, so a batch holds texts of
-       similar length (little padding) and the ranks of one step get similar lengths (little waiting);
-    3. cut into batches, group them into steps of `num_replicas` batches, shuffle the steps, and put the
-       step with the longest texts first (an out-of-memory error shows up at once, not hours in).
+    One optimizer step consumes `num_replicas x accumulation` batches (one per rank per accumulation
+    micro-step); call that group a step. Each epoch (seeded by seed + epoch, so it reshuffles and is
+    reproducible):
+    1. shuffle all indices and drop the remainder that would not fill one whole step, so each rank gets the
+       same number of full batches and no example is seen twice;
+    2. if group_by_length: sort chunks of `megabatch` steps by length, so a batch holds texts of similar
+       length (little padding) and the ranks of one step get similar lengths (little waiting);
+    3. cut into batches, group them into steps, shuffle the steps, and put the step with the longest texts
+       first (an out-of-memory error shows up at once, not hours in).
+    The examples of each optimizer step depend only on (per-device batch x processes x accumulation), so
+    1 x 16, 2 x 8, 1 x 8 x accumulation 2 and 2 x 4 x accumulation 2 train on the same global batches.
     """
 
     def __init__(self, lengths: Sequence[int], batch_size: int, num_replicas: int = 1, seed: int = 0,
-                 group_by_length: bool = True, megabatch: int = 50):
+                 group_by_length: bool = True, megabatch: int = 50, accumulation: int = 1):
         super().__init__()
         self.lengths = list(lengths)
         self.batch_size = batch_size
         self.num_replicas = num_replicas
+        self.accumulation = accumulation
         self.seed = seed
         self.group_by_length = group_by_length
         self.megabatch = megabatch
         self.drop_last = True
         self.epoch = 0
-        global_batch = batch_size * num_replicas
-        self.num_steps = len(self.lengths) // global_batch
+        self.batches_per_step = num_replicas * accumulation
+        self.num_steps = len(self.lengths) // (batch_size * self.batches_per_step)
         if self.num_steps == 0:
-            raise DataError(f"only {len(self.lengths)} training examples, fewer than one global batch "
-                            f"({batch_size} per device x {num_replicas} processes)")
+            raise DataError(f"only {len(self.lengths)} training examples, fewer than one optimizer step "
+                            f"({batch_size} per device x {num_replicas} processes x {accumulation} accumulation)")
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.num_steps * self.num_replicas
+        return self.num_steps * self.batches_per_step
 
     def __iter__(self) -> Iterator[list[int]]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        global_batch = self.batch_size * self.num_replicas
-        order = torch.randperm(len(self.lengths), generator=generator)[: self.num_steps * global_batch].tolist()
+        step_size = self.batch_size * self.batches_per_step
+        order = torch.randperm(len(self.lengths), generator=generator)[: self.num_steps * step_size].tolist()
         if self.group_by_length:
-            chunk = global_batch * self.megabatch
+            chunk = step_size * self.megabatch
             order = [i for start in range(0, len(order), chunk)
                      for i in sorted(order[start:start + chunk], key=self.lengths.__getitem__, reverse=True)]
         batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        steps = [batches[i:i + self.num_replicas] for i in range(0, len(batches), self.num_replicas)]
+        steps = [batches[i:i + self.batches_per_step] for i in range(0, len(batches), self.batches_per_step)]
         steps = [steps[i] for i in torch.randperm(len(steps), generator=generator).tolist()]
         longest = max(range(len(steps)), key=lambda s: max(self.lengths[i] for batch in steps[s] for i in batch))
         steps.insert(0, steps.pop(longest))
@@ -254,7 +259,8 @@ def make_dataloaders(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tr
     """Train loader (+ its sampler, whose epoch train.py sets) and evaluation loaders, not yet prepared."""
     collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
     sampler = LengthGroupedBatchSampler(list(splits.train["length"]), cfg.per_device_train_batch_size, num_processes,
-                                        seed=cfg.seed, group_by_length=cfg.group_by_length)
+                                        seed=cfg.seed, group_by_length=cfg.group_by_length,
+                                        accumulation=cfg.gradient_accumulation_steps)
     common = dict(collate_fn=collate, num_workers=cfg.dataloader_num_workers, pin_memory=pin_memory)
     # Its own generator, so creating the loader iterator never draws from the global RNG (dropout): a
     # resumed run then sees exactly the random numbers the uninterrupted one saw.
@@ -273,5 +279,5 @@ def make_dataloaders(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tr
 
 
 def steps_per_epoch(train_loader_len: int, accumulation: int) -> int:
-    """Optimizer steps in one epoch of a prepared (per-rank) train loader; the last step may be partial."""
+    """Optimizer steps in one epoch of a prepared (per-rank) train loader (the sampler makes it exact)."""
     return math.ceil(train_loader_len / accumulation)

@@ -27,10 +27,14 @@ def build_model(cfg: TrainConfig, label_names: Sequence[str]) -> PreTrainedModel
         label2id={name: i for i, name in enumerate(label_names)},
     )
     try:
+        config = AutoConfig.from_pretrained(cfg.model_name_or_path, **labels)
+        if cfg.dropout is not None:  # e.g. DistilBERT: dropout, attention_dropout, seq_classif_dropout
+            for name, value in config.to_dict().items():
+                if "dropout" in name and isinstance(value, float):
+                    setattr(config, name, cfg.dropout)
         if cfg.from_scratch:
-            config = AutoConfig.from_pretrained(cfg.model_name_or_path, **labels)
             return AutoModelForSequenceClassification.from_config(config)
-        return AutoModelForSequenceClassification.from_pretrained(cfg.model_name_or_path, **labels)
+        return AutoModelForSequenceClassification.from_pretrained(cfg.model_name_or_path, config=config)
     except OSError as exc:
         raise explain_missing(f"model {cfg.model_name_or_path!r}", exc) from None
 

@@ -218,6 +218,7 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
                 loss_sum.zero_()
                 loss_count = 0
                 lr = scheduler.get_last_lr()[0]
+                progress.train_loss.append({"step": progress.global_step, "loss": mean_loss, "lr": lr})
                 bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
                 logger.info("step %d  loss %.4f  lr %.3e", progress.global_step, mean_loss, lr)
                 accelerator.log({"train/loss": mean_loss, "train/lr": lr, "train/epoch": epoch},
@@ -293,6 +294,7 @@ def run_summary(cfg, accelerator, splits, progress: Progress, test_metrics, runt
         "effective_batch_size": cfg.effective_batch_size(accelerator.num_processes),
         "mixed_precision": accelerator.mixed_precision,
         "history": progress.history,
+        "train_loss": progress.train_loss,
         "config": cfg.to_dict(),
         "versions": {name: version(name) for name in ("torch", "accelerate", "transformers", "datasets", "tokenizers")},
         "train_runtime_s": runtime_s,

@@ -29,3 +29,11 @@ def test_tiny_model_from_config_and_no_decay_on_bias_and_layernorm(smoke_dir):
     assert len(decay_names) + len(no_decay_names) == len(list(model.parameters()))
     assert all(group["lr"] == 1e-3 for group in optimizer.param_groups)
     assert isinstance(optimizer, torch.optim.AdamW)
+
+
+def test_dropout_override_reaches_every_dropout_of_the_config(smoke_dir):
+    model = build_model(load_config(["--preset", "smoke", "--dropout", "0"]), ["a", "b"])
+    config = model.config
+    assert config.dropout == config.attention_dropout == config.seq_classif_dropout == 0.0
+    default = build_model(load_config(["--preset", "smoke"]), ["a", "b"]).config
+    assert default.dropout == 0.1

@@ -71,6 +71,30 @@ def test_longest_batch_comes_first():
         assert longest in {sizes[i] for b in batches[:2] for i in b}
 
 
-def test_too_little_data_for_one_global_batch():
-    with pytest.raises(DataError, match="fewer than one global batch"):
+def test_too_little_data_for_one_optimizer_step():
+    with pytest.raises(DataError, match="fewer than one optimizer step"):
         LengthGroupedBatchSampler([10] * 20, batch_size=16, num_replicas=2)
+    with pytest.raises(DataError, match="2 accumulation"):
+        LengthGroupedBatchSampler([10] * 10, batch_size=8, num_replicas=1, accumulation=2, seed=0)
+
+
+@pytest.mark.parametrize("group_by_length", [True, False])
+def test_same_global_batches_for_every_layout_of_16(group_by_length):
+    """1x16, 2x8, 1x8 with accumulation 2, 2x4 with accumulation 2: each optimizer step sees the same examples."""
+    sizes = lengths(1000)
+
+    def optimizer_steps(batch_size, world, accumulation):
+        sampler = LengthGroupedBatchSampler(sizes, batch_size, world, seed=9, group_by_length=group_by_length,
+                                            accumulation=accumulation)
+        sampler.set_epoch(2)
+        per_rank = shards(sampler, world)  # what each rank's prepared loader yields
+        steps = []
+        for step in range(len(per_rank[0]) // accumulation):
+            micro = [per_rank[r][step * accumulation + a] for r in range(world) for a in range(accumulation)]
+            steps.append(sorted(i for batch in micro for i in batch))
+        return steps
+
+    reference = optimizer_steps(16, 1, 1)
+    assert len(reference) == 1000 // 16
+    for layout in [(8, 2, 1), (8, 1, 2), (4, 2, 2)]:
+        assert optimizer_steps(*layout) == reference, layout

@@ -1,0 +1,63 @@
+"""Sharding, gradient averaging and accumulation are right: four layouts of one global batch train alike.
+
+Real processes (2-rank gloo through `accelerate launch`), tiny model, dropout off, fp32, fixed seed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.conftest import describe, run_train
+
+pytestmark = pytest.mark.slow
+STEPS = 40
+LAYOUTS = {  # name: (processes, per-device batch, accumulation) -> 16 examples per optimizer step
+    "1x16": (1, 16, 1),
+    "2x8": (2, 8, 1),
+    "1x8 accumulate 2": (1, 8, 2),
+    "2x4 accumulate 2": (2, 4, 2),
+    "control 1x8": (1, 8, 1),  # a different global batch (8): must NOT match, or the comparison proves nothing
+}
+
+
+@pytest.fixture(scope="module")
+def runs(smoke_dir, tmp_path_factory):
+    results = {}
+    for name, (processes, batch, accumulation) in LAYOUTS.items():
+        out = tmp_path_factory.mktemp("equiv") / "out"
+        result, _ = run_train(["--preset", "smoke", "--output_dir", str(out), "--dropout", "0",
+                               "--mixed_precision", "no", "--max_train_steps", str(STEPS), "--learning_rate", "5e-4",
+                               "--checkpointing_steps", str(STEPS), "--logging_steps", "1",
+                               "--per_device_train_batch_size", str(batch),
+                               "--gradient_accumulation_steps", str(accumulation)], processes=processes)
+        assert result.returncode == 0, describe(result)
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["effective_batch_size"] == processes * batch * accumulation and metrics["global_step"] == STEPS
+        results[name] = (load_file(out / "state" / f"step_{STEPS}" / "model.safetensors"), metrics)
+    return results
+
+
+def max_difference(a: dict, b: dict) -> float:
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n not in ("1x16", "control 1x8")])
+def test_parameters_and_loss_curve_match_one_process(runs, name):
+    reference_weights, reference_metrics = runs["1x16"]
+    weights, metrics = runs[name]
+    worst = max_difference(weights, reference_weights)
+    print(f"{name}: max parameter difference {worst:.2e} after {STEPS} steps")
+    assert worst <= 1e-5, f"{name}: parameters differ by up to {worst:.2e} after {STEPS} steps"
+    losses = [entry["loss"] for entry in metrics["train_loss"]]
+    reference_losses = [entry["loss"] for entry in reference_metrics["train_loss"]]
+    assert len(losses) == len(reference_losses) == STEPS
+    assert max(abs(a - b) for a, b in zip(losses, reference_losses)) <= 1e-5
+
+
+def test_a_different_global_batch_is_detected(runs):
+    """The negative control: the same comparison must fail when the global batch differs."""
+    difference = max_difference(runs["control 1x8"][0], runs["1x16"][0])
+    assert difference > 1e-3, f"a global batch of 8 ended only {difference:.2e} away from one of 16"
