@@ -113,6 +113,10 @@ class TrainConfig:
     """Log the loss (mean over all ranks) every N optimizer steps."""
     report_to: str = "none"
     """Experiment tracker(s) for accelerate: 'none', 'all', or comma-separated names such as 'tensorboard,wandb'."""
+    stop_check_steps: int = 10
+    """Every N optimizer steps the ranks agree (one tiny all-reduce) on stopping for SIGTERM or a diverged loss."""
+    max_nonfinite_steps: int = 5
+    """Stop with an error after this many consecutive batches with a NaN/inf loss."""
     ddp_timeout: int = 1800
     """Seconds a collective may wait for the other ranks before the job fails."""
     find_unused_parameters: bool = False
@@ -227,7 +231,8 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name}: {message} (got {getattr(cfg, name)!r})")
 
     for name in ("num_train_epochs", "per_device_train_batch_size", "per_device_eval_batch_size",
-                 "gradient_accumulation_steps", "max_length", "logging_steps", "ddp_timeout"):
+                 "gradient_accumulation_steps", "max_length", "logging_steps", "ddp_timeout", "stop_check_steps",
+                 "max_nonfinite_steps"):
         need(getattr(cfg, name) >= 1, name, "must be >= 1")
     for name in ("max_train_steps", "num_samples", "eval_steps", "early_stopping_patience"):
         need(getattr(cfg, name) is None or getattr(cfg, name) >= 1, name, "must be >= 1 or none")

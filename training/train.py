@@ -41,12 +41,14 @@ from training import checkpoint
 from training.checkpoint import Progress
 from training.config import ConfigError, TrainConfig, load_config
 from training.data import DataError, load_splits, make_dataloaders, steps_per_epoch, tokenize_splits
+from training.guards import StopGuard, TrainingDiverged
 from training.hub import HubUnavailableError, ensure_hub_or_offline
 from training.metrics import classification_metrics
 from training.model import build_model, build_optimizer, load_tokenizer
 from training.smoke import ensure_smoke_assets
 
 logger = get_logger(__name__)
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the run stopped early, its resumable state is saved
 
 
 class LaunchError(RuntimeError):
@@ -82,7 +84,8 @@ def check_world_size(accelerator: Accelerator) -> None:
         )
 
 
-def main(cfg: TrainConfig, accelerator: Accelerator) -> dict:
+def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
+    """The whole run; returns the metrics summary, or None when preempted (state saved, resume later)."""
     started = time.time()
     set_seed(cfg.seed)
     logger.info("Distributed: %s, %d process(es), mixed precision %s, device %s", accelerator.distributed_type,
@@ -137,8 +140,9 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict:
         accelerator.init_trackers("distilbert_agnews", config=tracker_config(cfg))
 
     # ---- train, then score the best model once on the test split
-    fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, sampler, val_loader, progress,
-        total_steps, num_epochs)
+    if fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, sampler, val_loader, progress,
+           total_steps, num_epochs):
+        return None  # preempted: the resumable state is saved; the test split waits for the finished run
     test_metrics = None
     if test_loader is not None:
         best = checkpoint.load_weights(Path(cfg.output_dir) / checkpoint.WEIGHTS_NAME)
@@ -153,8 +157,10 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict:
 
 
 def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, sampler, val_loader,
-        progress: Progress, total_steps: int, num_epochs: int) -> None:
+        progress: Progress, total_steps: int, num_epochs: int) -> bool:
+    """Train until done, early-stopped or preempted; True when preempted (a resumable state was saved)."""
     num_labels = accelerator.unwrap_model(model).config.num_labels
+    guard = StopGuard(accelerator, cfg.max_nonfinite_steps)
     save_every = int(cfg.checkpointing_steps) if cfg.checkpointing_steps.isdigit() else None
     bar = tqdm(total=total_steps, initial=progress.global_step, desc="Training", unit="step",
                disable=not accelerator.is_local_main_process)
@@ -196,7 +202,7 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
         model.train()
         for batch in batches:
             with accelerator.accumulate(model):
-                loss = model(**batch).loss
+                loss = guard.inject(model(**batch).loss, progress.global_step)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and cfg.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -205,6 +211,7 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
             progress.batches_done += 1
             loss_sum += loss.detach()
             loss_count += 1
+            guard.observe(loss)
             if not accelerator.sync_gradients:
                 continue  # still accumulating
 
@@ -223,9 +230,25 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
                 logger.info("step %d  loss %.4f  lr %.3e", progress.global_step, mean_loss, lr)
                 accelerator.log({"train/loss": mean_loss, "train/lr": lr, "train/epoch": epoch},
                                 step=progress.global_step)
-            if cfg.eval_steps and progress.global_step % cfg.eval_steps == 0:
+            evaluate_now = bool(cfg.eval_steps) and progress.global_step % cfg.eval_steps == 0
+            save_now = bool(save_every) and progress.global_step % save_every == 0
+            boundary = progress.batches_done >= len(train_loader) or progress.global_step >= total_steps
+            if evaluate_now or save_now or boundary or progress.global_step % cfg.stop_check_steps == 0:
+                preempted, diverged = guard.check()  # the same answer on every rank
+                if diverged:
+                    raise TrainingDiverged(
+                        f"The loss was not finite for {cfg.max_nonfinite_steps} consecutive batches (by step "
+                        f"{progress.global_step}); stopped without saving the diverged model (best model: step "
+                        f"{progress.best_step}). Try a lower --learning_rate, gradient clipping, or bf16 instead of fp16.")
+                if preempted:
+                    path = checkpoint.save_state(accelerator, cfg.output_dir, progress)
+                    logger.warning("SIGTERM: stopped at step %d and saved %s; continue with "
+                                   "--resume_from_checkpoint latest", progress.global_step, path)
+                    bar.close()
+                    return True
+            if evaluate_now:
                 stop = validate_and_save()
-            if save_every and progress.global_step % save_every == 0:
+            if save_now:
                 checkpoint.save_state(accelerator, cfg.output_dir, progress)
             if stop or progress.global_step >= total_steps:
                 stop = True
@@ -242,6 +265,7 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
     if cfg.early_stopping_patience and progress.evals_since_best >= cfg.early_stopping_patience:
         logger.info("Early stopping: no improvement of %s in %d evaluations (best %.4f at step %s).",
                     cfg.metric_for_best_model, progress.evals_since_best, progress.best_metric, progress.best_step)
+    return False
 
 
 @torch.no_grad()
@@ -324,14 +348,14 @@ def cli(argv: list[str] | None = None) -> int:
         transformers.utils.logging.set_verbosity_error()
     try:
         with logging_redirect_tqdm():  # log lines print above the progress bar instead of through it
-            main(cfg, accelerator)
-    except (DataError, HubUnavailableError, checkpoint.ResumeError) as exc:
+            summary = main(cfg, accelerator)
+    except (DataError, HubUnavailableError, checkpoint.ResumeError, TrainingDiverged) as exc:
         # Expected, explainable failures: one paragraph, no traceback. Everything else propagates.
         logger.error("%s", exc)
         return 1
     finally:
         accelerator.end_training()  # destroys the process group; without it gloo may abort at exit
-    return 0
+    return 0 if summary is not None else PREEMPTED_EXIT_CODE
 
 
 if __name__ == "__main__":

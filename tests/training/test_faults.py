@@ -1,0 +1,73 @@
+"""Faults with real processes: SIGTERM to the launcher (preemption), a diverging loss, bad data on 2 ranks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from tests.conftest import CPU_2PROC, ROOT, cli_env, describe, free_port, run_train, write_rows
+from training.checkpoint import find_latest_state, read_progress
+
+pytestmark = pytest.mark.slow
+SMOKE = ["--preset", "smoke", "--stop_check_steps", "5", "--logging_steps", "10"]
+
+
+def test_sigterm_to_the_launcher_saves_a_resumable_state_and_resume_completes(smoke_dir, tmp_path):
+    out = tmp_path / "preempted"
+    log = tmp_path / "launch.log"
+    cmd = [shutil.which("accelerate") or "accelerate", "launch", "--config_file", str(CPU_2PROC),
+           "--main_process_port", str(free_port()), str(ROOT / "training" / "train.py"), *SMOKE,
+           "--output_dir", str(out), "--checkpointing_steps", "none"]
+    with open(log, "w") as fh:
+        launcher = subprocess.Popen(cmd, cwd=ROOT, env=cli_env(), stdout=fh, stderr=subprocess.STDOUT)
+        deadline = time.time() + 180
+        while "step 100 " not in log.read_text():  # well into epoch 2 (84 steps per epoch)
+            assert launcher.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        signalled = time.time()
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(60)
+    assert time.time() - signalled < 60
+    output = log.read_text()
+    assert "SIGTERM: stopped at step" in output, output[-3000:]
+    state = find_latest_state(str(out))
+    assert state is not None
+    progress = read_progress(state)
+    assert 100 <= progress.global_step < 252 and progress.epoch == 1 and progress.batches_done > 0
+    assert not (out / "metrics.json").exists() or json.loads((out / "metrics.json").read_text())["test"] is None
+
+    result, _ = run_train([*SMOKE, "--output_dir", str(out), "--checkpointing_steps", "none",
+                           "--resume_from_checkpoint", "latest"], processes=2)
+    assert result.returncode == 0, describe(result)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["global_step"] == 252 and metrics["epochs_completed"] == 3 and metrics["test"]["num_examples"] == 600
+
+
+def test_a_diverging_loss_stops_every_rank_and_keeps_the_saved_model(smoke_dir, tmp_path):
+    out = tmp_path / "diverged"
+    env = cli_env(DISTILBERT_AGNEWS_FAULT="nan_loss_from_step:100")  # test-only fault injection
+    started = time.time()
+    result, _ = run_train([*SMOKE, "--output_dir", str(out), "--max_nonfinite_steps", "3"], processes=2, env=env)
+    assert result.returncode != 0 and time.time() - started < 120
+    assert "The loss was not finite for 3 consecutive batches" in result.stderr, describe(result)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["best_step"] == 84  # saved at the end of epoch 1, before the fault
+    weights = torch.load(out / "distilbert_agnews.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
+    assert [p.name for p in (out / "state").iterdir()] == ["step_84"]  # nothing saved after the divergence
+
+
+def test_bad_data_stops_both_ranks_fast_with_file_and_row(smoke_dir, tmp_path):
+    rows = [{"text": f"news item {i}", "label": i % 4} for i in range(100)] + [{"text": "odd", "label": 7}]
+    train = write_rows(tmp_path / "bad.csv", rows)
+    started = time.time()
+    result, _ = run_train(["--preset", "smoke", "--train_file", str(train), "--output_dir", str(tmp_path / "o"),
+                           "--label_names", "World", "Sports", "Business", "Sci/Tech"], processes=2)
+    assert result.returncode != 0 and time.time() - started < 30 + 15  # 30 s plus the launcher's start-up
+    assert "bad.csv: row 101: label 7 is not one of the 4 classes" in result.stderr, describe(result)

@@ -1,0 +1,60 @@
+"""Stopping safely: preemption (SIGTERM) and divergence (non-finite loss), decided by all ranks together.
+
+Kaggle, SLURM and spot instances announce the end with SIGTERM (`accelerate launch` forwards it to every
+rank). A rank that receives it only raises a flag; every `stop_check_steps` optimizer steps, and before any
+evaluation or save, the ranks sum their flags in one tiny all-reduce, so they all stop at the same step:
+after a SIGTERM they save a resumable state and exit; after `max_nonfinite_steps` consecutive non-finite
+losses they stop with an error before a diverged model can be evaluated or saved. Between checks nothing
+syncs with the host: the non-finite streak is counted on the device.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+from accelerate import Accelerator
+
+# Test-only fault injection: "nan_loss_from_step:N" makes the loss NaN from optimizer step N on.
+FAULT_ENV = "DISTILBERT_AGNEWS_FAULT"
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss stayed non-finite; the run stops without saving the diverged model."""
+
+
+class StopGuard:
+    def __init__(self, accelerator: Accelerator, max_nonfinite_steps: int):
+        self.accelerator = accelerator
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.sigterm = False
+        self.streak = torch.zeros((), device=accelerator.device)  # consecutive non-finite losses
+        self.longest = torch.zeros((), device=accelerator.device)  # longest streak since the last check
+        fault = os.environ.get(FAULT_ENV, "")
+        self.nan_from_step = int(fault.split(":")[1]) if fault.startswith("nan_loss_from_step:") else None
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.sigterm = True
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+
+    def inject(self, loss: torch.Tensor, step: int) -> torch.Tensor:
+        """The loss, or NaN when the test-only fault asks for it."""
+        if self.nan_from_step is not None and step >= self.nan_from_step:
+            return loss * float("nan")
+        return loss
+
+    def observe(self, loss: torch.Tensor) -> None:
+        """Count the non-finite streak on the device (no host sync)."""
+        finite = torch.isfinite(loss.detach())
+        self.streak = torch.where(finite, torch.zeros_like(self.streak), self.streak + 1)
+        self.longest = torch.maximum(self.longest, self.streak)
+
+    def check(self) -> tuple[bool, bool]:
+        """(preempted, diverged), identical on every rank. A collective: call it on all ranks at the same step."""
+        flags = torch.stack([torch.tensor(float(self.sigterm), device=self.accelerator.device),
+                             (self.longest >= self.max_nonfinite_steps).float()])
+        flags = self.accelerator.reduce(flags, reduction="sum").tolist()
+        self.longest = self.streak.clone()
+        return flags[0] > 0, flags[1] > 0
