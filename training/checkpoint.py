@@ -129,8 +129,11 @@ def state_path(output_dir: str, step: int) -> Path:
     return Path(output_dir) / STATE_DIR / f"step_{step}"
 
 
-def save_state(accelerator: Accelerator, output_dir: str, progress: Progress) -> Path:
-    """accelerator.save_state into a temporary folder, then rename to state/step_N. Call on all ranks."""
+def save_state(accelerator: Accelerator, output_dir: str, progress: Progress, keep: Optional[int] = None) -> Path:
+    """accelerator.save_state into a temporary folder, then rename to state/step_N. Call on all ranks.
+
+    With `keep`, only the newest `keep` states (by recorded step) remain afterwards.
+    """
     target = state_path(output_dir, progress.global_step)
     staging = target.with_name(f".tmp_{target.name}")
     if accelerator.is_main_process:
@@ -143,8 +146,23 @@ def save_state(accelerator: Accelerator, output_dir: str, progress: Progress) ->
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
+        if keep:
+            prune_states(output_dir, keep)
     accelerator.wait_for_everyone()
     return target
+
+
+def complete_states(output_dir: str) -> list[tuple[int, Path]]:
+    """(recorded step, folder) of every complete state, oldest first; half-written ones have no progress.json."""
+    root = Path(output_dir) / STATE_DIR
+    folders = [f for f in root.glob("step_*") if (f / PROGRESS_NAME).is_file()] if root.is_dir() else []
+    return sorted((read_progress(f).global_step, f) for f in folders)
+
+
+def prune_states(output_dir: str, keep: int) -> None:
+    """Delete all but the newest `keep` resumable states. The best-model files live outside state/."""
+    for _, folder in complete_states(output_dir)[:-keep]:
+        shutil.rmtree(folder)
 
 
 def read_progress(state_folder: str | Path) -> Progress:
@@ -154,14 +172,8 @@ def read_progress(state_folder: str | Path) -> Progress:
 
 def find_latest_state(output_dir: str) -> Optional[Path]:
     """The complete state folder with the highest recorded optimizer step (not the newest mtime)."""
-    root = Path(output_dir) / STATE_DIR
-    best: tuple[int, Optional[Path]] = (-1, None)
-    for folder in root.glob("step_*") if root.is_dir() else []:
-        if (folder / PROGRESS_NAME).is_file():
-            step = read_progress(folder).global_step
-            if step > best[0]:
-                best = (step, folder)
-    return best[1]
+    states = complete_states(output_dir)
+    return states[-1][1] if states else None
 
 
 def load_state(accelerator: Accelerator, state_folder: str | Path, layout: dict[str, Any]) -> Progress:

@@ -107,6 +107,8 @@ class TrainConfig:
     """Folder for the best model, tokenizer, config, metrics and resumable state."""
     checkpointing_steps: str = "epoch"
     """Save resumable state every N optimizer steps, at each 'epoch' end, or 'none'."""
+    save_total_limit: Optional[int] = None
+    """Keep only the newest N resumable states (by step); the best model's files are never deleted."""
     resume_from_checkpoint: Optional[str] = None
     """'latest' (newest state under output_dir/state, by recorded step) or a path to a state/step_N folder."""
     logging_steps: int = 50
@@ -234,7 +236,7 @@ def validate(cfg: TrainConfig) -> None:
                  "gradient_accumulation_steps", "max_length", "logging_steps", "ddp_timeout", "stop_check_steps",
                  "max_nonfinite_steps"):
         need(getattr(cfg, name) >= 1, name, "must be >= 1")
-    for name in ("max_train_steps", "num_samples", "eval_steps", "early_stopping_patience"):
+    for name in ("max_train_steps", "num_samples", "eval_steps", "early_stopping_patience", "save_total_limit"):
         need(getattr(cfg, name) is None or getattr(cfg, name) >= 1, name, "must be >= 1 or none")
     need(cfg.max_length >= 8, "max_length", "must be >= 8")
     need(cfg.learning_rate > 0, "learning_rate", "must be > 0")

@@ -241,7 +241,7 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
                         f"{progress.global_step}); stopped without saving the diverged model (best model: step "
                         f"{progress.best_step}). Try a lower --learning_rate, gradient clipping, or bf16 instead of fp16.")
                 if preempted:
-                    path = checkpoint.save_state(accelerator, cfg.output_dir, progress)
+                    path = checkpoint.save_state(accelerator, cfg.output_dir, progress, cfg.save_total_limit)
                     logger.warning("SIGTERM: stopped at step %d and saved %s; continue with "
                                    "--resume_from_checkpoint latest", progress.global_step, path)
                     bar.close()
@@ -249,7 +249,7 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
             if evaluate_now:
                 stop = validate_and_save()
             if save_now:
-                checkpoint.save_state(accelerator, cfg.output_dir, progress)
+                checkpoint.save_state(accelerator, cfg.output_dir, progress, cfg.save_total_limit)
             if stop or progress.global_step >= total_steps:
                 stop = True
                 break
@@ -260,7 +260,7 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
         if not (progress.history and progress.history[-1]["step"] == progress.global_step):
             stop = validate_and_save() or stop  # end of epoch, or the last step (unless just evaluated)
         if epoch_done and not stop and cfg.checkpointing_steps == "epoch":
-            checkpoint.save_state(accelerator, cfg.output_dir, progress)
+            checkpoint.save_state(accelerator, cfg.output_dir, progress, cfg.save_total_limit)
     bar.close()
     if cfg.early_stopping_patience and progress.evals_since_best >= cfg.early_stopping_patience:
         logger.info("Early stopping: no improvement of %s in %d evaluations (best %.4f at step %s).",

@@ -150,13 +150,17 @@ def test_bf16_autocast_and_tensorboard_tracker(smoke_dir, tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard not installed: the tracker half of this test needs it")
     out = tmp_path / "bf16"
     result, _ = run_train(["--preset", "smoke", "--output_dir", str(out), "--num_train_epochs", "1",
-                           "--mixed_precision", "bf16", "--report_to", "tensorboard"])
+                           "--mixed_precision", "bf16", "--report_to", "tensorboard",
+                           "--checkpointing_steps", "20", "--save_total_limit", "2"])
     assert result.returncode == 0, describe(result)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["mixed_precision"] == "bf16" and metrics["validation"]["num_examples"] == 300
     assert list(out.rglob("events.out.tfevents.*")), "no TensorBoard event file written"
     _, _, state_dict = load_saved_model(out)
     assert all(v.dtype == torch.float32 for v in state_dict.values() if v.is_floating_point())  # autocast, fp32 master
+    # --save_total_limit 2: of the states at steps 20, 40, ..., 160 only the newest two remain; the model stays
+    assert sorted(p.name for p in (out / "state").iterdir()) == ["step_140", "step_160"]
+    assert (out / "distilbert_agnews.pt").is_file() and metrics["best_step"] == 168
 
 
 def test_offline_default_run_stops_fast_with_a_useful_message(tmp_path):
