@@ -234,16 +234,7 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
             save_now = bool(save_every) and progress.global_step % save_every == 0
             boundary = progress.batches_done >= len(train_loader) or progress.global_step >= total_steps
             if evaluate_now or save_now or boundary or progress.global_step % cfg.stop_check_steps == 0:
-                preempted, diverged = guard.check()  # the same answer on every rank
-                if diverged:
-                    raise TrainingDiverged(
-                        f"The loss was not finite for {cfg.max_nonfinite_steps} consecutive batches (by step "
-                        f"{progress.global_step}); stopped without saving the diverged model (best model: step "
-                        f"{progress.best_step}). Try a lower --learning_rate, gradient clipping, or bf16 instead of fp16.")
-                if preempted:
-                    path = checkpoint.save_state(accelerator, cfg.output_dir, progress, cfg.save_total_limit)
-                    logger.warning("SIGTERM: stopped at step %d and saved %s; continue with "
-                                   "--resume_from_checkpoint latest", progress.global_step, path)
+                if preempted_or_diverged(cfg, accelerator, guard, progress):
                     bar.close()
                     return True
             if evaluate_now:
@@ -266,6 +257,21 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
         logger.info("Early stopping: no improvement of %s in %d evaluations (best %.4f at step %s).",
                     cfg.metric_for_best_model, progress.evals_since_best, progress.best_metric, progress.best_step)
     return False
+
+
+def preempted_or_diverged(cfg: TrainConfig, accelerator: Accelerator, guard: StopGuard, progress: Progress) -> bool:
+    """All ranks together: save and report True after a SIGTERM; raise TrainingDiverged on a non-finite loss."""
+    preempted, diverged = guard.check()  # one all-reduce: the same answer on every rank
+    if diverged:
+        raise TrainingDiverged(
+            f"The loss was not finite for {cfg.max_nonfinite_steps} consecutive batches (by step "
+            f"{progress.global_step}); stopped without saving the diverged model (best model: step "
+            f"{progress.best_step}). Try a lower --learning_rate, gradient clipping, or bf16 instead of fp16.")
+    if preempted:
+        path = checkpoint.save_state(accelerator, cfg.output_dir, progress, cfg.save_total_limit)
+        logger.warning("SIGTERM: stopped at step %d and saved %s; continue with --resume_from_checkpoint latest",
+                       progress.global_step, path)
+    return preempted
 
 
 @torch.no_grad()
