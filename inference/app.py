@@ -136,6 +136,11 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
         return error_response(422, "validation", f"{where}: {first.get('msg')}")
 
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception):
+        # Starlette logs the traceback; the client still gets the documented error body.
+        return error_response(500, "internal", f"internal error ({type(exc).__name__})")
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):
         kinds = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
@@ -163,6 +168,9 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
             return await classify(await parse_body(request))
         except ServiceError as exc:
             status = exc.status
+            raise
+        except Exception:
+            status = 500  # answered by internal_error below; counted as what the client sees
             raise
         finally:
             metrics.requests.inc(str(status))

@@ -147,6 +147,24 @@ def test_info_metrics_and_docs(client, smoke_checkpoint):
     assert client.get("/docs").status_code == 200 and "/predict" in client.get("/openapi.json").json()["paths"]
 
 
+def test_an_inference_failure_is_a_500_with_the_error_body_and_is_counted_as_500(smoke_checkpoint, monkeypatch):
+    import inference.engine
+
+    def broken(loaded, input_ids):
+        raise RuntimeError("forward failed")
+
+    app = create_app(Settings(checkpoint_dir=str(smoke_checkpoint), precision="fp32", reload_interval_s=0))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        monkeypatch.setattr(inference.engine, "forward", broken)  # after the warm-up
+        response = c.post("/predict", json={"inputs": "hello"})
+        assert response.status_code == 500
+        assert response.json() == {"error": "internal error (RuntimeError)", "error_type": "internal"}
+        monkeypatch.undo()
+        assert c.post("/predict", json={"inputs": "the worker survived"}).status_code == 200
+        text = c.get("/metrics").text
+        assert 'predict_requests_total{status="500"} 1' in text and 'predict_requests_total{status="200"} 1' in text
+
+
 def test_api_key_protects_predict_and_info_only(smoke_checkpoint):
     with make_client(smoke_checkpoint, api_key="s3cret") as c:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
