@@ -185,10 +185,9 @@ def in_process_single(checkpoint: Path, texts: list[str], precision: str) -> flo
     import torch
 
     from inference.engine import forward
-    from inference.loading import load_checkpoint, resolve_precision
+    from inference.loading import load_configured
 
-    device = torch.device("cpu")
-    loaded = load_checkpoint(checkpoint, device, resolve_precision(precision, device))
+    loaded = load_configured(checkpoint, "cpu", precision)
     times = []
     for text in texts[:60]:
         start_t = time.perf_counter()

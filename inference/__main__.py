@@ -14,7 +14,7 @@ import sys
 
 import uvicorn
 
-from inference.loading import CheckpointError, load_checkpoint, resolve_device
+from inference.loading import CheckpointError, load_configured
 from inference.settings import Settings
 
 
@@ -35,18 +35,25 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     try:
         settings = Settings.from_env(**args)
-        load_checkpoint(settings.checkpoint_dir, resolve_device(settings.device), None)
+        loaded = load_configured(settings.checkpoint_dir, settings.device, settings.precision)
     except (CheckpointError, ValueError) as exc:
         sys.stderr.write(f"inference: error: {exc}\n")
         return 1
-    # The app (in this process or in each worker) reads its settings from the environment.
+    # Worker processes (and the module-level app of inference.app) read their settings from the environment.
     for name, value in vars(settings).items():
         os.environ[name.upper()] = str(value)
     # uvicorn drains on SIGTERM (stops accepting, answers queued requests, runs the lifespan shutdown), then
     # restores the previous handler and re-raises the signal. A drained shutdown is a success: this handler
     # turns that last re-raise (or a SIGTERM during start-up) into exit code 0.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    uvicorn.run("inference.app:app", host=host, port=port, workers=workers, timeout_graceful_shutdown=30)
+    if workers == 1:  # serve the model checked above; imported only now that the environment is set
+        from inference.app import create_app
+
+        app = create_app(settings, preloaded=loaded)
+        uvicorn.run(app, host=host, port=port, timeout_graceful_shutdown=30)
+    else:  # each worker process loads its own copy
+        del loaded
+        uvicorn.run("inference.app:app", host=host, port=port, workers=workers, timeout_graceful_shutdown=30)
     return 0
 
 

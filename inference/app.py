@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference.engine import Engine, Overloaded, TooLong, forward
-from inference.loading import LoadedModel, load_checkpoint, resolve_device, resolve_precision, signature
+from inference.loading import LoadedModel, load_configured
 from inference.metrics import Metrics
 from inference.reload import CheckpointWatcher
 from inference.schemas import ErrorBody, PredictRequest, PredictResponse
@@ -77,14 +77,15 @@ class BodySizeLimit:
             await too_large(scope, receive, send)
 
 
-def create_app(settings: Optional[Settings] = None) -> FastAPI:
+def create_app(settings: Optional[Settings] = None, preloaded: Optional[LoadedModel] = None) -> FastAPI:
+    """The service. `preloaded`: a model already loaded with these settings (python -m inference checks the
+    checkpoint before starting and hands it over, so it is not read twice)."""
     settings = settings or Settings.from_env()
     metrics = Metrics()
     state: dict[str, Any] = {"engine": None, "ready": False, "reloads": 0}
 
     def load() -> LoadedModel:
-        device = resolve_device(settings.device)
-        return load_checkpoint(settings.checkpoint_dir, device, resolve_precision(settings.precision, device))
+        return load_configured(settings.checkpoint_dir, settings.device, settings.precision)
 
     def warm_up(loaded: LoadedModel) -> None:
         forward(loaded, [loaded.tokenizer("warm up the kernels")["input_ids"]])
@@ -99,8 +100,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         torch.set_num_threads(settings.torch_threads)
-        initial = signature(settings.checkpoint_dir)
-        loaded = await run_in_threadpool(load)
+        loaded = preloaded or await run_in_threadpool(load)
         await run_in_threadpool(warm_up, loaded)
         engine = Engine(loaded, max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
                         max_queue_size=settings.max_queue_size, metrics=metrics)
@@ -108,8 +108,9 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         state["engine"] = engine
         watcher = None
         if settings.reload_interval_s > 0:
-            watcher = CheckpointWatcher(settings.checkpoint_dir, settings.reload_interval_s, initial, load=load,
-                                        on_loaded=swap_in, on_failed=lambda: metrics.reloads.inc("failed"))
+            watcher = CheckpointWatcher(settings.checkpoint_dir, settings.reload_interval_s, loaded.signature,
+                                        load=load, on_loaded=swap_in,
+                                        on_failed=lambda: metrics.reloads.inc("failed"))
             watcher.start()
         state["ready"] = True
         logger.info("Ready: %s on %s (%s), labels %s", loaded.weights_file, loaded.device, loaded.precision,

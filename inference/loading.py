@@ -43,6 +43,7 @@ class LoadedModel:
     weights_file: str
     sha256: str
     metrics: Optional[dict]
+    signature: tuple = ()  # the files as they were just before loading (see `signature`); reload compares to it
     loaded_at: float = field(default_factory=time.time)
 
     @property
@@ -99,10 +100,17 @@ def _read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     return state_dict, digest
 
 
+def load_configured(checkpoint_dir: str | Path, device: str, precision: str) -> LoadedModel:
+    """load_checkpoint with the device and precision settings (auto/cpu/cuda, auto/fp32/bf16) resolved."""
+    resolved = resolve_device(device)
+    return load_checkpoint(checkpoint_dir, resolved, resolve_precision(precision, resolved))
+
+
 def load_checkpoint(checkpoint_dir: str | Path, device: torch.device, dtype: Optional[torch.dtype]) -> LoadedModel:
     root = Path(checkpoint_dir)
     if not root.is_dir():
         raise CheckpointError(f"{root}: checkpoint folder not found")
+    before = signature(root)
     weights = next((root / n for n in WEIGHT_FILES if (root / n).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{root / WEIGHT_FILES[0]}: missing (nor {WEIGHT_FILES[1]})")
@@ -135,4 +143,5 @@ def load_checkpoint(checkpoint_dir: str | Path, device: torch.device, dtype: Opt
     # bf16: cast the weights (not autocast, which re-casts them on every call): 1.4x faster here at equal argmax
     model = model.eval().to(device=device, dtype=dtype or torch.float32)
     return LoadedModel(model=model, tokenizer=tokenizer, labels=labels, max_length=max_length,
-                       device=device, dtype=dtype, weights_file=str(weights), sha256=digest, metrics=metrics)
+                       device=device, dtype=dtype, weights_file=str(weights), sha256=digest, metrics=metrics,
+                       signature=before)
