@@ -2,6 +2,10 @@
 
 Flags override the environment variables of inference/settings.py. The checkpoint is checked here first,
 so a missing or broken one stops the command with one line naming the file (exit 1) instead of a traceback.
+
+With one worker process the model runs on this process's main thread and uvicorn's event loop on a second
+thread: on CPU, PyTorch's OpenMP kernels run a batch-1 forward ~1.7x slower from any thread other than the
+main one (measured in docs/benchmarks.md), which is the whole latency of a lone request.
 """
 
 from __future__ import annotations
@@ -11,10 +15,14 @@ import logging
 import os
 import signal
 import sys
+import threading
 
+import torch
 import uvicorn
 
-from inference.loading import CheckpointError, load_configured
+from inference.engine import Engine, warm_up
+from inference.loading import CheckpointError, LoadedModel, load_configured
+from inference.metrics import Metrics
 from inference.settings import Settings
 
 
@@ -42,18 +50,40 @@ def main(argv: list[str] | None = None) -> int:
     # Worker processes (and the module-level app of inference.app) read their settings from the environment.
     for name, value in vars(settings).items():
         os.environ[name.upper()] = str(value)
-    # uvicorn drains on SIGTERM (stops accepting, answers queued requests, runs the lifespan shutdown), then
-    # restores the previous handler and re-raises the signal. A drained shutdown is a success: this handler
-    # turns that last re-raise (or a SIGTERM during start-up) into exit code 0.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    if workers == 1:  # serve the model checked above; imported only now that the environment is set
-        from inference.app import create_app
-
-        app = create_app(settings, preloaded=loaded)
-        uvicorn.run(app, host=host, port=port, timeout_graceful_shutdown=30)
-    else:  # each worker process loads its own copy
+    if workers > 1:  # each worker process loads its own copy and runs its engine on a worker thread
         del loaded
+        # uvicorn drains on SIGTERM, then re-raises it; a drained shutdown is a success: exit code 0.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         uvicorn.run("inference.app:app", host=host, port=port, workers=workers, timeout_graceful_shutdown=30)
+        return 0
+    return serve_on_main_thread(settings, loaded, host, port)
+
+
+def serve_on_main_thread(settings: Settings, loaded: LoadedModel, host: str, port: int) -> int:
+    """uvicorn on a side thread, the engine's worker loop here; SIGTERM/SIGINT drain both, then exit 0."""
+    from inference.app import create_app  # imported only now that the environment is set
+
+    torch.set_num_threads(settings.torch_threads)
+    warm_up(loaded)
+    engine = Engine(loaded, max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
+                    max_queue_size=settings.max_queue_size, metrics=Metrics())
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, engine=engine), host=host, port=port,
+                                           timeout_graceful_shutdown=30))
+
+    def serve() -> None:
+        try:
+            server.run()  # stops accepting on should_exit, answers what is queued (lifespan: engine.stop)
+        finally:
+            engine.stop(timeout=0)  # also ends the loop below when uvicorn could not start (port in use)
+
+    # uvicorn installs signal handlers only on the main thread: forward the signals to it ourselves.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, server.handle_exit)
+    thread = threading.Thread(target=serve, name="uvicorn")
+    thread.start()
+    engine.run()
+    thread.join()
+    return 0 if server.started else 1
     return 0
 
 

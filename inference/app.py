@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inference.engine import Engine, Overloaded, TooLong, forward
+from inference.engine import Engine, Overloaded, TooLong, warm_up
 from inference.loading import LoadedModel, load_configured
 from inference.metrics import Metrics
 from inference.reload import CheckpointWatcher
@@ -77,18 +77,17 @@ class BodySizeLimit:
             await too_large(scope, receive, send)
 
 
-def create_app(settings: Optional[Settings] = None, preloaded: Optional[LoadedModel] = None) -> FastAPI:
-    """The service. `preloaded`: a model already loaded with these settings (python -m inference checks the
-    checkpoint before starting and hands it over, so it is not read twice)."""
+def create_app(settings: Optional[Settings] = None, preloaded: Optional[LoadedModel] = None,
+               engine: Optional[Engine] = None) -> FastAPI:
+    """The service. `preloaded`: a model already loaded with these settings (so it is not read twice).
+    `engine`: an Engine over a warmed-up model whose `run()` the caller drives on a thread of its own
+    (python -m inference: the main thread); without one the lifespan starts an Engine on a worker thread."""
     settings = settings or Settings.from_env()
-    metrics = Metrics()
+    metrics = engine.metrics if engine else Metrics()
     state: dict[str, Any] = {"engine": None, "ready": False, "reloads": 0}
 
     def load() -> LoadedModel:
         return load_configured(settings.checkpoint_dir, settings.device, settings.precision)
-
-    def warm_up(loaded: LoadedModel) -> None:
-        forward(loaded, [loaded.tokenizer("warm up the kernels")["input_ids"]])
 
     def swap_in(loaded: LoadedModel) -> None:
         warm_up(loaded)
@@ -99,13 +98,16 @@ def create_app(settings: Optional[Settings] = None, preloaded: Optional[LoadedMo
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        torch.set_num_threads(settings.torch_threads)
-        loaded = preloaded or await run_in_threadpool(load)
-        await run_in_threadpool(warm_up, loaded)
-        engine = Engine(loaded, max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
-                        max_queue_size=settings.max_queue_size, metrics=metrics)
-        engine.start()
-        state["engine"] = engine
+        serving = engine
+        if serving is None:
+            torch.set_num_threads(settings.torch_threads)
+            loaded = preloaded or await run_in_threadpool(load)
+            await run_in_threadpool(warm_up, loaded)
+            serving = Engine(loaded, max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
+                             max_queue_size=settings.max_queue_size, metrics=metrics)
+            serving.start()
+        loaded = serving.current
+        state["engine"] = serving
         watcher = None
         if settings.reload_interval_s > 0:
             watcher = CheckpointWatcher(settings.checkpoint_dir, settings.reload_interval_s, loaded.signature,
@@ -119,7 +121,7 @@ def create_app(settings: Optional[Settings] = None, preloaded: Optional[LoadedMo
         state["ready"] = False
         if watcher:
             watcher.stop()
-        await run_in_threadpool(engine.stop)  # answers every queued request before the process exits
+        await run_in_threadpool(serving.stop)  # answers every queued request before the process exits
 
     app = FastAPI(title="distilbert-agnews", version="0.1.0", lifespan=lifespan,
                   description="Text classification (AG News topics by default); /predict is compatible with "
@@ -147,7 +149,7 @@ def create_app(settings: Optional[Settings] = None, preloaded: Optional[LoadedMo
         kinds = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
         return error_response(exc.status_code, kinds.get(exc.status_code, "http"), str(exc.detail))
 
-    def engine() -> Engine:
+    def live_engine() -> Engine:
         if not state["ready"]:
             raise ServiceError(503, "unhealthy", "the model is not loaded yet")
         return state["engine"]
@@ -200,7 +202,7 @@ def create_app(settings: Optional[Settings] = None, preloaded: Optional[LoadedMo
         empty = next((i for i, t in enumerate(texts) if not t.strip()), None)
         if empty is not None:
             raise ServiceError(400, "empty", f"inputs[{empty}] is empty" if not single else "inputs is empty")
-        current = engine()
+        current = live_engine()
         labels = current.current.labels
         if body.top_k is not None and body.top_k > len(labels):
             raise ServiceError(422, "validation", f"top_k: must be between 1 and {len(labels)}")
@@ -219,12 +221,12 @@ def create_app(settings: Optional[Settings] = None, preloaded: Optional[LoadedMo
 
     @app.get("/ready", responses={503: {"model": ErrorBody}})
     async def ready():
-        engine()
+        live_engine()
         return {"status": "ready"}
 
     @app.get("/info", dependencies=[Depends(require_api_key)])
     async def info():
-        loaded = engine().current
+        loaded = live_engine().current
         summary = None
         if loaded.metrics:
             summary = {k: loaded.metrics.get(k) for k in ("validation", "test", "best_step", "world_size",

@@ -1,6 +1,7 @@
 """Micro-batching: concurrent requests share forward passes, run by one worker thread off the event loop.
 
-Requests put a job (their texts + an asyncio future) on a queue. The worker thread, which alone touches the
+Requests put a job (their texts + an asyncio future) on a queue. The worker (`Engine.run`, on a thread of its
+own after `start()`, or on the process's main thread: see inference/__main__.py), which alone touches the
 model and the tokenizer, takes the first job, waits up to `max_wait_ms` for more until `max_batch_size`
 texts are collected (only while requests keep arriving together), tokenizes them, sorts them by length and runs them in length buckets (little padding),
 then hands each job exactly its own rows back on its event loop. The model reference is read once per
@@ -60,17 +61,18 @@ class Engine:
         self._lock = threading.Lock()
         self._carry: Optional[_Job] = None
         self._last_jobs = 0
-        self._thread = threading.Thread(target=self._run, name="inference-worker", daemon=True)
+        self._finished = threading.Event()
 
     # ------------------------------------------------------------------------------- event-loop side
 
     def start(self) -> None:
-        self._thread.start()
+        """Run the worker on a new thread (the alternative: call `run()` on a thread of your own)."""
+        threading.Thread(target=self.run, name="inference-worker", daemon=True).start()
 
     def stop(self, timeout: float = 30) -> None:
-        """Finish every queued job, then end the worker thread."""
+        """Finish every queued job, then end the worker (waits up to `timeout` s for it)."""
         self._queue.put(_STOP)
-        self._thread.join(timeout)
+        self._finished.wait(timeout)
 
     def swap(self, loaded: LoadedModel) -> None:
         self.current = loaded  # one reference assignment: atomic; the worker reads it per micro-batch
@@ -115,7 +117,14 @@ class Engine:
         self._last_jobs = len(jobs)
         return jobs, False
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """The worker loop, on the calling thread, until stop(): every queued job is answered first."""
+        try:
+            self._serve()
+        finally:
+            self._finished.set()
+
+    def _serve(self) -> None:
         while True:
             jobs, stop = self._next_batch()
             if stop:
@@ -162,6 +171,11 @@ def length_buckets(items: list, ratio: float = 1.5, slack: int = 16) -> list[lis
         else:
             buckets.append([item])
     return buckets
+
+
+def warm_up(loaded: LoadedModel) -> None:
+    """One forward pass, so kernels are initialised before the first request."""
+    forward(loaded, [loaded.tokenizer("warm up the kernels")["input_ids"]])
 
 
 @torch.inference_mode()
