@@ -58,8 +58,8 @@ def reference(smoke_checkpoint) -> Reference:
 class Server:
     """`python -m inference` as a real process on 127.0.0.1."""
 
-    def __init__(self, checkpoint: Path, *args: str, env: dict | None = None):
-        self.port = free_port()
+    def __init__(self, checkpoint: Path, *args: str, env: dict | None = None, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # Output goes to a file: a pipe nobody reads fills up with access-log lines and blocks the server.
         self.log = tempfile.TemporaryFile(mode="w+")

@@ -113,3 +113,22 @@ def test_quickstart_demo_serves_one_prediction_and_stops(smoke_checkpoint):
                             cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "-> 200" in result.stderr and "Business" in result.stderr and "service stopped (exit code 0)" in result.stderr
+
+
+def test_port_in_use_exits_1_instead_of_hanging(smoke_checkpoint):
+    """uvicorn runs on a side thread (the model has the main thread): a failed bind must still end the process."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = Server(smoke_checkpoint, "--reload_interval_s", "0", port=taken.getsockname()[1])
+        assert server.process.wait(60) == 1, server.output()
+    assert "address already in use" in server.output().lower()
+
+
+def test_sigint_drains_and_exits_0(smoke_checkpoint):
+    server = Server(smoke_checkpoint, "--reload_interval_s", "0").wait_ready()
+    assert httpx.post(f"{server.url}/predict", json={"inputs": "Stocks fell."}).status_code == 200
+    server.process.send_signal(signal.SIGINT)
+    assert server.process.wait(30) == 0, server.output()
