@@ -35,12 +35,18 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def run_train(args: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
-    """Run training/train.py as users do: plain `python` for 1 process, `accelerate launch` (gloo) for 2."""
+    """Run training/train.py as users do: plain `python` for 1 process, `accelerate launch` (gloo) for more."""
+    return launch([str(ROOT / "training" / "train.py"), *args], processes=processes, env=env, timeout=timeout)
+
+
+def launch(target: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
+    """`python TARGET...` for 1 process, else `accelerate launch` with the 2-process CPU config and
+    --num_processes; TARGET is a script and its arguments, or ["-m", module, ...]."""
     if processes == 1:
-        cmd = [sys.executable, str(ROOT / "training" / "train.py"), *args]
+        cmd = [sys.executable, *target]
     else:
         cmd = [shutil.which("accelerate") or "accelerate", "launch", "--config_file", str(CPU_2PROC),
-               "--main_process_port", str(free_port()), str(ROOT / "training" / "train.py"), *args]
+               "--num_processes", str(processes), "--main_process_port", str(free_port()), *target]
     started = time.time()
     result = subprocess.run(cmd, cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=timeout)
     return result, time.time() - started

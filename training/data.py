@@ -116,7 +116,7 @@ def label_ids(ds: datasets.Dataset, source: str, label_column: str, label_names:
     return ids
 
 
-def _with_labels(ds: datasets.Dataset, source: str, cfg: TrainConfig, label_names: Sequence[str]) -> datasets.Dataset:
+def with_labels(ds: datasets.Dataset, source: str, cfg: TrainConfig, label_names: Sequence[str]) -> datasets.Dataset:
     """Validate text and labels, keep only the text column plus an integer `labels` column."""
     require_columns(ds, source, cfg.text_column, cfg.label_column)
     check_texts(ds, source, cfg.text_column)
@@ -142,19 +142,19 @@ def load_splits(cfg: TrainConfig) -> Splits:
         hub_test = ("test", hub["test"]) if "test" in hub else None
     require_columns(train, train_source, cfg.text_column, cfg.label_column)
     label_names = list(cfg.label_names or infer_label_names(train, cfg.label_column))
-    train = _with_labels(train, train_source, cfg, label_names)
+    train = with_labels(train, train_source, cfg, label_names)
 
     if cfg.validation_file:
-        validation = _with_labels(load_file(cfg.validation_file), cfg.validation_file, cfg, label_names)
+        validation = with_labels(load_file(cfg.validation_file), cfg.validation_file, cfg, label_names)
     else:  # a seeded slice of train, identical on every rank and every run with the same seed
         parts = train.train_test_split(test_size=cfg.validation_split, seed=cfg.seed, shuffle=True)
         train, validation = parts["train"], parts["test"]
 
     test = None
     if cfg.test_file:
-        test = _with_labels(load_file(cfg.test_file), cfg.test_file, cfg, label_names)
+        test = with_labels(load_file(cfg.test_file), cfg.test_file, cfg, label_names)
     elif hub_test is not None:
-        test = _with_labels(hub_test[1], f"{cfg.dataset_name}[test]", cfg, label_names)
+        test = with_labels(hub_test[1], f"{cfg.dataset_name}[test]", cfg, label_names)
 
     train = _subsample(train, cfg.num_samples, cfg.seed)
     validation = _subsample(validation, cfg.num_samples, cfg.seed)
@@ -171,6 +171,16 @@ def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tra
     `datasets.map` caches the result next to the source data, keyed by the data and this function, so
     a second run (or the other ranks, which wait under `main_process_first`) reads it from disk.
     """
+    return Splits(
+        train=tokenize(splits.train, tokenizer, cfg, "train"),
+        validation=tokenize(splits.validation, tokenizer, cfg, "validation"),
+        test=tokenize(splits.test, tokenizer, cfg, "test") if splits.test is not None else None,
+        label_names=splits.label_names,
+    )
+
+
+def tokenize(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig, name: str) -> datasets.Dataset:
+    """One split: input_ids/attention_mask (unpadded) plus `length`, cached by `datasets.map`."""
     text_column, max_length = cfg.text_column, cfg.max_length
 
     def encode(batch):
@@ -178,15 +188,7 @@ def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tra
         encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
         return encoded
 
-    def run(ds: datasets.Dataset, name: str) -> datasets.Dataset:
-        return ds.map(encode, batched=True, remove_columns=[text_column], desc=f"Tokenizing {name}")
-
-    return Splits(
-        train=run(splits.train, "train"),
-        validation=run(splits.validation, "validation"),
-        test=run(splits.test, "test") if splits.test is not None else None,
-        label_names=splits.label_names,
-    )
+    return ds.map(encode, batched=True, remove_columns=[text_column], desc=f"Tokenizing {name}")
 
 
 # ------------------------------------------------------------------------------------------- batching
@@ -268,14 +270,19 @@ def make_dataloaders(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tr
                               generator=torch.Generator().manual_seed(cfg.seed), **common)
 
     def eval_loader(ds: datasets.Dataset) -> DataLoader:
-        # Sorted by length: consecutive batches need little padding. Order does not matter for metrics.
-        lengths = list(ds["length"])
-        by_length = ds.select(sorted(range(len(ds)), key=lengths.__getitem__))
-        return DataLoader(_model_columns(by_length, tokenizer), batch_size=cfg.per_device_eval_batch_size,
-                          shuffle=False, **common)
+        return make_eval_loader(ds, tokenizer, cfg.per_device_eval_batch_size, common)
 
     test_loader = eval_loader(splits.test) if splits.test is not None else None
     return train_loader, sampler, eval_loader(splits.validation), test_loader
+
+
+def make_eval_loader(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int,
+                     loader_kwargs: Optional[dict] = None) -> DataLoader:
+    """Sorted by length, so consecutive batches need little padding (order does not matter for metrics)."""
+    loader_kwargs = loader_kwargs or {"collate_fn": DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)}
+    lengths = list(ds["length"])
+    by_length = ds.select(sorted(range(len(ds)), key=lengths.__getitem__))
+    return DataLoader(_model_columns(by_length, tokenizer), batch_size=batch_size, shuffle=False, **loader_kwargs)
 
 
 def steps_per_epoch(train_loader_len: int, accumulation: int) -> int:

@@ -6,8 +6,8 @@
 
 Read top to bottom: `make_accelerator` (topology from the launcher), `main` (data, model, optimizer,
 prepare, resume), `fit` (epochs of `accelerator.accumulate` steps, periodic evaluation, checkpoints, early
-stopping), `evaluate` (all ranks in parallel, `gather_for_metrics`), then the best model on the test split.
-Rank logic goes through the Accelerator only; files are written by the main process (training/checkpoint.py).
+stopping), `evaluate` (training/evaluate.py: all ranks in parallel, `gather_for_metrics`), then the best
+model on the test split. Rank logic goes through the Accelerator only; files are written by the main process (training/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from training import checkpoint
 from training.checkpoint import Progress
 from training.config import ConfigError, TrainConfig, load_config
 from training.data import DataError, load_splits, make_dataloaders, steps_per_epoch, tokenize_splits
+from training.evaluate import evaluate
 from training.guards import StopGuard, TrainingDiverged
 from training.hub import HubUnavailableError, ensure_hub_or_offline
-from training.metrics import classification_metrics
 from training.model import build_model, build_optimizer, load_tokenizer
 from training.smoke import ensure_smoke_assets
 
@@ -272,25 +272,6 @@ def preempted_or_diverged(cfg: TrainConfig, accelerator: Accelerator, guard: Sto
         logger.warning("SIGTERM: stopped at step %d and saved %s; continue with --resume_from_checkpoint latest",
                        progress.global_step, path)
     return preempted
-
-
-@torch.no_grad()
-def evaluate(accelerator: Accelerator, model, loader, num_labels: int) -> dict:
-    """Every rank scores its shard; gather_for_metrics drops the padding duplicates of the last batch."""
-    was_training = model.training
-    model.eval()
-    predictions, labels, losses = [], [], []
-    for batch in loader:
-        logits = model(**batch).logits
-        loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"], reduction="none")
-        gathered = accelerator.gather_for_metrics((logits.argmax(dim=-1), batch["labels"], loss))
-        predictions.append(gathered[0])
-        labels.append(gathered[1])
-        losses.append(gathered[2])
-    model.train(was_training)
-    metrics = classification_metrics(torch.cat(predictions), torch.cat(labels), num_labels)
-    metrics["loss"] = torch.cat(losses).float().mean().item()
-    return metrics
 
 
 # ------------------------------------------------------------------------------------------ reporting
