@@ -26,6 +26,8 @@ from typing import Any, Optional
 import torch
 from accelerate import Accelerator
 
+from training import faults
+
 WEIGHTS_NAME = "distilbert_agnews.pt"
 CONFIG_NAME = "config.json"
 TOKENIZER_DIR = "tokenizer"
@@ -106,7 +108,11 @@ def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, outp
         out.mkdir(parents=True, exist_ok=True)
         unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
         weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in unwrapped.state_dict().items()}
-        _atomic_write_bytes(out / WEIGHTS_NAME, lambda fh: torch.save(weights, fh))
+        def write_weights(fh) -> None:
+            torch.save(weights, fh)
+            faults.in_save_model()  # test-only, inert: a kill here leaves a partial temp file, never the target
+
+        _atomic_write_bytes(out / WEIGHTS_NAME, write_weights)
         config_staging = Path(tempfile.mkdtemp(prefix=".config.", dir=out))
         unwrapped.config.save_pretrained(config_staging)
         os.replace(config_staging / CONFIG_NAME, out / CONFIG_NAME)
@@ -143,6 +149,7 @@ def save_state(accelerator: Accelerator, output_dir: str, progress: Progress, ke
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         write_json(staging / PROGRESS_NAME, dataclasses.asdict(progress))
+        faults.in_save_state(progress.global_step)  # test-only, inert: a kill here leaves only .tmp_step_N
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)

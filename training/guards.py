@@ -10,14 +10,13 @@ syncs with the host: the non-finite streak is counted on the device.
 
 from __future__ import annotations
 
-import os
 import signal
 
 import torch
 from accelerate import Accelerator
 
-# Test-only fault injection: "nan_loss_from_step:N" makes the loss NaN from optimizer step N on.
-FAULT_ENV = "DISTILBERT_AGNEWS_FAULT"
+from training import faults
+
 
 
 class TrainingDiverged(RuntimeError):
@@ -31,8 +30,8 @@ class StopGuard:
         self.sigterm = False
         self.streak = torch.zeros((), device=accelerator.device)  # consecutive non-finite losses
         self.longest = torch.zeros((), device=accelerator.device)  # longest streak since the last check
-        fault = os.environ.get(FAULT_ENV, "")
-        self.nan_from_step = int(fault.split(":")[1]) if fault.startswith("nan_loss_from_step:") else None
+        nan_from = faults.arguments("nan_loss_from_step")  # test-only injection (training/faults.py)
+        self.nan_from_step = nan_from[0] if nan_from else None
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:

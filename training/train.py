@@ -37,7 +37,7 @@ from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwar
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from training import checkpoint
+from training import checkpoint, faults
 from training.checkpoint import Progress
 from training.config import ConfigError, TrainConfig, load_config
 from training.data import DataError, load_splits, make_dataloaders, steps_per_epoch, tokenize_splits
@@ -219,6 +219,7 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
             if not optimizer.step_was_skipped:  # fp16 overflow skips the step; keep the schedule in step
                 scheduler.step()
             progress.global_step += 1
+            faults.after_optimizer_step(progress.global_step, accelerator.process_index)  # test-only, inert
             bar.update(1)
             if progress.global_step % cfg.logging_steps == 0:
                 mean_loss = accelerator.reduce(loss_sum / loss_count, reduction="mean").item()

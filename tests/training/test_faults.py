@@ -71,3 +71,28 @@ def test_bad_data_stops_both_ranks_fast_with_file_and_row(smoke_dir, tmp_path):
                            "--label_names", "World", "Sports", "Business", "Sci/Tech"], processes=2)
     assert result.returncode != 0 and time.time() - started < 30 + 15  # 30 s plus the launcher's start-up
     assert "bad.csv: row 101: label 7 is not one of the 4 classes" in result.stderr, describe(result)
+
+
+def test_an_exception_on_one_rank_ends_the_whole_job(smoke_dir, tmp_path):
+    """Rank 1 raises after step 30; rank 0 is left in a collective. The launcher sees rank 1 die and ends the job."""
+    env = cli_env(DISTILBERT_AGNEWS_FAULT="raise_on_rank:1:30")  # test-only fault (training/faults.py)
+    started = time.time()
+    result, _ = run_train([*SMOKE, "--output_dir", str(tmp_path / "o"), "--ddp_timeout", "60"], processes=2,
+                          env=env, timeout=240)
+    elapsed = time.time() - started
+    assert result.returncode != 0, describe(result)
+    assert "injected fault" in result.stderr and "rank 1 failed after optimizer step 30" in result.stderr
+    assert elapsed < 60 + 45, f"took {elapsed:.0f} s"  # bounded: ddp_timeout plus start-up and teardown
+
+
+def test_a_hung_rank_ends_the_whole_job_after_ddp_timeout(smoke_dir, tmp_path):
+    """Rank 1 stops responding after step 30 without dying; rank 0's next collective gives up after
+    --ddp_timeout, fails, and the launcher ends the job: no hang forever."""
+    env = cli_env(DISTILBERT_AGNEWS_FAULT="hang_on_rank:1:30")
+    started = time.time()
+    result, _ = run_train([*SMOKE, "--output_dir", str(tmp_path / "o"), "--ddp_timeout", "60"], processes=2,
+                          env=env, timeout=300)
+    elapsed = time.time() - started
+    assert result.returncode != 0, describe(result)
+    assert 60 <= elapsed < 60 + 75, f"took {elapsed:.0f} s"
+    assert "timed out" in result.stderr.lower() or "timeout" in result.stderr.lower(), describe(result)

@@ -1,0 +1,143 @@
+"""SIGKILL, the fault nothing can catch: a killed 2-process run resumes to bitwise the same result, and a kill
+in the middle of a save never damages what was saved before.
+
+Every run uses the smoke preset on 2 ranks (gloo), 84 batches per rank per epoch, 3 epochs, a resumable
+state every 21 optimizer steps. Baselines (uninterrupted runs) are computed once per configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import CPU_2PROC, ROOT, cli_env, describe, free_port, run_train
+from training.checkpoint import find_latest_state, read_progress
+
+pytestmark = pytest.mark.slow
+SMOKE = ["--preset", "smoke", "--checkpointing_steps", "21", "--logging_steps", "21"]
+ACCUMULATION = ("--gradient_accumulation_steps", "2")  # 42 optimizer steps per epoch, 126 in all
+RUN_ONLY = ("train_runtime_s",)  # what may differ between two runs of the same configuration
+CONFIG_RUN_ONLY = ("output_dir", "resume_from_checkpoint")
+
+
+@pytest.fixture(scope="module")
+def baselines(smoke_dir, tmp_path_factory):
+    """Uninterrupted runs, computed on first use: {configuration extra args: output dir}."""
+    cache: dict[tuple, Path] = {}
+
+    def get(extra: tuple[str, ...]) -> Path:
+        if extra not in cache:
+            out = tmp_path_factory.mktemp("baseline") / "out"
+            result, _ = run_train([*SMOKE, *extra, "--output_dir", str(out)], processes=2)
+            assert result.returncode == 0, describe(result)
+            cache[extra] = out
+        return cache[extra]
+
+    return get
+
+
+def launch_in_background(out: Path, extra: tuple[str, ...], log: Path, env: dict | None = None) -> subprocess.Popen:
+    cmd = [shutil.which("accelerate") or "accelerate", "launch", "--config_file", str(CPU_2PROC),
+           "--main_process_port", str(free_port()), str(ROOT / "training" / "train.py"), *SMOKE, *extra,
+           "--output_dir", str(out)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env or cli_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def kill_9_everything(launcher: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every rank at once, like a machine losing power. (The ranks run in sessions
+    of their own, so a process-group kill would miss them and they would train on as orphans.)"""
+    import psutil  # an accelerate dependency
+
+    family = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
+    assert len(family) >= 3, "expected the launcher and two ranks"
+    for process in family:
+        process.send_signal(signal.SIGKILL)
+    psutil.wait_procs(family, timeout=30)
+
+
+def comparable(metrics_file: Path) -> dict:
+    metrics = json.loads(metrics_file.read_text())
+    for key in RUN_ONLY:
+        metrics.pop(key)
+    for key in CONFIG_RUN_ONLY:
+        metrics["config"].pop(key)
+    return metrics
+
+
+def assert_same_result(resumed: Path, baseline: Path, final_step: int) -> None:
+    a = load_file(baseline / "state" / f"step_{final_step}" / "model.safetensors")
+    b = load_file(resumed / "state" / f"step_{final_step}" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "final weights differ"
+    best_a = torch.load(baseline / "distilbert_agnews.pt", weights_only=True)
+    best_b = torch.load(resumed / "distilbert_agnews.pt", weights_only=True)
+    assert all(torch.equal(best_a[k], best_b[k]) for k in best_a), "best-model weights differ"
+    assert comparable(resumed / "metrics.json") == comparable(baseline / "metrics.json")
+
+
+@pytest.mark.parametrize("kill_after_state, extra, final_step", [
+    (42, (), 252),               # epoch 1 of 3, mid-epoch
+    (105, (), 252),              # epoch 2
+    (63, ACCUMULATION, 126),     # epoch 2, with gradient accumulation (no_sync micro-steps)
+], ids=["epoch1", "epoch2", "epoch2-accumulation"])
+def test_sigkill_then_resume_latest_is_bitwise_identical(baselines, tmp_path, kill_after_state, extra, final_step):
+    baseline = baselines(extra)
+    out, log = tmp_path / "killed", tmp_path / "killed.log"
+    launcher = launch_in_background(out, extra, log)
+    deadline = time.time() + 180
+    while not (out / "state" / f"step_{kill_after_state}" / "progress.json").exists():
+        assert launcher.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.02)
+    kill_9_everything(launcher)
+    launcher.wait(30)
+    latest = find_latest_state(str(out))
+    progress = read_progress(latest)
+    assert kill_after_state <= progress.global_step < final_step, "the kill landed after the run finished"
+    assert 0 < progress.batches_done, "the kill was meant to land mid-epoch"
+
+    result, _ = run_train([*SMOKE, *extra, "--output_dir", str(out), "--resume_from_checkpoint", "latest"],
+                          processes=2)
+    assert result.returncode == 0, describe(result)
+    assert f"Resumed from {latest}" in result.stderr, describe(result)
+    assert_same_result(out, baseline, final_step)
+
+
+def test_kill_in_the_middle_of_a_state_save_keeps_the_previous_state_latest(baselines, tmp_path):
+    out = tmp_path / "killed_in_save"
+    env = cli_env(DISTILBERT_AGNEWS_FAULT="kill_in_save_state:42")  # test-only fault (training/faults.py)
+    result, _ = run_train([*SMOKE, "--output_dir", str(out)], processes=2, env=env)
+    assert result.returncode != 0, describe(result)
+    assert (out / "state" / ".tmp_step_42").is_dir(), "the kill should have landed while step_42 was staged"
+    assert not (out / "state" / "step_42").exists()
+    assert find_latest_state(str(out)) == out / "state" / "step_21"
+
+    result, _ = run_train([*SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", "latest"], processes=2)
+    assert result.returncode == 0, describe(result)
+    assert_same_result(out, baselines(()), 252)
+
+
+def test_kill_in_the_middle_of_a_best_model_save_keeps_the_previous_model(baselines, tmp_path):
+    """The output dir already holds a servable model (a previous run's); the new run is killed while writing
+    its first best model over it: the old files stay whole and loadable, byte for byte."""
+    out = tmp_path / "killed_in_model_save"
+    previous = baselines(())
+    out.mkdir()
+    for name in ("distilbert_agnews.pt", "config.json", "metrics.json"):
+        shutil.copy2(previous / name, out / name)
+    shutil.copytree(previous / "tokenizer", out / "tokenizer")
+    env = cli_env(DISTILBERT_AGNEWS_FAULT="kill_in_save_model:1")  # test-only fault (training/faults.py)
+    result, _ = run_train([*SMOKE, "--output_dir", str(out), "--checkpointing_steps", "none"], processes=2, env=env)
+    assert result.returncode != 0, describe(result)
+    assert "Validation at step 84" in result.stderr, describe(result)
+    assert list(out.glob(".distilbert_agnews.pt.*")), "the kill should have left a partial temporary file"
+    for name in ("distilbert_agnews.pt", "config.json", "metrics.json"):
+        assert (out / name).read_bytes() == (previous / name).read_bytes(), name
+    saved = torch.load(out / "distilbert_agnews.pt", weights_only=True)  # and it loads
+    assert saved.keys() == torch.load(previous / "distilbert_agnews.pt", weights_only=True).keys()
