@@ -44,8 +44,9 @@ from training.data import DataError, load_splits, make_dataloaders, steps_per_ep
 from training.evaluate import evaluate
 from training.guards import StopGuard, TrainingDiverged
 from training.hub import HubUnavailableError, ensure_hub_or_offline
-from training.model import build_model, build_optimizer, load_tokenizer
+from training.model import attention_for, build_model, build_optimizer, load_tokenizer
 from training.smoke import ensure_smoke_assets
+from training.throughput import Throughput, peak_memory_mb
 
 logger = get_logger(__name__)
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the run stopped early, its resumable state is saved
@@ -55,12 +56,30 @@ class LaunchError(RuntimeError):
     """The processes were started in a way that would not train correctly."""
 
 
+def native_bf16() -> bool:
+    """The hardware multiplies bf16 matrices natively: a bf16 GPU, or a CPU with AMX or AVX512-BF16."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    cpu = torch.cpu  # these capability probes are private in torch 2.x; treat their absence as "no"
+    return any(getattr(cpu, probe, lambda: False)() for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+
+
+def resolve_mixed_precision(cfg: TrainConfig) -> str:
+    """--mixed_precision wins; then a launcher config's fp16/bf16; else bf16 where it is native, else no."""
+    if cfg.mixed_precision:
+        return cfg.mixed_precision
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if launcher != "no":
+        return launcher
+    return "bf16" if native_bf16() else "no"
+
+
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
-    """One Accelerator for the whole run; topology and precision come from `accelerate launch`."""
+    """One Accelerator for the whole run; topology from `accelerate launch`, precision from resolve_mixed_precision."""
     accelerator = Accelerator(
         # On a CPU-only machine, cpu=True turns a torchrun-started group into MULTI_CPU over gloo.
         cpu=not torch.cuda.is_available(),
-        mixed_precision=cfg.mixed_precision,
+        mixed_precision=resolve_mixed_precision(cfg),
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         log_with=None if cfg.report_to == "none" else cfg.report_to.split(","),
         project_dir=cfg.output_dir,
@@ -104,7 +123,11 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
         splits, tokenizer, cfg, accelerator.num_processes, pin_memory=accelerator.device.type == "cuda")
 
     # ---- model, optimizer, schedule
-    model = build_model(cfg, splits.label_names)
+    attention = attention_for(cfg, accelerator.device)
+    model = build_model(cfg, splits.label_names, attention)
+    logger.info("Model %s: %.1f M parameters, %s attention, %s AdamW", cfg.model_name_or_path,
+                sum(p.numel() for p in model.parameters()) / 1e6, attention,
+                "fused" if cfg.fused_optimizer else "multi-tensor")
     learning_rate = cfg.learning_rate * (accelerator.num_processes if cfg.scale_lr == "linear" else 1)
     optimizer = build_optimizer(model, cfg, learning_rate)
     epoch_steps = steps_per_epoch(len(sampler) // accelerator.num_processes, cfg.gradient_accumulation_steps)
@@ -140,9 +163,14 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
         accelerator.init_trackers("distilbert_agnews", config=tracker_config(cfg))
 
     # ---- train, then score the best model once on the test split
+    throughput = Throughput(accelerator.device)
     if fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, sampler, val_loader, progress,
-           total_steps, num_epochs):
+           total_steps, num_epochs, throughput):
         return None  # preempted: the resumable state is saved; the test split waits for the finished run
+    speed = throughput.summary(accelerator)
+    logger.info("Training speed: %.1f examples/s, %.0f tokens/s (padding %.1f%%), %.1f s; peak memory %.0f MB "
+                "per process", speed["examples_per_second"], speed["tokens_per_second"],
+                100 * speed["padding_fraction"], speed["train_seconds"], speed["peak_memory_mb_per_process"])
     test_metrics = None
     if test_loader is not None:
         best = checkpoint.load_weights(Path(cfg.output_dir) / checkpoint.WEIGHTS_NAME)
@@ -150,6 +178,7 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
         test_metrics = evaluate(accelerator, model, test_loader, len(splits.label_names))
         logger.info("Test (best model, step %s): %s", progress.best_step, format_metrics(test_metrics))
     summary = run_summary(cfg, accelerator, splits, progress, test_metrics, time.time() - started)
+    summary["throughput"] = speed
     if accelerator.is_main_process:
         checkpoint.write_json(Path(cfg.output_dir) / checkpoint.METRICS_NAME, summary)
     accelerator.wait_for_everyone()
@@ -157,7 +186,7 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
 
 
 def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, sampler, val_loader,
-        progress: Progress, total_steps: int, num_epochs: int) -> bool:
+        progress: Progress, total_steps: int, num_epochs: int, throughput: Throughput) -> bool:
     """Train until done, early-stopped or preempted; True when preempted (a resumable state was saved)."""
     num_labels = accelerator.unwrap_model(model).config.num_labels
     guard = StopGuard(accelerator, cfg.max_nonfinite_steps)
@@ -168,6 +197,10 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
     loss_count = 0
 
     def validate_and_save() -> bool:
+        with throughput.paused():
+            return _validate_and_save()
+
+    def _validate_and_save() -> bool:
         """Evaluate on every rank, save the model if it improved; True when early stopping fires."""
         metrics = evaluate(accelerator, model, val_loader, num_labels)
         progress.history.append({"step": progress.global_step, "epoch": progress.epoch, **metrics})
@@ -209,6 +242,7 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
                 optimizer.step()
                 optimizer.zero_grad()
             progress.batches_done += 1
+            throughput.observe(batch)
             loss_sum += loss.detach()
             loss_count += 1
             guard.observe(loss)
@@ -241,7 +275,8 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
             if evaluate_now:
                 stop = validate_and_save()
             if save_now:
-                checkpoint.save_state(accelerator, cfg.output_dir, progress, cfg.save_total_limit)
+                with throughput.paused():
+                    checkpoint.save_state(accelerator, cfg.output_dir, progress, cfg.save_total_limit)
             if stop or progress.global_step >= total_steps:
                 stop = True
                 break
@@ -252,7 +287,9 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
         if not (progress.history and progress.history[-1]["step"] == progress.global_step):
             stop = validate_and_save() or stop  # end of epoch, or the last step (unless just evaluated)
         if epoch_done and not stop and cfg.checkpointing_steps == "epoch":
-            checkpoint.save_state(accelerator, cfg.output_dir, progress, cfg.save_total_limit)
+            with throughput.paused():
+                checkpoint.save_state(accelerator, cfg.output_dir, progress, cfg.save_total_limit)
+        logger.info("Epoch %d: peak memory %.0f MB (this process)", epoch + 1, peak_memory_mb(accelerator.device))
     bar.close()
     if cfg.early_stopping_patience and progress.evals_since_best >= cfg.early_stopping_patience:
         logger.info("Early stopping: no improvement of %s in %d evaluations (best %.4f at step %s).",

