@@ -7,7 +7,7 @@
 
 Not a test: it prints figures to record in docs/benchmarks.md. Every row trains the same model (same initial
 weights), on the same examples, for one epoch, with the same per-device batch, max_length, learning rate,
-linear warmup/decay schedule, weight decay, clipping, precision and dynamic padding (to a multiple of 8), in
+linear warmup/decay schedule, weight decay, clipping, precision and dynamic padding (to a multiple of 8 on GPU, none on CPU, as ours), in
 a fresh process each. Rows:
 
     ours       `python training/train.py` (its defaults: length-grouped batches, ...)
@@ -136,7 +136,8 @@ def run_ours(args, model_dir: Path, work: Path, out: Path) -> dict:
 def run_trainer(args, model_dir: Path, work: Path, out: Path, strategy: str) -> dict:
     spec = {"model_dir": str(model_dir), "work": str(work), "out": str(out), "strategy": strategy,
             "batch_size": args.batch_size, "max_length": args.max_length, "learning_rate": args.learning_rate,
-            "precision": args.precision, "seed": args.seed, "from_scratch": args.model == "distilbert-base"}
+            "precision": args.precision, "seed": args.seed, "from_scratch": args.model == "distilbert-base",
+            "pad_multiple": 8 if args.device == "cuda" else None}  # what our loop uses on this device
     result = subprocess.run([sys.executable, __file__, "--trainer-child", json.dumps(spec)], cwd=ROOT, check=True,
                             capture_output=True, text=True,
                             env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
@@ -181,7 +182,7 @@ def trainer_child(spec: dict) -> None:
         use_cpu=not cuda, eval_strategy="no", save_strategy="no", logging_steps=10, report_to="none",
         seed=spec["seed"], train_sampling_strategy=spec["strategy"], disable_tqdm=True)
     trainer = Trainer(model=model, args=training_args, train_dataset=data["train"], eval_dataset=data["validation"],
-                      data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8),
+                      data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=spec["pad_multiple"]),
                       compute_metrics=lambda p: {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids).mean())})
     started = time.perf_counter()
     trained = trainer.train()
@@ -196,6 +197,52 @@ def trainer_child(spec: dict) -> None:
     print(json.dumps({"examples_per_second": examples / seconds, "tokens_per_second": real / seconds,
                       "padding_fraction": 1 - real / slots, "peak_memory_mb": peak, "accuracy": accuracy,
                       "examples": examples, "mean_length": real / examples}))
+
+
+def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
+    """Where our step's time goes: our own building blocks in this process, each phase timed (GPU: synced)."""
+    import torch
+    from accelerate import Accelerator
+
+    from training.config import load_config
+    from training.data import load_splits, make_dataloaders, tokenize_splits
+    from training.model import attention_for, build_model, build_optimizer, load_tokenizer
+
+    cfg = load_config(["--model_name_or_path", str(model_dir), "--train_file", str(work / "train.csv"),
+                       "--validation_file", str(work / "validation.csv"), "--label_names", *LABELS,
+                       "--per_device_train_batch_size", str(args.batch_size), "--max_length", str(args.max_length),
+                       "--mixed_precision", args.precision, *(["--from_scratch"] if args.model == "distilbert-base" else [])])
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=cfg.mixed_precision)
+    tokenizer = load_tokenizer(cfg)
+    splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
+    loader, _, _, _ = make_dataloaders(splits, tokenizer, cfg, 1, device_type=accelerator.device.type)
+    model = build_model(cfg, LABELS, attention_for(cfg, accelerator.device))
+    optimizer = build_optimizer(model, cfg, cfg.learning_rate)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    phases = {"data": 0.0, "forward": 0.0, "backward": 0.0, "clip + optimizer": 0.0, "host (the rest)": 0.0}
+    batches = iter(loader)
+    total_start = None
+    for step in range(steps + 2):
+        if step == 2:  # two warm-up steps
+            phases = dict.fromkeys(phases, 0.0)
+            total_start = time.perf_counter()
+        t0 = time.perf_counter()
+        batch = next(batches)
+        sync(); t1 = time.perf_counter()
+        loss = model(**batch).loss
+        sync(); t2 = time.perf_counter()
+        accelerator.backward(loss)
+        sync(); t3 = time.perf_counter()
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        sync(); t4 = time.perf_counter()
+        for name, seconds in zip(("data", "forward", "backward", "clip + optimizer"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            phases[name] += seconds
+    total = time.perf_counter() - total_start
+    phases["host (the rest)"] = total - sum(phases.values())
+    return {name: seconds / steps * 1000 for name, seconds in phases.items()}
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -232,6 +279,7 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--verbose", action="store_true", help="show our training runs' logs")
+    parser.add_argument("--profile", action="store_true", help="also time the phases of our training step")
     parser.add_argument("--trainer-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trainer_child:
@@ -243,6 +291,7 @@ def main() -> None:
     from training.train import native_bf16
 
     args.precision = args.precision or ("bf16" if native_bf16() else "no")
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
     work = Path(tempfile.mkdtemp(prefix="train_bench_"))
     source = write_data(work, args.num_examples, args.num_validation, args.seed)
     model_dir, model_desc = prepare_model(args.model, work)
@@ -279,6 +328,11 @@ def main() -> None:
         print(f"| {row} | {m['examples_per_second']:.2f} | {m['tokens_per_second']:.0f} | {m['padding_fraction']:.1%} "
               f"| {m['peak_memory_mb']:.0f} | {m['accuracy']:.4f} | {mfu(m, model_dir, mean_length)} | {ratio} |")
     print(f"\n({args.repeats} runs per row, alternating order; figures are means. Work dir: {work})")
+    if args.profile:
+        phases = profile_ours(args, model_dir, work)
+        step = sum(phases.values())
+        print(f"\nour step, profiled in-process ({step:.0f} ms per step of {args.batch_size} examples): " +
+              ", ".join(f"{name} {ms:.0f} ms ({ms / step:.0%})" for name, ms in phases.items()))
 
 
 if __name__ == "__main__":

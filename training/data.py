@@ -256,14 +256,20 @@ def _model_columns(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase) -> 
     return ds.select_columns(keep)
 
 
+def pad_multiple(cfg: TrainConfig, device_type: str) -> int:
+    """--pad_to_multiple_of, else 8 on GPU (tensor cores want multiples of 8) and 1 on CPU (measured faster)."""
+    return cfg.pad_to_multiple_of or (8 if device_type == "cuda" else 1)
+
+
 def make_dataloaders(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig, num_processes: int,
-                     pin_memory: bool = False) -> tuple[DataLoader, LengthGroupedBatchSampler, DataLoader, Optional[DataLoader]]:
+                     device_type: str = "cpu") -> tuple[DataLoader, LengthGroupedBatchSampler, DataLoader, Optional[DataLoader]]:
     """Train loader (+ its sampler, whose epoch train.py sets) and evaluation loaders, not yet prepared."""
-    collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
+    multiple = pad_multiple(cfg, device_type)
+    collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple if multiple > 1 else None)
     sampler = LengthGroupedBatchSampler(list(splits.train["length"]), cfg.per_device_train_batch_size, num_processes,
                                         seed=cfg.seed, group_by_length=cfg.group_by_length,
                                         accumulation=cfg.gradient_accumulation_steps)
-    common = dict(collate_fn=collate, num_workers=cfg.dataloader_num_workers, pin_memory=pin_memory)
+    common = dict(collate_fn=collate, num_workers=cfg.dataloader_num_workers, pin_memory=device_type == "cuda")
     # Its own generator, so creating the loader iterator never draws from the global RNG (dropout): a
     # resumed run then sees exactly the random numbers the uninterrupted one saw.
     train_loader = DataLoader(_model_columns(splits.train, tokenizer), batch_sampler=sampler,
@@ -279,7 +285,7 @@ def make_dataloaders(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tr
 def make_eval_loader(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int,
                      loader_kwargs: Optional[dict] = None) -> DataLoader:
     """Sorted by length, so consecutive batches need little padding (order does not matter for metrics)."""
-    loader_kwargs = loader_kwargs or {"collate_fn": DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)}
+    loader_kwargs = loader_kwargs or {"collate_fn": DataCollatorWithPadding(tokenizer)}
     lengths = list(ds["length"])
     by_length = ds.select(sorted(range(len(ds)), key=lengths.__getitem__))
     return DataLoader(_model_columns(by_length, tokenizer), batch_size=batch_size, shuffle=False, **loader_kwargs)

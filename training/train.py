@@ -120,7 +120,7 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
         tokenizer = load_tokenizer(cfg)
         splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
     train_loader, sampler, val_loader, test_loader = make_dataloaders(
-        splits, tokenizer, cfg, accelerator.num_processes, pin_memory=accelerator.device.type == "cuda")
+        splits, tokenizer, cfg, accelerator.num_processes, device_type=accelerator.device.type)
 
     # ---- model, optimizer, schedule
     attention = attention_for(cfg, accelerator.device)

@@ -103,7 +103,7 @@ def test_empty_missing_and_unparsable_files(tmp_path):
         assert path.name in str(info.value)
 
 
-def test_tokenized_batches_are_padded_to_the_longest_multiple_of_8(tmp_path, smoke_dir):
+def test_tokenized_batches_are_padded_to_the_longest_or_its_multiple_of_8(tmp_path, smoke_dir):
     train = write_rows(tmp_path / "t.csv", rows(64))
     cfg = config(train, "--model_name_or_path", str(smoke_dir / "model"), "--per_device_train_batch_size", "8",
                  "--max_length", "12")
@@ -112,11 +112,15 @@ def test_tokenized_batches_are_padded_to_the_longest_multiple_of_8(tmp_path, smo
     assert set(splits.train.column_names) == {"input_ids", "attention_mask", "labels", "length"}
     assert max(splits.train["length"]) <= 12  # truncated to max_length
     train_loader, sampler, val_loader, _ = make_dataloaders(splits, tokenizer, cfg, num_processes=1)
+    for batch in list(train_loader) + list(val_loader):  # CPU default: to the longest text, no rounding
+        assert batch["input_ids"].shape[1] == int(batch["attention_mask"].sum(1).max())
+        assert batch["labels"].dtype == torch.long
+    cfg.pad_to_multiple_of = 8  # the GPU default
+    train_loader, _, val_loader, _ = make_dataloaders(splits, tokenizer, cfg, num_processes=1)
     for batch in list(train_loader) + list(val_loader):
         width = batch["input_ids"].shape[1]
         longest = int(batch["attention_mask"].sum(1).max())
         assert width % 8 == 0 and width - 8 < longest <= width
-        assert batch["labels"].dtype == torch.long
     # the second tokenization is read from the datasets cache: same fingerprint, no new cache file
     again = tokenize_splits(load_splits(cfg), tokenizer, cfg)
     assert again.train._fingerprint == splits.train._fingerprint
