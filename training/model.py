@@ -45,6 +45,42 @@ def build_model(cfg: TrainConfig, label_names: Sequence[str], attn_implementatio
         raise explain_missing(f"model {cfg.model_name_or_path!r}", exc) from None
 
 
+class FastDropout(torch.nn.Module):
+    """nn.Dropout for CPU training: one 64-bit random draw gives the keep/drop decisions of four elements
+    (16 bits each), where nn.Dropout draws per element. ~2.8x faster on CPU (docs/benchmarks.md); the keep
+    probability equals 1 - p to within 2^-16 and outputs are scaled by its exact inverse, so the expected
+    value is unchanged. Uses torch's default generator: seeded by set_seed, saved and restored with the
+    resumable state like every other random number of the run."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+        self.threshold = int(round(p * 65536)) - 32768  # keep where the 16-bit draw >= threshold
+        self.scale = 65536 / (32768 - self.threshold)  # 1 / exact keep probability
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        n = x.numel()
+        words = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
+        keep = words.view(torch.int16)[:n].view(x.shape) >= self.threshold
+        return x * keep * self.scale
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def use_fast_dropout(model: torch.nn.Module) -> int:
+    """Swap every nn.Dropout module for FastDropout (same p); returns how many. CPU only: CUDA's own is fused."""
+    swapped = 0
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if type(child) is torch.nn.Dropout:
+                setattr(parent, name, FastDropout(child.p))
+                swapped += 1
+    return swapped
+
+
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, learning_rate: float) -> torch.optim.AdamW:
     """AdamW with weight decay on weight matrices only: biases and LayerNorm weights are not decayed."""
     no_decay = set()

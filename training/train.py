@@ -44,7 +44,7 @@ from training.data import DataError, load_splits, make_dataloaders, steps_per_ep
 from training.evaluate import evaluate
 from training.guards import StopGuard, TrainingDiverged
 from training.hub import HubUnavailableError, ensure_hub_or_offline
-from training.model import attention_for, build_model, build_optimizer, load_tokenizer
+from training.model import attention_for, build_model, build_optimizer, load_tokenizer, use_fast_dropout
 from training.smoke import ensure_smoke_assets
 from training.throughput import Throughput, peak_memory_mb
 
@@ -125,9 +125,11 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
     # ---- model, optimizer, schedule
     attention = attention_for(cfg, accelerator.device)
     model = build_model(cfg, splits.label_names, attention)
-    logger.info("Model %s: %.1f M parameters, %s attention, %s AdamW", cfg.model_name_or_path,
+    fast_dropouts = use_fast_dropout(model) if cfg.fast_dropout and accelerator.device.type == "cpu" else 0
+    logger.info("Model %s: %.1f M parameters, %s attention, %s AdamW%s", cfg.model_name_or_path,
                 sum(p.numel() for p in model.parameters()) / 1e6, attention,
-                "fused" if cfg.fused_optimizer else "multi-tensor")
+                "fused" if cfg.fused_optimizer else "multi-tensor",
+                f", {fast_dropouts} dropout modules swapped for FastDropout" if fast_dropouts else "")
     learning_rate = cfg.learning_rate * (accelerator.num_processes if cfg.scale_lr == "linear" else 1)
     optimizer = build_optimizer(model, cfg, learning_rate)
     epoch_steps = steps_per_epoch(len(sampler) // accelerator.num_processes, cfg.gradient_accumulation_steps)

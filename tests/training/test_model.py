@@ -37,3 +37,34 @@ def test_dropout_override_reaches_every_dropout_of_the_config(smoke_dir):
     assert config.dropout == config.attention_dropout == config.seq_classif_dropout == 0.0
     default = build_model(load_config(["--preset", "smoke"]), ["a", "b"]).config
     assert default.dropout == 0.1
+
+
+def test_fast_dropout_keeps_1_minus_p_and_preserves_the_expected_value():
+    from training.model import FastDropout
+
+    dropout = FastDropout(0.1).train()
+    torch.manual_seed(0)
+    x = torch.ones(2_000_000, requires_grad=True)
+    y = dropout(x)
+    kept = y.detach() > 0
+    assert abs(kept.float().mean().item() - 0.9) < 1e-3  # 2M draws: the standard error is 2e-4
+    assert abs(y.mean().item() - 1.0) < 2e-3
+    assert torch.allclose(y.detach()[kept], torch.full_like(y.detach()[kept], dropout.scale))
+    y.sum().backward()
+    assert torch.equal(x.grad, kept * dropout.scale)  # the gradient flows through kept elements only
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x).detach(), y.detach())  # seeded: reproducible and resumable
+    assert dropout.eval()(x) is x and FastDropout(0.0).train()(x) is x
+
+
+def test_use_fast_dropout_swaps_every_dropout_module_and_leaves_eval_outputs_unchanged(smoke_dir):
+    from training.model import FastDropout, use_fast_dropout
+
+    model = build_model(load_config(["--preset", "smoke"]), ["a", "b", "c", "d"]).eval()
+    ids = torch.randint(5, 100, (2, 9))
+    before = model(input_ids=ids).logits
+    count = sum(type(m) is torch.nn.Dropout for m in model.modules())
+    assert count > 0 and use_fast_dropout(model) == count
+    assert not any(type(m) is torch.nn.Dropout for m in model.modules())
+    assert sum(isinstance(m, FastDropout) for m in model.modules()) == count
+    assert torch.equal(model(input_ids=ids).logits, before)
