@@ -76,7 +76,7 @@ def use_fast_dropout(model: torch.nn.Module) -> int:
     for parent in model.modules():
         for name, child in parent.named_children():
             if type(child) is torch.nn.Dropout:
-                setattr(parent, name, FastDropout(child.p))
+                setattr(parent, name, FastDropout(child.p).train(child.training))
                 swapped += 1
     return swapped
 
