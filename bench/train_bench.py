@@ -206,7 +206,7 @@ def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
 
     from training.config import load_config
     from training.data import load_splits, make_dataloaders, tokenize_splits
-    from training.model import attention_for, build_model, build_optimizer, load_tokenizer
+    from training.model import attention_for, build_model, build_optimizer, load_tokenizer, use_fast_dropout
 
     cfg = load_config(["--model_name_or_path", str(model_dir), "--train_file", str(work / "train.csv"),
                        "--validation_file", str(work / "validation.csv"), "--label_names", *LABELS,
@@ -218,7 +218,10 @@ def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
     loader, _, _, _ = make_dataloaders(splits, tokenizer, cfg, 1, device_type=accelerator.device.type)
     model = build_model(cfg, LABELS, attention_for(cfg, accelerator.device))
     optimizer = build_optimizer(model, cfg, cfg.learning_rate)
+    if cfg.fast_dropout and accelerator.device.type == "cpu":
+        use_fast_dropout(model)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model.train()  # from_pretrained returns eval mode: dropout is part of a training step
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     phases = {"data": 0.0, "forward": 0.0, "backward": 0.0, "clip + optimizer": 0.0, "host (the rest)": 0.0}
     batches = iter(loader)
