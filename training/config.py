@@ -45,9 +45,9 @@ class TrainConfig:
     dropout: Optional[float] = None
     """Override every dropout probability of the model config (0 for exactly reproducible comparisons)."""
     attn_implementation: Optional[str] = None
-    """'sdpa' or 'eager' attention. Default: sdpa on GPU, eager on CPU, where training steps are ~1.3x faster (PyTorch's CPU flash-attention backward is slow; docs/benchmarks.md)."""
+    """'sdpa' or 'eager' attention. Default: sdpa on GPU; on CPU eager, where training steps are ~1.3x faster (PyTorch's CPU flash-attention backward is slow; docs/benchmarks.md), with FastDropout on the attention probabilities when --fast_dropout is on."""
     fast_dropout: bool = True
-    """On CPU, replace the model's nn.Dropout modules with FastDropout (training/model.py: four 16-bit draws per 64-bit random number, ~2.8x faster dropout, same keep probability to 2^-16). No effect on GPU."""
+    """On CPU, replace the model's nn.Dropout modules, and the attention-probability dropout, with FastDropout (training/model.py: four 16-bit draws per 64-bit random number, ~2.8x faster dropout, same keep probability to 2^-16). No effect on GPU."""
     fused_optimizer: bool = True
     """Fused AdamW kernel (CPU and CUDA): one kernel for all parameters, ~4x faster optimizer steps on CPU than the multi-tensor one."""
     # ------------------------------------------------------------------------------------------ data

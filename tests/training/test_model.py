@@ -68,3 +68,20 @@ def test_use_fast_dropout_swaps_every_dropout_module_and_leaves_eval_outputs_unc
     assert not any(type(m) is torch.nn.Dropout for m in model.modules())
     assert sum(isinstance(m, FastDropout) for m in model.modules()) == count
     assert torch.equal(model(input_ids=ids).logits, before)
+
+
+def test_cpu_training_attention_equals_eager_without_dropout_and_is_the_cpu_default(smoke_dir):
+    from training.model import CPU_TRAINING_ATTENTION, attention_for
+
+    cfg = load_config(["--preset", "smoke"])
+    assert attention_for(cfg, torch.device("cpu")) == CPU_TRAINING_ATTENTION
+    assert attention_for(load_config(["--preset", "smoke", "--fast_dropout", "false"]), torch.device("cpu")) == "eager"
+    assert attention_for(cfg, torch.device("cuda")) == "sdpa"
+    torch.manual_seed(0)
+    eager = build_model(cfg, ["a", "b", "c", "d"], "eager").eval()
+    ours = build_model(cfg, ["a", "b", "c", "d"], CPU_TRAINING_ATTENTION).eval()
+    ours.load_state_dict(eager.state_dict())
+    ids = torch.randint(5, 100, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0  # padding goes through the eager mask path
+    assert torch.equal(ours(input_ids=ids, attention_mask=mask).logits, eager(input_ids=ids, attention_mask=mask).logits)
