@@ -17,10 +17,8 @@ import signal
 import sys
 import threading
 
-import torch
 import uvicorn
 
-from inference.engine import Engine, warm_up
 from inference.loading import CheckpointError, LoadedModel, load_configured
 from inference.metrics import Metrics
 from inference.settings import Settings
@@ -61,12 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve_on_main_thread(settings: Settings, loaded: LoadedModel, host: str, port: int) -> int:
     """uvicorn on a side thread, the engine's worker loop here; SIGTERM/SIGINT drain both, then exit 0."""
-    from inference.app import create_app  # imported only now that the environment is set
+    from inference.app import create_app, ready_engine  # imported only now that the environment is set
 
-    torch.set_num_threads(settings.torch_threads)
-    warm_up(loaded)
-    engine = Engine(loaded, max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
-                    max_queue_size=settings.max_queue_size, metrics=Metrics())
+    engine = ready_engine(settings, loaded, Metrics())
     server = uvicorn.Server(uvicorn.Config(create_app(settings, engine=engine), host=host, port=port,
                                            timeout_graceful_shutdown=30))
 
@@ -84,7 +79,6 @@ def serve_on_main_thread(settings: Settings, loaded: LoadedModel, host: str, por
     engine.run()
     thread.join()
     return 0 if server.started else 1
-    return 0
 
 
 if __name__ == "__main__":

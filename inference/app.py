@@ -77,11 +77,18 @@ class BodySizeLimit:
             await too_large(scope, receive, send)
 
 
-def create_app(settings: Optional[Settings] = None, preloaded: Optional[LoadedModel] = None,
-               engine: Optional[Engine] = None) -> FastAPI:
-    """The service. `preloaded`: a model already loaded with these settings (so it is not read twice).
-    `engine`: an Engine over a warmed-up model whose `run()` the caller drives on a thread of its own
-    (python -m inference: the main thread); without one the lifespan starts an Engine on a worker thread."""
+def ready_engine(settings: Settings, loaded: LoadedModel, metrics: Metrics) -> Engine:
+    """Torch threads set, the model warmed up, and an Engine over it (not running yet)."""
+    torch.set_num_threads(settings.torch_threads)
+    warm_up(loaded)
+    return Engine(loaded, max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
+                  max_queue_size=settings.max_queue_size, metrics=metrics)
+
+
+def create_app(settings: Optional[Settings] = None, engine: Optional[Engine] = None) -> FastAPI:
+    """The service. `engine`: one made by ready_engine whose `run()` the caller drives on a thread of its
+    own (python -m inference: the main thread); without one the lifespan loads the model and starts an
+    Engine on a worker thread."""
     settings = settings or Settings.from_env()
     metrics = engine.metrics if engine else Metrics()
     state: dict[str, Any] = {"engine": None, "ready": False, "reloads": 0}
@@ -100,11 +107,8 @@ def create_app(settings: Optional[Settings] = None, preloaded: Optional[LoadedMo
     async def lifespan(app: FastAPI):
         serving = engine
         if serving is None:
-            torch.set_num_threads(settings.torch_threads)
-            loaded = preloaded or await run_in_threadpool(load)
-            await run_in_threadpool(warm_up, loaded)
-            serving = Engine(loaded, max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
-                             max_queue_size=settings.max_queue_size, metrics=metrics)
+            loaded = await run_in_threadpool(load)
+            serving = await run_in_threadpool(ready_engine, settings, loaded, metrics)
             serving.start()
         loaded = serving.current
         state["engine"] = serving

@@ -18,7 +18,6 @@ from accelerate import Accelerator
 from training import faults
 
 
-
 class TrainingDiverged(RuntimeError):
     """The loss stayed non-finite; the run stops without saving the diverged model."""
 

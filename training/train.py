@@ -7,7 +7,8 @@
 Read top to bottom: `make_accelerator` (topology from the launcher), `main` (data, model, optimizer,
 prepare, resume), `fit` (epochs of `accelerator.accumulate` steps, periodic evaluation, checkpoints, early
 stopping), `evaluate` (training/evaluate.py: all ranks in parallel, `gather_for_metrics`), then the best
-model on the test split. Rank logic goes through the Accelerator only; files are written by the main process (training/checkpoint.py).
+model on the test split. Rank logic goes through the Accelerator only; files are written by the main
+process (training/checkpoint.py).
 """
 
 from __future__ import annotations
