@@ -36,8 +36,12 @@ def test_metrics_are_identical_with_1_2_and_3_processes(trained, smoke_dir):
     one, two, three = (evaluate_with(n, trained) for n in (1, 2, 3))
     assert one["num_examples"] == rows  # accelerate's padding duplicates are dropped, nothing is lost
     assert one == two == three  # exact: same counts, same float loss
+    # The training run's own test score of the same weights. Training evaluates with its CPU training
+    # attention (eager), the CLI with the inference default (SDPA): the same counts, and the mean loss
+    # equal up to float32 rounding of the two kernels (bitwise on some CPUs, not on others).
     trained_test = json.loads((trained / "metrics.json").read_text())["test"]
-    assert one == trained_test  # the training run's own test score of the same weights
+    assert {k: v for k, v in one.items() if k != "loss"} == {k: v for k, v in trained_test.items() if k != "loss"}
+    assert one["loss"] == pytest.approx(trained_test["loss"], rel=1e-5)
 
 
 def test_a_missing_checkpoint_is_one_line_and_exit_1(tmp_path):
