@@ -1,0 +1,119 @@
+"""Download the model, tokenizer and dataset once, for clusters whose compute nodes have no internet.
+
+On a machine with internet (a login node), into a folder the compute nodes can read:
+
+    python -m training.prepare --output_dir /shared/agnews_offline
+
+then on the compute nodes, with the network never touched:
+
+    HF_HUB_OFFLINE=1 accelerate launch training/train.py --config /shared/agnews_offline/train_config.yaml
+
+The folder holds `model/` (weights, config and tokenizer, written by save_pretrained), `data/<split>.parquet`
+for every split of the dataset, and `train_config.yaml`, which points train.py at them (absolute paths, with
+the dataset's label names in their id order). Any other training flag can still be added on the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import datasets
+import yaml
+from transformers import AutoModel, AutoTokenizer
+
+from training.data import infer_label_names
+from training.hub import HubUnavailableError, explain_missing, hub_reachable, is_offline
+
+logger = logging.getLogger("prepare")
+
+CONFIG_NAME = "train_config.yaml"
+
+
+def require_hub(sources: list[str]) -> None:
+    """Fail at once, with the reason, when a source must come from the Hub and the Hub does not answer."""
+    remote = [s for s in sources if not Path(s).exists()]
+    if remote and (is_offline() or not hub_reachable()):
+        raise HubUnavailableError(f"Cannot download {', '.join(remote)}: the Hugging Face Hub is out of reach"
+                                  f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}. Run prepare on a machine "
+                                  "with internet (a login node), into a folder the compute nodes can read.")
+
+
+def save_model(name: str, folder: Path) -> None:
+    """The pretrained encoder and its tokenizer; train.py adds the classification head as it does from the Hub."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModel.from_pretrained(name)
+    except OSError as exc:
+        raise explain_missing(f"model {name!r}", exc) from None
+    tokenizer.save_pretrained(folder)
+    model.save_pretrained(folder)  # safetensors
+    logger.info("Model %s -> %s (%.1f M parameters)", name, folder, model.num_parameters() / 1e6)
+
+
+def save_dataset(name: str, folder: Path, label_column: str) -> tuple[dict[str, Path], list[str]]:
+    """Every split as parquet; the class names in id order."""
+    try:
+        splits = datasets.load_dataset(name)
+    except (ConnectionError, FileNotFoundError, OSError) as exc:
+        raise explain_missing(f"dataset {name!r}", exc) from None
+    if "train" not in splits:
+        raise ValueError(f"dataset {name!r} has no 'train' split (found: {', '.join(splits)})")
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, ds in splits.items():
+        files[split] = folder / f"{split}.parquet"
+        ds.to_parquet(str(files[split]))
+        logger.info("Dataset %s[%s]: %d rows -> %s", name, split, len(ds), files[split])
+    return files, infer_label_names(splits["train"], label_column)
+
+
+def train_config(model_dir: Path, files: dict[str, Path], label_names: list[str], args: argparse.Namespace) -> dict:
+    config = {"model_name_or_path": str(model_dir.resolve()), "train_file": str(files["train"].resolve()),
+              "text_column": args.text_column, "label_column": args.label_column, "label_names": label_names}
+    if "validation" in files:
+        config["validation_file"] = str(files["validation"].resolve())
+    if "test" in files:
+        config["test_file"] = str(files["test"].resolve())
+    return config
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m training.prepare", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[1:]))
+    parser.add_argument("--output_dir", required=True, help="folder to fill (created; existing files are replaced)")
+    parser.add_argument("--model_name_or_path", default="distilbert-base-uncased", help="Hub model id (or a local folder)")
+    parser.add_argument("--dataset_name", default="ag_news", help="Hub dataset id (or a local dataset folder)")
+    parser.add_argument("--text_column", default="text")
+    parser.add_argument("--label_column", default="label")
+    return parser.parse_args(argv)
+
+
+def prepare(args: argparse.Namespace) -> Path:
+    out = Path(args.output_dir)
+    require_hub([args.model_name_or_path, args.dataset_name])
+    save_model(args.model_name_or_path, out / "model")
+    files, label_names = save_dataset(args.dataset_name, out / "data", args.label_column)
+    config_file = out / CONFIG_NAME
+    config_file.write_text(yaml.safe_dump(train_config(out / "model", files, label_names, args), sort_keys=False))
+    logger.info("Wrote %s. On the compute nodes:\n  HF_HUB_OFFLINE=1 accelerate launch training/train.py --config %s",
+                config_file, config_file.resolve())
+    return config_file
+
+
+def cli(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stdout)
+    args = parse_args(argv)
+    try:
+        prepare(args)
+    except (HubUnavailableError, ValueError) as exc:
+        logger.error("prepare: error: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
