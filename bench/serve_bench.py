@@ -206,8 +206,6 @@ def flops_per_text(config, tokens: float) -> float:
 
 def in_process_single(checkpoint: Path, texts: list[str], precision: str) -> float:
     """Median ms of tokenize + forward for one text, in this process, as the service does it."""
-    import torch
-
     from inference.engine import forward
     from inference.loading import load_configured
 

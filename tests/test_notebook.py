@@ -1,0 +1,54 @@
+"""notebooks/kaggle_agnews.ipynb, executed top to bottom in a real Jupyter kernel in its offline smoke mode
+(AGNEWS_NOTEBOOK_SMOKE=1: CPU, two processes over gloo): install check, environment check, `accelerate launch`
+training, the notebook_launcher alternative, distributed evaluation, the service and a /predict call.
+Any cell error fails the test. The committed file must carry no outputs."""
+
+from __future__ import annotations
+
+import json
+
+import nbformat
+import psutil
+import pytest
+
+from tests.conftest import ROOT, cli_env
+
+NOTEBOOK = ROOT / "notebooks" / "kaggle_agnews.ipynb"
+
+
+def test_the_committed_notebook_has_no_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.outputs == [] and c.execution_count is None for c in code)
+
+
+@pytest.mark.slow
+def test_the_notebook_runs_top_to_bottom_in_smoke_mode(smoke_dir, tmp_path, monkeypatch):
+    from nbclient import NotebookClient
+
+    output_dir = tmp_path / "checkpoints"
+    for name, value in cli_env(AGNEWS_NOTEBOOK_SMOKE="1", AGNEWS_NOTEBOOK_OUTPUT=str(output_dir)).items():
+        monkeypatch.setenv(name, value)  # the kernel, and every process it starts, inherits these
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}},
+                       ).execute(cwd=str(ROOT))
+    finally:
+        leftover_services(str(output_dir))
+    text = "\n".join(out.get("text", "") for c in nb.cells if c.cell_type == "code" for out in c.outputs)
+    assert "all-reduce OK: 2 process(es)" in text  # check_env
+    assert json.loads((output_dir / "metrics.json").read_text())["world_size"] == 2  # accelerate launch
+    assert (tmp_path / "checkpoints_notebook_launcher" / "distilbert_agnews.pt").is_file()  # notebook_launcher
+    assert json.loads((output_dir / "eval_results.json").read_text())["world_size"] == 2
+    assert "service ready on http://127.0.0.1:" in text
+    labels = {"World", "Sports", "Business", "Sci/Tech"}
+    predicted = [line.split()[0] for line in text.splitlines() if line.strip().split(" ")[0] in labels]
+    assert len(predicted) == 2, text[-3000:]
+
+
+def leftover_services(output_dir: str) -> None:
+    """Kill a service the notebook started if a failing cell left it running."""
+    for process in psutil.process_iter(["cmdline"]):
+        if output_dir in " ".join(process.info["cmdline"] or []) and "inference" in process.info["cmdline"]:
+            process.kill()
