@@ -159,7 +159,8 @@ def trainer_child(spec: dict) -> None:
     datasets.utils.logging.disable_progress_bar()
     work = Path(spec["work"])
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
-    raw = datasets.load_dataset("csv", data_files={s: str(work / f"{s}.csv") for s in ("train", "validation")})
+    scored_split = spec.get("eval_split", "validation")  # bench/real_accuracy.py scores its held-out split
+    raw = datasets.load_dataset("csv", data_files={s: str(work / f"{s}.csv") for s in ("train", scored_split)})
 
     def encode(batch):
         encoded = tokenizer(batch["text"], truncation=True, max_length=spec["max_length"])
@@ -181,7 +182,7 @@ def trainer_child(spec: dict) -> None:
         weight_decay=0.01, max_grad_norm=1.0, bf16=spec["precision"] == "bf16", fp16=spec["precision"] == "fp16",
         use_cpu=not cuda, eval_strategy="no", save_strategy="no", logging_steps=10, report_to="none",
         seed=spec["seed"], train_sampling_strategy=spec["strategy"], disable_tqdm=True)
-    trainer = Trainer(model=model, args=training_args, train_dataset=data["train"], eval_dataset=data["validation"],
+    trainer = Trainer(model=model, args=training_args, train_dataset=data["train"], eval_dataset=data[scored_split],
                       data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=spec["pad_multiple"]),
                       compute_metrics=lambda p: {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids).mean())})
     started = time.perf_counter()

@@ -3,6 +3,8 @@
     distilbert_agnews.pt   state_dict of the best model, unwrapped (no "module."/"_orig_mod." prefixes)
     config.json            model config with id2label / label2id
     tokenizer/             tokenizer.save_pretrained
+    model.safetensors      the same weights in Hugging Face format, with the tokenizer files beside config.json
+                           (--export_hf_format, default on): `transformers.pipeline(model=output_dir)` loads it
     metrics.json           validation (best) and test metrics, config, versions, world size
     state/step_N/          resumable state: accelerator.save_state + progress.json
 
@@ -30,6 +32,7 @@ from training import faults
 
 WEIGHTS_NAME = "distilbert_agnews.pt"
 CONFIG_NAME = "config.json"
+HF_WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_DIR = "tokenizer"
 METRICS_NAME = "metrics.json"
 STATE_DIR = "state"
@@ -83,6 +86,11 @@ def _atomic_write_bytes(path: Path, write) -> None:
             os.unlink(tmp)
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write a file atomically: a reader sees the old content or the new, never a partial file."""
+    _atomic_write_bytes(Path(path), lambda fh: fh.write(data))
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     _atomic_write_bytes(Path(path), lambda fh: fh.write(json.dumps(data, indent=2, default=str).encode() + b"\n"))
 
@@ -100,8 +108,10 @@ def _replace_dir(staging: Path, target: Path) -> None:
 # ------------------------------------------------------------------------------------------ best model
 
 
-def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: str) -> None:
-    """Write the servable model: weights, config.json, tokenizer/. Call on all ranks."""
+def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: str,
+               export_hf: bool = True) -> None:
+    """Write the servable model: weights, config.json, tokenizer/; with `export_hf` also model.safetensors and
+    the tokenizer files beside config.json (Hugging Face format: `pipeline(model=output_dir)`). Call on all ranks."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         out = Path(output_dir)
@@ -113,10 +123,16 @@ def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, outp
             faults.in_save_model()  # test-only, inert: a kill here leaves a partial temp file, never the target
 
         _atomic_write_bytes(out / WEIGHTS_NAME, write_weights)
-        config_staging = Path(tempfile.mkdtemp(prefix=".config.", dir=out))
-        unwrapped.config.save_pretrained(config_staging)
-        os.replace(config_staging / CONFIG_NAME, out / CONFIG_NAME)
-        shutil.rmtree(config_staging, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=".hf.", dir=out))
+        if export_hf:
+            unwrapped.save_pretrained(staging, state_dict=weights)  # config.json + model.safetensors
+            tokenizer.save_pretrained(staging)
+        else:
+            unwrapped.config.save_pretrained(staging)
+            (out / HF_WEIGHTS_NAME).unlink(missing_ok=True)  # never leave an older model's export beside this one
+        for file in staging.iterdir():
+            os.replace(file, out / file.name)
+        shutil.rmtree(staging, ignore_errors=True)
         tok_staging = Path(tempfile.mkdtemp(prefix=f".{TOKENIZER_DIR}.", dir=out))
         tokenizer.save_pretrained(tok_staging)
         _replace_dir(tok_staging, out / TOKENIZER_DIR)

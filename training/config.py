@@ -113,6 +113,8 @@ class TrainConfig:
     # ---------------------------------------------------------------------- checkpoints and logging
     output_dir: str = "checkpoints"
     """Folder for the best model, tokenizer, config, metrics and resumable state."""
+    export_hf_format: bool = True
+    """Also write the best model in Hugging Face format (model.safetensors and tokenizer files beside config.json), so `transformers.pipeline("text-classification", model=output_dir)` loads it. Doubles the weights on disk."""
     checkpointing_steps: str = "epoch"
     """Save resumable state every N optimizer steps, at each 'epoch' end, or 'none'."""
     save_total_limit: Optional[int] = None

@@ -282,12 +282,17 @@ def make_dataloaders(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tr
     return train_loader, sampler, eval_loader(splits.validation), test_loader
 
 
+def eval_order(ds: datasets.Dataset) -> list[int]:
+    """The row order of make_eval_loader: shortest texts first, ties in row order."""
+    lengths = list(ds["length"])
+    return sorted(range(len(ds)), key=lengths.__getitem__)
+
+
 def make_eval_loader(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int,
                      loader_kwargs: Optional[dict] = None) -> DataLoader:
-    """Sorted by length, so consecutive batches need little padding (order does not matter for metrics)."""
+    """Rows in eval_order (by length), so consecutive batches need little padding."""
     loader_kwargs = loader_kwargs or {"collate_fn": DataCollatorWithPadding(tokenizer)}
-    lengths = list(ds["length"])
-    by_length = ds.select(sorted(range(len(ds)), key=lengths.__getitem__))
+    by_length = ds.select(eval_order(ds))
     return DataLoader(_model_columns(by_length, tokenizer), batch_size=batch_size, shuffle=False, **loader_kwargs)
 
 

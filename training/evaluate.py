@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -25,33 +26,61 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from training import checkpoint
+from training import checkpoint, reports
 from training.config import TrainConfig
-from training.data import DataError, load_file, load_hub, make_eval_loader, tokenize, with_labels
+from training.data import DataError, eval_order, load_file, load_hub, make_eval_loader, tokenize, with_labels
 from training.hub import HubUnavailableError, ensure_hub_or_offline
-from training.metrics import classification_metrics
+from training.metrics import classification_metrics, confusion_matrix, per_class
 from training.smoke import ensure_smoke_assets, smoke_dir
 
 logger = get_logger(__name__)
 RESULTS_NAME = "eval_results.json"
 
 
+@dataclass
+class Scored:
+    """Per-example results in the split's row order, gathered from every rank (CPU tensors)."""
+
+    labels: torch.Tensor
+    probabilities: torch.Tensor
+    losses: torch.Tensor
+
+
 @torch.no_grad()
-def evaluate(accelerator: Accelerator, model, loader, num_labels: int) -> dict:
-    """Every rank scores its shard; gather_for_metrics drops the padding duplicates of the last batch."""
+def score(accelerator: Accelerator, model, loader) -> Scored:
+    """Every rank scores its shard; gather_for_metrics drops the padding duplicates of the last batch. The
+    loader is not shuffled and accelerate hands out whole batches round-robin, so each gathered step is the
+    next slice of the loader's dataset: results come back in the loader's order."""
     was_training = model.training
     model.eval()
-    predictions, labels, losses = [], [], []
+    labels, probabilities, losses = [], [], []
     for batch in loader:
-        logits = model(**batch).logits
-        loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"], reduction="none")
-        gathered = accelerator.gather_for_metrics((logits.argmax(dim=-1), batch["labels"], loss))
-        predictions.append(gathered[0])
-        labels.append(gathered[1])
-        losses.append(gathered[2])
+        logits = model(**batch).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="none")
+        gathered = accelerator.gather_for_metrics((batch["labels"], logits.softmax(dim=-1), loss))
+        for kept, value in zip((labels, probabilities, losses), gathered):
+            kept.append(value)
     model.train(was_training)
-    metrics = classification_metrics(torch.cat(predictions), torch.cat(labels), num_labels)
-    metrics["loss"] = torch.cat(losses).float().mean().item()
+    return Scored(torch.cat(labels).cpu(), torch.cat(probabilities).cpu(), torch.cat(losses).cpu())
+
+
+def in_row_order(scored: Scored, order: list[int]) -> Scored:
+    """Undo the loader's row order: scored row k is split row order[k]."""
+    index = torch.tensor(order)
+
+    def unsort(values: torch.Tensor) -> torch.Tensor:
+        rows = torch.empty_like(values)
+        rows[index] = values
+        return rows
+
+    return Scored(unsort(scored.labels), unsort(scored.probabilities), unsort(scored.losses))
+
+
+def evaluate(accelerator: Accelerator, model, loader, num_labels: int) -> dict:
+    """Accuracy, macro-F1, number of examples and mean loss over the whole split (every rank gets the same)."""
+    scored = score(accelerator, model, loader)
+    metrics = classification_metrics(scored.probabilities.argmax(dim=1), scored.labels, num_labels)
+    metrics["loss"] = scored.losses.mean().item()
     return metrics
 
 
@@ -110,16 +139,32 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> dict:
                       max_length=args.max_length or trained_with.get("max_length", 128))
     with accelerator.main_process_first():  # the main process tokenizes and caches; the others read it
         split, source = load_split(args, cfg, label_names)
+        texts = split[cfg.text_column]  # for misclassified.csv: tokenizing drops the column
         split = tokenize(split, tokenizer, cfg, "evaluation")
     loader = make_eval_loader(split, tokenizer, args.per_device_eval_batch_size)
     model, loader = accelerator.prepare(model, loader)
-    metrics = evaluate(accelerator, model, loader, len(label_names))
+    scored = in_row_order(score(accelerator, model, loader), eval_order(split))
+    if not torch.equal(scored.labels, torch.tensor(split["labels"])):  # misclassified.csv depends on it
+        raise RuntimeError("gathered results are not in the split's row order")
+    predictions = scored.probabilities.argmax(dim=1)
+    metrics = classification_metrics(predictions, scored.labels, len(label_names))
+    metrics["loss"] = scored.losses.mean().item()
+    confusion = confusion_matrix(predictions, scored.labels, len(label_names))
+    classes = per_class(confusion, label_names)
     results = {"checkpoint_dir": str(root), "data": source, "world_size": accelerator.num_processes,
-               "max_length": cfg.max_length, "metrics": metrics}
+               "max_length": cfg.max_length, "metrics": metrics, "per_class": classes,
+               "confusion_matrix": {"labels": label_names, "rows_true_columns_predicted": confusion.tolist()},
+               "files": [RESULTS_NAME, reports.CONFUSION_PNG, reports.MISCLASSIFIED_CSV]}
     logger.info("%s on %s (%d processes):\n%s", root, source, accelerator.num_processes,
-                "\n".join(f"  {k:<14}{v:.6f}" if isinstance(v, float) else f"  {k:<14}{v}" for k, v in metrics.items()))
+                reports.report_table(classes, metrics), main_process_only=True)
     if accelerator.is_main_process:
         checkpoint.write_json(root / RESULTS_NAME, results)
+        reports.write_confusion_matrix(root / reports.CONFUSION_PNG, confusion, label_names,
+                                       f"{source}: accuracy {metrics['accuracy']:.4f}")
+        wrong = reports.write_misclassified(root / reports.MISCLASSIFIED_CSV, texts,
+                                            scored.labels, scored.probabilities, label_names)
+        logger.info("Wrote %s, %s, %s (%d misclassified) in %s", RESULTS_NAME, reports.CONFUSION_PNG,
+                    reports.MISCLASSIFIED_CSV, wrong, root)
     return results
 
 

@@ -38,7 +38,7 @@ from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwar
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from training import checkpoint, faults
+from training import checkpoint, faults, reports
 from training.checkpoint import Progress
 from training.config import ConfigError, TrainConfig, load_config
 from training.data import DataError, load_splits, make_dataloaders, steps_per_epoch, tokenize_splits
@@ -184,6 +184,8 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
     summary["throughput"] = speed
     if accelerator.is_main_process:
         checkpoint.write_json(Path(cfg.output_dir) / checkpoint.METRICS_NAME, summary)
+        reports.write_training_curves(Path(cfg.output_dir), progress)
+        reports.write_model_card(Path(cfg.output_dir), summary)
     accelerator.wait_for_everyone()
     return summary
 
@@ -215,10 +217,11 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
         if improved:
             progress.best_metric, progress.best_step, progress.best_validation = value, progress.global_step, metrics
             progress.evals_since_best = 0
-            checkpoint.save_model(accelerator, model, tokenizer, cfg.output_dir)
+            checkpoint.save_model(accelerator, model, tokenizer, cfg.output_dir, cfg.export_hf_format)
             if accelerator.is_main_process:
                 checkpoint.write_json(Path(cfg.output_dir) / checkpoint.METRICS_NAME,
                                       run_summary(cfg, accelerator, None, progress, None, None))
+                reports.write_training_curves(Path(cfg.output_dir), progress)
         else:
             progress.evals_since_best += 1
         if cfg.early_stopping_patience and progress.evals_since_best >= cfg.early_stopping_patience:
