@@ -26,14 +26,21 @@ def evaluate_with(processes: int, out) -> dict:
     assert result.returncode == 0, describe(result)
     saved = json.loads((out / "eval_results.json").read_text())
     assert saved["world_size"] == processes
-    return saved["metrics"]
+    saved["misclassified.csv"] = (out / "misclassified.csv").read_bytes()
+    saved["stdout"] = result.stdout + result.stderr
+    return saved
 
 
-def test_metrics_are_identical_with_1_2_and_3_processes(trained, smoke_dir):
+@pytest.fixture(scope="module")
+def evaluations(trained):
+    return {n: evaluate_with(n, trained) for n in (1, 2, 3)}
+
+
+def test_metrics_are_identical_with_1_2_and_3_processes(trained, smoke_dir, evaluations):
     rows = sum(1 for _ in open(smoke_dir / "test.csv", encoding="utf-8")) - 1
     batches = math.ceil(rows / 64)
     assert batches % 3 and rows % 64, "the 3-process case must end on an uneven, partial batch"
-    one, two, three = (evaluate_with(n, trained) for n in (1, 2, 3))
+    one, two, three = (evaluations[n]["metrics"] for n in (1, 2, 3))
     assert one["num_examples"] == rows  # accelerate's padding duplicates are dropped, nothing is lost
     assert one == two == three  # exact: same counts, same float loss
     # The training run's own test score of the same weights. Training evaluates with its CPU training
@@ -48,3 +55,45 @@ def test_a_missing_checkpoint_is_one_line_and_exit_1(tmp_path):
     result, seconds = launch(["-m", "training.evaluate", "--checkpoint_dir", str(tmp_path), "--preset", "smoke"])
     assert result.returncode == 1, describe(result)
     assert "distilbert_agnews.pt: missing" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_reports_per_class_confusion_matrix_and_misclassified_rows(trained, smoke_dir, evaluations):
+    import csv
+
+    from PIL import Image
+    from sklearn.metrics import precision_recall_fscore_support
+
+    one = evaluations[1]
+    for n in (2, 3):  # the same rows, in the same order, whatever the number of processes
+        assert evaluations[n]["misclassified.csv"] == one["misclassified.csv"]
+        assert evaluations[n]["per_class"] == one["per_class"]
+    labels = one["confusion_matrix"]["labels"]
+    confusion = one["confusion_matrix"]["rows_true_columns_predicted"]
+    assert sum(map(sum, confusion)) == one["metrics"]["num_examples"]
+    # per-class figures equal scikit-learn's on the same (true, predicted) pairs
+    true = [i for i, row in enumerate(confusion) for j, count in enumerate(row) for _ in range(count)]
+    predicted = [j for row in confusion for j, count in enumerate(row) for _ in range(count)]
+    precision, recall, f1, support = precision_recall_fscore_support(true, predicted, labels=range(len(labels)),
+                                                                     zero_division=0)
+    for i, name in enumerate(labels):
+        got = one["per_class"][name]
+        assert (got["precision"], got["recall"], got["f1"], got["support"]) == pytest.approx(
+            (precision[i], recall[i], f1[i], support[i]), abs=1e-12)
+
+    with open(smoke_dir / "test.csv", encoding="utf-8") as fh:
+        test_rows = list(csv.DictReader(fh))
+    wrong = list(csv.DictReader(one["misclassified.csv"].decode().splitlines()))
+    assert len(wrong) == one["metrics"]["num_examples"] - sum(confusion[i][i] for i in range(len(labels)))
+    for row in wrong:  # each line is the test row it names, with its true label, and a wrong prediction
+        source = test_rows[int(row["row"])]
+        assert (row["text"], row["label"]) == (source["text"], source["label"]) and row["predicted"] != row["label"]
+        assert float(row["predicted_probability"]) > float(row["label_probability"])
+    confidence = [float(row["predicted_probability"]) for row in wrong]
+    assert confidence == sorted(confidence, reverse=True)
+
+    with Image.open(trained / "confusion_matrix.png") as image:
+        assert image.format == "PNG" and image.width > 400
+    table = one["stdout"]
+    assert "precision    recall        f1   support" in table
+    for name in labels:
+        assert f"{one['per_class'][name]['f1']:.4f}" in table

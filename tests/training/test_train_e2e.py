@@ -178,3 +178,35 @@ def test_processes_that_each_see_a_world_of_one_are_refused():
                              "--master_port", str(free_port()), str(ROOT / "tests" / "helpers" / "plain_accelerator.py")],
                             env=cli_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "refused: The launcher started 2 processes" in result.stderr, describe(result)
+
+
+def test_reports_curves_model_card_and_the_hugging_face_export(full_run, smoke_dir):
+    out, _, _ = full_run
+    metrics = json.loads((out / "metrics.json").read_text())
+    curves = json.loads((out / "training_curves.json").read_text())
+    assert curves == {"train": metrics["train_loss"], "validation": metrics["history"]}
+    assert [row["step"] for row in curves["train"]] == [50, 100, 150, 200, 250]  # --logging_steps 50
+    assert [row["step"] for row in curves["validation"]] == [84, 168, 252]
+    from PIL import Image
+
+    with Image.open(out / "training_curves.png") as image:
+        assert image.format == "PNG" and image.width > 800
+
+    card = (out / "README.md").read_text()
+    assert "pipeline_tag: \"text-classification\"" in card
+    for expected in ("| 0 | World |", "| 3 | Sci/Tech |", "| world size | 2 |", "| effective batch | 32 |",
+                     f"| test | {metrics['test']['accuracy']:.4f} |", f"python -m inference --checkpoint_dir {out}"):
+        assert expected in card, expected
+
+    from transformers import pipeline
+
+    classify = pipeline("text-classification", model=str(out), top_k=None)
+    model, tokenizer, _ = load_saved_model(out)
+    texts = ["The yankees beat the red sox in overtime.", "Shares of oracle rose in early trading."]
+    with torch.no_grad():
+        expected = model(**tokenizer(texts, padding=True, return_tensors="pt")).logits.softmax(-1)
+    for row, answer in zip(expected, classify(texts)):
+        got = {item["label"]: item["score"] for item in answer}
+        assert got.keys() == set(model.config.id2label.values())
+        for i, score in enumerate(row.tolist()):
+            assert got[model.config.id2label[i]] == pytest.approx(score, abs=1e-5)
