@@ -72,7 +72,8 @@ def describe_process() -> list[str]:
 
 
 def node_problems(processes_on_node: int, gpu_count: int, cuda: bool, nccl: bool) -> list[str]:
-    """What stops `processes_on_node` processes from starting on this node (pure: tested without GPUs)."""
+    """What stops `processes_on_node` processes from starting on this node, from facts passed in (so it is
+    tested without GPUs); also warns when GPUs would sit idle."""
     problems = []
     if cuda and processes_on_node > gpu_count:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

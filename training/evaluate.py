@@ -6,8 +6,9 @@
     accelerate launch --config_file accelerate_configs/cpu_2proc.yaml -m training.evaluate --checkpoint_dir ...
 
 Each rank scores its shard; `gather_for_metrics` drops the duplicates accelerate adds to even out the last
-batch, so the counts are exact with any number of processes. The main process prints the metrics and
-writes them to `eval_results.json` beside the checkpoint. `evaluate()` is also what training calls.
+batch, so the counts are exact with any number of processes. The main process prints a per-class table and
+writes, beside the checkpoint, `eval_results.json` (metrics, per-class precision/recall/F1, confusion matrix),
+`confusion_matrix.png` and `misclassified.csv` (training/reports.py). `evaluate()` is also what training calls.
 """
 
 from __future__ import annotations
