@@ -16,6 +16,7 @@ the previous checkpoint intact.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -27,6 +28,7 @@ from typing import Any, Optional
 
 import torch
 from accelerate import Accelerator
+from transformers.utils import logging as transformers_logging
 
 from training import faults
 
@@ -125,7 +127,8 @@ def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, outp
         _atomic_write_bytes(out / WEIGHTS_NAME, write_weights)
         staging = Path(tempfile.mkdtemp(prefix=".hf.", dir=out))
         if export_hf:
-            unwrapped.save_pretrained(staging, state_dict=weights)  # config.json + model.safetensors
+            with _no_progress_bar():  # a one-shard "Writing model shards" bar would cut through the training bar
+                unwrapped.save_pretrained(staging, state_dict=weights)  # config.json + model.safetensors
             tokenizer.save_pretrained(staging)
         else:
             unwrapped.config.save_pretrained(staging)
@@ -137,6 +140,17 @@ def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, outp
         tokenizer.save_pretrained(tok_staging)
         _replace_dir(tok_staging, out / TOKENIZER_DIR)
     accelerator.wait_for_everyone()
+
+
+@contextlib.contextmanager
+def _no_progress_bar():
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers_logging.enable_progress_bar()
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
