@@ -32,6 +32,8 @@ import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, gather_object, is_port_in_use
 
+from training.guards import LaunchError, check_world_size
+
 logger = logging.getLogger("check_env")
 
 LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -85,7 +87,7 @@ def node_problems(processes_on_node: int, gpu_count: int, cuda: bool, nccl: bool
     if cuda and processes_on_node > 1 and not nccl:
         problems.append("CUDA is available but this torch build has no NCCL: install a CUDA build of torch from "
                         "pytorch.org (pip's CPU or ROCm wheels lack it); gloo would work but is far slower on GPUs.")
-    if cuda and 0 < processes_on_node < gpu_count and processes_on_node == 1:
+    if cuda and processes_on_node == 1 and gpu_count > 1:
         logger.warning("One process but %d GPUs visible: only cuda:0 will train. Use `accelerate launch "
                        "--multi_gpu --num_processes %d` or accelerate_configs/multi_gpu.yaml.", gpu_count, gpu_count)
     return problems
@@ -157,10 +159,10 @@ def run_in_group(args: argparse.Namespace) -> None:
     for line in describe_process():
         logger.info("[rank %d/%d on %s] %s", accelerator.process_index, accelerator.num_processes,
                     socket.gethostname(), line)
-    if launched > 1 and accelerator.num_processes != launched:
-        raise EnvProblem(f"The launcher started {launched} processes but each sees a world of "
-                         f"{accelerator.num_processes}: on CPU use accelerate_configs/cpu_2proc.yaml (distributed_type "
-                         "MULTI_GPU, use_cpu false).")
+    try:
+        check_world_size(accelerator)  # train.py's refusal of N processes that each see a world of 1
+    except LaunchError as exc:
+        raise EnvProblem(str(exc)) from None
     logger.info("[rank %d] process group %s over %s, device %s", accelerator.process_index,
                 accelerator.distributed_type.value,
                 dist.get_backend() if dist.is_initialized() else "no backend (one process)", accelerator.device)

@@ -77,12 +77,16 @@ def in_row_order(scored: Scored, order: list[int]) -> Scored:
     return Scored(unsort(scored.labels), unsort(scored.probabilities), unsort(scored.losses))
 
 
-def evaluate(accelerator: Accelerator, model, loader, num_labels: int) -> dict:
-    """Accuracy, macro-F1, number of examples and mean loss over the whole split (every rank gets the same)."""
-    scored = score(accelerator, model, loader)
+def summarize(scored: Scored, num_labels: int) -> dict:
+    """Accuracy, macro-F1, number of examples and mean loss."""
     metrics = classification_metrics(scored.probabilities.argmax(dim=1), scored.labels, num_labels)
     metrics["loss"] = scored.losses.mean().item()
     return metrics
+
+
+def evaluate(accelerator: Accelerator, model, loader, num_labels: int) -> dict:
+    """summarize() over the whole split, scored by every rank (every rank gets the same)."""
+    return summarize(score(accelerator, model, loader), num_labels)
 
 
 class CheckpointMissing(FileNotFoundError):
@@ -147,10 +151,8 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> dict:
     scored = in_row_order(score(accelerator, model, loader), eval_order(split))
     if not torch.equal(scored.labels, torch.tensor(split["labels"])):  # misclassified.csv depends on it
         raise RuntimeError("gathered results are not in the split's row order")
-    predictions = scored.probabilities.argmax(dim=1)
-    metrics = classification_metrics(predictions, scored.labels, len(label_names))
-    metrics["loss"] = scored.losses.mean().item()
-    confusion = confusion_matrix(predictions, scored.labels, len(label_names))
+    metrics = summarize(scored, len(label_names))
+    confusion = confusion_matrix(scored.probabilities.argmax(dim=1), scored.labels, len(label_names))
     classes = per_class(confusion, label_names)
     results = {"checkpoint_dir": str(root), "data": source, "world_size": accelerator.num_processes,
                "max_length": cfg.max_length, "metrics": metrics, "per_class": classes,

@@ -1,4 +1,5 @@
-"""Stopping safely: preemption (SIGTERM) and divergence (non-finite loss), decided by all ranks together.
+"""Starting and stopping safely: a launch whose processes do not form one group is refused; preemption
+(SIGTERM) and divergence (non-finite loss) are decided by all ranks together.
 
 Kaggle, SLURM and spot instances announce the end with SIGTERM (`accelerate launch` forwards it to every
 rank). A rank that receives it only raises a flag; every `stop_check_steps` optimizer steps, and before any
@@ -10,6 +11,7 @@ syncs with the host: the non-finite streak is counted on the device.
 
 from __future__ import annotations
 
+import os
 import signal
 
 import torch
@@ -56,3 +58,18 @@ class StopGuard:
         flags = self.accelerator.reduce(flags, reduction="sum").tolist()
         self.longest = self.streak.clone()
         return flags[0] > 0, flags[1] > 0
+
+
+class LaunchError(RuntimeError):
+    """The processes were started in a way that would not train correctly."""
+
+
+def check_world_size(accelerator: Accelerator) -> None:
+    """Refuse N launched processes that each believe they are alone (N trainings writing the same files)."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and accelerator.num_processes != launched:
+        raise LaunchError(
+            f"The launcher started {launched} processes but each one sees a world of "
+            f"{accelerator.num_processes}: they would train independently and overwrite each other's files. "
+            "On CPU use accelerate_configs/cpu_2proc.yaml (distributed_type MULTI_GPU, use_cpu false)."
+        )

@@ -43,7 +43,7 @@ from training.checkpoint import Progress
 from training.config import ConfigError, TrainConfig, load_config
 from training.data import DataError, load_splits, make_dataloaders, steps_per_epoch, tokenize_splits
 from training.evaluate import evaluate
-from training.guards import StopGuard, TrainingDiverged
+from training.guards import LaunchError, StopGuard, TrainingDiverged, check_world_size
 from training.hub import HubUnavailableError, ensure_hub_or_offline
 from training.model import attention_for, build_model, build_optimizer, load_tokenizer, use_fast_dropout
 from training.smoke import ensure_smoke_assets
@@ -51,10 +51,6 @@ from training.throughput import Throughput, peak_memory_mb
 
 logger = get_logger(__name__)
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the run stopped early, its resumable state is saved
-
-
-class LaunchError(RuntimeError):
-    """The processes were started in a way that would not train correctly."""
 
 
 def native_bf16() -> bool:
@@ -91,17 +87,6 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     )
     check_world_size(accelerator)
     return accelerator
-
-
-def check_world_size(accelerator: Accelerator) -> None:
-    """Refuse N launched processes that each believe they are alone (N trainings writing the same files)."""
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched > 1 and accelerator.num_processes != launched:
-        raise LaunchError(
-            f"The launcher started {launched} processes but each one sees a world of "
-            f"{accelerator.num_processes}: they would train independently and overwrite each other's files. "
-            "On CPU use accelerate_configs/cpu_2proc.yaml (distributed_type MULTI_GPU, use_cpu false)."
-        )
 
 
 def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:

@@ -10,7 +10,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from accelerate import Accelerator  # noqa: E402
 
-from training.train import LaunchError, check_world_size  # noqa: E402
+from training.guards import LaunchError, check_world_size  # noqa: E402
 
 try:
     check_world_size(Accelerator())
