@@ -127,9 +127,11 @@ def model_card(summary: dict[str, Any]) -> str:
     cfg = summary["config"]
     folder = cfg["output_dir"]
     labels = summary.get("label_names") or []
-    data = (f"`{cfg['train_file']}`" + (f", validation `{cfg['validation_file']}`" if cfg.get("validation_file") else "")
-            + (f", test `{cfg['test_file']}`" if cfg.get("test_file") else "")) if cfg.get("train_file") \
-        else f"Hub dataset `{cfg['dataset_name']}`"
+    if cfg.get("train_file"):
+        data = ", ".join([f"`{cfg['train_file']}`"] + [f"{split} `{cfg[f'{split}_file']}`"
+                                                       for split in ("validation", "test") if cfg.get(f"{split}_file")])
+    else:
+        data = f"Hub dataset `{cfg['dataset_name']}`"
     counts = summary.get("num_examples", {})
     front = {"library_name": "transformers", "pipeline_tag": "text-classification",
              "base_model": cfg["model_name_or_path"], "tags": ["text-classification", "distilbert-agnews"]}
@@ -166,14 +168,17 @@ def model_card(summary: dict[str, Any]) -> str:
         "Serve it (`POST /predict`):", "", "```bash", f"python -m inference --checkpoint_dir {folder} --port 8000",
         "curl -s localhost:8000/predict -H 'content-type: application/json' -d '{\"inputs\": \"Stocks rallied\"}'",
         "```", "",
-        "or load it with transformers (the folder is also in Hugging Face format: `model.safetensors`, "
-        "`config.json`, tokenizer files):", "", "```python", "from transformers import pipeline", "",
-        f'classify = pipeline("text-classification", model="{folder}")', 'classify("Stocks rallied as oil prices fell")',
-        "```", "",
-        f"Files: `{checkpoint.WEIGHTS_NAME}` (state_dict, what the service loads), `config.json`, "
-        f"`{checkpoint.TOKENIZER_DIR}/`, `model.safetensors` and the tokenizer files (Hugging Face format), "
-        "`metrics.json`.", "",
     ]
+    files = f"`{checkpoint.WEIGHTS_NAME}` (state_dict, what the service loads), `config.json`, `{checkpoint.TOKENIZER_DIR}/`"
+    if cfg.get("export_hf_format", True):
+        lines += [
+            "or load it with transformers (the folder is also in Hugging Face format: `model.safetensors`, "
+            "`config.json`, tokenizer files):", "", "```python", "from transformers import pipeline", "",
+            f'classify = pipeline("text-classification", model="{folder}")',
+            'classify("Stocks rallied as oil prices fell")', "```", "",
+        ]
+        files += f", `{checkpoint.HF_WEIGHTS_NAME}` and the tokenizer files (Hugging Face format)"
+    lines += [f"Files: {files}, `metrics.json`.", ""]
     return "\n".join(lines)
 
 

@@ -57,3 +57,13 @@ def test_report_table_and_model_card():
     assert "| effective batch | 512 |" in card and "| validation (best) | 0.5000 |" in card
     assert "| test |" not in card  # no test split, no test row
     assert 'pipeline("text-classification", model="runs/x")' in card
+    without_export = reports.model_card({"config": {**config, "export_hf_format": False}, "label_names": LABELS,
+                                         "validation": metrics, "test": None, "global_step": 100, "world_size": 8,
+                                         "effective_batch_size": 512, "mixed_precision": "bf16", "best_step": 100,
+                                         "metric_for_best_model": "accuracy"})
+    assert "pipeline(" not in without_export and "model.safetensors" not in without_export
+    local = reports.model_card({"config": {**config, "train_file": "a.csv", "test_file": "b.csv"}, "label_names": LABELS,
+                                "validation": metrics, "test": None, "global_step": 1, "world_size": 1,
+                                "effective_batch_size": 32, "mixed_precision": "no", "best_step": 1,
+                                "metric_for_best_model": "accuracy"})
+    assert "on `a.csv`, test `b.csv`." in local and "datasets:" not in local
