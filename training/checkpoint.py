@@ -30,15 +30,9 @@ import torch
 from accelerate import Accelerator
 from transformers.utils import logging as transformers_logging
 
+from inference import files
 from training import faults
 
-WEIGHTS_NAME = "distilbert_agnews.pt"
-CONFIG_NAME = "config.json"
-HF_WEIGHTS_NAME = "model.safetensors"
-TOKENIZER_DIR = "tokenizer"
-METRICS_NAME = "metrics.json"
-STATE_DIR = "state"
-PROGRESS_NAME = "progress.json"
 
 
 @dataclass
@@ -124,7 +118,7 @@ def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, outp
             torch.save(weights, fh)
             faults.in_save_model()  # test-only, inert: a kill here leaves a partial temp file, never the target
 
-        _atomic_write_bytes(out / WEIGHTS_NAME, write_weights)
+        _atomic_write_bytes(out / files.WEIGHTS, write_weights)
         staging = Path(tempfile.mkdtemp(prefix=".hf.", dir=out))
         if export_hf:
             with _no_progress_bar():  # a one-shard "Writing model shards" bar would cut through the training bar
@@ -132,13 +126,13 @@ def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, outp
             tokenizer.save_pretrained(staging)
         else:
             unwrapped.config.save_pretrained(staging)
-            (out / HF_WEIGHTS_NAME).unlink(missing_ok=True)  # never leave an older model's export beside this one
+            (out / files.HF_WEIGHTS).unlink(missing_ok=True)  # never leave an older model's export beside this one
         for file in staging.iterdir():
             os.replace(file, out / file.name)
         shutil.rmtree(staging, ignore_errors=True)
-        tok_staging = Path(tempfile.mkdtemp(prefix=f".{TOKENIZER_DIR}.", dir=out))
+        tok_staging = Path(tempfile.mkdtemp(prefix=f".{files.TOKENIZER_DIR}.", dir=out))
         tokenizer.save_pretrained(tok_staging)
-        _replace_dir(tok_staging, out / TOKENIZER_DIR)
+        _replace_dir(tok_staging, out / files.TOKENIZER_DIR)
     accelerator.wait_for_everyone()
 
 
@@ -162,7 +156,7 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def state_path(output_dir: str, step: int) -> Path:
-    return Path(output_dir) / STATE_DIR / f"step_{step}"
+    return Path(output_dir) / files.STATE_DIR / f"{files.STATE_PREFIX}{step}"
 
 
 def save_state(accelerator: Accelerator, output_dir: str, progress: Progress, keep: Optional[int] = None) -> Path:
@@ -178,7 +172,7 @@ def save_state(accelerator: Accelerator, output_dir: str, progress: Progress, ke
     accelerator.save_state(str(staging))  # model, optimizer, scheduler, grad scaler, every rank's RNG
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        write_json(staging / PROGRESS_NAME, dataclasses.asdict(progress))
+        write_json(staging / files.PROGRESS, dataclasses.asdict(progress))
         faults.in_save_state(progress.global_step)  # test-only, inert: a kill here leaves only .tmp_step_N
         if target.exists():
             shutil.rmtree(target)
@@ -191,8 +185,8 @@ def save_state(accelerator: Accelerator, output_dir: str, progress: Progress, ke
 
 def complete_states(output_dir: str) -> list[tuple[int, Path]]:
     """(recorded step, folder) of every complete state, oldest first; half-written ones have no progress.json."""
-    root = Path(output_dir) / STATE_DIR
-    folders = [f for f in root.glob("step_*") if (f / PROGRESS_NAME).is_file()] if root.is_dir() else []
+    root = Path(output_dir) / files.STATE_DIR
+    folders = [f for f in root.glob(f"{files.STATE_PREFIX}*") if (f / files.PROGRESS).is_file()] if root.is_dir() else []
     return sorted((read_progress(f).global_step, f) for f in folders)
 
 
@@ -203,7 +197,7 @@ def prune_states(output_dir: str, keep: int) -> None:
 
 
 def read_progress(state_folder: str | Path) -> Progress:
-    with open(Path(state_folder) / PROGRESS_NAME, encoding="utf-8") as fh:
+    with open(Path(state_folder) / files.PROGRESS, encoding="utf-8") as fh:
         return Progress(**json.load(fh))
 
 
@@ -219,8 +213,8 @@ def load_state(accelerator: Accelerator, state_folder: str | Path, layout: dict[
     A state saved mid-epoch can only continue with the same batch layout (the position in the epoch is
     counted in batches per rank); at an epoch boundary a different layout is allowed (e.g. more GPUs).
     """
-    if not (Path(state_folder) / PROGRESS_NAME).is_file():
-        raise ResumeError(f"{state_folder}: not a resumable state (no {PROGRESS_NAME})")
+    if not (Path(state_folder) / files.PROGRESS).is_file():
+        raise ResumeError(f"{state_folder}: not a resumable state (no {files.PROGRESS})")
     progress = read_progress(state_folder)
     if progress.batches_done and progress.layout != layout:
         raise ResumeError(

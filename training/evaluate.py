@@ -27,6 +27,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from inference import files
 from training import checkpoint, reports
 from training.config import TrainConfig
 from training.data import DataError, eval_order, load_file, load_hub, make_eval_loader, tokenize, with_labels
@@ -35,7 +36,6 @@ from training.metrics import classification_metrics, confusion_matrix, per_class
 from training.smoke import ensure_smoke_assets, smoke_dir
 
 logger = get_logger(__name__)
-RESULTS_NAME = "eval_results.json"
 
 
 @dataclass
@@ -95,14 +95,14 @@ class CheckpointMissing(FileNotFoundError):
 
 def load_saved_model(checkpoint_dir: Path):
     """(model, tokenizer, label names, training config or {}) from what training/checkpoint.py wrote."""
-    for name in (checkpoint.WEIGHTS_NAME, checkpoint.CONFIG_NAME, checkpoint.TOKENIZER_DIR):
+    for name in (files.WEIGHTS, files.CONFIG, files.TOKENIZER_DIR):
         if not (checkpoint_dir / name).exists():
             raise CheckpointMissing(f"{checkpoint_dir / name}: missing; is {checkpoint_dir} a training output dir?")
     config = AutoConfig.from_pretrained(checkpoint_dir)
     model = AutoModelForSequenceClassification.from_config(config)
-    model.load_state_dict(checkpoint.load_weights(checkpoint_dir / checkpoint.WEIGHTS_NAME))
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir / checkpoint.TOKENIZER_DIR)
-    metrics_file = checkpoint_dir / checkpoint.METRICS_NAME
+    model.load_state_dict(checkpoint.load_weights(checkpoint_dir / files.WEIGHTS))
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir / files.TOKENIZER_DIR)
+    metrics_file = checkpoint_dir / files.METRICS
     trained_with = json.loads(metrics_file.read_text()).get("config", {}) if metrics_file.is_file() else {}
     return model, tokenizer, [config.id2label[i] for i in range(config.num_labels)], trained_with
 
@@ -157,17 +157,17 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> dict:
     results = {"checkpoint_dir": str(root), "data": source, "world_size": accelerator.num_processes,
                "max_length": cfg.max_length, "metrics": metrics, "per_class": classes,
                "confusion_matrix": {"labels": label_names, "rows_true_columns_predicted": confusion.tolist()},
-               "files": [RESULTS_NAME, reports.CONFUSION_PNG, reports.MISCLASSIFIED_CSV]}
+               "files": [files.EVAL_RESULTS, files.CONFUSION_PNG, files.MISCLASSIFIED_CSV]}
     logger.info("%s on %s (%d processes):\n%s", root, source, accelerator.num_processes,
                 reports.report_table(classes, metrics), main_process_only=True)
     if accelerator.is_main_process:
-        checkpoint.write_json(root / RESULTS_NAME, results)
-        reports.write_confusion_matrix(root / reports.CONFUSION_PNG, confusion, label_names,
+        checkpoint.write_json(root / files.EVAL_RESULTS, results)
+        reports.write_confusion_matrix(root / files.CONFUSION_PNG, confusion, label_names,
                                        f"{source}: accuracy {metrics['accuracy']:.4f}")
-        wrong = reports.write_misclassified(root / reports.MISCLASSIFIED_CSV, texts,
+        wrong = reports.write_misclassified(root / files.MISCLASSIFIED_CSV, texts,
                                             scored.labels, scored.probabilities, label_names)
-        logger.info("Wrote %s, %s, %s (%d misclassified) in %s", RESULTS_NAME, reports.CONFUSION_PNG,
-                    reports.MISCLASSIFIED_CSV, wrong, root)
+        logger.info("Wrote %s, %s, %s (%d misclassified) in %s", files.EVAL_RESULTS, files.CONFUSION_PNG,
+                    files.MISCLASSIFIED_CSV, wrong, root)
     return results
 
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-import urllib.error
-import urllib.request
 
 import datasets.config
 import huggingface_hub.constants
 
-logger = logging.getLogger(__name__)
+from inference.hub import hub_reachable, hub_url, is_offline
 
-HUB_URL = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+logger = logging.getLogger(__name__)
 
 OFFLINE_HELP = (
     "To try the whole pipeline offline, run `python training/train.py --preset smoke` (synthetic data and a tiny "
@@ -30,21 +28,6 @@ OFFLINE_HELP = (
 
 class HubUnavailableError(RuntimeError):
     """The Hub cannot be reached and what the run needs is not in the local cache."""
-
-
-def is_offline() -> bool:
-    return bool(huggingface_hub.constants.HF_HUB_OFFLINE)
-
-
-def hub_reachable(timeout: float = 5.0) -> bool:
-    """One HEAD request to the Hub; any answer from the server (even an error status) counts as reachable."""
-    try:
-        urllib.request.urlopen(urllib.request.Request(HUB_URL, method="HEAD"), timeout=timeout)
-    except urllib.error.HTTPError:
-        return True
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-    return True
 
 
 def go_offline() -> None:
@@ -63,7 +46,7 @@ def ensure_hub_or_offline(needs_hub: bool) -> None:
     if not needs_hub or is_offline():
         return
     if not hub_reachable():
-        logger.warning("The Hugging Face Hub (%s) did not answer; loading from the local cache only.", HUB_URL)
+        logger.warning("The Hugging Face Hub (%s) did not answer; loading from the local cache only.", hub_url())
         go_offline()
 
 

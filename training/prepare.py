@@ -25,7 +25,8 @@ import yaml
 from transformers import AutoModel, AutoTokenizer
 
 from training.data import infer_label_names
-from training.hub import HubUnavailableError, explain_missing, hub_reachable, is_offline
+from inference.hub import hub_reachable, is_offline
+from training.hub import HubUnavailableError, explain_missing
 
 logger = logging.getLogger("prepare")
 

@@ -15,13 +15,9 @@ from typing import Any, Sequence
 
 import torch
 
+from inference import files
 from training import checkpoint
 
-CURVES_JSON = "training_curves.json"
-CURVES_PNG = "training_curves.png"
-CONFUSION_PNG = "confusion_matrix.png"
-MISCLASSIFIED_CSV = "misclassified.csv"
-MODEL_CARD = "README.md"
 
 
 def _png(figure) -> bytes:
@@ -97,7 +93,7 @@ def write_training_curves(output_dir: Path, progress: checkpoint.Progress) -> No
     from matplotlib.figure import Figure
 
     series = {"train": progress.train_loss, "validation": progress.history}
-    checkpoint.write_json(output_dir / CURVES_JSON, series)
+    checkpoint.write_json(output_dir / files.CURVES_JSON, series)
     figure = Figure(figsize=(13, 3.6))
     loss_ax, eval_ax, lr_ax = figure.subplots(1, 3)
     steps = [row["step"] for row in progress.train_loss]
@@ -119,7 +115,7 @@ def write_training_curves(output_dir: Path, progress: checkpoint.Progress) -> No
     for ax in (loss_ax, eval_ax, lr_ax):
         ax.grid(alpha=0.3)
     figure.tight_layout()
-    checkpoint.write_bytes(output_dir / CURVES_PNG, _png(figure))
+    checkpoint.write_bytes(output_dir / files.CURVES_PNG, _png(figure))
 
 
 def model_card(summary: dict[str, Any]) -> str:
@@ -162,14 +158,14 @@ def model_card(summary: dict[str, Any]) -> str:
         "## Labels", "", "| id | label |", "|---|---|", *[f"| {i} | {name} |" for i, name in enumerate(labels)], "",
         "## Results", "", "| split | accuracy | macro-F1 | loss | examples |", "|---|---|---|---|---|",
         *metric_rows("validation (best)", summary.get("validation")), *metric_rows("test", summary.get("test")), "",
-        f"Curves: `{CURVES_PNG}` (raw series in `{CURVES_JSON}`); every number in `metrics.json`.", "",
+        f"Curves: `{files.CURVES_PNG}` (raw series in `{files.CURVES_JSON}`); every number in `{files.METRICS}`.", "",
         "## Training", "", "| setting | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in hyper], "",
         "## Use it", "",
-        "Serve it (`POST /predict`):", "", "```bash", f"python -m inference --checkpoint_dir {folder} --port 8000",
+        "Serve it (`POST /predict`):", "", "```bash", f"python -m inference --model_id {folder} --port 8000",
         "curl -s localhost:8000/predict -H 'content-type: application/json' -d '{\"inputs\": \"Stocks rallied\"}'",
         "```", "",
     ]
-    files = f"`{checkpoint.WEIGHTS_NAME}` (state_dict, what the service loads), `config.json`, `{checkpoint.TOKENIZER_DIR}/`"
+    listed = f"`{files.WEIGHTS}` (state_dict, what the service loads), `config.json`, `{files.TOKENIZER_DIR}/`"
     if cfg.get("export_hf_format", True):
         lines += [
             "or load it with transformers (the folder is also in Hugging Face format: `model.safetensors`, "
@@ -177,10 +173,10 @@ def model_card(summary: dict[str, Any]) -> str:
             f'classify = pipeline("text-classification", model="{folder}")',
             'classify("Stocks rallied as oil prices fell")', "```", "",
         ]
-        files += f", `{checkpoint.HF_WEIGHTS_NAME}` and the tokenizer files (Hugging Face format)"
-    lines += [f"Files: {files}, `metrics.json`.", ""]
+        listed += f", `{files.HF_WEIGHTS}` and the tokenizer files (Hugging Face format)"
+    lines += [f"Files: {listed}, `{files.METRICS}`.", ""]
     return "\n".join(lines)
 
 
 def write_model_card(output_dir: Path, summary: dict[str, Any]) -> None:
-    checkpoint.write_bytes(output_dir / MODEL_CARD, model_card(summary).encode("utf-8"))
+    checkpoint.write_bytes(output_dir / files.MODEL_CARD, model_card(summary).encode("utf-8"))

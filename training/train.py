@@ -38,6 +38,7 @@ from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwar
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from inference import files
 from training import checkpoint, faults, reports
 from training.checkpoint import Progress
 from training.config import ConfigError, TrainConfig, load_config
@@ -161,14 +162,14 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
                 100 * speed["padding_fraction"], speed["train_seconds"], speed["peak_memory_mb_per_process"])
     test_metrics = None
     if test_loader is not None:
-        best = checkpoint.load_weights(Path(cfg.output_dir) / checkpoint.WEIGHTS_NAME)
+        best = checkpoint.load_weights(Path(cfg.output_dir) / files.WEIGHTS)
         accelerator.unwrap_model(model).load_state_dict(best)
         test_metrics = evaluate(accelerator, model, test_loader, len(splits.label_names))
         logger.info("Test (best model, step %s): %s", progress.best_step, format_metrics(test_metrics))
     summary = run_summary(cfg, accelerator, splits, progress, test_metrics, time.time() - started)
     summary["throughput"] = speed
     if accelerator.is_main_process:
-        checkpoint.write_json(Path(cfg.output_dir) / checkpoint.METRICS_NAME, summary)
+        checkpoint.write_json(Path(cfg.output_dir) / files.METRICS, summary)
         reports.write_training_curves(Path(cfg.output_dir), progress)
         reports.write_model_card(Path(cfg.output_dir), summary)
     accelerator.wait_for_everyone()
@@ -204,7 +205,7 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
             progress.evals_since_best = 0
             checkpoint.save_model(accelerator, model, tokenizer, cfg.output_dir, cfg.export_hf_format)
             if accelerator.is_main_process:
-                checkpoint.write_json(Path(cfg.output_dir) / checkpoint.METRICS_NAME,
+                checkpoint.write_json(Path(cfg.output_dir) / files.METRICS,
                                       run_summary(cfg, accelerator, None, progress, None, None))
                 reports.write_training_curves(Path(cfg.output_dir), progress)
         else:

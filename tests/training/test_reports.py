@@ -8,6 +8,7 @@ import json
 import torch
 from PIL import Image
 
+from inference import files
 from training import reports
 from training.checkpoint import Progress
 
@@ -32,8 +33,8 @@ def test_curves_are_written_even_before_the_first_logged_loss(tmp_path):
     progress = Progress(history=[{"step": 5, "epoch": 0, "accuracy": 0.5, "macro_f1": 0.4, "loss": 1.2,
                                   "num_examples": 10}], best_step=5)
     reports.write_training_curves(tmp_path, progress)  # train_loss is empty: fewer steps than logging_steps
-    assert json.loads((tmp_path / reports.CURVES_JSON).read_text()) == {"train": [], "validation": progress.history}
-    with Image.open(tmp_path / reports.CURVES_PNG) as image:
+    assert json.loads((tmp_path / files.CURVES_JSON).read_text()) == {"train": [], "validation": progress.history}
+    with Image.open(tmp_path / files.CURVES_PNG) as image:
         assert image.format == "PNG"
 
 

@@ -195,7 +195,7 @@ def test_reports_curves_model_card_and_the_hugging_face_export(full_run, smoke_d
     card = (out / "README.md").read_text()
     assert "pipeline_tag: \"text-classification\"" in card
     for expected in ("| 0 | World |", "| 3 | Sci/Tech |", "| world size | 2 |", "| effective batch | 32 |",
-                     f"| test | {metrics['test']['accuracy']:.4f} |", f"python -m inference --checkpoint_dir {out}"):
+                     f"| test | {metrics['test']['accuracy']:.4f} |", f"python -m inference --model_id {out}"):
         assert expected in card, expected
 
     from transformers import pipeline

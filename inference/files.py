@@ -1,0 +1,38 @@
+"""The names of everything in a checkpoint folder: the one contract between training and serving.
+
+Every writer and reader imports these names (training, evaluation, batch prediction, the service, the
+benchmarks and the tests); nothing else spells a file name of the folder. The module lives on the serving
+side because `inference/` imports nothing of `training/`, while training may import from here.
+
+    distilbert_agnews.pt        state_dict of the unwrapped model (plain tensors): what the service loads first
+    config.json                 model config with id2label / label2id
+    tokenizer/                  tokenizer.save_pretrained
+    model.safetensors           the same weights in Hugging Face format, tokenizer files beside config.json
+    metrics.json                what training measured, with which config, on which data
+    README.md                   the model card
+    training_curves.json/.png   loss, validation metrics and learning rate per step
+    eval_results.json, confusion_matrix.png, misclassified.csv     written by python -m training.evaluate
+    state/step_N/               resumable training state (accelerator.save_state + progress.json)
+"""
+
+from __future__ import annotations
+
+WEIGHTS = "distilbert_agnews.pt"
+CONFIG = "config.json"
+TOKENIZER_DIR = "tokenizer"
+METRICS = "metrics.json"
+MODEL_CARD = "README.md"
+
+HF_WEIGHTS = "model.safetensors"
+HF_WEIGHTS_INDEX = "model.safetensors.index.json"  # sharded save_pretrained: model-0000i-of-0000n.safetensors
+PICKLED_HF_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")  # refused: unpickling runs code
+
+CURVES_JSON = "training_curves.json"
+CURVES_PNG = "training_curves.png"
+EVAL_RESULTS = "eval_results.json"
+CONFUSION_PNG = "confusion_matrix.png"
+MISCLASSIFIED_CSV = "misclassified.csv"
+
+STATE_DIR = "state"
+STATE_PREFIX = "step_"
+PROGRESS = "progress.json"

@@ -1,0 +1,64 @@
+"""One precision vocabulary and one bf16 probe for training, evaluation, batch prediction and serving.
+
+Accepted names (any of each group, case-insensitive):
+
+    auto              bf16 where the hardware multiplies bf16 natively (a bf16 GPU; a CPU with AMX or
+                      AVX512-BF16), fp16 on a GPU without bf16 (Kaggle's T4), else fp32
+    fp32  no  float32 full precision
+    fp16  float16     half precision (GPU; training uses a loss scaler)
+    bf16  bfloat16    bfloat16
+
+`auto` means the same thing everywhere; a resolved precision is always one of fp32, fp16, bf16.
+"""
+
+from __future__ import annotations
+
+import torch
+
+AUTO, FP32, FP16, BF16 = "auto", "fp32", "fp16", "bf16"
+_ALIASES = {"auto": AUTO, "fp32": FP32, "no": FP32, "float32": FP32, "fp16": FP16, "float16": FP16,
+            "bf16": BF16, "bfloat16": BF16}
+ACCEPTED = tuple(_ALIASES)
+_DTYPES = {FP32: torch.float32, FP16: torch.float16, BF16: torch.bfloat16}
+_TEI_NAMES = {FP32: "float32", FP16: "float16", BF16: "bfloat16"}
+
+
+def canonical(name: str) -> str:
+    """auto, fp32, fp16 or bf16 for any accepted spelling; ValueError naming the accepted ones otherwise."""
+    key = str(name).strip().lower()
+    if key not in _ALIASES:
+        raise ValueError(f"unknown precision {name!r}; use one of {', '.join(ACCEPTED)}")
+    return _ALIASES[key]
+
+
+def native_bf16(device_type: str) -> bool:
+    """The hardware multiplies bf16 matrices natively: a bf16 GPU, or a CPU with AMX or AVX512-BF16."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    cpu = torch.cpu  # these capability probes are private in torch 2.x; their absence means "no"
+    return any(getattr(cpu, probe, lambda: False)() for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+
+
+def resolve(name: str, device_type: str) -> str:
+    """fp32, fp16 or bf16: `auto` decided for this device, any other name made canonical."""
+    precision = canonical(name)
+    if precision != AUTO:
+        return precision
+    if native_bf16(device_type):
+        return BF16
+    return FP16 if device_type == "cuda" else FP32
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    return _DTYPES[canonical(precision)]
+
+
+def accelerate_name(precision: str) -> str:
+    """accelerate's `mixed_precision` value: no, fp16 or bf16."""
+    resolved = canonical(precision)
+    return "no" if resolved == FP32 else resolved
+
+
+def tei_name(precision: str) -> str:
+    """text-embeddings-inference's spelling (`model_dtype` in /info): float32, float16 or bfloat16."""
+    return _TEI_NAMES[canonical(precision)]
