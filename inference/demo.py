@@ -40,14 +40,14 @@ def _request(url: str, body: dict | None = None, timeout: float = 10) -> tuple[i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inference.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint_dir", default="checkpoints")
+    parser.add_argument("--model_id", "--checkpoint_dir", default="checkpoints",
+                        help="checkpoint folder, save_pretrained folder or Hub id (default: checkpoints)")
     parser.add_argument("--text", action="append", help="text to classify (repeatable); default: two examples")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(message)s", level=logging.INFO)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "inference", "--checkpoint_dir", args.checkpoint_dir,
-                               "--port", str(port)])
+    server = subprocess.Popen([sys.executable, "-m", "inference", "--model_id", args.model_id, "--port", str(port)])
     try:
         deadline = time.time() + 120
         while True:
@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             time.sleep(0.3)
         texts = args.text or EXAMPLES
-        status, answer = _request(f"{url}/predict", {"inputs": texts, "top_k": 2})
-        logger.info("POST %s/predict %s -> %s", url, json.dumps({"inputs": texts, "top_k": 2}), status)
+        body = {"inputs": [[text] for text in texts], "top_k": 2}  # TEI's batch form: one [text] per input
+        status, answer = _request(f"{url}/predict", body)
+        logger.info("POST %s/predict %s -> %s", url, json.dumps(body), status)
         for text, labels in zip(texts, answer if status == 200 else []):
             logger.info("  %-70.70s %s", text, ", ".join(f"{p['label']} {p['score']:.3f}" for p in labels))
         if status != 200:

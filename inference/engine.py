@@ -1,11 +1,17 @@
-"""Micro-batching: concurrent requests share forward passes, run by one worker thread off the event loop.
+"""Micro-batching: concurrent requests share forward passes, run by one worker off the event loop.
 
-Requests put a job (their texts + an asyncio future) on a queue. The worker (`Engine.run`, on a thread of its
-own after `start()`, or on the process's main thread: see inference/__main__.py), which alone touches the
-model and the tokenizer, takes the first job, waits up to `max_wait_ms` for more until `max_batch_size`
-texts are collected (only while requests keep arriving together), tokenizes them, sorts them by length and runs them in length buckets (little padding),
-then hands each job exactly its own rows back on its event loop. The model reference is read once per
-micro-batch, so a reload swaps models between batches: in-flight work finishes on the model it started with.
+A request puts a job (its inputs: texts or text pairs, and an asyncio future) on a queue. The worker, which
+alone touches the model and the tokenizer (`Engine.run`: on a thread of its own after `start()`, or on the
+process's main thread: see inference/__main__.py):
+1. takes a job and tokenizes it (a job whose client already went away is dropped first);
+2. gathers more jobs, waiting up to `max_wait` only while requests keep arriving together, until the
+   micro-batch holds `max_batch_requests` inputs or `max_batch_tokens` tokens (a job that would pass either
+   starts the next micro-batch);
+3. sorts the inputs by length and runs them in forward passes of similar lengths, each bounded by
+   `max_batch_requests` inputs and `max_batch_tokens` padded tokens, so long inputs cannot blow up memory;
+4. hands each job exactly its own rows back on its event loop, with its token count and timings.
+The model is read once per micro-batch, so a reload swaps models between batches. In-flight inputs are
+bounded by `max_concurrent_requests` (Overloaded beyond it: 429).
 """
 
 from __future__ import annotations
@@ -15,55 +21,91 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from inference.loading import LoadedModel
 from inference.metrics import Metrics
+from inference.schemas import Sequence
 
 logger = logging.getLogger(__name__)
+PAD_MULTIPLE = 8
 
 
 class Overloaded(RuntimeError):
-    """The queue holds max_queue_size texts already."""
+    """max_concurrent_requests inputs are in flight already."""
 
 
-class TooLong(ValueError):
-    def __init__(self, index: int, tokens: int, limit: int):
-        super().__init__(f"inputs[{index}] has {tokens} tokens, more than the model's maximum of {limit}; "
-                         "send truncate=true or a shorter text")
-        self.tokens = tokens
+class InputTooLong(ValueError):
+    """An input over the model's maximum with truncation off (TEI's wording)."""
+
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(f"`inputs` must have less than {limit} tokens. Given: {tokens}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_batch_requests: int = 32
+    max_batch_tokens: int = 16384
+    max_concurrent_requests: int = 512
+    max_wait_ms: float = 5.0
 
 
 @dataclass
+class Answer:
+    """One job's logits (fp32, in input order), its token count and where its time went (seconds)."""
+
+    logits: list[list[float]]
+    tokens: int
+    tokenization_s: float
+    queue_s: float
+    inference_s: float
+
+
+@dataclass(eq=False)
 class _Job:
-    texts: list[str]
+    sequences: list[Sequence]
     truncate: bool
+    left: bool
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+    features: list[dict] = field(default_factory=list)  # one tokenized input each: input_ids (+ token_type_ids)
+    tokenized_by: Optional[LoadedModel] = None
+    tokenization_s: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(f["input_ids"]) for f in self.features)
+
+    @property
+    def abandoned(self) -> bool:
+        return self.future.done()  # cancelled: the client went away
 
 
 _STOP = object()
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, *, max_batch_size: int, max_wait_ms: float, max_queue_size: int,
-                 metrics: Metrics):
+    def __init__(self, loaded: LoadedModel, limits: Limits, metrics: Metrics):
         self.current = loaded
-        self.max_batch_size = max_batch_size
-        self.max_wait_s = max_wait_ms / 1000
-        self.max_queue_size = max_queue_size
+        self.limits = limits
         self.metrics = metrics
         self._queue: "queue.Queue" = queue.Queue()
-        self._queued_texts = 0
+        self._in_flight = 0
         self._lock = threading.Lock()
-        self._carry: Optional[_Job] = None
+        self._carry = None
         self._last_jobs = 0
+        self._running = threading.Event()
         self._finished = threading.Event()
 
     # ------------------------------------------------------------------------------- event-loop side
+
+    @property
+    def alive(self) -> bool:
+        return self._running.is_set() and not self._finished.is_set()
 
     def start(self) -> None:
         """Run the worker on a new thread (the alternative: call `run()` on a thread of your own)."""
@@ -77,110 +119,165 @@ class Engine:
     def swap(self, loaded: LoadedModel) -> None:
         self.current = loaded  # one reference assignment: atomic; the worker reads it per micro-batch
 
-    async def predict(self, texts: list[str], truncate: bool) -> list[list[float]]:
-        """Logits (fp32) for each text, in order. Raises Overloaded or TooLong."""
+    async def predict(self, sequences: list[Sequence], truncate: bool, left: bool = False) -> Answer:
+        """Logits for each input, in order. Raises Overloaded, InputTooLong, or what the forward pass raised."""
         with self._lock:
-            if self._queued_texts + len(texts) > self.max_queue_size:
-                raise Overloaded(f"{self._queued_texts} texts are waiting (limit {self.max_queue_size}); retry later")
-            self._queued_texts += len(texts)
-            self.metrics.queue_depth.set(self._queued_texts)
-        loop = asyncio.get_running_loop()
-        job = _Job(texts, truncate, loop, loop.create_future())
-        self._queue.put(job)
-        return await job.future
+            if self._in_flight + len(sequences) > self.limits.max_concurrent_requests:
+                raise Overloaded(f"{self._in_flight} inputs are in flight (limit max_concurrent_requests = "
+                                 f"{self.limits.max_concurrent_requests}); retry later")
+            self._in_flight += len(sequences)
+        try:
+            loop = asyncio.get_running_loop()
+            job = _Job(sequences, truncate, left, loop, loop.create_future())
+            self.metrics.queue_size.inc(len(sequences))
+            self._queue.put(job)
+            return await job.future
+        finally:
+            with self._lock:
+                self._in_flight -= len(sequences)
 
     # ---------------------------------------------------------------------------------- worker side
 
-    def _next_batch(self) -> tuple[list[_Job], bool]:
-        """Block for one job, then gather more for up to max_wait; (jobs, stop requested)."""
-        first = self._carry or self._queue.get()
-        self._carry = None
-        if first is _STOP:
-            return [], True
-        jobs, count = [first], len(first.texts)
-        # Wait for company only under concurrent load (the last micro-batch merged several requests): a lone
-        # client never pays the batching window, busy periods still fill batches.
-        deadline = time.monotonic() + (self.max_wait_s if self._last_jobs > 1 else 0.0)
-        while count < self.max_batch_size:
-            try:
-                job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if job is _STOP:
-                self._carry = job
-                break
-            if count + len(job.texts) > self.max_batch_size:
-                self._carry = job  # starts the next micro-batch
-                break
-            jobs.append(job)
-            count += len(job.texts)
-        self._last_jobs = len(jobs)
-        return jobs, False
-
     def run(self) -> None:
         """The worker loop, on the calling thread, until stop(): every queued job is answered first."""
+        self._running.set()
         try:
-            self._serve()
+            while (jobs := self._gather()) is not None:
+                self._run_batch(jobs)
         finally:
             self._finished.set()
 
-    def _serve(self) -> None:
+    def _next(self, deadline: Optional[float]):
+        """The next tokenized job (blocking until `deadline`, forever when None); None if none came in time."""
         while True:
-            jobs, stop = self._next_batch()
-            if stop:
-                return
-            with self._lock:
-                self._queued_texts -= sum(len(j.texts) for j in jobs)
-                self.metrics.queue_depth.set(self._queued_texts)
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                self._process(jobs)
-            except Exception as exc:  # noqa: BLE001 - a failed forward answers its callers (500), the worker lives on
-                logger.exception("inference failed for a micro-batch of %d requests", len(jobs))
-                for job in jobs:
-                    _resolve(job, exc=exc)
-
-    def _process(self, jobs: list[_Job]) -> None:
-        loaded = self.current
-        items: list[tuple[int, int, list[int]]] = []  # (job, text, token ids)
-        for j, job in enumerate(jobs):
-            ids = loaded.tokenizer(job.texts, truncation=job.truncate, max_length=loaded.max_length)["input_ids"]
-            too_long = next(((i, len(x)) for i, x in enumerate(ids) if len(x) > loaded.max_length), None)
-            if too_long:
-                _resolve(job, exc=TooLong(too_long[0], too_long[1], loaded.max_length))
+                job = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                return None
+            if job is _STOP:
+                return job
+            self.metrics.queue_size.dec(len(job.sequences))
+            if job.abandoned:
+                continue  # the client went away: no tokenizing, no forward pass
+            try:
+                self._tokenize(job, self.current)
+            except InputTooLong as exc:
+                _resolve(job, exc=exc)
                 continue
-            items.extend((j, i, x) for i, x in enumerate(ids))
-        if not items:
-            return
+            return job
+
+    def _gather(self) -> Optional[list[_Job]]:
+        """One micro-batch of tokenized jobs, or None once stop() was called and the queue is drained."""
+        first, self._carry = self._carry or self._next(None), None
+        if first is _STOP:
+            return None
+        jobs, inputs, tokens = [first], len(first.features), first.tokens
+        # Wait for company only under concurrent load (the last micro-batch merged several requests): a lone
+        # client never pays the batching window, busy periods still fill batches.
+        deadline = time.monotonic() + (self.limits.max_wait_ms / 1000 if self._last_jobs > 1 else 0.0)
+        while inputs < self.limits.max_batch_requests and tokens < self.limits.max_batch_tokens:
+            job = self._next(deadline)
+            if job is None:
+                break
+            if job is _STOP or inputs + len(job.features) > self.limits.max_batch_requests \
+                    or tokens + job.tokens > self.limits.max_batch_tokens:
+                self._carry = job  # starts the next micro-batch
+                break
+            jobs.append(job)
+            inputs, tokens = inputs + len(job.features), tokens + job.tokens
+        self._last_jobs = len(jobs)
+        return jobs
+
+    def _tokenize(self, job: _Job, loaded: LoadedModel) -> None:
+        started = time.perf_counter()
+        job.features = encode(loaded, job.sequences, job.truncate, job.left)
+        job.tokenized_by = loaded
+        job.tokenization_s += time.perf_counter() - started
+        for feature in job.features:
+            self.metrics.input_length.observe(len(feature["input_ids"]))
+
+    def _run_batch(self, jobs: list[_Job]) -> None:
+        loaded = self.current
+        for job in jobs:
+            if job.tokenized_by is not loaded:  # a reload swapped the model after this job was tokenized
+                self._tokenize(job, loaded)
+        started = time.perf_counter()
+        items = sorted(((j, i, f) for j, job in enumerate(jobs) for i, f in enumerate(job.features)),
+                       key=lambda item: len(item[2]["input_ids"]))
         self.metrics.batch_size.observe(len(items))
-        results = {}
-        for bucket in length_buckets(sorted(items, key=lambda item: len(item[2]))):
-            logits = forward(loaded, [ids for _, _, ids in bucket])
-            for (j, i, _), row in zip(bucket, logits.tolist()):
-                results[j, i] = row
+        self.metrics.batch_tokens.observe(sum(len(f["input_ids"]) for _, _, f in items))
+        try:
+            rows = {}
+            for bucket in forward_buckets(items, self.limits.max_batch_requests, self.limits.max_batch_tokens):
+                for (j, i, _), row in zip(bucket, forward(loaded, [f for _, _, f in bucket]).tolist()):
+                    rows[j, i] = row
+        except Exception as exc:  # noqa: BLE001 - a failed forward answers its callers (424), the worker lives on
+            logger.exception("inference failed for a micro-batch of %d requests", len(jobs))
+            for job in jobs:
+                _resolve(job, exc=exc)
+            return
+        finally:
+            self.metrics.record_process()
+        inference_s = time.perf_counter() - started
         for j, job in enumerate(jobs):
-            if not job.future.done() and (j, 0) in results:
-                _resolve(job, value=[results[j, i] for i in range(len(job.texts))])
+            queue_s = max(0.0, started - job.enqueued - job.tokenization_s)
+            _resolve(job, value=Answer([rows[j, i] for i in range(len(job.features))], job.tokens,
+                                       job.tokenization_s, queue_s, inference_s))
 
 
-def length_buckets(items: list, ratio: float = 1.5, slack: int = 16) -> list[list]:
-    """Split length-sorted items where the length grows past ratio x the bucket's shortest (+ slack tokens)."""
+def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
+    """Token ids (and token type ids where the model takes them) of each input, texts and pairs alike.
+    Truncation keeps the start (right) or the end (left) of a long input; pairs are cut longest first."""
+    tokenizer = loaded.tokenizer
+    tokenizer.truncation_side = "left" if left else "right"  # the worker alone uses the tokenizer
+    options = {"truncation": truncate, "max_length": loaded.max_length if truncate else None,
+               "return_attention_mask": False}
+    features: list[Optional[dict]] = [None] * len(sequences)
+    for is_pair in (False, True):
+        where = [i for i, (_, pair) in enumerate(sequences) if (pair is not None) == is_pair]
+        if not where:
+            continue
+        texts = [sequences[i][0] for i in where]
+        encoded = tokenizer(texts, [sequences[i][1] for i in where], **options) if is_pair else tokenizer(texts, **options)
+        for k, i in enumerate(where):
+            features[i] = {name: encoded[name][k] for name in ("input_ids", "token_type_ids") if name in encoded}
+    longest = max(len(f["input_ids"]) for f in features)
+    if longest > loaded.max_length:
+        raise InputTooLong(longest, loaded.max_length)
+    return features
+
+
+def _padded(length: int) -> int:
+    return -(-length // PAD_MULTIPLE) * PAD_MULTIPLE
+
+
+def forward_buckets(items: list, max_inputs: int, max_tokens: int, ratio: float = 1.5, slack: int = 16) -> list[list]:
+    """Split length-sorted (job, input, features) items into forward passes: a new pass starts where the length
+    grows past ratio x the pass's shortest (+ slack tokens), or the pass would exceed max_inputs inputs or
+    max_tokens padded tokens."""
     buckets: list[list] = []
     for item in items:
-        if buckets and len(item[2]) <= ratio * len(buckets[-1][0][2]) + slack:
-            buckets[-1].append(item)
-        else:
-            buckets.append([item])
+        length = len(item[2]["input_ids"])
+        if buckets:
+            bucket = buckets[-1]
+            shortest = len(bucket[0][2]["input_ids"])
+            if length <= ratio * shortest + slack and len(bucket) < max_inputs \
+                    and (len(bucket) + 1) * _padded(length) <= max_tokens:
+                bucket.append(item)
+                continue
+        buckets.append([item])
     return buckets
 
 
 def warm_up(loaded: LoadedModel) -> None:
     """One forward pass, so kernels are initialised before the first request."""
-    forward(loaded, [loaded.tokenizer("warm up the kernels")["input_ids"]])
+    forward(loaded, encode(loaded, [("warm up the kernels", None)], truncate=True, left=False))
 
 
 @torch.inference_mode()
-def forward(loaded: LoadedModel, input_ids: list[list[int]]) -> torch.Tensor:
-    batch = loaded.tokenizer.pad({"input_ids": input_ids}, padding=True, pad_to_multiple_of=8, return_tensors="pt")
+def forward(loaded: LoadedModel, features: list[dict]) -> torch.Tensor:
+    batch = loaded.tokenizer.pad(features, padding=True, pad_to_multiple_of=PAD_MULTIPLE, return_tensors="pt")
     batch = {k: v.to(loaded.device) for k, v in batch.items()}
     return loaded.model(**batch).logits.float().cpu()
 

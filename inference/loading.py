@@ -1,35 +1,46 @@
-"""Load the training run's files (the only contract with training) into a ready-to-run classifier.
+"""Load a classifier to serve from this project's checkpoint folder, any `save_pretrained` folder, or a Hub id.
 
-    distilbert_agnews.pt (or .safetensors)   state_dict, read with torch.load(weights_only=True): never unpickles code
-    config.json                              model config with id2label
-    tokenizer/                               tokenizer.save_pretrained
-    metrics.json                             optional: shown in /info
+    this project's folder   distilbert_agnews.pt (state_dict, torch.load(weights_only=True)) + config.json
+                            + tokenizer/  (inference/files.py names them); the state_dict wins over an export
+    save_pretrained folder  model.safetensors (or its shards) + config.json + tokenizer files
+    Hub id (org/name)       downloaded once (safetensors only) into the Hugging Face cache, then as above
+
+Pickled weights (`pytorch_model.bin`) are refused: unpickling can run code. So is a model without its
+classification head (e.g. a base encoder), which would answer with random scores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import logging
 import pickle
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+import transformers
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from inference import files, precision
+from inference.hub import hub_reachable, hub_url, is_offline
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_FILES = ("distilbert_agnews.pt", "distilbert_agnews.safetensors")  # same names as training writes
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]  # config, weights, tokenizer (never pickles)
 
 
 class CheckpointError(RuntimeError):
-    """The checkpoint folder cannot be served; the message names the file."""
+    """The model cannot be served; the message names the file or the model id."""
 
 
 @dataclass
@@ -39,25 +50,19 @@ class LoadedModel:
     labels: list[str]
     max_length: int
     device: torch.device
-    dtype: Optional[torch.dtype]  # weights cast to this dtype (bf16), None = fp32
+    precision: str  # fp32, fp16 or bf16
+    model_id: str  # as configured: a folder or a Hub id
+    folder: Path  # where the files were read
     weights_file: str
     sha256: str
-    metrics: Optional[dict]
+    model_sha: Optional[str] = None  # the Hub commit, for a Hub id
+    metrics: Optional[dict] = None
     signature: tuple = ()  # the files as they were just before loading (see `signature`); reload compares to it
     loaded_at: float = field(default_factory=time.time)
 
     @property
-    def precision(self) -> str:
-        return "bf16" if self.dtype == torch.bfloat16 else "fp32"
-
-
-def cpu_has_native_bf16() -> bool:
-    """AMX or AVX512-BF16: the CPU multiplies bf16 matrices in hardware (several times fp32's rate)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " amx_bf16" in flags or " avx512_bf16" in flags
+    def id2label(self) -> dict[str, str]:
+        return {str(i): label for i, label in enumerate(self.labels)}
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -66,82 +71,169 @@ def resolve_device(setting: str) -> torch.device:
     return torch.device("cpu")
 
 
-def resolve_precision(setting: str, device: torch.device) -> Optional[torch.dtype]:
-    if setting == "fp32":
-        return None
-    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_native_bf16()
-    if setting == "bf16" or native:
-        return torch.bfloat16
-    return None
-
-
-def signature(checkpoint_dir: str | Path) -> tuple:
+def signature(folder: str | Path) -> tuple:
     """(name, mtime, size) of every file the service reads: changes when training writes a new best model."""
-    root = Path(checkpoint_dir)
-    files = [root / name for name in (*WEIGHT_FILES, "config.json")]
-    files += sorted((root / "tokenizer").glob("*")) if (root / "tokenizer").is_dir() else []
-    return tuple((str(f.relative_to(root)), f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.is_file())
+    root = Path(folder)
+    paths = [root / name for name in (files.WEIGHTS, files.HF_WEIGHTS, files.HF_WEIGHTS_INDEX, files.CONFIG)]
+    paths += sorted(root.glob("model-*.safetensors"))
+    paths += sorted((root / files.TOKENIZER_DIR).glob("*")) if (root / files.TOKENIZER_DIR).is_dir() else []
+    found = []
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError:  # absent, or replaced between the listing and the stat
+            continue
+        if path.is_file():
+            found.append((str(path.relative_to(root)), stat.st_mtime_ns, stat.st_size))
+    return tuple(found)
 
 
-def _read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
-    data = path.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
+def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revision: Optional[str] = None) -> LoadedModel:
+    """The configured model on the resolved device and precision, ready for inference."""
+    target = resolve_device(device)
+    resolved = precision.resolve(dtype, target.type)
+    folder, model_sha = locate(model_id, revision)
+    before = signature(folder)
+    model, weights, digest = _read_model(folder)
+    tokenizer = _read_tokenizer(folder)
+    config = model.config
+    labels = [config.id2label[i] for i in range(config.num_labels)]
+    max_length = min(tokenizer.model_max_length, getattr(config, "max_position_embeddings", 512))
+    # reduced precision: cast the weights once (autocast would re-cast them on every call)
+    model = model.eval().to(device=target, dtype=precision.torch_dtype(resolved))
+    return LoadedModel(model=model, tokenizer=tokenizer, labels=labels, max_length=max_length, device=target,
+                       precision=resolved, model_id=model_id, folder=folder, weights_file=str(weights),
+                       sha256=digest, model_sha=model_sha, metrics=_read_metrics(folder), signature=before)
+
+
+def locate(model_id: str, revision: Optional[str] = None) -> tuple[Path, Optional[str]]:
+    """(local folder, Hub commit or None): a local path as it is, an org/name id through the Hugging Face cache."""
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        return path, None
+    if path.exists():
+        raise CheckpointError(f"{model_id}: not a folder")
+    if not HUB_ID.match(model_id):
+        raise CheckpointError(f"{model_id}: checkpoint folder not found (train one with `python training/train.py "
+                              "--preset smoke`, or give a save_pretrained folder or a Hub id such as org/name)")
+    return _download(model_id, revision)
+
+
+def _download(model_id: str, revision: Optional[str]) -> tuple[Path, str]:
+    offline = is_offline() or not hub_reachable()
     try:
-        if path.suffix == ".safetensors":
-            state_dict = load_safetensors(data)
-        else:
-            state_dict = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, SafetensorError, OSError) as exc:
-        reason = " ".join(str(exc).split())[:160]
-        raise CheckpointError(f"{path}: not a loadable tensor state_dict (truncated, or holds pickled objects): {reason}") from None
+        folder = Path(snapshot_download(model_id, revision=revision, allow_patterns=HUB_FILES,
+                                        local_files_only=offline))
+    except LocalEntryNotFoundError:
+        raise CheckpointError(f"{model_id}: not in the local Hugging Face cache and the Hub ({hub_url()}) is out of "
+                              "reach; download it where there is internet, or serve a local folder") from None
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{model_id}: cannot download from the Hub ({_short(exc)})") from None
+    return folder, folder.name
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
+    """(model with weights, weights file, its SHA-256): our state_dict first, else the Hugging Face export."""
+    if not (folder / files.CONFIG).is_file():
+        raise CheckpointError(f"{folder / files.CONFIG}: missing")
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{folder / files.CONFIG}: {_short(exc)}") from None
+    if (folder / files.WEIGHTS).is_file():
+        return _from_state_dict(folder / files.WEIGHTS, config)
+    shards = folder / files.HF_WEIGHTS_INDEX
+    weights = folder / files.HF_WEIGHTS if (folder / files.HF_WEIGHTS).is_file() else shards
+    if weights.is_file():
+        return _from_pretrained(folder, config), weights, _sha256(weights)
+    pickled = [name for name in files.PICKLED_HF_WEIGHTS if (folder / name).is_file()]
+    if pickled:
+        raise CheckpointError(f"{folder / pickled[0]}: pickled weights are refused (unpickling can run code); "
+                              "save the model again with save_pretrained, which writes model.safetensors")
+    raise CheckpointError(f"{folder / files.WEIGHTS}: missing (nor {files.HF_WEIGHTS})")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str]:
+    data = path.read_bytes()
+    try:
+        state_dict = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as exc:
+        raise CheckpointError(f"{path}: not a loadable tensor state_dict (truncated, or holds pickled objects): "
+                              f"{_short(exc)}") from None
     if not isinstance(state_dict, dict) or not state_dict or \
             not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state_dict.items()):
         raise CheckpointError(f"{path}: expected a dict of parameter name -> tensor")
-    return state_dict, digest
-
-
-def load_configured(checkpoint_dir: str | Path, device: str, precision: str) -> LoadedModel:
-    """load_checkpoint with the device and precision settings (auto/cpu/cuda, auto/fp32/bf16) resolved."""
-    resolved = resolve_device(device)
-    return load_checkpoint(checkpoint_dir, resolved, resolve_precision(precision, resolved))
-
-
-def load_checkpoint(checkpoint_dir: str | Path, device: torch.device, dtype: Optional[torch.dtype]) -> LoadedModel:
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        raise CheckpointError(f"{root}: checkpoint folder not found")
-    before = signature(root)
-    weights = next((root / n for n in WEIGHT_FILES if (root / n).is_file()), None)
-    if weights is None:
-        raise CheckpointError(f"{root / WEIGHT_FILES[0]}: missing (nor {WEIGHT_FILES[1]})")
-    if not (root / "config.json").is_file():
-        raise CheckpointError(f"{root / 'config.json'}: missing")
-    if not (root / "tokenizer").is_dir():
-        raise CheckpointError(f"{root / 'tokenizer'}: missing tokenizer folder")
-    state_dict, digest = _read_state_dict(weights)
-    try:
-        config = AutoConfig.from_pretrained(root)
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{root / 'config.json'}: {' '.join(str(exc).split())[:160]}") from None
-    model = AutoModelForSequenceClassification.from_config(config)
+    model = _classifier_from_config(config, path)
     result = model.load_state_dict(state_dict, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise CheckpointError(f"{weights}: does not match config.json (missing {result.missing_keys[:3]}, "
+        raise CheckpointError(f"{path}: does not match {files.CONFIG} (missing {result.missing_keys[:3]}, "
                               f"unexpected {result.unexpected_keys[:3]})")
+    return model, path, hashlib.sha256(data).hexdigest()
+
+
+def _classifier_from_config(config, path: Path) -> torch.nn.Module:
     try:
-        tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{root / 'tokenizer'}: {' '.join(str(exc).split())[:160]}") from None
-    metrics = None
-    if (root / "metrics.json").is_file():
+        return AutoModelForSequenceClassification.from_config(config)
+    except ValueError as exc:
+        raise CheckpointError(f"{path.parent / files.CONFIG}: not a sequence-classification model ({_short(exc)})") from None
+
+
+def _from_pretrained(folder: Path, config) -> torch.nn.Module:
+    with _quiet_transformers():
         try:
-            metrics = json.loads((root / "metrics.json").read_text())
-        except (OSError, ValueError):
-            logger.warning("%s is unreadable; /info will show no metrics", root / "metrics.json")
-    labels = [config.id2label[i] for i in range(config.num_labels)]
-    max_length = min(tokenizer.model_max_length, getattr(config, "max_position_embeddings", 512))
-    # bf16: cast the weights (not autocast, which re-casts them on every call): 1.4x faster here at equal argmax
-    model = model.eval().to(device=device, dtype=dtype or torch.float32)
-    return LoadedModel(model=model, tokenizer=tokenizer, labels=labels, max_length=max_length,
-                       device=device, dtype=dtype, weights_file=str(weights), sha256=digest, metrics=metrics,
-                       signature=before)
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                folder, config=config, use_safetensors=True, output_loading_info=True)
+        except (OSError, ValueError, SafetensorError, RuntimeError) as exc:
+            raise CheckpointError(f"{folder}: cannot load the weights ({_short(exc)})") from None
+    missing = sorted(info["missing_keys"])
+    if missing:
+        raise CheckpointError(f"{folder}: the weights lack {', '.join(missing[:3])}: not a fine-tuned sequence "
+                              f"classifier (architectures {config.architectures}); fine-tune it first")
+    return model
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """No per-load progress bar and load report in the service's log."""
+    logging_ = transformers.utils.logging
+    level, bars = logging_.get_verbosity(), logging_.is_progress_bar_enabled()
+    logging_.set_verbosity_error()
+    logging_.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging_.set_verbosity(level)
+        if bars:
+            logging_.enable_progress_bar()
+
+
+def _read_tokenizer(folder: Path):
+    where = folder / files.TOKENIZER_DIR if (folder / files.TOKENIZER_DIR).is_dir() else folder
+    try:
+        return AutoTokenizer.from_pretrained(where)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{where}: no usable tokenizer ({_short(exc)})") from None
+
+
+def _read_metrics(folder: Path) -> Optional[dict]:
+    path = folder / files.METRICS
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        logger.warning("%s is unreadable; /info will show no metrics", path)
+        return None
+

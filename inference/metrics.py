@@ -1,73 +1,113 @@
-"""A few Prometheus metrics in the text exposition format (no extra dependency for four series)."""
+"""Prometheus metrics under text-embeddings-inference's names, counted by prometheus-client.
+
+TEI's series (router/src/http/server.rs, core/src/infer.rs, router/src/prometheus.rs of
+huggingface/text-embeddings-inference) keep their names, labels and buckets, so dashboards built for TEI read
+this service: te_request_count{method}, te_request_success{method}, te_request_failure{err},
+te_request_duration and its tokenization/queue/inference parts, te_request_input_length, te_queue_size,
+te_batch_next_size, te_batch_next_tokens. Ours beside them: te_model_reloads{result}, and the process's
+memory and CPU.
+
+With several worker processes, prometheus-client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set by
+`python -m inference --workers N` before the workers start) sums every worker's files at each scrape, so
+whichever worker answers /metrics counts all of them. Counters are written as TEI's exporter writes them,
+without the `_total` suffix prometheus-client adds, so TEI's queries match.
+"""
 
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
+import os
+import time
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.utils import floatToGoString
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+DURATION_BUCKETS = tuple(0.00001 * 1.5 ** i for i in range(1, 36))  # TEI: 35 geometric buckets from 15 µs
+BATCH_SIZE_BUCKETS = tuple(float(2 ** i) for i in range(13))
+BATCH_TOKENS_BUCKETS = tuple(float(2 ** i) for i in range(21))
 
 
-class Counter:
-    def __init__(self, name: str, help_text: str, label: str):
-        self.name, self.help, self.label = name, help_text, label
-        self.values: dict[str, float] = defaultdict(float)
-        self._lock = threading.Lock()
-
-    def inc(self, label_value: str, amount: float = 1.0) -> None:
-        with self._lock:
-            self.values[label_value] += amount
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
-        with self._lock:
-            lines += [f'{self.name}{{{self.label}="{k}"}} {v:g}' for k, v in sorted(self.values.items())]
-        return lines
-
-
-class Gauge:
-    def __init__(self, name: str, help_text: str):
-        self.name, self.help, self.value = name, help_text, 0.0
-
-    def set(self, value: float) -> None:
-        self.value = value
-
-    def render(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge", f"{self.name} {self.value:g}"]
-
-
-class Histogram:
-    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]):
-        self.name, self.help, self.buckets = name, help_text, buckets
-        self.counts = [0] * len(buckets)
-        self.total, self.count = 0.0, 0
-        self._lock = threading.Lock()
-
-    def observe(self, value: float) -> None:
-        with self._lock:
-            for i, bound in enumerate(self.buckets):
-                if value <= bound:
-                    self.counts[i] += 1
-            self.total += value
-            self.count += 1
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        with self._lock:
-            lines += [f'{self.name}_bucket{{le="{b:g}"}} {c}' for b, c in zip(self.buckets, self.counts)]
-            lines += [f'{self.name}_bucket{{le="+Inf"}} {self.count}', f"{self.name}_sum {self.total:g}",
-                      f"{self.name}_count {self.count}"]
-        return lines
+def multiprocess_dir() -> Optional[str]:
+    return os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower())
 
 
 class Metrics:
-    def __init__(self) -> None:
-        self.requests = Counter("predict_requests_total", "Requests to /predict by HTTP status.", "status")
-        self.latency = Histogram("predict_request_duration_seconds", "Time to answer /predict.",
-                                 (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        self.batch_size = Histogram("inference_batch_size", "Texts per micro-batch (one or more forward passes).",
-                                    (1, 2, 4, 8, 16, 32, 64, 128))
-        self.queue_depth = Gauge("inference_queue_depth", "Texts waiting for the model.")
-        self.reloads = Counter("model_reloads_total", "Checkpoint reloads by result.", "result")
+    """One service's metrics; a registry of its own, so several apps in one process do not share counts."""
 
-    def render(self) -> str:
-        series = (self.requests, self.latency, self.batch_size, self.queue_depth, self.reloads)
-        return "\n".join(line for s in series for line in s.render()) + "\n"
+    def __init__(self, max_input_length: int = 512):
+        self.registry = CollectorRegistry()
+        reg = {"registry": self.registry}
+        self.request_count = Counter("te_request_count", "Requests received, by method (single or batch).",
+                                     ["method"], **reg)
+        self.request_success = Counter("te_request_success", "Requests answered, by method.", ["method"], **reg)
+        self.request_failure = Counter("te_request_failure", "Requests failed, by reason.", ["err"], **reg)
+        self.request_duration = self._duration("te_request_duration", "Time to answer a request (s).")
+        self.tokenization_duration = self._duration("te_request_tokenization_duration", "Tokenization time (s).")
+        self.queue_duration = self._duration("te_request_queue_duration", "Time waiting for the model (s).")
+        self.inference_duration = self._duration("te_request_inference_duration", "Forward-pass time (s).")
+        self.input_length = Histogram("te_request_input_length", "Tokens per input.", buckets=tuple(
+            float(2 ** i) for i in range(20) if 2 ** i <= max_input_length), **reg)
+        self.queue_size = Gauge("te_queue_size", "Inputs waiting for the model.", multiprocess_mode="livesum", **reg)
+        self.batch_size = Histogram("te_batch_next_size", "Inputs per micro-batch.", buckets=BATCH_SIZE_BUCKETS, **reg)
+        self.batch_tokens = Histogram("te_batch_next_tokens", "Tokens per micro-batch.", buckets=BATCH_TOKENS_BUCKETS,
+                                      **reg)
+        self.reloads = Counter("te_model_reloads", "Checkpoint reloads, by result (ok or failed).", ["result"], **reg)
+        self._process = ProcessCollector(registry=None)
+        self._memory = Gauge("te_process_resident_memory_bytes", "Resident memory of each worker process.",
+                             multiprocess_mode="liveall", **reg)
+        self._cpu = Gauge("te_process_cpu_seconds", "CPU time of each worker process.", multiprocess_mode="liveall",
+                          **reg)
+        self._process_read_at = 0.0
+
+    def _duration(self, name: str, text: str) -> Histogram:
+        return Histogram(name, text, buckets=DURATION_BUCKETS, registry=self.registry)
+
+    def record_process(self, min_interval_s: float = 1.0) -> None:
+        """This process's memory and CPU, read through prometheus-client (Linux /proc; nothing elsewhere)."""
+        now = time.monotonic()
+        if now - self._process_read_at < min_interval_s:
+            return
+        self._process_read_at = now
+        for family in self._process.collect():
+            for sample in family.samples:
+                if sample.name == "process_resident_memory_bytes":
+                    self._memory.set(sample.value)
+                elif sample.name == "process_cpu_seconds_total":
+                    self._cpu.set(sample.value)
+
+    def exposition(self) -> str:
+        """The text format of every worker's metrics (multiprocess) or this process's."""
+        self.record_process(min_interval_s=0)
+        if multiprocess_dir():
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            return render(registry)
+        return render(self.registry)
+
+
+def worker_exited() -> None:
+    """Drop this worker's live gauges from the multiprocess files (its counters stay counted)."""
+    if multiprocess_dir():
+        mark_process_dead(os.getpid())
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def render(registry: CollectorRegistry) -> str:
+    """Prometheus text format as TEI writes it: counters under their own name (no `_total`), no `_created`."""
+    lines = []
+    for family in registry.collect():
+        lines.append(f"# HELP {family.name} {_escape(family.documentation)}")
+        lines.append(f"# TYPE {family.name} {family.type}")
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            name = family.name if family.type == "counter" else sample.name
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(sample.labels.items()))
+            value = floatToGoString(sample.value)
+            lines.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
+    return "\n".join(lines) + "\n"

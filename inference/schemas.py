@@ -1,33 +1,132 @@
-"""Request and response bodies of /predict (compatible with text-embeddings-inference's /predict)."""
+"""Request and response bodies, as text-embeddings-inference defines them (router/src/http/types.rs and
+router/src/lib.rs of huggingface/text-embeddings-inference: `PredictRequest`, `PredictInput`, `Prediction`,
+`Info`, `ErrorResponse`).
+
+`inputs` follows TEI's deserializer (`PredictInput`), which differs from its OpenAPI examples:
+    "a"                    one text                        -> [{label, score}, ...]
+    ["a"]                  one text                        -> [{label, score}, ...]
+    ["a", "b"]             ONE (text, text_pair) input     -> [{label, score}, ...]
+    [["a"], ["b", "c"]]    a batch of singles and pairs    -> [[...], [...]], in input order
+    ["a", "b", "c"]        invalid (422)
+"""
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+
+Sequence = tuple[str, Optional[str]]  # (text, text_pair or None)
+
+INPUTS_HELP = ('a string, a pair of strings ["text", "text_pair"], or a batch of single strings and pairs '
+               '[["text 1"], ["text 2", "text_pair 2"], ...]')
+
+
+class PredictParameters(BaseModel):
+    """The Hugging Face Inference API's `parameters` (what `InferenceClient.text_classification` sends)."""
+
+    model_config = ConfigDict(extra="ignore")
+    top_k: Optional[StrictInt] = Field(None, ge=1, description="Return only the k best labels.")
+    function_to_apply: Optional[Literal["softmax", "sigmoid", "none"]] = Field(
+        None, description="Scores from logits: softmax (default), sigmoid, or none (the logits).")
 
 
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
         {"inputs": "Stocks rallied as oil prices fell"},
-        {"inputs": ["Stocks rallied", "The Yankees won the pennant"], "top_k": 1},
+        {"inputs": [["Stocks rallied"], ["The Yankees won the pennant"]], "top_k": 1},
     ]})
 
-    inputs: Union[StrictStr, list[StrictStr], list[list[StrictStr]]] = Field(
-        description="One text, a list of texts (a batch), or TEI's batch form [[text], [text], ...].")
-    top_k: Optional[StrictInt] = Field(None, ge=1, description="Return only the k best labels (default: all).")
-    truncate: StrictBool = Field(True, description="Cut texts longer than the model's maximum; false -> 422.")
+    inputs: Union[StrictStr, list[StrictStr], list[list[StrictStr]]] = Field(description=(
+        'One text ("a" or ["a"]), one text pair (["a", "b"]), or a batch of texts and pairs ([["a"], ["b", "c"]]).'))
+    truncate: Optional[StrictBool] = Field(None, description=(
+        "Cut inputs longer than the model's maximum; false: such inputs get 422; null or absent: the server's "
+        "AUTO_TRUNCATE."))
+    truncation_direction: Literal["Right", "Left", "right", "left"] = Field(
+        "Right", description="Right keeps the start of a long input, Left keeps its end.")
     raw_scores: StrictBool = Field(False, description="Return logits instead of softmax probabilities.")
+    top_k: Optional[StrictInt] = Field(None, ge=1, description="Return only the k best labels (an extension of TEI).")
+    parameters: Optional[PredictParameters] = Field(None, description="Inference API parameters: top_k, function_to_apply.")
+
+    @field_validator("inputs")
+    @classmethod
+    def _tei_shapes(cls, value):
+        if isinstance(value, str):
+            return value
+        if not value:
+            raise ValueError(f"an empty list; send {INPUTS_HELP}")
+        if isinstance(value[0], str):
+            if len(value) > 2:
+                raise ValueError(f"a list of {len(value)} strings is neither one text nor a pair; send a batch as "
+                                 '[["text 1"], ["text 2"], ...]')
+            return value
+        for i, item in enumerate(value):
+            if len(item) not in (1, 2):
+                raise ValueError(f"item {i} holds {len(item)} strings; each batch item is [text] or [text, text_pair]")
+        return value
+
+    @property
+    def is_batch(self) -> bool:
+        return isinstance(self.inputs, list) and bool(self.inputs) and isinstance(self.inputs[0], list)
+
+    def sequences(self) -> list[Sequence]:
+        """Every input as (text, text_pair or None), in order."""
+        items = self.inputs if self.is_batch else [[self.inputs] if isinstance(self.inputs, str) else self.inputs]
+        return [(item[0], item[1] if len(item) == 2 else None) for item in items]
+
+    @property
+    def left(self) -> bool:
+        return self.truncation_direction.lower() == "left"
+
+    def k(self) -> Optional[int]:
+        return self.top_k or (self.parameters.top_k if self.parameters else None)
+
+    def scoring(self) -> str:
+        """softmax, sigmoid or none: raw_scores means none; parameters.function_to_apply when given."""
+        if self.raw_scores:
+            return "none"
+        return (self.parameters.function_to_apply if self.parameters else None) or "softmax"
 
 
 class Prediction(BaseModel):
-    label: str
     score: float
+    label: str
+
+
+PredictResponse = Union[list[Prediction], list[list[Prediction]]]
 
 
 class ErrorBody(BaseModel):
     error: str
-    error_type: str
+    error_type: str = Field(description="TEI's ErrorType: Empty, Validation, Tokenizer, Overloaded, Unhealthy, "
+                                        "Backend; ours: Unauthorized, NotFound, MethodNotAllowed.")
 
 
-PredictResponse = Union[list[Prediction], list[list[Prediction]]]
+class ClassifierModel(BaseModel):
+    id2label: dict[str, str]
+    label2id: dict[str, int]
+
+
+class ModelType(BaseModel):
+    classifier: ClassifierModel
+
+
+class Info(BaseModel):
+    """TEI's Info, field for field, then this service's own details under `distilbert_agnews`."""
+
+    model_id: str
+    model_sha: Optional[str]
+    model_dtype: str
+    served_model_name: str
+    model_type: ModelType
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: Optional[int]
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int
+    version: str
+    sha: Optional[str] = None
+    docker_label: Optional[str] = None
+    distilbert_agnews: dict = Field(description="Checkpoint file and SHA-256, training metrics, reloads, device.")

@@ -1,65 +1,122 @@
-"""Service settings, read from environment variables (and overridden by `python -m inference` flags)."""
+"""Service settings: one pydantic-settings model read from environment variables and, for `python -m inference`,
+from command-line flags of the same names (flags win). text-embeddings-inference's names are accepted as they
+are (MODEL_ID, PORT, HOSTNAME, API_KEY, PAYLOAD_LIMIT, MAX_CONCURRENT_REQUESTS, MAX_BATCH_TOKENS,
+MAX_BATCH_REQUESTS, MAX_CLIENT_BATCH_SIZE, AUTO_TRUNCATE, DTYPE, JSON_OUTPUT, CORS_ALLOW_ORIGIN).
+
+A bad value stops start-up with one line naming the setting (`SettingsError`, exit code 2 in the CLI).
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from typing import Optional
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from inference import precision
 
 
-def _env(name: str, default, cast):
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return cast(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a valid {cast.__name__}") from None
+def available_cores() -> int:
+    """Cores this process may run on (affinity-aware where the OS tells; portable to macOS and Windows)."""
+    if hasattr(os, "process_cpu_count"):  # Python 3.13+
+        return os.process_cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):  # Linux
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
-@dataclass
-class Settings:
-    checkpoint_dir: str = "checkpoints"
-    """Folder written by training: distilbert_agnews.pt (or .safetensors), config.json, tokenizer/ (CHECKPOINT_DIR)."""
-    api_key: str = ""
-    """When set, /predict and /info need `Authorization: Bearer <key>` (API_KEY)."""
-    max_client_batch_size: int = 32
-    """Most texts one request may send (MAX_CLIENT_BATCH_SIZE)."""
-    max_batch_size: int = 32
-    """Most texts merged into one forward pass (MAX_BATCH_SIZE)."""
-    max_wait_ms: float = 5.0
-    """How long the first request of a micro-batch waits for company (MAX_WAIT_MS)."""
-    max_queue_size: int = 512
-    """Texts waiting for the model before new requests get 429 (MAX_QUEUE_SIZE)."""
-    max_body_bytes: int = 2 * 1024 * 1024
-    """Largest request body accepted; larger ones get 413 (MAX_BODY_BYTES)."""
-    torch_threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
-    """Torch intra-op threads for the model (TORCH_THREADS; default: the cores available)."""
-    precision: str = "auto"
-    """fp32, bf16, or auto = bf16 where it is native (CPU AMX / AVX512-BF16, or a bf16 GPU), else fp32 (PRECISION)."""
-    device: str = "auto"
-    """cpu, cuda, or auto (DEVICE)."""
-    reload_interval_s: float = 2.0
-    """How often to look for a new checkpoint on disk; 0 disables reloading (RELOAD_INTERVAL_S)."""
+def _names(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
 
+
+class SettingsError(ValueError):
+    """A setting has a bad value; the message names the setting (its environment variable)."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        case_sensitive=False, extra="ignore", env_ignore_empty=True, populate_by_name=True,
+        cli_prog_name="python -m inference", cli_implicit_flags=True, cli_avoid_json=True, cli_hide_none_type=True,
+    )
+
+    model_id: str = Field("checkpoints", validation_alias=_names("model_id", "checkpoint_dir"), description=(
+        "What to serve: this project's checkpoint folder (distilbert_agnews.pt + config.json + tokenizer/), any "
+        "save_pretrained folder (model.safetensors + config.json + tokenizer files), or a Hub model id [MODEL_ID, "
+        "CHECKPOINT_DIR]"))
+    revision: Optional[str] = Field(None, description="Hub revision (branch, tag or commit) of a Hub model id [REVISION]")
+    hostname: str = Field("127.0.0.1", validation_alias=_names("hostname", "host"),
+                          description="Address to listen on; 0.0.0.0 for every interface [HOSTNAME]")
+    port: int = Field(8000, ge=0, le=65535, description="Port to listen on [PORT]")
+    workers: int = Field(1, ge=1, description=(
+        "uvicorn worker processes, each with its own copy of the model; /metrics counts all of them [WORKERS]"))
+    api_key: Optional[str] = Field(None, description=(
+        "When set, every route but /health, /ping, GET /, /ready and /metrics needs `Authorization: Bearer <key>` "
+        "[API_KEY]"))
+    payload_limit: int = Field(2_000_000, ge=1, description="Largest request body in bytes; larger ones get 413 [PAYLOAD_LIMIT]")
+    max_concurrent_requests: int = Field(512, ge=1, description=(
+        "Inputs (texts or pairs) in flight at once; beyond it requests get 429 [MAX_CONCURRENT_REQUESTS]"))
+    max_batch_tokens: int = Field(16384, ge=1, description=(
+        "Most tokens in one micro-batch and in one forward pass (padding included); at least the model's maximum "
+        "input length [MAX_BATCH_TOKENS]"))
+    max_batch_requests: int = Field(32, ge=1, description="Most inputs in one micro-batch [MAX_BATCH_REQUESTS]")
+    max_client_batch_size: int = Field(32, ge=1, description="Most inputs in one request [MAX_CLIENT_BATCH_SIZE]")
+    auto_truncate: bool = Field(True, description=(
+        "Truncate inputs longer than the model's maximum when a request does not say (`truncate` absent or "
+        "null) [AUTO_TRUNCATE]"))
+    dtype: str = Field("auto", validation_alias=_names("dtype", "precision"), description=(
+        "float32, float16, bfloat16 (or fp32, fp16, bf16), or auto: bfloat16 where native (bf16 GPUs, CPUs with "
+        "AMX or AVX512-BF16), float16 on GPUs without bf16 (T4), else float32 [DTYPE]"))
+    device: str = Field("auto", description="cpu, cuda, or auto: cuda when available [DEVICE]")
+    json_output: bool = Field(False, description="Log one JSON object per line instead of text [JSON_OUTPUT]")
+    cors_allow_origin: Optional[str] = Field(None, description=(
+        "Comma-separated origins allowed by CORS (browser clients), or * for any; unset: no CORS headers "
+        "[CORS_ALLOW_ORIGIN]"))
+    max_wait_ms: float = Field(5.0, ge=0, description=(
+        "How long a micro-batch waits for company, only while requests arrive together [MAX_WAIT_MS]"))
+    torch_threads: Optional[int] = Field(None, ge=1, description="Torch intra-op threads (default: the cores available) [TORCH_THREADS]")
+    reload_interval_s: float = Field(2.0, ge=0, description=(
+        "How often to look for a new checkpoint in a local MODEL_ID folder; 0 never [RELOAD_INTERVAL_S]"))
+
+    @field_validator("dtype")
     @classmethod
-    def from_env(cls, **overrides) -> "Settings":
-        defaults = cls()
-        values = {}
-        for f in fields(cls):
-            default = getattr(defaults, f.name)
-            values[f.name] = _env(f.name.upper(), default, type(default))
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        settings = cls(**values)
-        settings.validate()
-        return settings
+    def _known_dtype(cls, value: str) -> str:
+        return precision.canonical(value)
 
-    def validate(self) -> None:
-        for name in ("max_client_batch_size", "max_batch_size", "max_queue_size", "max_body_bytes", "torch_threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
-        if self.max_wait_ms < 0 or self.reload_interval_s < 0:
-            raise ValueError("max_wait_ms and reload_interval_s must be >= 0")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"precision must be auto, fp32 or bf16 (got {self.precision!r})")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be auto, cpu or cuda (got {self.device!r})")
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if value not in ("auto", "cpu", "cuda"):
+            raise ValueError("must be auto, cpu or cuda")
+        return value
+
+    @model_validator(mode="after")
+    def _defaults(self) -> "Settings":
+        if self.torch_threads is None:
+            self.torch_threads = available_cores()
+        return self
+
+    @property
+    def cors_origins(self) -> list[str]:
+        return [o.strip() for o in (self.cors_allow_origin or "").split(",") if o.strip()]
+
+    def environment(self) -> dict[str, str]:
+        """These settings as environment variables, for worker processes that read them again."""
+        return {name.upper(): str(value) for name, value in self.model_dump().items() if value is not None}
+
+
+def describe_error(exc: ValidationError) -> str:
+    """One line naming the setting: `PORT: Input should be a valid integer (got 'nine')`."""
+    first = exc.errors()[0]
+    name = ".".join(str(p) for p in first.get("loc", ())).upper() or "settings"
+    got = f" (got {first['input']!r})" if "input" in first and not isinstance(first["input"], dict) else ""
+    message = first.get("msg", "invalid value").removeprefix("Value error, ")
+    return f"{name}: {message}{got}"
+
+
+def from_env(**overrides) -> Settings:
+    """Settings from the environment (what `uvicorn inference.app:app` and worker processes use)."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(describe_error(exc)) from None

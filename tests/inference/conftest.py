@@ -8,12 +8,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import httpx
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from inference import files
 from tests.conftest import ROOT, cli_env, describe, free_port, run_train
 
 
@@ -37,17 +39,22 @@ class Reference:
 
     def __init__(self, checkpoint: Path):
         self.model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(checkpoint)).eval()
-        self.model.load_state_dict(torch.load(checkpoint / "distilbert_agnews.pt", weights_only=True))
-        self.tokenizer = AutoTokenizer.from_pretrained(checkpoint / "tokenizer")
+        self.model.load_state_dict(torch.load(checkpoint / files.WEIGHTS, weights_only=True))
+        self.tokenizer = AutoTokenizer.from_pretrained(checkpoint / files.TOKENIZER_DIR)
         self.labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
 
     @torch.no_grad()
+    def logits(self, text: str, pair: Optional[str] = None, side: str = "right") -> list[float]:
+        """One input at a time: no padding at all."""
+        self.tokenizer.truncation_side = side
+        encoded = self.tokenizer(text, pair, truncation=True, max_length=512, return_tensors="pt")
+        return self.model(**encoded).logits[0].tolist()
+
     def scores(self, texts: list[str]) -> list[dict[str, float]]:
-        out = []
-        for text in texts:  # one at a time: no padding at all
-            logits = self.model(**self.tokenizer(text, truncation=True, return_tensors="pt")).logits[0]
-            out.append(dict(zip(self.labels, torch.softmax(logits, -1).tolist())))
-        return out
+        return [self.probabilities(text) for text in texts]
+
+    def probabilities(self, text: str, pair: Optional[str] = None, side: str = "right") -> dict[str, float]:
+        return dict(zip(self.labels, torch.softmax(torch.tensor(self.logits(text, pair, side)), -1).tolist()))
 
 
 @pytest.fixture(scope="session")
@@ -55,23 +62,32 @@ def reference(smoke_checkpoint) -> Reference:
     return Reference(smoke_checkpoint)
 
 
-class Server:
-    """`python -m inference` as a real process on 127.0.0.1."""
+def assert_matches(answer: list[dict], expected: dict[str, float], tolerance: float = 1e-5) -> None:
+    """A TEI answer: every label once, best first, scores equal to the expected ones."""
+    assert sorted(p["label"] for p in answer) == sorted(expected)
+    assert [p["score"] for p in answer] == sorted((p["score"] for p in answer), reverse=True)
+    assert all(abs(p["score"] - expected[p["label"]]) < tolerance for p in answer), (answer, expected)
 
-    def __init__(self, checkpoint: Path, *args: str, env: dict | None = None, port: int | None = None):
+
+class Server:
+    """`python -m inference` as a real process on 127.0.0.1. With `model=None` no flag is added: the model and
+    the port come from the environment (MODEL_ID, PORT)."""
+
+    def __init__(self, model: Optional[Path | str], *args: str, env: dict | None = None, port: int | None = None,
+                 python: str = sys.executable):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        flags = ["--model_id", str(model), "--port", str(self.port)] if model is not None else []
         # Output goes to a file: a pipe nobody reads fills up with access-log lines and blocks the server.
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "inference", "--checkpoint_dir", str(checkpoint), "--port", str(self.port), *args],
-            cwd=ROOT, env=env or cli_env(), stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        self.process = subprocess.Popen([python, "-m", "inference", *flags, *args], cwd=ROOT, env=env or cli_env(),
+                                        stdout=self.log, stderr=subprocess.STDOUT, text=True)
 
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read()
 
-    def wait_ready(self, timeout: float = 60) -> "Server":
+    def wait_ready(self, timeout: float = 90) -> "Server":
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.process.poll() is not None:
@@ -82,10 +98,18 @@ class Server:
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        raise AssertionError("server not ready in time")
+        raise AssertionError(f"server not ready in time: {self.output()}")
 
     def stop(self) -> str:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(30)
         return self.output()
+
+
+@pytest.fixture(scope="module")
+def server(smoke_checkpoint):
+    """One real service on the smoke checkpoint for a whole test module (fp32: answers comparable to 1e-5)."""
+    running = Server(smoke_checkpoint, "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
+    yield running
+    running.stop()

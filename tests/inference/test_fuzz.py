@@ -14,7 +14,7 @@ from inference.settings import Settings  # noqa: E402
 
 @pytest.fixture(scope="module")
 def api_schema(smoke_checkpoint):
-    app = create_app(Settings(checkpoint_dir=str(smoke_checkpoint), precision="fp32", reload_interval_s=0))
+    app = create_app(Settings(model_id=str(smoke_checkpoint), dtype="fp32", reload_interval_s=0))
     with TestClient(app):  # runs the lifespan: the model is loaded and the worker thread is up
         yield schemathesis.openapi.from_asgi("/openapi.json", app)
 

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from inference import files
 from tests.inference.conftest import Server
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,7 @@ def distinct_texts(client: int, count: int) -> list[str]:
 
 
 def test_64_concurrent_clients_each_get_their_own_answers(smoke_checkpoint, reference):
-    server = Server(smoke_checkpoint, "--precision", "fp32", "--max_wait_ms", "5").wait_ready()
+    server = Server(smoke_checkpoint, "--dtype", "float32", "--max_wait_ms", "5").wait_ready()
     try:
         clients, per_client = 64, 20
         texts = {c: distinct_texts(c, per_client) for c in range(clients)}
@@ -37,7 +38,7 @@ def test_64_concurrent_clients_each_get_their_own_answers(smoke_checkpoint, refe
         def run_client(c: int) -> None:
             with httpx.Client(base_url=server.url, timeout=60) as http:
                 for i, text in enumerate(texts[c]):
-                    body = {"inputs": text} if i % 2 else {"inputs": [text, text.upper()]}  # singles and batches
+                    body = {"inputs": text} if i % 2 else {"inputs": [[text], [text.upper()]]}  # singles and batches
                     response = http.post("/predict", json=body)
                     if response.status_code != 200:
                         failures.append(f"client {c} request {i}: {response.status_code} {response.text}")
@@ -52,9 +53,13 @@ def test_64_concurrent_clients_each_get_their_own_answers(smoke_checkpoint, refe
             list(pool.map(run_client, range(clients)))
         assert not failures, failures[:5]
         metrics = httpx.get(f"{server.url}/metrics").text
-        assert f'predict_requests_total{{status="200"}} {clients * per_client}' in metrics
-        batches = int(next(l for l in metrics.splitlines() if l.startswith("inference_batch_size_count")).split()[1])
-        texts_served = float(next(l for l in metrics.splitlines() if l.startswith("inference_batch_size_sum")).split()[1])
+
+        def value(name: str) -> float:
+            return float(next(l for l in metrics.splitlines() if l.startswith(name + " ")).split()[1])
+
+        assert value('te_request_success{method="single"}') + value('te_request_success{method="batch"}') == \
+            clients * per_client
+        batches, texts_served = value("te_batch_next_size_count"), value("te_batch_next_size_sum")
         assert texts_served == clients * per_client * 1.5
         assert texts_served / batches > 2, "concurrent requests were not merged into micro-batches"
     finally:
@@ -73,17 +78,17 @@ def slow_checkpoint(checkpoint_copy):
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_config(config)
     config.save_pretrained(checkpoint_copy)
-    torch.save(model.state_dict(), checkpoint_copy / "distilbert_agnews.pt")
+    torch.save(model.state_dict(), checkpoint_copy / files.WEIGHTS)
     return checkpoint_copy
 
 
 def test_sigterm_finishes_in_flight_requests_and_exits_0(slow_checkpoint):
-    server = Server(slow_checkpoint, "--precision", "fp32", "--reload_interval_s", "0").wait_ready()
+    server = Server(slow_checkpoint, "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
     results: list[int] = []
     long_text = " ".join(SUBJECTS * 60)  # truncated to 512 tokens
 
     def call(i: int) -> None:
-        response = httpx.post(f"{server.url}/predict", json={"inputs": [f"{i} {long_text}"] * 4}, timeout=120)
+        response = httpx.post(f"{server.url}/predict", json={"inputs": [[f"{i} {long_text}"]] * 4}, timeout=120)
         results.append(response.status_code)
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
@@ -109,7 +114,7 @@ def test_quickstart_demo_serves_one_prediction_and_stops(smoke_checkpoint):
 
     from tests.conftest import ROOT, cli_env
 
-    result = subprocess.run([sys.executable, "-m", "inference.demo", "--checkpoint_dir", str(smoke_checkpoint)],
+    result = subprocess.run([sys.executable, "-m", "inference.demo", "--model_id", str(smoke_checkpoint)],
                             cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "-> 200" in result.stderr and "Business" in result.stderr and "service stopped (exit code 0)" in result.stderr

@@ -1,0 +1,69 @@
+"""Errors answered as TEI answers them: `{"error": "...", "error_type": "..."}` with TEI's ErrorType names and
+statuses (router/src/lib.rs `ErrorType`, router/src/http/server.rs `From<&ErrorType> for StatusCode`):
+Empty 400, Validation 422, Tokenizer 422, Overloaded 429, Unhealthy 503, Backend 424. Ours beside them:
+Unauthorized 401, NotFound 404, MethodNotAllowed 405, Validation 413 (body over PAYLOAD_LIMIT).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from inference.schemas import INPUTS_HELP
+
+logger = logging.getLogger("inference")
+
+EMPTY, VALIDATION, OVERLOADED, UNHEALTHY, BACKEND = "Empty", "Validation", "Overloaded", "Unhealthy", "Backend"
+STATUS = {EMPTY: 400, VALIDATION: 422, OVERLOADED: 429, UNHEALTHY: 503, BACKEND: 424}
+_HTTP_TYPES = {401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 413: VALIDATION}
+
+
+class ServiceError(Exception):
+    """An error answered with its TEI error type and status."""
+
+    def __init__(self, error_type: str, message: str, status: int | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.error_type, self.message = error_type, message
+        self.status = status or STATUS[error_type]
+        self.reason = reason or error_type.lower()  # te_request_failure{err=...}
+
+
+def error_response(status: int, error_type: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": message, "error_type": error_type}, status_code=status)
+
+
+def describe_validation(errors: list[dict]) -> str:
+    """`inputs: <why>` for the first problem pydantic found; one line, the field named first."""
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body",))
+    field = where.split(".")[0] if where else "body"
+    if field == "inputs" and first.get("type") != "value_error":
+        return f"inputs: expected {INPUTS_HELP}"
+    return f"{where or 'body'}: {first.get('msg', 'invalid').removeprefix('Value error, ')}"
+
+
+def install(app: FastAPI) -> None:
+    """Every error, ours or the framework's, in the same body."""
+
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, exc: ServiceError):
+        return error_response(exc.status, exc.error_type, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError):
+        return error_response(422, VALIDATION, describe_validation(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, _HTTP_TYPES.get(exc.status_code, "Http"), str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception):
+        logger.error("unexpected error: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        return error_response(500, BACKEND, f"internal error ({type(exc).__name__})")

@@ -1,0 +1,182 @@
+"""The routes, thin: parse, ask the engine, answer. TEI's paths (router/src/http/server.rs of
+huggingface/text-embeddings-inference): POST /predict, / and /invocations; GET /health, / and /ping; GET /info;
+GET /metrics. Ours beside them: GET /ready."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Optional
+
+import torch
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
+
+from inference import errors, precision
+from inference.engine import Answer, InputTooLong, Overloaded
+from inference.errors import ServiceError
+from inference.schemas import ErrorBody, Info, PredictRequest, PredictResponse
+from inference.service import Service
+
+VERSION = "0.1.0"
+CHARS_PER_TOKEN_LIMIT = 250  # TEI's MAX_CHAR_MULTIPLIER: longer inputs are cut (truncate) or refused, untokenized
+_bearer = HTTPBearer(auto_error=False, description="The API_KEY setting, when the service has one.")
+
+
+def service(request: Request) -> Service:
+    return request.app.state.service
+
+
+def require_api_key(request: Request, credentials: Optional[HTTPAuthorizationCredentials] = Depends(_bearer)) -> None:
+    key = service(request).settings.api_key
+    if not key:
+        return
+    if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), key.encode()):
+        raise ServiceError("Unauthorized", "missing or wrong API key (Authorization: Bearer <key>)", status=401)
+
+
+router = APIRouter(dependencies=[Depends(require_api_key)])  # TEI: the API key guards these
+public = APIRouter()  # ... and not these
+_ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 424, 429, 503)}
+
+
+@router.post("/predict", response_model=PredictResponse, responses=_ERRORS, summary="Classify texts and text pairs",
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": PredictRequest.model_json_schema()}}}})
+@router.post("/", include_in_schema=False)
+@router.post("/invocations", include_in_schema=False)
+async def predict(request: Request) -> Response:
+    state, started = service(request), time.perf_counter()
+    try:
+        body = parse(await request.body())
+        state.metrics.request_count.labels("batch" if body.is_batch else "single").inc()
+        answer, labels = await classify(state, body)
+    except ServiceError as exc:
+        state.metrics.request_failure.labels(exc.reason).inc()
+        raise
+    method = "batch" if body.is_batch else "single"
+    state.metrics.request_success.labels(method).inc()
+    observe(state, answer, time.perf_counter() - started)
+    ranked = [rank(row, labels, body.k(), body.scoring()) for row in answer.logits]
+    headers = tei_headers(answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started,
+                          state.engine.current.device.type)
+    return JSONResponse(ranked if body.is_batch else ranked[0], headers=headers)
+
+
+def parse(raw: bytes) -> PredictRequest:
+    """JSON whatever the Content-Type says (curl -d sends a form type), validated as TEI's PredictRequest."""
+    try:
+        return PredictRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise ServiceError(errors.VALIDATION, errors.describe_validation(exc.errors(include_url=False))) from None
+
+
+async def classify(state: Service, body: PredictRequest) -> tuple[Answer, list[str]]:
+    settings, sequences = state.settings, body.sequences()
+    if body.is_batch and len(sequences) > settings.max_client_batch_size:
+        raise ServiceError(errors.VALIDATION, f"batch size {len(sequences)} > maximum allowed batch size "
+                                              f"{settings.max_client_batch_size}", reason="batch_size")
+    for i, (text, pair) in enumerate(sequences):
+        if not text and not pair:  # TEI: only a zero-length input is empty; whitespace is classified
+            raise ServiceError(errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if body.is_batch else ""))
+    engine = state.live_engine()
+    truncate = settings.auto_truncate if body.truncate is None else body.truncate
+    sequences = limit_characters(sequences, engine.current.max_length * CHARS_PER_TOKEN_LIMIT, truncate, body.left)
+    try:
+        return await engine.predict(sequences, truncate, body.left), engine.current.labels
+    except Overloaded as exc:
+        raise ServiceError(errors.OVERLOADED, str(exc)) from None
+    except InputTooLong as exc:
+        raise ServiceError(errors.VALIDATION, str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - the forward pass failed: TEI answers 424 Backend
+        raise ServiceError(errors.BACKEND, f"inference failed ({type(exc).__name__}: {exc})") from None
+
+
+def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) -> list:
+    """TEI's character bound before tokenizing: cut each input to `limit` characters (pairs: half each),
+    keeping its start (right truncation) or its end (left); without truncation, refuse it."""
+    out = []
+    for text, pair in sequences:
+        chars = len(text) + len(pair or "")
+        if chars <= limit:
+            out.append((text, pair))
+        elif not truncate:
+            raise ServiceError(errors.VALIDATION, f"`inputs` must have less than {limit} characters. Given: {chars}")
+        else:
+            keep = limit // 2 if pair is not None else limit
+            cut = (lambda s: s[-keep:]) if left else (lambda s: s[:keep])
+            out.append((cut(text), cut(pair) if pair is not None else None))
+    return out
+
+
+def rank(logits: list[float], labels: list[str], top_k: Optional[int], scoring: str) -> list[dict]:
+    """Labels with scores, best first; softmax (sigmoid for a one-label model, as TEI), sigmoid, or the logits."""
+    values = torch.tensor(logits)
+    if scoring == "sigmoid" or (scoring == "softmax" and len(logits) == 1):
+        values = torch.sigmoid(values)
+    elif scoring == "softmax":
+        values = torch.softmax(values, dim=-1)
+    ranked = sorted(({"score": s, "label": label} for label, s in zip(labels, values.tolist())),
+                    key=lambda p: -p["score"])
+    return ranked[:top_k] if top_k else ranked
+
+
+def observe(state: Service, answer: Answer, total_s: float) -> None:
+    m = state.metrics
+    m.request_duration.observe(total_s)
+    m.tokenization_duration.observe(answer.tokenization_s)
+    m.queue_duration.observe(answer.queue_s)
+    m.inference_duration.observe(answer.inference_s)
+
+
+def tei_headers(answer: Answer, characters: int, started: float, device_type: str) -> dict[str, str]:
+    """TEI's response headers (router/src/lib.rs `From<ResponseMetadata> for HeaderMap`), times in ms."""
+    total_ms = str(int((time.perf_counter() - started) * 1000))
+    return {"x-compute-type": "gpu" if device_type == "cuda" else "cpu", "x-compute-time": total_ms,
+            "x-compute-characters": str(characters), "x-compute-tokens": str(answer.tokens),
+            "x-total-time": total_ms, "x-tokenization-time": str(int(answer.tokenization_s * 1000)),
+            "x-queue-time": str(int(answer.queue_s * 1000)), "x-inference-time": str(int(answer.inference_s * 1000))}
+
+
+@router.get("/info", response_model=Info, summary="The served model and limits (TEI's Info)")
+async def info(request: Request) -> Info:
+    state = service(request)
+    served, settings = state.live_engine().current, state.settings
+    summary = None
+    if served.metrics:
+        summary = {k: served.metrics.get(k) for k in ("validation", "test", "best_step", "world_size",
+                                                       "effective_batch_size", "label_names")}
+    return Info(
+        model_id=settings.model_id, model_sha=served.model_sha, model_dtype=precision.tei_name(served.precision),
+        served_model_name=settings.model_id,
+        model_type={"classifier": {"id2label": served.id2label, "label2id": {v: int(k) for k, v in served.id2label.items()}}},
+        max_concurrent_requests=settings.max_concurrent_requests, max_input_length=served.max_length,
+        max_batch_tokens=settings.max_batch_tokens, max_batch_requests=settings.max_batch_requests,
+        max_client_batch_size=settings.max_client_batch_size, auto_truncate=settings.auto_truncate,
+        tokenization_workers=1, version=VERSION,
+        distilbert_agnews={
+            "device": str(served.device), "torch_threads": torch.get_num_threads(), "max_wait_ms": settings.max_wait_ms,
+            "checkpoint": {"folder": str(served.folder), "weights_file": served.weights_file, "sha256": served.sha256,
+                           "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(served.loaded_at)),
+                           "reloads": state.reloads, "metrics": summary}})
+
+
+@public.get("/health", responses={503: {"model": ErrorBody}}, summary="200 while the model serves (TEI)")
+@public.get("/", include_in_schema=False)
+@public.get("/ping", include_in_schema=False)
+async def health(request: Request) -> Response:
+    service(request).live_engine()
+    return Response(status_code=200)
+
+
+@public.get("/ready", responses={503: {"model": ErrorBody}}, summary="200 once the model is loaded and warm")
+async def ready(request: Request) -> dict:
+    service(request).live_engine()
+    return {"status": "ready"}
+
+
+@public.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics (TEI's names)")
+async def prometheus(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(service(request).metrics.exposition(), media_type="text/plain; version=0.0.4")

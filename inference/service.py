@@ -1,0 +1,102 @@
+"""The running service's state and its lifespan: load the model once, serve it, reload it, drain at shutdown."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Optional
+
+import torch
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+
+from inference import errors, logs, metrics
+from inference.engine import Engine, Limits, warm_up
+from inference.loading import CheckpointError, LoadedModel, load_model
+from inference.metrics import Metrics
+from inference.reload import CheckpointWatcher
+from inference.settings import Settings, SettingsError
+
+logger = logging.getLogger("inference")
+
+
+class Service:
+    """What the routes need: the settings, the metrics, and the engine once the model is ready."""
+
+    def __init__(self, settings: Settings, engine: Optional[Engine] = None):
+        self.settings = settings
+        self.engine = engine
+        self.metrics = engine.metrics if engine else Metrics()
+        self.ready = False
+        self.reloads = 0
+
+    def live_engine(self) -> Engine:
+        if not self.ready or self.engine is None or not self.engine.alive:
+            raise errors.ServiceError(errors.UNHEALTHY, "the model is not loaded yet" if not self.ready
+                                      else "the inference worker has stopped")
+        return self.engine
+
+    def swap_in(self, loaded: LoadedModel) -> None:
+        """A reloaded model, warmed up, replaces the served one between micro-batches."""
+        warm_up(loaded)
+        self.engine.swap(loaded)
+        self.reloads += 1
+        self.metrics.reloads.labels("ok").inc()
+        logger.info("Now serving %s (sha256 %s)", loaded.weights_file, loaded.sha256[:12])
+
+    def refused(self) -> None:
+        self.metrics.reloads.labels("failed").inc()
+
+
+def load_configured(settings: Settings) -> LoadedModel:
+    return load_model(settings.model_id, device=settings.device, dtype=settings.dtype, revision=settings.revision)
+
+
+def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metrics) -> Engine:
+    """Torch threads set, the limits checked against the model, the model warmed up, and an Engine over it."""
+    if settings.max_batch_tokens < loaded.max_length:
+        raise SettingsError(f"MAX_BATCH_TOKENS: must be at least the model's maximum input length "
+                            f"({loaded.max_length}), got {settings.max_batch_tokens}")
+    torch.set_num_threads(settings.torch_threads)
+    warm_up(loaded)
+    limits = Limits(max_batch_requests=settings.max_batch_requests, max_batch_tokens=settings.max_batch_tokens,
+                    max_concurrent_requests=settings.max_concurrent_requests, max_wait_ms=settings.max_wait_ms)
+    return Engine(loaded, limits, service_metrics)
+
+
+def _watcher(service: Service) -> Optional[CheckpointWatcher]:
+    """Hot reload for a local folder (a Hub snapshot never changes under us)."""
+    settings, served = service.settings, service.engine.current
+    if settings.reload_interval_s <= 0 or served.model_sha is not None or not Path(settings.model_id).is_dir():
+        return None
+    watcher = CheckpointWatcher(str(served.folder), settings.reload_interval_s, served.signature,
+                                load=lambda: load_configured(settings), on_loaded=service.swap_in,
+                                on_failed=service.refused)
+    watcher.start()
+    return watcher
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    service: Service = app.state.service
+    logs.configure(service.settings.json_output)
+    if service.engine is None:  # uvicorn inference.app:app, or a worker of --workers N: load here
+        try:
+            loaded = await run_in_threadpool(load_configured, service.settings)
+            service.engine = await run_in_threadpool(ready_engine, service.settings, loaded, service.metrics)
+        except (CheckpointError, SettingsError) as exc:
+            logger.error("Cannot serve %s: %s", service.settings.model_id, exc)
+            raise
+        service.engine.start()
+    watcher = _watcher(service)
+    served = service.engine.current
+    service.ready = True
+    logger.info("Ready: %s on %s (%s), labels %s", served.weights_file, served.device, served.precision,
+                ", ".join(served.labels))
+    yield
+    service.ready = False
+    if watcher:
+        watcher.stop()
+    await run_in_threadpool(service.engine.stop)  # answers every queued request before the process exits
+    metrics.worker_exited()

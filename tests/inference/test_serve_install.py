@@ -1,0 +1,36 @@
+"""`pip install ".[serve]"` alone runs the service: no datasets, accelerate or matplotlib in that environment.
+
+`.ci/run` builds such an environment (torch, then `.[serve]`) and names its interpreter in SERVE_ONLY_PYTHON;
+without it this test is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import httpx
+import pytest
+
+from tests.conftest import cli_env
+from tests.inference.conftest import Server
+
+pytestmark = pytest.mark.slow
+PYTHON = os.environ.get("SERVE_ONLY_PYTHON")
+
+
+@pytest.mark.skipif(not PYTHON, reason="SERVE_ONLY_PYTHON is not set: no serve-only environment to test "
+                                       "(.ci/run builds one with pip install '.[serve]')")
+def test_the_service_runs_from_a_serve_only_install(smoke_checkpoint):
+    for training_only in ("datasets", "accelerate", "matplotlib"):
+        probe = subprocess.run([PYTHON, "-c", f"import {training_only}"], capture_output=True, text=True,
+                               cwd="/", timeout=60)
+        assert probe.returncode != 0, f"{training_only} is importable in the serve-only environment"
+    env = cli_env()
+    env.pop("PYTHONPATH", None)
+    server = Server(smoke_checkpoint, "--reload_interval_s", "0", python=PYTHON, env=env).wait_ready()
+    try:
+        answer = httpx.post(f"{server.url}/predict", json={"inputs": "The yankees beat the red sox."})
+        assert answer.status_code == 200 and answer.json()[0]["label"] == "Sports"
+    finally:
+        server.stop()
