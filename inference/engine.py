@@ -275,11 +275,27 @@ def warm_up(loaded: LoadedModel) -> None:
     forward(loaded, encode(loaded, [("warm up the kernels", None)], truncate=True, left=False))
 
 
+def collate(features: list[dict], pad_token_id: int, left: bool = False) -> dict[str, torch.Tensor]:
+    """Pad token ids (and token type ids) to the longest input, rounded up to PAD_MULTIPLE, with the attention
+    mask: what `tokenizer.pad` returns, in a fraction of its Python time."""
+    width = _padded(max(len(f["input_ids"]) for f in features))
+
+    def padded(values: list[int], fill: int) -> list[int]:
+        padding = [fill] * (width - len(values))
+        return padding + values if left else values + padding
+
+    batch = {"input_ids": torch.tensor([padded(f["input_ids"], pad_token_id) for f in features]),
+             "attention_mask": torch.tensor([padded([1] * len(f["input_ids"]), 0) for f in features])}
+    if "token_type_ids" in features[0]:
+        batch["token_type_ids"] = torch.tensor([padded(f["token_type_ids"], 0) for f in features])
+    return batch
+
+
 @torch.inference_mode()
 def forward(loaded: LoadedModel, features: list[dict]) -> torch.Tensor:
-    batch = loaded.tokenizer.pad(features, padding=True, pad_to_multiple_of=PAD_MULTIPLE, return_tensors="pt")
-    batch = {k: v.to(loaded.device) for k, v in batch.items()}
-    return loaded.model(**batch).logits.float().cpu()
+    tokenizer = loaded.tokenizer
+    batch = collate(features, tokenizer.pad_token_id, left=tokenizer.padding_side == "left")
+    return loaded.model(**{k: v.to(loaded.device) for k, v in batch.items()}).logits.float().cpu()
 
 
 def _resolve(job: _Job, value=None, exc: Optional[BaseException] = None) -> None:

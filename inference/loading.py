@@ -66,9 +66,10 @@ class LoadedModel:
 
 
 def resolve_device(setting: str) -> torch.device:
-    if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
+    """auto: cuda when available, else cpu; any other setting is a torch device name (cpu, cuda, cuda:1)."""
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
 
 
 def signature(folder: str | Path) -> tuple:

@@ -109,11 +109,14 @@ def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, outp
     """Write the servable model: weights, config.json, tokenizer/; with `export_hf` also model.safetensors and
     the tokenizer files beside config.json (Hugging Face format: `pipeline(model=output_dir)`). Call on all ranks."""
     accelerator.wait_for_everyone()
+    # Every rank takes part: under FSDP or DeepSpeed ZeRO-3 the full state dict is gathered from all of them.
+    state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-        weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in unwrapped.state_dict().items()}
+        weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items()}
+
         def write_weights(fh) -> None:
             torch.save(weights, fh)
             faults.in_save_model()  # test-only, inert: a kill here leaves a partial temp file, never the target

@@ -22,10 +22,13 @@ from typing import Any, Optional
 import accelerate.utils
 import yaml
 
+from training.smoke import LABELS as SMOKE_LABELS
 from training.smoke import smoke_dir
 
 SUPPORTED_DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet")
 METRICS = ("accuracy", "macro_f1")
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
+RENAMED = {"text_column": "text_column_names"}  # older field names, still accepted
 TRACKERS = ("none", "all", "tensorboard", "wandb", "trackio", "comet_ml", "aim", "mlflow", "clearml", "dvclive", "swanlab")
 
 
@@ -59,13 +62,17 @@ class TrainConfig:
     """Local validation data; default: a seeded slice of the training data (see validation_split)."""
     test_file: Optional[str] = None
     """Local test data, scored once at the end with the best model; default: the Hub dataset's test split."""
-    text_column: str = "text"
-    """Name of the text column."""
+    text_column_names: list[str] = dataclasses.field(default_factory=lambda: ["text"])
+    """Text column(s), comma-separated; several are joined with text_column_delimiter (e.g. Title,Description)."""
+    text_column_delimiter: str = " "
+    """What joins several text columns into one text."""
+    text_pair_column: Optional[str] = None
+    """A second text column for sentence-pair tasks: each example is tokenized as (text, text_pair)."""
     label_column: str = "label"
-    """Name of the label column; values are class ids (0..N-1) or class names."""
+    """Name of the label column (any name, e.g. "Class Index")."""
     label_names: Optional[list[str]] = None
-    """Class names in id order. Default: the Hub dataset's names; for local files, the AG News names
-    (World, Sports, Business, Sci/Tech) when labels are ids 0..3 or those names, else the sorted names found."""
+    """Class names, one per distinct training label value in sorted order (integers numerically, strings as
+    strings), comma-separated. Default: a Hub dataset's ClassLabel names, else the values themselves."""
     validation_split: float = 0.05
     """Fraction of the training data held out (seeded, deterministic) when no validation file is given."""
     num_samples: Optional[int] = None
@@ -96,7 +103,9 @@ class TrainConfig:
     weight_decay: float = 0.01
     """AdamW weight decay; never applied to biases and LayerNorm weights."""
     warmup_ratio: float = 0.1
-    """Fraction of optimizer steps with linear warmup; the rest decays linearly to zero."""
+    """Fraction of optimizer steps with linear warmup, then the --lr_scheduler_type schedule."""
+    lr_scheduler_type: str = "linear"
+    """Learning-rate schedule after warmup (transformers.get_scheduler): linear, cosine, cosine_with_restarts, polynomial, constant or constant_with_warmup."""
     max_grad_norm: float = 1.0
     """Clip the gradient norm to this value (0 disables clipping)."""
     mixed_precision: Optional[str] = None
@@ -110,6 +119,8 @@ class TrainConfig:
     """Validation metric that picks the best model: 'accuracy' or 'macro_f1'."""
     early_stopping_patience: Optional[int] = None
     """Stop after N evaluations without improvement of metric_for_best_model."""
+    extra_metrics: Optional[list[str]] = None
+    """More `evaluate` metrics to report, by Hub name or local path (comma-separated), e.g. matthews_correlation; loaded and checked at start."""
     # ---------------------------------------------------------------------- checkpoints and logging
     output_dir: str = "checkpoints"
     """Folder for the best model, tokenizer, config, metrics and resumable state."""
@@ -123,6 +134,12 @@ class TrainConfig:
     """'latest' (newest state under output_dir/state, by recorded step) or a path to a state/step_N folder."""
     logging_steps: int = 50
     """Log the loss (mean over all ranks) every N optimizer steps."""
+    push_to_hub: bool = False
+    """Upload the best model (Hugging Face format, state_dict, tokenizer, card, reports) to --hub_model_id at the end, from the main process."""
+    hub_model_id: Optional[str] = None
+    """Hub repository (user/name or org/name) for --push_to_hub; the token comes from HF_TOKEN or `hf auth login`."""
+    hub_private_repo: bool = False
+    """Create the Hub repository as private."""
     report_to: str = "none"
     """Experiment tracker(s) for accelerate: 'none', 'all', or comma-separated names such as 'tensorboard,wandb'."""
     stop_check_steps: int = 10
@@ -161,6 +178,7 @@ def presets() -> dict[str, dict[str, Any]]:
             "learning_rate": 1e-3,
             "warmup_ratio": 0.1,
             "logging_steps": 50,
+            "label_names": list(SMOKE_LABELS),  # the data's class ids 0..3, named as AG News names them
             "mixed_precision": "no",  # fp32: the same numbers on every CPU, AMX or not
         }
     }
@@ -212,11 +230,11 @@ def _coerce(name: str, value: Any) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{name}: expected true or false, got {value!r}")
-    if kind is list:
-        items = value.split(",") if isinstance(value, str) else value
+    if kind is list:  # a list, or comma-separated strings (--label_names World,Sports or World Sports)
+        items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
             raise ConfigError(f"{name}: expected a list of strings, got {value!r}")
-        return [v.strip() for v in items]
+        return [part.strip() for item in items for part in item.split(",") if part.strip()]
     if kind is int:
         if isinstance(value, bool) or isinstance(value, float):
             raise ConfigError(f"{name}: expected an integer, got {value!r}")
@@ -262,6 +280,9 @@ def validate(cfg: TrainConfig) -> None:
     need(cfg.pad_to_multiple_of is None or cfg.pad_to_multiple_of >= 1, "pad_to_multiple_of", "must be >= 1")
     need(cfg.attn_implementation in (None, "sdpa", "eager"), "attn_implementation", "must be sdpa or eager")
     need(cfg.metric_for_best_model in METRICS, "metric_for_best_model", f"must be one of {', '.join(METRICS)}")
+    need(cfg.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
+    need(bool(cfg.text_column_names), "text_column_names", "needs at least one column")
+    need(not cfg.push_to_hub or bool(cfg.hub_model_id), "hub_model_id", "is needed with --push_to_hub")
     need(cfg.preset in (None, *presets()), "preset", f"must be one of {', '.join(presets())}")
     need(cfg.checkpointing_steps in ("epoch", "none") or (cfg.checkpointing_steps.isdigit()
          and int(cfg.checkpointing_steps) >= 1), "checkpointing_steps", "must be 'epoch', 'none' or a positive integer")
@@ -300,11 +321,13 @@ def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--config", help="YAML file with TrainConfig fields")
+    for old, new in RENAMED.items():
+        parser.add_argument(f"--{old}", dest=new, nargs="+", metavar="NAME", help=f"old name of --{new}")
     docs = field_docs()
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         kind, _ = _base_type(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else None
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         doc = docs.get(f.name, "").replace("%", "%%")  # argparse formats help strings with %
         kwargs: dict[str, Any] = {"help": f"{doc} (default: {default})"}
         if kind is bool:
@@ -334,6 +357,7 @@ def load_config(argv: Optional[list[str]] = None) -> TrainConfig:
     """Parse CLI flags (and the YAML they point to) into a validated TrainConfig. Raises ConfigError."""
     cli = vars(build_parser().parse_args(argv))
     from_yaml = _read_yaml(cli.pop("config")) if "config" in cli else {}
+    from_yaml = {RENAMED.get(key, key): value for key, value in from_yaml.items()}
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     for key in from_yaml:
         if key not in known:

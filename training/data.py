@@ -1,7 +1,8 @@
 """Data: load (Hub or local csv/jsonl/parquet) -> validate -> split -> tokenize (cached) -> batches.
 
 The pieces, in the order train.py calls them:
-- `load_splits`      raw train/validation/test with an integer `labels` column and the class names.
+- `load_splits`      train/validation/test as `text` (text columns joined; `text_pair` for pair tasks) and an
+                     integer `labels` column; the label space (run_classification.py's convention).
 - `tokenize_splits`  `datasets.map` (cached on disk) adding input ids and each text's token count.
 - `make_dataloaders` a length-grouped batch sampler for training, length-sorted batches for evaluation,
                      dynamic padding to the longest text in the batch (multiple of 8).
@@ -25,7 +26,6 @@ from training.hub import explain_missing
 
 logger = logging.getLogger(__name__)
 
-AG_NEWS_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 _LOADERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -38,7 +38,11 @@ class Splits:
     train: datasets.Dataset
     validation: datasets.Dataset
     test: Optional[datasets.Dataset]
-    label_names: list[str]
+    labels: "LabelSpace"
+
+    @property
+    def label_names(self) -> list[str]:
+        return self.labels.names
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -70,59 +74,113 @@ def load_hub(name: str) -> datasets.DatasetDict:
         raise explain_missing(f"dataset {name!r}", exc) from None
 
 
-def require_columns(ds: datasets.Dataset, source: str, text_column: str, label_column: str) -> None:
-    for column in (text_column, label_column):
+def require_columns(ds: datasets.Dataset, source: str, columns: Sequence[str]) -> None:
+    for column in columns:
         if column not in ds.column_names:
             raise DataError(f"{source}: missing column {column!r} (found: {', '.join(ds.column_names)})")
 
 
-def check_texts(ds: datasets.Dataset, source: str, text_column: str) -> None:
-    for row, text in enumerate(ds[text_column], start=1):
-        if not isinstance(text, str):
-            raise DataError(f"{source}: row {row}: text is {text!r}, expected a string")
-        if not text.strip():
+def text_columns(cfg: TrainConfig) -> list[str]:
+    return [*cfg.text_column_names, *([cfg.text_pair_column] if cfg.text_pair_column else [])]
+
+
+def join_texts(parts: Sequence[Optional[str]], delimiter: str) -> str:
+    """Several text columns of one row as one text; missing (None) or empty parts are left out."""
+    return delimiter.join(part for part in parts if part)
+
+
+def check_texts(ds: datasets.Dataset, source: str, cfg: TrainConfig) -> None:
+    """Every text column holds strings, none is empty in every row, and no row's (joined) text is empty."""
+    require_columns(ds, source, text_columns(cfg))
+    values = {column: ds[column] for column in text_columns(cfg)}
+    for column, column_values in values.items():
+        for row, value in enumerate(column_values, start=1):
+            if value is not None and not isinstance(value, str):
+                raise DataError(f"{source}: row {row}: {column} is {value!r}, expected a string")
+        if not any(value and value.strip() for value in column_values):
+            raise DataError(f"{source}: text column {column!r} is empty in every row")
+    texts = zip(*(values[c] for c in cfg.text_column_names))
+    for row, parts in enumerate(texts, start=1):
+        if not join_texts(parts, cfg.text_column_delimiter).strip():
             raise DataError(f"{source}: row {row}: empty text")
+    for row, pair in enumerate(values.get(cfg.text_pair_column, ()), start=1):
+        if not (pair and pair.strip()):
+            raise DataError(f"{source}: row {row}: empty {cfg.text_pair_column}")
 
 
-def infer_label_names(ds: datasets.Dataset, label_column: str) -> list[str]:
-    """Class names for a dataset whose config gives none (see TrainConfig.label_names)."""
-    feature = ds.features[label_column]
-    if isinstance(feature, datasets.ClassLabel):
-        return list(feature.names)
-    values = [v for v in ds[label_column] if v is not None]
-    if values and all(isinstance(v, str) for v in values):
-        found = sorted(set(values))
-        return AG_NEWS_LABELS if set(found) <= set(AG_NEWS_LABELS) else found
-    ids = [int(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer()]
-    top = max(ids, default=0)
-    return AG_NEWS_LABELS if top < len(AG_NEWS_LABELS) else [f"LABEL_{i}" for i in range(top + 1)]
+def with_texts(ds: datasets.Dataset, cfg: TrainConfig) -> datasets.Dataset:
+    """A `text` column (the text columns joined) and `text_pair` for pair tasks, as a cached `datasets.map`."""
+    names, delimiter, pair = list(cfg.text_column_names), cfg.text_column_delimiter, cfg.text_pair_column
+
+    def join(batch):
+        out = {"text": [join_texts(parts, delimiter) for parts in zip(*(batch[c] for c in names))]}
+        if pair:
+            out["text_pair"] = batch[pair]
+        return out
+
+    return ds.map(join, batched=True, remove_columns=ds.column_names, desc="Joining text columns")
 
 
-def label_ids(ds: datasets.Dataset, source: str, label_column: str, label_names: Sequence[str]) -> list[int]:
-    """Map every label (an id or a class name) to an id in [0, len(label_names)), or raise naming the row."""
-    by_name = {name: i for i, name in enumerate(label_names)}
-    ids = []
-    for row, value in enumerate(ds[label_column], start=1):
-        if isinstance(value, str) and value in by_name:
-            ids.append(by_name[value])
-        elif (isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer()
-              and 0 <= int(value) < len(label_names)):
-            ids.append(int(value))
+# -------------------------------------------------------------------------------------------------- labels
+
+
+def _label_value(value, source: str, row: int):
+    """A label as the key it is compared by: an int (integer-valued floats too), a bool, or a str."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (bool, int, str)) and value != "":
+        return value
+    raise DataError(f"{source}: row {row}: label {value!r} is not a class (expected an integer or a string)")
+
+
+@dataclass
+class LabelSpace:
+    """Class ids as `run_classification.py` gives them: the training data's distinct label values, sorted
+    (integers numerically, strings as strings), are ids 0..N-1; names are those values as strings unless
+    --label_names renames them in that order; a Hub ClassLabel keeps its names (and its ids)."""
+
+    values: list  # the label value of each id, as found in the data
+    names: list[str]
+    source: str  # where the values were found, for error messages
+
+    @classmethod
+    def of_training_data(cls, ds: datasets.Dataset, source: str, column: str,
+                         names: Optional[Sequence[str]] = None) -> "LabelSpace":
+        feature = ds.features[column]
+        if isinstance(feature, datasets.ClassLabel):
+            values, found = list(range(feature.num_classes)), list(feature.names)
         else:
-            raise DataError(
-                f"{source}: row {row}: label {value!r} is not one of the {len(label_names)} classes "
-                f"(ids 0..{len(label_names) - 1} or names {', '.join(label_names)})"
-            )
-    return ids
+            seen = {_label_value(v, source, row) for row, v in enumerate(ds[column], start=1)}
+            if len({type(v) for v in seen}) > 1:
+                raise DataError(f"{source}: column {column!r} mixes label types ({sorted(map(repr, seen))[:6]})")
+            values = sorted(seen)
+            found = [str(v) for v in values]
+        if len(values) < 2:
+            raise DataError(f"{source}: column {column!r} has {len(values)} distinct label(s); a classifier needs two or more")
+        if names and len(names) != len(values):
+            raise DataError(f"label_names: {len(names)} names for the {len(values)} label values of {source} "
+                            f"({', '.join(map(str, values))}, in id order)")
+        return cls(values=values, names=list(names or found), source=source)
+
+    def ids(self, ds: datasets.Dataset, source: str, column: str) -> list[int]:
+        """The id of every row's label; a value the training data never had is an error naming it and the row."""
+        by_value = {v: i for i, v in enumerate(self.values)}
+        ids = []
+        for row, value in enumerate(ds[column], start=1):
+            key = _label_value(value, source, row)
+            if key not in by_value or isinstance(key, bool) != isinstance(self.values[0], bool):
+                raise DataError(f"{source}: row {row}: label {value!r} never appears in the training data "
+                                f"({self.source}: {', '.join(map(str, self.values))})")
+            ids.append(by_value[key])
+        return ids
 
 
-def with_labels(ds: datasets.Dataset, source: str, cfg: TrainConfig, label_names: Sequence[str]) -> datasets.Dataset:
-    """Validate text and labels, keep only the text column plus an integer `labels` column."""
-    require_columns(ds, source, cfg.text_column, cfg.label_column)
-    check_texts(ds, source, cfg.text_column)
-    ids = label_ids(ds, source, cfg.label_column, label_names)
-    ds = ds.select_columns([cfg.text_column])
-    return ds.add_column("labels", ids)
+def labelled(ds: datasets.Dataset, source: str, cfg: TrainConfig, labels: LabelSpace) -> datasets.Dataset:
+    """Validated texts and labels: `text` (+ `text_pair`) and an integer `labels` column."""
+    require_columns(ds, source, [cfg.label_column])
+    check_texts(ds, source, cfg)
+    ids = labels.ids(ds, source, cfg.label_column)
+    return with_texts(ds, cfg).add_column("labels", ids)
 
 
 def _subsample(ds: datasets.Dataset, n: Optional[int], seed: int) -> datasets.Dataset:
@@ -140,26 +198,27 @@ def load_splits(cfg: TrainConfig) -> Splits:
             raise DataError(f"dataset {cfg.dataset_name!r}: no 'train' split (found: {', '.join(hub)})")
         train_source, train = f"{cfg.dataset_name}[train]", hub["train"]
         hub_test = ("test", hub["test"]) if "test" in hub else None
-    require_columns(train, train_source, cfg.text_column, cfg.label_column)
-    label_names = list(cfg.label_names or infer_label_names(train, cfg.label_column))
-    train = with_labels(train, train_source, cfg, label_names)
-
+    require_columns(train, train_source, [*text_columns(cfg), cfg.label_column])
+    labels = LabelSpace.of_training_data(train, train_source, cfg.label_column, cfg.label_names)
+    # every split is checked before any is transformed: a bad test file fails in seconds, not after training
+    others = {}
     if cfg.validation_file:
-        validation = with_labels(load_file(cfg.validation_file), cfg.validation_file, cfg, label_names)
+        others["validation"] = (cfg.validation_file, load_file(cfg.validation_file))
+    if cfg.test_file:
+        others["test"] = (cfg.test_file, load_file(cfg.test_file))
+    elif hub_test is not None:
+        others["test"] = (f"{cfg.dataset_name}[test]", hub_test[1])
+    train = labelled(train, train_source, cfg, labels)
+    others = {name: labelled(ds, source, cfg, labels) for name, (source, ds) in others.items()}
+    if "validation" in others:
+        validation = others["validation"]
     else:  # a seeded slice of train, identical on every rank and every run with the same seed
         parts = train.train_test_split(test_size=cfg.validation_split, seed=cfg.seed, shuffle=True)
         train, validation = parts["train"], parts["test"]
-
-    test = None
-    if cfg.test_file:
-        test = with_labels(load_file(cfg.test_file), cfg.test_file, cfg, label_names)
-    elif hub_test is not None:
-        test = with_labels(hub_test[1], f"{cfg.dataset_name}[test]", cfg, label_names)
-
-    train = _subsample(train, cfg.num_samples, cfg.seed)
-    validation = _subsample(validation, cfg.num_samples, cfg.seed)
-    test = _subsample(test, cfg.num_samples, cfg.seed) if test is not None else None
-    return Splits(train=train, validation=validation, test=test, label_names=label_names)
+    test = others.get("test")
+    return Splits(train=_subsample(train, cfg.num_samples, cfg.seed),
+                  validation=_subsample(validation, cfg.num_samples, cfg.seed),
+                  test=_subsample(test, cfg.num_samples, cfg.seed) if test is not None else None, labels=labels)
 
 
 # ------------------------------------------------------------------------------------------ tokenizing
@@ -172,23 +231,24 @@ def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tra
     a second run (or the other ranks, which wait under `main_process_first`) reads it from disk.
     """
     return Splits(
-        train=tokenize(splits.train, tokenizer, cfg, "train"),
-        validation=tokenize(splits.validation, tokenizer, cfg, "validation"),
-        test=tokenize(splits.test, tokenizer, cfg, "test") if splits.test is not None else None,
-        label_names=splits.label_names,
+        train=tokenize(splits.train, tokenizer, cfg.max_length, "train"),
+        validation=tokenize(splits.validation, tokenizer, cfg.max_length, "validation"),
+        test=tokenize(splits.test, tokenizer, cfg.max_length, "test") if splits.test is not None else None,
+        labels=splits.labels,
     )
 
 
-def tokenize(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig, name: str) -> datasets.Dataset:
-    """One split: input_ids/attention_mask (unpadded) plus `length`, cached by `datasets.map`."""
-    text_column, max_length = cfg.text_column, cfg.max_length
+def tokenize(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int, name: str) -> datasets.Dataset:
+    """One split's `text` (and `text_pair`): input ids (unpadded) plus `length`, cached by `datasets.map`."""
+    pairs = "text_pair" in ds.column_names
 
     def encode(batch):
-        encoded = tokenizer(batch[text_column], truncation=True, max_length=max_length)
+        encoded = tokenizer(batch["text"], batch["text_pair"] if pairs else None, truncation=True, max_length=max_length)
         encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
         return encoded
 
-    return ds.map(encode, batched=True, remove_columns=[text_column], desc=f"Tokenizing {name}")
+    raw = [c for c in ("text", "text_pair") if c in ds.column_names]
+    return ds.map(encode, batched=True, remove_columns=raw, desc=f"Tokenizing {name}")
 
 
 # ------------------------------------------------------------------------------------------- batching

@@ -14,25 +14,26 @@ writes, beside the checkpoint, `eval_results.json` (metrics, per-class precision
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import datasets
 import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from inference import files
+from inference import files, precision
+from inference.loading import CheckpointError, LoadedModel, load_model
 from training import checkpoint, reports
 from training.config import TrainConfig
-from training.data import DataError, eval_order, load_file, load_hub, make_eval_loader, tokenize, with_labels
+from training.data import (DataError, LabelSpace, eval_order, labelled, load_file, load_hub, make_eval_loader,
+                           require_columns, tokenize)
 from training.hub import HubUnavailableError, ensure_hub_or_offline
-from training.metrics import classification_metrics, confusion_matrix, per_class
+from training.metrics import MetricError, MetricSuite, classification_report
 from training.smoke import ensure_smoke_assets, smoke_dir
 
 logger = get_logger(__name__)
@@ -48,10 +49,11 @@ class Scored:
 
 
 @torch.no_grad()
-def score(accelerator: Accelerator, model, loader) -> Scored:
-    """Every rank scores its shard; gather_for_metrics drops the padding duplicates of the last batch. The
-    loader is not shuffled and accelerate hands out whole batches round-robin, so each gathered step is the
-    next slice of the loader's dataset: results come back in the loader's order."""
+def score(accelerator: Accelerator, model, loader, metrics: MetricSuite) -> tuple[Scored, dict]:
+    """Every rank scores its shard; gather_for_metrics drops the padding duplicates of the last batch, and every
+    rank adds each gathered batch to the metrics, so all compute the same figures. The loader is not shuffled
+    and accelerate hands out whole batches round-robin, so each gathered step is the next slice of the loader's
+    dataset: results come back in the loader's order."""
     was_training = model.training
     model.eval()
     labels, probabilities, losses = [], [], []
@@ -59,10 +61,12 @@ def score(accelerator: Accelerator, model, loader) -> Scored:
         logits = model(**batch).logits.float()
         loss = torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="none")
         gathered = accelerator.gather_for_metrics((batch["labels"], logits.softmax(dim=-1), loss))
+        metrics.add_batch(predictions=gathered[1].argmax(dim=-1), references=gathered[0])
         for kept, value in zip((labels, probabilities, losses), gathered):
             kept.append(value)
     model.train(was_training)
-    return Scored(torch.cat(labels).cpu(), torch.cat(probabilities).cpu(), torch.cat(losses).cpu())
+    scored = Scored(torch.cat(labels).cpu(), torch.cat(probabilities).cpu(), torch.cat(losses).cpu())
+    return scored, {**metrics.compute(), "num_examples": len(scored.labels), "loss": scored.losses.mean().item()}
 
 
 def in_row_order(scored: Scored, order: list[int]) -> Scored:
@@ -77,111 +81,144 @@ def in_row_order(scored: Scored, order: list[int]) -> Scored:
     return Scored(unsort(scored.labels), unsort(scored.probabilities), unsort(scored.losses))
 
 
-def summarize(scored: Scored, num_labels: int) -> dict:
-    """Accuracy, macro-F1, number of examples and mean loss."""
-    metrics = classification_metrics(scored.probabilities.argmax(dim=1), scored.labels, num_labels)
-    metrics["loss"] = scored.losses.mean().item()
-    return metrics
+def evaluate(accelerator: Accelerator, model, loader, metrics: MetricSuite) -> dict:
+    """Accuracy, macro-F1, the extra metrics, number of examples and mean loss over the whole split, scored by
+    every rank (every rank gets the same)."""
+    return score(accelerator, model, loader, metrics)[1]
 
 
-def evaluate(accelerator: Accelerator, model, loader, num_labels: int) -> dict:
-    """summarize() over the whole split, scored by every rank (every rank gets the same)."""
-    return summarize(score(accelerator, model, loader), num_labels)
+# ------------------------------------------------------------------------------- python -m training.evaluate
 
 
-class CheckpointMissing(FileNotFoundError):
-    """The checkpoint folder lacks a file training writes."""
+@dataclass
+class SavedModel:
+    """A servable model folder read for scoring: the model (fp32, CPU), how its training run read its data."""
+
+    loaded: LoadedModel
+    trained_with: dict  # the training run's config, {} for a folder from elsewhere
+    label_values: Optional[list]  # the training data's label value of each id, when the run recorded them
+
+    def data_config(self, args: argparse.Namespace) -> TrainConfig:
+        """Text and label columns: the command line's, else the training run's, else the defaults."""
+        fields = ("text_column_names", "text_column_delimiter", "text_pair_column", "label_column", "max_length")
+        values = {name: self.trained_with[name] for name in fields if name in self.trained_with}
+        values.update({name: getattr(args, name) for name in fields if getattr(args, name, None) is not None})
+        return TrainConfig(**values)
+
+    def labels_for(self, ds: datasets.Dataset, column: str) -> LabelSpace:
+        """The training run's values, else (a folder from elsewhere) class ids when the data has integers,
+        else the class names."""
+        names = self.loaded.labels
+        values = self.label_values
+        if values is None:
+            first = ds[0][column] if len(ds) else None
+            values = list(range(len(names))) if isinstance(first, int) else names
+        return LabelSpace(values=values, names=names, source=f"the labels of {self.loaded.model_id}")
 
 
-def load_saved_model(checkpoint_dir: Path):
-    """(model, tokenizer, label names, training config or {}) from what training/checkpoint.py wrote."""
-    for name in (files.WEIGHTS, files.CONFIG, files.TOKENIZER_DIR):
-        if not (checkpoint_dir / name).exists():
-            raise CheckpointMissing(f"{checkpoint_dir / name}: missing; is {checkpoint_dir} a training output dir?")
-    config = AutoConfig.from_pretrained(checkpoint_dir)
-    model = AutoModelForSequenceClassification.from_config(config)
-    model.load_state_dict(checkpoint.load_weights(checkpoint_dir / files.WEIGHTS))
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir / files.TOKENIZER_DIR)
-    metrics_file = checkpoint_dir / files.METRICS
-    trained_with = json.loads(metrics_file.read_text()).get("config", {}) if metrics_file.is_file() else {}
-    return model, tokenizer, [config.id2label[i] for i in range(config.num_labels)], trained_with
+def load_saved(checkpoint_dir: str) -> SavedModel:
+    """This project's checkpoint folder or any save_pretrained folder (inference/loading.py reads both)."""
+    loaded = load_model(checkpoint_dir, device="cpu", dtype="fp32")
+    recorded = loaded.metrics or {}
+    return SavedModel(loaded, recorded.get("config", {}), recorded.get("label_values"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint_dir", default="checkpoints", help="a training output dir (default: checkpoints)")
+    parser.add_argument("--checkpoint_dir", default="checkpoints",
+                        help="a training output dir or any save_pretrained folder (default: checkpoints)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--test_file", help="csv/jsonl/parquet with text and label columns")
     source.add_argument("--dataset_name", help="a Hub dataset (default when no file is given: ag_news)")
     source.add_argument("--preset", choices=["smoke"], help="the smoke preset's test.csv (offline)")
     parser.add_argument("--split", default="test", help="Hub split (default: test)")
-    parser.add_argument("--text_column", default="text")
-    parser.add_argument("--label_column", default="label")
-    parser.add_argument("--max_length", type=int, help="default: the training run's max_length, else 128")
+    add_data_arguments(parser)
+    parser.add_argument("--label_column", help="default: the training run's, else label")
     parser.add_argument("--per_device_eval_batch_size", type=int, default=64)
-    parser.add_argument("--mixed_precision", choices=["no", "bf16", "fp16"], default="no")
+    parser.add_argument("--mixed_precision", type=precision.canonical, default="no",
+                        help=f"one of {', '.join(precision.ACCEPTED)} (default: no, full precision)")
+    parser.add_argument("--extra_metrics", type=lambda s: [m for m in s.split(",") if m], default=[],
+                        help="more evaluate metrics, comma-separated (Hub names or local paths)")
     return parser.parse_args(argv)
 
 
-def load_split(args: argparse.Namespace, cfg: TrainConfig, label_names: list[str]) -> tuple[datasets.Dataset, str]:
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """How texts are read, as in training; defaults: the training run's (metrics.json), else text."""
+    parser.add_argument("--text_column_names", type=lambda s: s.split(","), help="text column(s), comma-separated")
+    parser.add_argument("--text_column_delimiter", help="joins several text columns (default: a space)")
+    parser.add_argument("--text_pair_column", help="the second text of sentence-pair tasks")
+    parser.add_argument("--max_length", type=int, help="default: the training run's max_length, else 128")
+
+
+def load_split(args: argparse.Namespace, saved: SavedModel, cfg: TrainConfig) -> tuple[datasets.Dataset, str]:
     if args.preset == "smoke":
         ensure_smoke_assets()
         args.test_file = str(smoke_dir() / "test.csv")
     if args.test_file:
-        return with_labels(load_file(args.test_file), args.test_file, cfg, label_names), args.test_file
-    name = args.dataset_name or "ag_news"
-    ensure_hub_or_offline(needs_hub=True)
-    hub = load_hub(name)
-    if args.split not in hub:
-        raise DataError(f"dataset {name!r}: no {args.split!r} split (found: {', '.join(hub)})")
-    return with_labels(hub[args.split], f"{name}[{args.split}]", cfg, label_names), f"{name}[{args.split}]"
+        ds, source = load_file(args.test_file), args.test_file
+    else:
+        name = args.dataset_name or "ag_news"
+        ensure_hub_or_offline(needs_hub=True)
+        hub = load_hub(name)
+        if args.split not in hub:
+            raise DataError(f"dataset {name!r}: no {args.split!r} split (found: {', '.join(hub)})")
+        ds, source = hub[args.split], f"{name}[{args.split}]"
+    require_columns(ds, source, [cfg.label_column])
+    return labelled(ds, source, cfg, saved.labels_for(ds, cfg.label_column)), source
 
 
 def run(args: argparse.Namespace, accelerator: Accelerator) -> dict:
     root = Path(args.checkpoint_dir)
-    model, tokenizer, label_names, trained_with = load_saved_model(root)
-    cfg = TrainConfig(text_column=args.text_column, label_column=args.label_column,
-                      max_length=args.max_length or trained_with.get("max_length", 128))
+    saved = load_saved(str(root))
+    cfg = saved.data_config(args)
+    metrics = MetricSuite(args.extra_metrics, num_labels=len(saved.loaded.labels))
+    tokenizer = saved.loaded.tokenizer
     with accelerator.main_process_first():  # the main process tokenizes and caches; the others read it
-        split, source = load_split(args, cfg, label_names)
-        texts = split[cfg.text_column]  # for misclassified.csv: tokenizing drops the column
-        split = tokenize(split, tokenizer, cfg, "evaluation")
-    loader = make_eval_loader(split, tokenizer, args.per_device_eval_batch_size)
-    model, loader = accelerator.prepare(model, loader)
-    scored = in_row_order(score(accelerator, model, loader), eval_order(split))
+        split, source = load_split(args, saved, cfg)
+        texts = split["text"]  # for misclassified.csv: tokenizing drops the column
+        split = tokenize(split, tokenizer, cfg.max_length, "evaluation")
+    model, loader = accelerator.prepare(saved.loaded.model,
+                                        make_eval_loader(split, tokenizer, args.per_device_eval_batch_size))
+    scored, results = score(accelerator, model, loader, metrics)
+    scored = in_row_order(scored, eval_order(split))
     if not torch.equal(scored.labels, torch.tensor(split["labels"])):  # misclassified.csv depends on it
         raise RuntimeError("gathered results are not in the split's row order")
-    metrics = summarize(scored, len(label_names))
-    confusion = confusion_matrix(scored.probabilities.argmax(dim=1), scored.labels, len(label_names))
-    classes = per_class(confusion, label_names)
-    results = {"checkpoint_dir": str(root), "data": source, "world_size": accelerator.num_processes,
-               "max_length": cfg.max_length, "metrics": metrics, "per_class": classes,
-               "confusion_matrix": {"labels": label_names, "rows_true_columns_predicted": confusion.tolist()},
-               "files": [files.EVAL_RESULTS, files.CONFUSION_PNG, files.MISCLASSIFIED_CSV]}
+    report = classification_report(scored.probabilities.argmax(dim=1), scored.labels, saved.loaded.labels)
+    evaluation = {"checkpoint_dir": str(root), "data": source, "world_size": accelerator.num_processes,
+                  "max_length": cfg.max_length, "metrics": results, "per_class": report["per_class"],
+                  "confusion_matrix": {"labels": saved.loaded.labels,
+                                       "rows_true_columns_predicted": report["confusion_matrix"]},
+                  "files": [files.EVAL_RESULTS, files.CONFUSION_PNG, files.MISCLASSIFIED_CSV]}
     logger.info("%s on %s (%d processes):\n%s", root, source, accelerator.num_processes,
-                reports.report_table(classes, metrics), main_process_only=True)
+                reports.report_table(report["per_class"], results), main_process_only=True)
     if accelerator.is_main_process:
-        checkpoint.write_json(root / files.EVAL_RESULTS, results)
-        reports.write_confusion_matrix(root / files.CONFUSION_PNG, confusion, label_names,
-                                       f"{source}: accuracy {metrics['accuracy']:.4f}")
-        wrong = reports.write_misclassified(root / files.MISCLASSIFIED_CSV, texts,
-                                            scored.labels, scored.probabilities, label_names)
-        logger.info("Wrote %s, %s, %s (%d misclassified) in %s", files.EVAL_RESULTS, files.CONFUSION_PNG,
-                    files.MISCLASSIFIED_CSV, wrong, root)
-    return results
+        write_evaluation(root, evaluation, texts, scored, saved.loaded.labels)
+    return evaluation
+
+
+def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, label_names: list[str]) -> None:
+    checkpoint.write_json(root / files.EVAL_RESULTS, evaluation)
+    confusion = torch.tensor(evaluation["confusion_matrix"]["rows_true_columns_predicted"])
+    reports.write_confusion_matrix(root / files.CONFUSION_PNG, confusion, label_names,
+                                   f"{evaluation['data']}: accuracy {evaluation['metrics']['accuracy']:.4f}")
+    wrong = reports.write_misclassified(root / files.MISCLASSIFIED_CSV, texts, scored.labels, scored.probabilities,
+                                        label_names)
+    logger.info("Wrote %s, %s, %s (%d misclassified) in %s", files.EVAL_RESULTS, files.CONFUSION_PNG,
+                files.MISCLASSIFIED_CSV, wrong, root)
 
 
 def cli(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO)
     args = parse_args(argv)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=args.mixed_precision)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(),
+                              mixed_precision=precision.accelerate_name(args.mixed_precision))
     if not accelerator.is_local_main_process:
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
     try:
         run(args, accelerator)
-    except (CheckpointMissing, DataError, HubUnavailableError) as exc:
+    except (CheckpointError, DataError, HubUnavailableError, MetricError) as exc:
         logger.error("%s", exc)
         return 1
     finally:

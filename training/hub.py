@@ -12,6 +12,7 @@ import logging
 import os
 
 import datasets.config
+import evaluate.config
 import huggingface_hub.constants
 
 from inference.hub import hub_reachable, hub_url, is_offline
@@ -31,7 +32,7 @@ class HubUnavailableError(RuntimeError):
 
 
 def go_offline() -> None:
-    """Switch huggingface_hub, transformers and datasets to cache-only loading for this process.
+    """Switch huggingface_hub, transformers, datasets and evaluate to cache-only loading for this process.
 
     The libraries read HF_HUB_OFFLINE when they are imported, so setting the variable now is not enough:
     we also flip the flags they consult at call time.
@@ -39,6 +40,7 @@ def go_offline() -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     huggingface_hub.constants.HF_HUB_OFFLINE = True
     datasets.config.HF_HUB_OFFLINE = True
+    evaluate.config.HF_EVALUATE_OFFLINE = True
 
 
 def ensure_hub_or_offline(needs_hub: bool) -> None:

@@ -1,48 +1,76 @@
-"""Classification metrics computed from the gathered predictions of all ranks.
+"""Classification metrics through Hugging Face `evaluate`, the way the no_trainer examples use it: every rank
+adds the batches `gather_for_metrics` returns (`add_batch`), then computes (`compute`) the same numbers.
 
-`evaluate.load("accuracy")` fetches its metric script from the Hub, which offline machines cannot reach;
-these are the same definitions (macro-F1 as scikit-learn: the unweighted mean of per-class F1 over the
-classes that occur in the labels or the predictions), computed in a few tensor operations.
+The project's own metrics are `evaluate` modules in training/metric_modules/, loaded from their local path,
+so everything works offline: `accuracy`, `macro_f1` (scikit-learn's definition) and `classification_report`
+(per-class precision / recall / F1 / support and the confusion matrix). `--extra_metrics` adds any `evaluate`
+metric by Hub name or local path; each is loaded and tried on a tiny input at start, so a metric that cannot
+load (offline) or cannot score this task fails before training, not after.
 """
 
 from __future__ import annotations
 
-import torch
+from pathlib import Path
+from typing import Sequence
+
+import evaluate
+
+MODULES = Path(__file__).with_name("metric_modules")
+SELECTION = ("accuracy", "macro_f1")  # what picks the best model: always computed
 
 
-def confusion_matrix(predictions: torch.Tensor, labels: torch.Tensor, num_labels: int) -> torch.Tensor:
-    """counts[true class, predicted class]."""
-    predictions, labels = predictions.long().cpu(), labels.long().cpu()
-    if predictions.shape != labels.shape or predictions.ndim != 1:
-        raise ValueError(f"predictions {tuple(predictions.shape)} and labels {tuple(labels.shape)} must be equal 1-D")
-    counts = torch.bincount(labels * num_labels + predictions, minlength=num_labels * num_labels)
-    return counts.reshape(num_labels, num_labels)
+class MetricError(RuntimeError):
+    """An --extra_metrics entry cannot be loaded or cannot score this task."""
 
 
-def per_class(confusion: torch.Tensor, label_names: list[str]) -> dict[str, dict[str, float]]:
-    """Precision, recall, F1 and support of each class (0 where undefined, as scikit-learn's zero_division=0)."""
-    true_pos = confusion.diag().double()
-    support, predicted = confusion.sum(1).double(), confusion.sum(0).double()
-    precision = torch.where(predicted > 0, true_pos / predicted.clamp(min=1), torch.zeros_like(predicted))
-    recall = torch.where(support > 0, true_pos / support.clamp(min=1), torch.zeros_like(support))
-    f1 = _f1(confusion)
-    return {name: {"precision": precision[i].item(), "recall": recall[i].item(), "f1": f1[i].item(),
-                   "support": int(support[i].item())} for i, name in enumerate(label_names)}
+def load_module(name_or_path: str) -> evaluate.EvaluationModule:
+    return evaluate.load(name_or_path, keep_in_memory=True)
 
 
-def _f1(confusion: torch.Tensor) -> torch.Tensor:
-    denom = (confusion.sum(1) + confusion.sum(0)).double()  # 2TP + FP + FN
-    return torch.where(denom > 0, 2 * confusion.diag().double() / denom.clamp(min=1), torch.zeros_like(denom))
+def _load_extra(name: str) -> evaluate.EvaluationModule:
+    try:
+        return load_module(name)
+    except (FileNotFoundError, ConnectionError, ImportError, OSError, ValueError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise MetricError(f"extra_metrics: cannot load {name!r} ({reason}); without the Hub only a local metric "
+                          "folder loads") from None
 
 
-def classification_metrics(predictions: torch.Tensor, labels: torch.Tensor, num_labels: int) -> dict[str, float]:
-    confusion = confusion_matrix(predictions, labels, num_labels)
-    true_pos = confusion.diag().double()
-    f1 = _f1(confusion)
-    present = (confusion.sum(1) + confusion.sum(0)) > 0
-    total = len(labels)
-    return {
-        "accuracy": (true_pos.sum() / total).item() if total else 0.0,
-        "macro_f1": f1[present].mean().item() if present.any() else 0.0,
-        "num_examples": total,
-    }
+def _scalar(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+class MetricSuite:
+    """accuracy and macro_f1, plus the extra metrics, fed batch by batch and computed together."""
+
+    def __init__(self, extra: Sequence[str] = (), num_labels: int = 2):
+        self.modules = {name: load_module(str(MODULES / name)) for name in SELECTION}
+        for name in extra:
+            self.modules[name] = _load_extra(name)
+            self._try(name, num_labels)
+
+    def _try(self, name: str, num_labels: int) -> None:
+        ids = list(range(num_labels))
+        try:
+            self.modules[name].compute(predictions=ids, references=ids)
+        except Exception as exc:  # noqa: BLE001 - any failure of a third-party metric is reported the same way
+            raise MetricError(f"extra_metrics: {name!r} cannot score {num_labels}-class predictions "
+                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+
+    def add_batch(self, predictions, references) -> None:
+        for module in self.modules.values():
+            module.add_batch(predictions=predictions, references=references)
+
+    def compute(self) -> dict:
+        """Every metric's result; the project's own names win over an extra metric's same key."""
+        results: dict = {}
+        for module in self.modules.values():  # the project's own come first
+            for key, value in module.compute().items():
+                results.setdefault(key, _scalar(value))
+        return results
+
+
+def classification_report(predictions, references, label_names: Sequence[str]) -> dict:
+    """{"per_class": {name: {precision, recall, f1, support}}, "confusion_matrix": [[...]]}."""
+    return load_module(str(MODULES / "classification_report")).compute(
+        predictions=predictions, references=references, label_names=list(label_names))

@@ -19,12 +19,12 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Optional
 
 import datasets
 import yaml
 from transformers import AutoModel, AutoTokenizer
 
-from training.data import infer_label_names
 from inference.hub import hub_reachable, is_offline
 from training.hub import HubUnavailableError, explain_missing
 
@@ -54,8 +54,8 @@ def save_model(name: str, folder: Path) -> None:
     logger.info("Model %s -> %s (%.1f M parameters)", name, folder, model.num_parameters() / 1e6)
 
 
-def save_dataset(name: str, folder: Path, label_column: str) -> tuple[dict[str, Path], list[str]]:
-    """Every split as parquet; the class names in id order."""
+def save_dataset(name: str, folder: Path, label_column: str) -> tuple[dict[str, Path], Optional[list[str]]]:
+    """Every split as parquet; the class names in id order when the dataset has them (a ClassLabel)."""
     try:
         splits = datasets.load_dataset(name)
     except (ConnectionError, FileNotFoundError, OSError) as exc:
@@ -68,12 +68,16 @@ def save_dataset(name: str, folder: Path, label_column: str) -> tuple[dict[str, 
         files[split] = folder / f"{split}.parquet"
         ds.to_parquet(str(files[split]))
         logger.info("Dataset %s[%s]: %d rows -> %s", name, split, len(ds), files[split])
-    return files, infer_label_names(splits["train"], label_column)
+    feature = splits["train"].features.get(label_column)
+    return files, list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
 
 
-def train_config(model_dir: Path, files: dict[str, Path], label_names: list[str], args: argparse.Namespace) -> dict:
+def train_config(model_dir: Path, files: dict[str, Path], label_names: Optional[list[str]],
+                 args: argparse.Namespace) -> dict:
     config = {"model_name_or_path": str(model_dir.resolve()), "train_file": str(files["train"].resolve()),
-              "text_column": args.text_column, "label_column": args.label_column, "label_names": label_names}
+              "text_column_names": args.text_column_names.split(","), "label_column": args.label_column}
+    if label_names:
+        config["label_names"] = label_names
     if "validation" in files:
         config["validation_file"] = str(files["validation"].resolve())
     if "test" in files:
@@ -88,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output_dir", required=True, help="folder to fill (created; existing files are replaced)")
     parser.add_argument("--model_name_or_path", default="distilbert-base-uncased", help="Hub model id (or a local folder)")
     parser.add_argument("--dataset_name", default="ag_news", help="Hub dataset id (or a local dataset folder)")
-    parser.add_argument("--text_column", default="text")
+    parser.add_argument("--text_column_names", default="text", help="text column(s), comma-separated")
     parser.add_argument("--label_column", default="label")
     return parser.parse_args(argv)
 

@@ -1,5 +1,5 @@
 """What people look at after a run or an evaluation: the per-class table, the confusion-matrix and training
-curve PNGs, the misclassified examples, and the model card (README.md) of the output dir.
+curve PNGs and the misclassified examples (the model card is training/model_card.py).
 
 Every function takes finished numbers; the callers decide that only the main process writes. Plots use
 matplotlib's object API with the Agg canvas (no pyplot, no global backend switch, no display needed).
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -116,67 +115,3 @@ def write_training_curves(output_dir: Path, progress: checkpoint.Progress) -> No
         ax.grid(alpha=0.3)
     figure.tight_layout()
     checkpoint.write_bytes(output_dir / files.CURVES_PNG, _png(figure))
-
-
-def model_card(summary: dict[str, Any]) -> str:
-    """README.md of the output dir, from the run summary (metrics.json)."""
-    cfg = summary["config"]
-    folder = cfg["output_dir"]
-    labels = summary.get("label_names") or []
-    if cfg.get("train_file"):
-        data = ", ".join([f"`{cfg['train_file']}`"] + [f"{split} `{cfg[f'{split}_file']}`"
-                                                       for split in ("validation", "test") if cfg.get(f"{split}_file")])
-    else:
-        data = f"Hub dataset `{cfg['dataset_name']}`"
-    counts = summary.get("num_examples", {})
-    front = {"library_name": "transformers", "pipeline_tag": "text-classification",
-             "base_model": cfg["model_name_or_path"], "tags": ["text-classification", "distilbert-agnews"]}
-    if not cfg.get("train_file"):
-        front["datasets"] = [cfg["dataset_name"]]
-
-    def metric_rows(name: str, metrics: dict | None) -> list[str]:
-        if not metrics:
-            return []
-        return [f"| {name} | {metrics['accuracy']:.4f} | {metrics['macro_f1']:.4f} | {metrics['loss']:.4f} | "
-                f"{metrics['num_examples']} |"]
-
-    hyper = [("learning rate", cfg["learning_rate"]), ("epochs", cfg["num_train_epochs"]),
-             ("optimizer steps", summary["global_step"]),
-             ("per-device batch", cfg["per_device_train_batch_size"]),
-             ("gradient accumulation", cfg["gradient_accumulation_steps"]), ("world size", summary["world_size"]),
-             ("effective batch", summary["effective_batch_size"]), ("max_length", cfg["max_length"]),
-             ("warmup ratio", cfg["warmup_ratio"]), ("weight decay", cfg["weight_decay"]),
-             ("mixed precision", summary["mixed_precision"]), ("seed", cfg["seed"]),
-             ("best model", f"step {summary['best_step']} by validation {summary['metric_for_best_model']}")]
-    lines = ["---"] + [f"{key}: {json.dumps(value)}" for key, value in front.items()] + ["---", ""]
-    lines += [
-        f"# Text classifier {'trained from scratch on the architecture of' if cfg.get('from_scratch') else 'fine-tuned from'}"
-        f" `{cfg['model_name_or_path']}`", "",
-        f"Trained with distilbert-agnews (`training/train.py`) on {data}"
-        + (f": {counts.get('train', '?')} training, {counts.get('validation', '?')} validation and "
-           f"{counts.get('test', 0)} test examples." if counts else "."), "",
-        "## Labels", "", "| id | label |", "|---|---|", *[f"| {i} | {name} |" for i, name in enumerate(labels)], "",
-        "## Results", "", "| split | accuracy | macro-F1 | loss | examples |", "|---|---|---|---|---|",
-        *metric_rows("validation (best)", summary.get("validation")), *metric_rows("test", summary.get("test")), "",
-        f"Curves: `{files.CURVES_PNG}` (raw series in `{files.CURVES_JSON}`); every number in `{files.METRICS}`.", "",
-        "## Training", "", "| setting | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in hyper], "",
-        "## Use it", "",
-        "Serve it (`POST /predict`):", "", "```bash", f"python -m inference --model_id {folder} --port 8000",
-        "curl -s localhost:8000/predict -H 'content-type: application/json' -d '{\"inputs\": \"Stocks rallied\"}'",
-        "```", "",
-    ]
-    listed = f"`{files.WEIGHTS}` (state_dict, what the service loads), `config.json`, `{files.TOKENIZER_DIR}/`"
-    if cfg.get("export_hf_format", True):
-        lines += [
-            "or load it with transformers (the folder is also in Hugging Face format: `model.safetensors`, "
-            "`config.json`, tokenizer files):", "", "```python", "from transformers import pipeline", "",
-            f'classify = pipeline("text-classification", model="{folder}")',
-            'classify("Stocks rallied as oil prices fell")', "```", "",
-        ]
-        listed += f", `{files.HF_WEIGHTS}` and the tokenizer files (Hugging Face format)"
-    lines += [f"Files: {listed}, `{files.METRICS}`.", ""]
-    return "\n".join(lines)
-
-
-def write_model_card(output_dir: Path, summary: dict[str, Any]) -> None:
-    checkpoint.write_bytes(output_dir / files.MODEL_CARD, model_card(summary).encode("utf-8"))

@@ -39,13 +39,15 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from inference import files
-from training import checkpoint, faults, reports
+from training import checkpoint, faults, model_card, reports
 from training.checkpoint import Progress
 from training.config import ConfigError, TrainConfig, load_config
 from training.data import DataError, load_splits, make_dataloaders, steps_per_epoch, tokenize_splits
 from training.evaluate import evaluate
 from training.guards import LaunchError, StopGuard, TrainingDiverged, check_world_size
 from training.hub import HubUnavailableError, ensure_hub_or_offline
+from training.metrics import MetricError, MetricSuite
+from training.push import PushError, check_can_push, push
 from training.model import attention_for, build_model, build_optimizer, load_tokenizer, use_fast_dropout
 from training.smoke import ensure_smoke_assets
 from training.throughput import Throughput, peak_memory_mb
@@ -97,8 +99,11 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
     logger.info("Distributed: %s, %d process(es), mixed precision %s, device %s", accelerator.distributed_type,
                 accelerator.num_processes, accelerator.mixed_precision, accelerator.device)
 
+    if cfg.push_to_hub:  # before hours of training, not after
+        check_can_push(cfg.hub_model_id)
+
     # ---- data and tokenizer (the main process downloads/tokenizes first; the others read its cache)
-    local = [cfg.tokenizer_name or cfg.model_name_or_path, cfg.model_name_or_path]
+    local = [cfg.tokenizer_name or cfg.model_name_or_path, cfg.model_name_or_path, *(cfg.extra_metrics or [])]
     ensure_hub_or_offline(needs_hub=not cfg.train_file or not all(Path(p).is_dir() for p in local))
     if cfg.preset == "smoke":
         with accelerator.local_main_process_first():
@@ -108,6 +113,7 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
         splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
     train_loader, sampler, val_loader, test_loader = make_dataloaders(
         splits, tokenizer, cfg, accelerator.num_processes, device_type=accelerator.device.type)
+    metrics = MetricSuite(cfg.extra_metrics or [], num_labels=len(splits.label_names))  # extras fail here, not later
 
     # ---- model, optimizer, schedule
     attention = attention_for(cfg, accelerator.device)
@@ -122,8 +128,8 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
     epoch_steps = steps_per_epoch(len(sampler) // accelerator.num_processes, cfg.gradient_accumulation_steps)
     total_steps = cfg.max_train_steps or epoch_steps * cfg.num_train_epochs
     num_epochs = math.ceil(total_steps / epoch_steps)
-    scheduler = transformers.get_linear_schedule_with_warmup(
-        optimizer, num_warmup_steps=round(cfg.warmup_ratio * total_steps), num_training_steps=total_steps)
+    scheduler = transformers.get_scheduler(cfg.lr_scheduler_type, optimizer, num_training_steps=total_steps,
+                                           num_warmup_steps=round(cfg.warmup_ratio * total_steps))
     model, optimizer, train_loader, val_loader, test_loader = accelerator.prepare(
         model, optimizer, train_loader, val_loader, test_loader)
     accelerator.register_for_checkpointing(scheduler)  # stepped by us once per optimizer step
@@ -154,7 +160,7 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
     # ---- train, then score the best model once on the test split
     throughput = Throughput(accelerator.device)
     if fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, sampler, val_loader, progress,
-           total_steps, num_epochs, throughput):
+           total_steps, num_epochs, throughput, splits, metrics):
         return None  # preempted: the resumable state is saved; the test split waits for the finished run
     speed = throughput.summary(accelerator)
     logger.info("Training speed: %.1f examples/s, %.0f tokens/s (padding %.1f%%), %.1f s; peak memory %.0f MB "
@@ -164,22 +170,23 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
     if test_loader is not None:
         best = checkpoint.load_weights(Path(cfg.output_dir) / files.WEIGHTS)
         accelerator.unwrap_model(model).load_state_dict(best)
-        test_metrics = evaluate(accelerator, model, test_loader, len(splits.label_names))
+        test_metrics = evaluate(accelerator, model, test_loader, metrics)
         logger.info("Test (best model, step %s): %s", progress.best_step, format_metrics(test_metrics))
     summary = run_summary(cfg, accelerator, splits, progress, test_metrics, time.time() - started)
     summary["throughput"] = speed
     if accelerator.is_main_process:
         checkpoint.write_json(Path(cfg.output_dir) / files.METRICS, summary)
         reports.write_training_curves(Path(cfg.output_dir), progress)
-        reports.write_model_card(Path(cfg.output_dir), summary)
+        model_card.write_model_card(Path(cfg.output_dir), summary, cfg.hub_model_id)
+        if cfg.push_to_hub:
+            push(Path(cfg.output_dir), cfg.hub_model_id, cfg.hub_private_repo)
     accelerator.wait_for_everyone()
     return summary
 
 
 def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, sampler, val_loader,
-        progress: Progress, total_steps: int, num_epochs: int, throughput: Throughput) -> bool:
+        progress: Progress, total_steps: int, num_epochs: int, throughput: Throughput, splits, metrics) -> bool:
     """Train until done, early-stopped or preempted; True when preempted (a resumable state was saved)."""
-    num_labels = accelerator.unwrap_model(model).config.num_labels
     guard = StopGuard(accelerator, cfg.max_nonfinite_steps)
     save_every = int(cfg.checkpointing_steps) if cfg.checkpointing_steps.isdigit() else None
     bar = tqdm(total=total_steps, initial=progress.global_step, desc="Training", unit="step",
@@ -193,20 +200,21 @@ def fit(cfg, accelerator, model, optimizer, scheduler, tokenizer, train_loader, 
 
     def _validate_and_save() -> bool:
         """Evaluate on every rank, save the model if it improved; True when early stopping fires."""
-        metrics = evaluate(accelerator, model, val_loader, num_labels)
-        progress.history.append({"step": progress.global_step, "epoch": progress.epoch, **metrics})
-        accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=progress.global_step)
-        value = metrics[cfg.metric_for_best_model]
+        results = evaluate(accelerator, model, val_loader, metrics)
+        progress.history.append({"step": progress.global_step, "epoch": progress.epoch, **results})
+        accelerator.log({f"eval/{k}": v for k, v in results.items() if isinstance(v, (int, float))},
+                        step=progress.global_step)
+        value = results[cfg.metric_for_best_model]
         improved = progress.best_metric is None or value > progress.best_metric
-        logger.info("Validation at step %d: %s%s", progress.global_step, format_metrics(metrics),
+        logger.info("Validation at step %d: %s%s", progress.global_step, format_metrics(results),
                     " (best so far, saved)" if improved else "")
         if improved:
-            progress.best_metric, progress.best_step, progress.best_validation = value, progress.global_step, metrics
+            progress.best_metric, progress.best_step, progress.best_validation = value, progress.global_step, results
             progress.evals_since_best = 0
             checkpoint.save_model(accelerator, model, tokenizer, cfg.output_dir, cfg.export_hf_format)
             if accelerator.is_main_process:
                 checkpoint.write_json(Path(cfg.output_dir) / files.METRICS,
-                                      run_summary(cfg, accelerator, None, progress, None, None))
+                                      run_summary(cfg, accelerator, splits, progress, None, None))
                 reports.write_training_curves(Path(cfg.output_dir), progress)
         else:
             progress.evals_since_best += 1
@@ -344,6 +352,7 @@ def run_summary(cfg, accelerator, splits, progress: Progress, test_metrics, runt
         summary["num_examples"] = {"train": len(splits.train), "validation": len(splits.validation),
                                    "test": len(splits.test) if splits.test is not None else 0}
         summary["label_names"] = splits.label_names
+        summary["label_values"] = splits.labels.values  # the training data's value of each class id
     return summary
 
 
@@ -366,7 +375,7 @@ def cli(argv: list[str] | None = None) -> int:
     try:
         with logging_redirect_tqdm():  # log lines print above the progress bar instead of through it
             summary = main(cfg, accelerator)
-    except (DataError, HubUnavailableError, checkpoint.ResumeError, TrainingDiverged) as exc:
+    except (DataError, HubUnavailableError, MetricError, PushError, checkpoint.ResumeError, TrainingDiverged) as exc:
         # Expected, explainable failures: one paragraph, no traceback. Everything else propagates.
         logger.error("%s", exc)
         return 1

@@ -59,7 +59,20 @@ def test_cli_types_bools_and_lists():
     assert cfg.label_names == ["x", "y"] and cfg.max_train_steps is None and cfg.checkpointing_steps == "25"
 
 
+def test_comma_separated_lists_and_the_old_text_column_name(tmp_path):
+    cfg = load_config(["--label_names", "World,Sports,Business,Sci/Tech", "--text_column_names", "Title,Description"])
+    assert cfg.label_names == ["World", "Sports", "Business", "Sci/Tech"]
+    assert cfg.text_column_names == ["Title", "Description"]
+    assert load_config(["--text_column", "body"]).text_column_names == ["body"]
+    old = tmp_path / "old.yaml"
+    old.write_text("text_column: body\n")
+    assert load_config(["--config", str(old)]).text_column_names == ["body"]
+    assert load_config(["--lr_scheduler_type", "cosine_with_restarts"]).lr_scheduler_type == "cosine_with_restarts"
+
+
 @pytest.mark.parametrize("argv, field", [
+    (["--lr_scheduler_type", "exponential"], "lr_scheduler_type"),
+    (["--push_to_hub"], "hub_model_id"),
     (["--bogus", "1"], "--bogus"),
     (["--learning_rate", "abc"], "learning_rate"),
     (["--num_train_epochs", "0"], "num_train_epochs"),

@@ -1,49 +1,104 @@
-"""Data loading, validation errors, the seeded validation split, tokenization and padding."""
+"""Data loading: labels as run_classification.py gives them, text columns, validation errors, the seeded
+validation split, tokenization and padding."""
 
 from __future__ import annotations
 
+import datasets
 import pytest
 import torch
 
 from tests.conftest import write_rows
 from training.config import load_config
-from training.data import AG_NEWS_LABELS, DataError, load_splits, make_dataloaders, tokenize_splits
+from training.data import DataError, load_splits, make_dataloaders, tokenize_splits
 from training.model import load_tokenizer
 
-NAMES = AG_NEWS_LABELS
+NAMES = ["World", "Sports", "Business", "Sci/Tech"]
 TEXTS = ["Stocks rallied on Wall Street", "The Yankees beat the Red Sox", "NASA launched a probe to Mars",
          "Leaders signed a ceasefire", "Oil prices fell again", "Federer won at Wimbledon"]
 
 
-def rows(n: int = 40, by_name: bool = False) -> list[dict]:
-    return [{"text": f"{TEXTS[i % len(TEXTS)]} number {i}", "label": NAMES[i % 4] if by_name else i % 4}
-            for i in range(n)]
+def rows(n: int = 40, labels=(0, 1, 2, 3)) -> list[dict]:
+    return [{"text": f"{TEXTS[i % len(TEXTS)]} number {i}", "label": labels[i % len(labels)]} for i in range(n)]
 
 
 def config(train, *extra):
     return load_config(["--train_file", str(train), "--validation_split", "0.25", *extra])
 
 
+def text_to_label(splits) -> dict:
+    return {t: splits.label_names[y] for t, y in zip(splits.train["text"], splits.train["labels"])}
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
-def test_local_files_with_ids_or_names_give_the_same_labels(tmp_path, suffix):
-    by_id = write_rows(tmp_path / f"ids{suffix}", rows())
-    by_name = write_rows(tmp_path / f"names{suffix}", rows(by_name=True))
-    a, b = load_splits(config(by_id)), load_splits(config(by_name))
-    assert a.label_names == b.label_names == NAMES
-    assert list(a.train["labels"]) == list(b.train["labels"])
-    assert list(a.train["text"]) == list(b.train["text"])
-    expected = {r["text"]: r["label"] for r in rows()}
-    assert all(expected[t] == y for t, y in zip(a.validation["text"], a.validation["labels"]))
+def test_integer_labels_are_sorted_ids_named_by_their_values_or_label_names(tmp_path, suffix):
+    train = write_rows(tmp_path / f"ids{suffix}", rows())
+    assert load_splits(config(train)).label_names == ["0", "1", "2", "3"]
+    named = load_splits(config(train, "--label_names", "World,Sports,Business,Sci/Tech"))
+    assert named.label_names == NAMES and named.labels.values == [0, 1, 2, 3]
+    expected = {r["text"]: NAMES[r["label"]] for r in rows()}
+    assert text_to_label(named) == {t: expected[t] for t in named.train["text"]}
 
 
-def test_custom_class_names_are_sorted_or_taken_from_config(tmp_path):
+def test_binary_labels_give_two_classes_and_1_to_4_give_four(tmp_path):
+    binary = load_splits(config(write_rows(tmp_path / "b.csv", rows(labels=(0, 1)))))
+    assert binary.label_names == ["0", "1"]
+    kaggle = load_splits(config(write_rows(tmp_path / "k.csv", rows(labels=(1, 2, 3, 4))),
+                                "--label_names", "World,Sports,Business,Sci/Tech"))
+    assert kaggle.label_names == NAMES and kaggle.labels.values == [1, 2, 3, 4]
+    assert sorted(set(kaggle.train["labels"]) | set(kaggle.validation["labels"])) == [0, 1, 2, 3]
+    assert text_to_label(kaggle) == {r["text"]: NAMES[r["label"] - 1] for r in rows(labels=(1, 2, 3, 4))
+                                     if r["text"] in kaggle.train["text"]}
+
+
+def test_string_labels_are_sorted_as_strings_and_can_be_renamed(tmp_path):
     data = [{"text": f"text {i}", "label": ["pos", "neg", "neutral"][i % 3]} for i in range(30)]
     train = write_rows(tmp_path / "t.csv", data)
     assert load_splits(config(train)).label_names == ["neg", "neutral", "pos"]
-    splits = load_splits(config(train, "--label_names", "pos", "neg", "neutral"))
-    assert splits.label_names == ["pos", "neg", "neutral"]
-    expected = {r["text"]: r["label"] for r in data}
-    assert all(splits.label_names[y] == expected[t] for t, y in zip(splits.train["text"], splits.train["labels"]))
+    renamed = load_splits(config(train, "--label_names", "negative,neutral,positive"))
+    expected = {"neg": "negative", "neutral": "neutral", "pos": "positive"}
+    assert text_to_label(renamed) == {r["text"]: expected[r["label"]] for r in data if r["text"] in renamed.train["text"]}
+
+
+def test_integers_sort_numerically(tmp_path):
+    splits = load_splits(config(write_rows(tmp_path / "t.csv", rows(labels=(10, 2, 1)))))
+    assert splits.label_names == ["1", "2", "10"]
+
+
+def test_label_names_must_name_every_value(tmp_path):
+    with pytest.raises(DataError, match=r"label_names: 3 names for the 4 label values of .*t\.csv \(0, 1, 2, 3"):
+        load_splits(config(write_rows(tmp_path / "t.csv", rows()), "--label_names", "a,b,c"))
+
+
+def test_a_hub_class_label_keeps_its_names(tmp_path):
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=NAMES)})
+    ds = datasets.Dataset.from_list(rows(), features=features)
+    ds.to_parquet(str(tmp_path / "hub.parquet"))  # as training.prepare saves a Hub dataset
+    splits = load_splits(config(tmp_path / "hub.parquet"))
+    assert splits.label_names == NAMES and splits.labels.values == [0, 1, 2, 3]
+
+
+def test_several_text_columns_are_joined_and_any_label_column_name_works(tmp_path):
+    data = [{"Class Index": 1 + i % 4, "Title": f"Title {i}", "Description": f"what happened {i}"} for i in range(40)]
+    train = write_rows(tmp_path / "kaggle.csv", data)
+    splits = load_splits(config(train, "--text_column_names", "Title,Description", "--label_column", "Class Index"))
+    assert "Title 3 what happened 3" in set(splits.train["text"]) | set(splits.validation["text"])
+    dashed = load_splits(config(train, "--text_column_names", "Title,Description", "--label_column", "Class Index",
+                                "--text_column_delimiter", " - "))
+    assert "Title 3 - what happened 3" in set(dashed.train["text"]) | set(dashed.validation["text"])
+
+
+def test_a_text_pair_column_is_kept_for_pair_tokenization(tmp_path, smoke_dir):
+    data = [{"premise": f"premise {i}", "hypothesis": f"hypothesis {i}", "label": ["yes", "no"][i % 2]} for i in range(40)]
+    train = write_rows(tmp_path / "nli.jsonl", data)
+    cfg = config(train, "--text_column_names", "premise", "--text_pair_column", "hypothesis",
+                 "--model_name_or_path", str(smoke_dir / "model"))
+    splits = load_splits(cfg)
+    assert list(zip(splits.train["text"], splits.train["text_pair"]))[0][1].startswith("hypothesis")
+    tokenizer = load_tokenizer(cfg)
+    tokenized = tokenize_splits(splits, tokenizer, cfg)
+    first = tokenized.train[0]
+    expected = tokenizer(splits.train["text"][0], splits.train["text_pair"][0])["input_ids"]
+    assert first["input_ids"] == expected and expected.count(tokenizer.sep_token_id) == 2
 
 
 def test_validation_split_is_seeded_deterministic_and_disjoint(tmp_path):
@@ -58,7 +113,7 @@ def test_validation_split_is_seeded_deterministic_and_disjoint(tmp_path):
 
 def test_validation_and_test_files_and_num_samples(tmp_path):
     train = write_rows(tmp_path / "t.csv", rows(100))
-    val = write_rows(tmp_path / "v.jsonl", rows(12, by_name=True))
+    val = write_rows(tmp_path / "v.jsonl", rows(12))
     test = write_rows(tmp_path / "x.parquet", rows(20))
     splits = load_splits(config(train, "--validation_file", str(val), "--test_file", str(test), "--num_samples", "10"))
     assert (len(splits.train), len(splits.validation), len(splits.test)) == (10, 10, 10)
@@ -67,24 +122,28 @@ def test_validation_and_test_files_and_num_samples(tmp_path):
 
 
 @pytest.mark.parametrize("bad_rows, message", [
-    ([{"text": "a", "category": 1}], "missing column 'label'"),
-    ([{"body": "a", "label": 1}], "missing column 'text'"),
-    ([{"text": "ok", "label": 0}, {"text": "ok", "label": 9}], "row 2: label 9 is not one of the 4 classes"),
-    ([{"text": "ok", "label": "World"}, {"text": "ok", "label": "Weather"}], "row 2: label 'Weather'"),
+    ([{"text": "a", "category": 1}] * 2, "missing column 'label'"),
+    ([{"body": "a", "label": 1}] * 2, "missing column 'text'"),
+    ([{"text": "ok", "label": 0}, {"text": "ok", "label": None}], "row 2: label None is not a class"),
+    ([{"text": "ok", "label": 0}, {"text": "ok", "label": "World"}], "mixes label types"),
+    ([{"text": "ok", "label": 0}] * 3, "1 distinct label"),
     ([{"text": "ok", "label": 0}, {"text": "   ", "label": 1}], "row 2: empty text"),
+    ([{"text": "", "label": 0}, {"text": None, "label": 1}], "text column 'text' is empty in every row"),
 ])
 def test_bad_rows_are_reported_with_file_and_row(tmp_path, bad_rows, message):
-    train = write_rows(tmp_path / "bad.jsonl", bad_rows * 1)
+    train = write_rows(tmp_path / "bad.jsonl", bad_rows)
     with pytest.raises(DataError, match=message) as info:
-        load_splits(config(train, "--label_names", *NAMES))
+        load_splits(config(train))
     assert "bad.jsonl" in str(info.value)
 
 
-def test_unknown_label_in_validation_file_names_that_file(tmp_path):
-    train = write_rows(tmp_path / "t.csv", rows(40, by_name=True))
-    val = write_rows(tmp_path / "v.csv", [{"text": "ok", "label": "World"}, {"text": "x", "label": "Cooking"}])
-    with pytest.raises(DataError, match=r"v\.csv: row 2: label 'Cooking'"):
-        load_splits(config(train, "--validation_file", str(val)))
+@pytest.mark.parametrize("split", ["validation", "test"])
+def test_a_label_never_seen_in_training_names_the_value_the_file_and_the_row(tmp_path, split):
+    train = write_rows(tmp_path / "t.csv", rows(40, labels=("neg", "pos")))
+    other = write_rows(tmp_path / f"{split}.csv", [{"text": "ok", "label": "pos"}, {"text": "x", "label": "mixed"}])
+    with pytest.raises(DataError, match=rf"{split}\.csv: row 2: label 'mixed' never appears in the training data "
+                                        r"\(.*t\.csv: neg, pos\)"):
+        load_splits(config(train, f"--{split}_file", str(other)))
 
 
 def test_empty_missing_and_unparsable_files(tmp_path):

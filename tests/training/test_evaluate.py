@@ -54,7 +54,7 @@ def test_metrics_are_identical_with_1_2_and_3_processes(trained, smoke_dir, eval
 def test_a_missing_checkpoint_is_one_line_and_exit_1(tmp_path):
     result, seconds = launch(["-m", "training.evaluate", "--checkpoint_dir", str(tmp_path), "--preset", "smoke"])
     assert result.returncode == 1, describe(result)
-    assert "distilbert_agnews.pt: missing" in result.stderr and "Traceback" not in result.stderr
+    assert "config.json: missing" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_reports_per_class_confusion_matrix_and_misclassified_rows(trained, smoke_dir, evaluations):
@@ -86,7 +86,7 @@ def test_reports_per_class_confusion_matrix_and_misclassified_rows(trained, smok
     assert len(wrong) == one["metrics"]["num_examples"] - sum(confusion[i][i] for i in range(len(labels)))
     for row in wrong:  # each line is the test row it names, with its true label, and a wrong prediction
         source = test_rows[int(row["row"])]
-        assert (row["text"], row["label"]) == (source["text"], source["label"]) and row["predicted"] != row["label"]
+        assert (row["text"], row["label"]) == (source["text"], labels[int(source["label"])]) and row["predicted"] != row["label"]
         assert float(row["predicted_probability"]) > float(row["label_probability"])
     confidence = [float(row["predicted_probability"]) for row in wrong]
     assert confidence == sorted(confidence, reverse=True)

@@ -36,7 +36,9 @@ def test_the_network_guard_refuses_and_records(tmp_path):
 
 @pytest.fixture(scope="module")
 def hub_like_sources(smoke_dir, tmp_path_factory):
-    """A pretrained-style model folder (weights, config, tokenizer) and a dataset folder with train/test files."""
+    """A pretrained-style model folder (weights, config, tokenizer) and a dataset folder with train/test files
+    whose label column is a ClassLabel, as the Hub's ag_news has."""
+    import datasets
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     root = tmp_path_factory.mktemp("sources")
@@ -44,8 +46,11 @@ def hub_like_sources(smoke_dir, tmp_path_factory):
     AutoModel.from_config(AutoConfig.from_pretrained(smoke_dir / "model")).save_pretrained(model_dir)
     AutoTokenizer.from_pretrained(smoke_dir / "model").save_pretrained(model_dir)
     data_dir.mkdir()
+    features = datasets.Features({"text": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=["World", "Sports", "Business", "Sci/Tech"])})
     for split in ("train", "test"):
-        shutil.copy(smoke_dir / f"{split}.csv", data_dir / f"{split}.csv")
+        rows = datasets.load_dataset("csv", data_files=str(smoke_dir / f"{split}.csv"), split="train")
+        rows.cast(features).to_parquet(str(data_dir / f"{split}.parquet"))
     return model_dir, data_dir
 
 

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from inference import files
-from training import reports
+from training import model_card, reports
 from training.checkpoint import Progress
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -38,33 +38,28 @@ def test_curves_are_written_even_before_the_first_logged_loss(tmp_path):
         assert image.format == "PNG"
 
 
-def test_report_table_and_model_card():
+def test_report_table():
     per_class = {name: {"precision": 1.0, "recall": 0.5, "f1": 2 / 3, "support": 2} for name in LABELS}
     metrics = {"accuracy": 0.5, "macro_f1": 2 / 3, "num_examples": 8, "loss": 0.25}
     table = reports.report_table(per_class, metrics).splitlines()
     assert table[1].split() == ["World", "1.0000", "0.5000", "0.6667", "2"]
     assert table[-3].split() == ["accuracy", "0.5000", "8"] and table[-2].split()[:2] == ["macro", "avg"]
 
+
+def test_model_card_body():
     config = {"model_name_or_path": "distilbert-base-uncased", "dataset_name": "ag_news", "train_file": None,
               "output_dir": "runs/x", "learning_rate": 5e-5, "num_train_epochs": 2, "per_device_train_batch_size": 32,
               "gradient_accumulation_steps": 2, "max_length": 128, "warmup_ratio": 0.1, "weight_decay": 0.01,
               "seed": 42}
-    card = reports.model_card({"config": config, "label_names": LABELS, "validation": metrics, "test": None,
-                               "global_step": 100, "world_size": 8, "effective_batch_size": 512,
-                               "mixed_precision": "bf16", "best_step": 100, "metric_for_best_model": "accuracy",
-                               "num_examples": {"train": 114000, "validation": 6000, "test": 7600}})
-    assert card.startswith("---\nlibrary_name: \"transformers\"")
-    assert 'datasets: ["ag_news"]' in card and "fine-tuned from `distilbert-base-uncased`" in card
+    metrics = {"accuracy": 0.5, "macro_f1": 2 / 3, "num_examples": 8, "loss": 0.25}
+    run = {"config": config, "label_names": LABELS, "validation": metrics, "test": None, "global_step": 100,
+           "world_size": 8, "effective_batch_size": 512, "mixed_precision": "bf16", "best_step": 100,
+           "metric_for_best_model": "accuracy", "num_examples": {"train": 114000, "validation": 6000, "test": 7600}}
+    card = str(model_card.model_card(run))
+    assert card.startswith("---\nbase_model: distilbert-base-uncased\n")
+    assert "- ag_news" in card and "fine-tuned from `distilbert-base-uncased`" in card
     assert "| effective batch | 512 |" in card and "| validation (best) | 0.5000 |" in card
     assert "| test |" not in card  # no test split, no test row
     assert 'pipeline("text-classification", model="runs/x")' in card
-    without_export = reports.model_card({"config": {**config, "export_hf_format": False}, "label_names": LABELS,
-                                         "validation": metrics, "test": None, "global_step": 100, "world_size": 8,
-                                         "effective_batch_size": 512, "mixed_precision": "bf16", "best_step": 100,
-                                         "metric_for_best_model": "accuracy"})
+    without_export = str(model_card.model_card({**run, "config": {**config, "export_hf_format": False}}))
     assert "pipeline(" not in without_export and "model.safetensors" not in without_export
-    local = reports.model_card({"config": {**config, "train_file": "a.csv", "test_file": "b.csv"}, "label_names": LABELS,
-                                "validation": metrics, "test": None, "global_step": 1, "world_size": 1,
-                                "effective_batch_size": 32, "mixed_precision": "no", "best_step": 1,
-                                "metric_for_best_model": "accuracy"})
-    assert "on `a.csv`, test `b.csv`." in local and "datasets:" not in local

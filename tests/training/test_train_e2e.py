@@ -97,7 +97,7 @@ def test_saved_state_dict_reproduces_the_trained_model(full_run, smoke_dir):
         enc = tokenizer([r["text"] for r in chunk], padding=True, truncation=True, max_length=64, return_tensors="pt")
         with torch.no_grad():
             predicted = model(**enc).logits.argmax(-1).tolist()
-        correct += sum(model.config.id2label[p] == r["label"] for p, r in zip(predicted, chunk))
+        correct += sum(p == int(r["label"]) for p, r in zip(predicted, chunk))  # the smoke data holds class ids
     assert correct / len(rows) == pytest.approx(metrics["test"]["accuracy"], abs=1e-9)
 
 
@@ -193,7 +193,7 @@ def test_reports_curves_model_card_and_the_hugging_face_export(full_run, smoke_d
         assert image.format == "PNG" and image.width > 800
 
     card = (out / "README.md").read_text()
-    assert "pipeline_tag: \"text-classification\"" in card
+    assert "pipeline_tag: text-classification" in card
     for expected in ("| 0 | World |", "| 3 | Sci/Tech |", "| world size | 2 |", "| effective batch | 32 |",
                      f"| test | {metrics['test']['accuracy']:.4f} |", f"python -m inference --model_id {out}"):
         assert expected in card, expected

@@ -1,0 +1,144 @@
+"""python -m training.predict: every row once, in input order, identical on 1 and 2 processes, any format in
+and out, any servable folder, bounded memory on a large file, one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from inference import files
+from inference.loading import load_model
+from tests.conftest import ROOT, cli_env, describe, launch, run_train, write_rows
+
+pytestmark = pytest.mark.slow
+LABELS = ["World", "Sports", "Business", "Sci/Tech"]
+WORDS = "stocks fell rose the yankees won nasa launched oil prices leaders signed a ceasefire google released".split()
+
+
+@pytest.fixture(scope="module")
+def model_dir(smoke_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("predict") / "model"
+    result, _ = run_train(["--preset", "smoke", "--output_dir", str(out), "--num_train_epochs", "1",
+                           "--checkpointing_steps", "none"])
+    assert result.returncode == 0, describe(result)
+    return out
+
+
+def sentences(n: int, seed: int = 0, longest: int = 40) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, longest))) for _ in range(n)]
+
+
+def predict(*args: str, processes: int = 1):
+    result, _ = launch(["-m", "training.predict", *args], processes=processes)
+    return result
+
+
+@torch.no_grad()
+def expected_probabilities(model: Path, texts: list[str]) -> torch.Tensor:
+    loaded = load_model(str(model), device="cpu", dtype="fp32")
+    rows = [loaded.model(**loaded.tokenizer(t, truncation=True, max_length=64, return_tensors="pt")).logits[0] for t in texts]
+    return torch.stack(rows).softmax(-1)
+
+
+def test_every_row_once_in_order_identical_on_one_and_two_processes(model_dir, tmp_path):
+    texts = sentences(1003)  # 10 chunks of 100 and one of 3; batches of 32 leave an uneven last batch
+    source = write_rows(tmp_path / "in.csv", [{"id": i, "text": t, "note": f"n{i % 7}"} for i, t in enumerate(texts)])
+    outputs = []
+    for processes in (1, 2):
+        out = tmp_path / f"out{processes}.csv"
+        result = predict("--checkpoint_dir", str(model_dir), "--input_file", str(source), "--output_file", str(out),
+                         "--chunk_size", "100", "--per_device_batch_size", "32", processes=processes)
+        assert result.returncode == 0, describe(result)
+        outputs.append(out)
+    assert outputs[0].read_bytes() == outputs[1].read_bytes()
+    frame = pd.read_csv(outputs[0])
+    assert list(frame.columns) == ["id", "text", "note", "predicted_label", "predicted_score",
+                                   *(f"score_{label}" for label in LABELS)]
+    assert frame["id"].tolist() == list(range(1003)) and frame["text"].tolist() == texts
+    expected = expected_probabilities(model_dir, texts[:50] + texts[-5:])
+    got = torch.tensor(frame[[f"score_{label}" for label in LABELS]].to_numpy()[list(range(50)) + list(range(998, 1003))])
+    assert torch.allclose(got.float(), expected, atol=1e-5)
+    assert frame["predicted_label"].tolist()[:50] == [LABELS[i] for i in expected[:50].argmax(-1).tolist()]
+    assert (frame["predicted_score"] == frame[[f"score_{label}" for label in LABELS]].max(axis=1)).all()
+    assert not list(tmp_path.glob(".out*"))  # no temporary file or part folder left
+
+
+def test_formats_in_and_out_and_a_save_pretrained_folder(model_dir, tmp_path):
+    rows = [{"Title": f"title {i}", "Description": t, "Class Index": 1 + i % 4} for i, t in enumerate(sentences(40))]
+    source = write_rows(tmp_path / "kaggle.jsonl", rows)
+    hf_only = Path(shutil.copytree(model_dir, tmp_path / "hf_only"))
+    (hf_only / files.WEIGHTS).unlink()
+    shutil.rmtree(hf_only / files.TOKENIZER_DIR)
+    answers = {}
+    for model, out in ((model_dir, tmp_path / "a.parquet"), (hf_only, tmp_path / "b.jsonl")):
+        result = predict("--checkpoint_dir", str(model), "--input_file", str(source), "--output_file", str(out),
+                         "--text_column_names", "Title,Description")
+        assert result.returncode == 0, describe(result)
+        answers[out.suffix] = pd.read_parquet(out) if out.suffix == ".parquet" else pd.read_json(out, lines=True)
+    a, b = answers[".parquet"], answers[".jsonl"]
+    assert a["Class Index"].tolist() == b["Class Index"].tolist() == [r["Class Index"] for r in rows]
+    assert a["predicted_label"].tolist() == b["predicted_label"].tolist()
+    joined = [f"{r['Title']} {r['Description']}" for r in rows]
+    assert torch.allclose(torch.tensor(a["score_Sports"].to_numpy()).float(),
+                          expected_probabilities(model_dir, joined)[:, 1], atol=1e-5)
+
+
+def peak_rss_mb(args: list[str]) -> float:
+    """Peak resident memory of one predict process (a fresh parent per measurement: RUSAGE_CHILDREN is a max)."""
+    code = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 if r.returncode == 0 else -1)")
+    env = cli_env()
+    env.pop("OMP_NUM_THREADS")  # both cores: this test is about memory, and it has 200,000 rows to score
+    result = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "training.predict", *args], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=600)
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def test_memory_stays_bounded_on_200000_rows(model_dir, tmp_path):
+    def write(n: int) -> Path:
+        path = tmp_path / f"rows{n}.csv"
+        with open(path, "w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["id", "text"])
+            writer.writerows((i, t) for i, t in enumerate(sentences(n, seed=n, longest=8)))
+        return path
+
+    peaks = {}
+    for n in (20_000, 200_000):  # short rows: 2 to 8 words
+        out = tmp_path / f"out{n}.parquet"
+        peaks[n] = peak_rss_mb(["--checkpoint_dir", str(model_dir), "--input_file", str(write(n)),
+                                "--output_file", str(out), "--per_device_batch_size", "256"])
+        assert peaks[n] > 0 and len(pd.read_parquet(out, columns=["id"])) == n
+    print(f"peak RSS: {peaks[20_000]:.0f} MB for 20,000 rows, {peaks[200_000]:.0f} MB for 200,000 rows")
+    assert peaks[200_000] - peaks[20_000] < 100, peaks  # ten times the rows, not ten times the memory
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["--input_file", "{tmp}/absent.csv", "--output_file", "{tmp}/o.csv"], 1, "absent.csv: file not found"),
+    (["--input_file", "{src}", "--output_file", "{tmp}/o.txt"], 2, "--output_file must end in one of"),
+    (["--input_file", "{src}", "--output_file", "{tmp}/o.csv", "--text_column_names", "body"], 1, "missing column 'body'"),
+    (["--input_file", "{src}", "--output_file", "{tmp}/no/such/dir/o.csv"], 1, "output folder not found"),
+])
+def test_errors_are_one_line_and_write_nothing(model_dir, tmp_path, args, code, words, capsys, caplog):
+    from training.predict import cli
+
+    src = write_rows(tmp_path / "in.csv", [{"text": t} for t in sentences(5)])
+    argv = ["--checkpoint_dir", str(model_dir), *(a.format(tmp=tmp_path, src=src) for a in args)]
+    try:
+        returned = cli(argv)
+    except SystemExit as exc:  # argparse: usage errors exit 2
+        returned = exc.code
+    assert returned == code
+    assert words in capsys.readouterr().err + caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]

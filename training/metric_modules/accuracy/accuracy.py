@@ -1,0 +1,24 @@
+"""Accuracy: the share of predictions equal to their reference class.
+
+An `evaluate` module shipped with distilbert-agnews and loaded from its local path (no Hub needed):
+`evaluate.load("training/metric_modules/accuracy").compute(predictions=[0, 1], references=[0, 0])`.
+"""
+
+import datasets
+import evaluate
+import torch
+
+
+class Accuracy(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(
+            description=__doc__,
+            citation="",
+            inputs_description="predictions and references: class ids (int).",
+            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
+        )
+
+    def _compute(self, predictions, references):
+        predictions, references = torch.as_tensor(predictions), torch.as_tensor(references)
+        correct = (predictions == references).sum().double()
+        return {"accuracy": (correct / len(references)).item() if len(references) else 0.0}

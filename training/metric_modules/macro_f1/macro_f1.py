@@ -1,0 +1,30 @@
+"""Macro-F1 as scikit-learn defines it: the unweighted mean of each class's F1 over the classes that occur in
+the references or the predictions (F1 = 2 TP / (2 TP + FP + FN)).
+
+An `evaluate` module shipped with distilbert-agnews and loaded from its local path (no Hub needed).
+"""
+
+import datasets
+import evaluate
+import torch
+
+
+class MacroF1(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(
+            description=__doc__,
+            citation="",
+            inputs_description="predictions and references: class ids (int).",
+            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
+        )
+
+    def _compute(self, predictions, references):
+        predictions, references = torch.as_tensor(predictions).long(), torch.as_tensor(references).long()
+        if not len(references):
+            return {"macro_f1": 0.0}
+        n = int(max(predictions.max(), references.max())) + 1
+        confusion = torch.bincount(references * n + predictions, minlength=n * n).reshape(n, n).double()
+        denominator = confusion.sum(0) + confusion.sum(1)  # 2 TP + FP + FN, per class
+        present = denominator > 0
+        f1 = 2 * confusion.diag()[present] / denominator[present]
+        return {"macro_f1": f1.mean().item()}

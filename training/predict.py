@@ -1,0 +1,214 @@
+"""Label a file with a trained model: every row once, in input order, on any number of processes.
+
+    python -m training.predict --checkpoint_dir checkpoints --input_file news.csv --output_file labelled.parquet
+    accelerate launch --config_file accelerate_configs/cpu_2proc.yaml -m training.predict --checkpoint_dir ... \\
+        --input_file news.jsonl --output_file labelled.csv
+
+The input (csv, jsonl or parquet) is read through `datasets` (Arrow, memory-mapped: the rows are never held as
+Python objects) in chunks of --chunk_size rows. Rank r of N scores chunks r, r+N, ... (each chunk sorted by
+length into batches, as the service does) and writes each chunk's predictions to a part file; then the main
+process streams the input and the parts, chunk by chunk and in order, into the output, whose format follows its
+extension: the input's columns, `predicted_label`, `predicted_score` and one `score_<label>` per class. The
+output is written under a temporary name and renamed, so it is complete or absent. Memory stays bounded by the
+chunk size, whatever the size of the file. The model is this project's checkpoint folder or any
+save_pretrained folder (inference/loading.py reads both), served at the precision the service would use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.csv
+import pyarrow.parquet
+import torch
+import transformers
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from tqdm.auto import tqdm
+
+from inference import precision
+from inference.engine import forward
+from inference.loading import CheckpointError, LoadedModel, load_model
+from training.data import DataError, join_texts, load_file, require_columns
+from training.evaluate import add_data_arguments
+
+logger = get_logger(__name__)
+OUTPUT_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m training.predict", description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint_dir", default="checkpoints",
+                        help="a training output dir or any save_pretrained folder (default: checkpoints)")
+    parser.add_argument("--input_file", required=True, help="csv, jsonl or parquet with the text column(s)")
+    parser.add_argument("--output_file", required=True, help=f"{', '.join(OUTPUT_SUFFIXES)}: the format follows the extension")
+    add_data_arguments(parser)
+    parser.add_argument("--per_device_batch_size", type=int, default=64, help="texts per forward pass (default: 64)")
+    parser.add_argument("--chunk_size", type=int, default=4096, help="rows read, scored and written at a time")
+    parser.add_argument("--mixed_precision", type=precision.canonical, default="auto",
+                        help="the service's DTYPE vocabulary; auto: bf16 where native, fp16 on GPUs without bf16, else fp32")
+    args = parser.parse_args(argv)
+    if Path(args.output_file).suffix.lower() not in OUTPUT_SUFFIXES:
+        parser.error(f"--output_file must end in one of {', '.join(OUTPUT_SUFFIXES)}")
+    if min(args.per_device_batch_size, args.chunk_size) < 1:
+        parser.error("--per_device_batch_size and --chunk_size must be >= 1")
+    return args
+
+
+class Reader:
+    """The input file and how its texts are read; a chunk is a range of rows."""
+
+    def __init__(self, ds: datasets.Dataset, args: argparse.Namespace, trained_with: dict):
+        self.ds = ds
+        self.columns = args.text_column_names or trained_with.get("text_column_names") or ["text"]
+        self.delimiter = args.text_column_delimiter or trained_with.get("text_column_delimiter", " ")
+        self.pair_column = args.text_pair_column or trained_with.get("text_pair_column")
+        require_columns(ds, args.input_file, [*self.columns, *([self.pair_column] if self.pair_column else [])])
+        self.chunk_size = args.chunk_size
+        self.num_chunks = -(-len(ds) // self.chunk_size)
+
+    def rows(self, chunk: int) -> range:
+        return range(chunk * self.chunk_size, min(len(self.ds), (chunk + 1) * self.chunk_size))
+
+    def texts(self, chunk: int) -> tuple[list[str], list[str] | None]:
+        rows = self.rows(chunk)
+        values = self.ds.select_columns(self.columns + ([self.pair_column] if self.pair_column else []))[rows.start:rows.stop]
+        texts = [join_texts(parts, self.delimiter) for parts in zip(*(values[c] for c in self.columns))]
+        return texts, ([p or "" for p in values[self.pair_column]] if self.pair_column else None)
+
+
+def score_chunk(loaded: LoadedModel, texts: list[str], pairs: list[str] | None, batch_size: int,
+                max_length: int) -> torch.Tensor:
+    """Class probabilities (fp32) of each text, in input order; batches of similar lengths, as the service runs."""
+    encoded = loaded.tokenizer(texts, pairs, truncation=True, max_length=max_length, return_attention_mask=False)
+    names = [name for name in ("input_ids", "token_type_ids") if name in encoded]
+    features = [{name: encoded[name][i] for name in names} for i in range(len(texts))]
+    order = sorted(range(len(texts)), key=lambda i: len(features[i]["input_ids"]))
+    probabilities = torch.empty(len(texts), len(loaded.labels))
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        probabilities[rows] = forward(loaded, [features[i] for i in rows]).softmax(dim=-1)
+    return probabilities
+
+
+def part_path(parts: Path, chunk: int) -> Path:
+    return parts / f"part-{chunk:08d}.parquet"
+
+
+def score_my_chunks(accelerator: Accelerator, loaded: LoadedModel, reader: Reader, parts: Path, args,
+                    max_length: int) -> None:
+    """This rank's chunks (r, r + N, ...), each one's probabilities into its own part file."""
+    mine = range(accelerator.process_index, reader.num_chunks, accelerator.num_processes)
+    bar = tqdm(total=sum(len(reader.rows(c)) for c in mine), unit="row", desc=f"Predicting (rank 0 of "
+               f"{accelerator.num_processes})", disable=not accelerator.is_main_process)
+    for chunk in mine:
+        texts, pairs = reader.texts(chunk)
+        probabilities = score_chunk(loaded, texts, pairs, args.per_device_batch_size, max_length)
+        pyarrow.parquet.write_table(pa.table({"probabilities": pa.FixedSizeListArray.from_arrays(
+            pa.array(probabilities.flatten().numpy()), len(loaded.labels))}), part_path(parts, chunk))
+        bar.update(len(texts))
+    bar.close()
+
+
+def prediction_columns(probabilities: pa.Table, labels: list[str]) -> dict[str, pa.Array]:
+    values = probabilities.column("probabilities").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    scores = torch.tensor(values).reshape(-1, len(labels))
+    best = scores.argmax(dim=1)
+    columns = {"predicted_label": pa.array([labels[i] for i in best.tolist()]),
+               "predicted_score": pa.array(scores.gather(1, best[:, None]).squeeze(1).numpy())}
+    columns.update({f"score_{label}": pa.array(scores[:, i].numpy()) for i, label in enumerate(labels)})
+    return columns
+
+
+class Writer:
+    """Appends tables to a csv, jsonl or parquet file, whose schema the first table fixes."""
+
+    def __init__(self, path: Path, kind: str):
+        self.path, self.kind, self.sink = path, kind.lower(), None
+
+    def write(self, table: pa.Table) -> None:
+        if self.kind == ".parquet":
+            self.sink = self.sink or pyarrow.parquet.ParquetWriter(self.path, table.schema)
+            self.sink.write_table(table)
+        elif self.kind == ".csv":
+            self.sink = self.sink or pyarrow.csv.CSVWriter(self.path, table.schema)
+            self.sink.write_table(table)
+        else:  # jsonl: one object per line, chunk by chunk
+            self.sink = self.sink or open(self.path, "w", encoding="utf-8")
+            for row in table.to_pylist():
+                self.sink.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+
+
+def assemble(reader: Reader, parts: Path, labels: list[str], output: Path) -> None:
+    """Input columns + predictions, chunk by chunk in input order, into a temporary file renamed into place."""
+    tmp = output.with_name(f".{output.name}.tmp")
+    writer = Writer(tmp, output.suffix)
+    try:
+        arrow = reader.ds.with_format("arrow")
+        for chunk in range(reader.num_chunks):
+            rows = reader.rows(chunk)
+            table = arrow[rows.start:rows.stop]
+            for name, column in prediction_columns(pyarrow.parquet.read_table(part_path(parts, chunk)), labels).items():
+                table = table.append_column(name, column)
+            writer.write(table)
+    finally:
+        writer.close()
+    os.replace(tmp, output)
+
+
+def run(args: argparse.Namespace, accelerator: Accelerator) -> None:
+    output = Path(args.output_file)
+    if not output.parent.is_dir():
+        raise DataError(f"{output.parent}: output folder not found")
+    loaded = load_model(args.checkpoint_dir, device=str(accelerator.device), dtype=args.mixed_precision)
+    trained_with = (loaded.metrics or {}).get("config", {})
+    with accelerator.main_process_first():  # the main process converts the file to Arrow; the others reuse it
+        reader = Reader(load_file(args.input_file), args, trained_with)
+    max_length = args.max_length or trained_with.get("max_length") or loaded.max_length
+    parts = output.with_name(f".{output.name}.parts")
+    if accelerator.is_main_process:
+        shutil.rmtree(parts, ignore_errors=True)
+        parts.mkdir()
+    accelerator.wait_for_everyone()
+    score_my_chunks(accelerator, loaded, reader, parts, args, max_length)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        assemble(reader, parts, loaded.labels, output)
+        shutil.rmtree(parts, ignore_errors=True)
+        logger.info("Wrote %d rows to %s (%s, %d processes)", len(reader.ds), output, loaded.precision,
+                    accelerator.num_processes)
+    accelerator.wait_for_everyone()
+
+
+def cli(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        level=logging.INFO)
+    args = parse_args(argv)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    if not accelerator.is_local_main_process:
+        datasets.utils.logging.set_verbosity_error()
+        transformers.utils.logging.set_verbosity_error()
+    try:
+        run(args, accelerator)
+    except (CheckpointError, DataError) as exc:
+        logger.error("%s", exc)
+        return 1
+    finally:
+        accelerator.end_training()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

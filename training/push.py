@@ -1,0 +1,87 @@
+"""Publish a training output folder on the Hugging Face Hub.
+
+    python -m training.push --checkpoint_dir checkpoints --hub_model_id your-name/agnews-distilbert [--private]
+    accelerate launch training/train.py ... --push_to_hub --hub_model_id your-name/agnews-distilbert
+
+Uploads, with huggingface_hub, everything a user of the model needs: the Hugging Face-format export
+(model.safetensors, config.json, tokenizer files), the state_dict and tokenizer/ folder the service loads, the
+model card (README.md, rewritten with the repository's name) and the reports (metrics, curves, evaluation).
+Resumable training states (state/) and temporary files stay local. The token comes from HF_TOKEN or
+`hf auth login`. Training checks, before it starts, that the Hub answers and that a token exists, and
+uploads from the main process only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+from huggingface_hub import HfApi, get_token
+from huggingface_hub.errors import HfHubHTTPError
+
+from inference import files
+from inference.hub import hub_reachable, hub_url, is_offline
+from training import model_card
+
+logger = logging.getLogger(__name__)
+IGNORE = [f"{files.STATE_DIR}/*", ".*", "*/.*", "*.tmp"]  # resumable states, temporary and hidden files
+
+
+class PushError(RuntimeError):
+    """The upload cannot happen; the message says why."""
+
+
+def check_can_push(repo_id: Optional[str]) -> None:
+    """Before a long run: a repository name, a reachable Hub and a token, or one line saying which is missing."""
+    if not repo_id:
+        raise PushError("push_to_hub: give --hub_model_id (user/name or org/name)")
+    if is_offline() or not hub_reachable():
+        raise PushError(f"push_to_hub: the Hugging Face Hub ({hub_url()}) is out of reach"
+                        f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}; push later with "
+                        "`python -m training.push --checkpoint_dir DIR --hub_model_id ID`")
+    if not get_token():
+        raise PushError("push_to_hub: no Hugging Face token: set HF_TOKEN or run `hf auth login`")
+
+
+def push(folder: Path, repo_id: str, private: bool = False, api: Optional[HfApi] = None) -> str:
+    """Create the repository if needed and upload the folder (states and temporary files left out); the URL."""
+    api = api or HfApi()
+    metrics = folder / files.METRICS
+    if metrics.is_file():  # the card names the repository it is published in
+        model_card.write_model_card(folder, json.loads(metrics.read_text()), repo_id)
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
+                                   ignore_patterns=IGNORE, commit_message="Upload model trained with distilbert-agnews")
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise PushError(f"push to {repo_id}: {' '.join(str(exc).split())[:300]}") from None
+    logger.info("Pushed %s to %s", folder, getattr(commit, "commit_url", repo_id))
+    return getattr(commit, "commit_url", repo_id)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        level=logging.INFO)
+    parser = argparse.ArgumentParser(prog="python -m training.push", description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint_dir", default="checkpoints", help="a training output dir (default: checkpoints)")
+    parser.add_argument("--hub_model_id", required=True, help="user/name or org/name")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+    args = parser.parse_args(argv)
+    folder = Path(args.checkpoint_dir)
+    try:
+        if not (folder / files.CONFIG).is_file():
+            raise PushError(f"{folder / files.CONFIG}: missing; is {folder} a training output dir?")
+        check_can_push(args.hub_model_id)
+        push(folder, args.hub_model_id, args.private)
+    except PushError as exc:
+        logger.error("%s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
