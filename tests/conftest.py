@@ -34,19 +34,43 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_train(args: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
+def run_train(
+    args: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300
+) -> tuple[subprocess.CompletedProcess, float]:
     """Run training/train.py as users do: plain `python` for 1 process, `accelerate launch` (gloo) for more."""
     return launch([str(ROOT / "training" / "train.py"), *args], processes=processes, env=env, timeout=timeout)
 
 
-def launch(target: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
-    """`python TARGET...` for 1 process, else `accelerate launch` with the 2-process CPU config and
-    --num_processes; TARGET is a script and its arguments, or ["-m", module, ...]."""
+def fault_env(fault: str, **extra: str) -> dict[str, str]:
+    """cli_env with a fault injected into every process of the run (tests/helpers/faults/sitecustomize.py)."""
+    path = os.pathsep.join(filter(None, [str(ROOT / "tests" / "helpers" / "faults"), os.environ.get("PYTHONPATH")]))
+    return cli_env(DISTILBERT_AGNEWS_FAULT=fault, PYTHONPATH=path, **extra)
+
+
+def launch_command(target: list[str], processes: int = 2) -> list[str]:
+    """The one way the tests start N processes: `python TARGET...` for 1, else the `accelerate launch` users run,
+    with the 2-process CPU config, N processes and a free port; TARGET is a script and its arguments, or
+    ["-m", module, ...]."""
     if processes == 1:
-        cmd = [sys.executable, *target]
-    else:
-        cmd = [shutil.which("accelerate") or "accelerate", "launch", "--config_file", str(CPU_2PROC),
-               "--num_processes", str(processes), "--main_process_port", str(free_port()), *target]
+        return [sys.executable, *target]
+    return [
+        shutil.which("accelerate") or "accelerate",
+        "launch",
+        "--config_file",
+        str(CPU_2PROC),
+        "--num_processes",
+        str(processes),
+        "--main_process_port",
+        str(free_port()),
+        *target,
+    ]
+
+
+def launch(
+    target: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300
+) -> tuple[subprocess.CompletedProcess, float]:
+    """Run launch_command(target, processes) to completion; (result, seconds)."""
+    cmd = launch_command(target, processes)
     started = time.time()
     result = subprocess.run(cmd, cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=timeout)
     return result, time.time() - started

@@ -1,7 +1,7 @@
 """Check the machine and the launch before a long run; exit 1 with a hint for each problem found.
 
     python -m training.check_env                                 this process: versions, devices, a 1-process group
-    python -m training.check_env --num_processes 2               checks first, then starts itself under accelerate launch
+    python -m training.check_env --num_processes 2       checks first, then starts itself under accelerate launch
     accelerate launch [--config_file F] -m training.check_env    every process: rendezvous, all-reduce, bandwidth
 
 Every process prints what it sees (versions, GPUs with memory and bf16 support, CUDA_VISIBLE_DEVICES and the
@@ -36,8 +36,15 @@ from training.guards import LaunchError, check_world_size
 
 logger = logging.getLogger("check_env")
 
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                    "CUDA_VISIBLE_DEVICES")
+LAUNCH_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+)
 CPU_CONFIG = Path(__file__).resolve().parent.parent / "accelerate_configs" / "cpu_2proc.yaml"
 
 
@@ -46,10 +53,13 @@ class EnvProblem(RuntimeError):
 
 
 def versions() -> dict[str, str]:
-    found = {"python": platform.python_version(), "torch": torch.__version__,
-             "cuda": torch.version.cuda or "none (CPU build)",
-             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if dist.is_nccl_available() else "not available",
-             "gloo": "available" if dist.is_gloo_available() else "not available"}
+    found = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none (CPU build)",
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if dist.is_nccl_available() else "not available",
+        "gloo": "available" if dist.is_gloo_available() else "not available",
+    }
     for package in ("accelerate", "transformers", "datasets", "tokenizers"):
         found[package] = metadata.version(package)
     return found
@@ -61,8 +71,10 @@ def gpus() -> list[str]:
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
         bf16 = "bf16" if (props.major, props.minor) >= (8, 0) else "no bf16 (use fp16)"
-        lines.append(f"cuda:{index} {props.name}, {props.total_memory / 2**30:.1f} GiB, "
-                     f"compute {props.major}.{props.minor}, {bf16}")
+        lines.append(
+            f"cuda:{index} {props.name}, {props.total_memory / 2**30:.1f} GiB, "
+            f"compute {props.major}.{props.minor}, {bf16}"
+        )
     return lines
 
 
@@ -83,20 +95,29 @@ def node_problems(processes_on_node: int, gpu_count: int, cuda: bool, nccl: bool
             f"{processes_on_node} processes on this node but only {gpu_count} GPU(s) visible"
             + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
             + ": lower --num_processes to the GPUs per node (times num_machines for the total), or unset/fix "
-            "CUDA_VISIBLE_DEVICES.")
+            "CUDA_VISIBLE_DEVICES."
+        )
     if cuda and processes_on_node > 1 and not nccl:
-        problems.append("CUDA is available but this torch build has no NCCL: install a CUDA build of torch from "
-                        "pytorch.org (pip's CPU or ROCm wheels lack it); gloo would work but is far slower on GPUs.")
+        problems.append(
+            "CUDA is available but this torch build has no NCCL: install a CUDA build of torch from "
+            "pytorch.org (pip's CPU or ROCm wheels lack it); gloo would work but is far slower on GPUs."
+        )
     if cuda and processes_on_node == 1 and gpu_count > 1:
-        logger.warning("One process but %d GPUs visible: only cuda:0 will train. Use `accelerate launch "
-                       "--multi_gpu --num_processes %d` or accelerate_configs/multi_gpu.yaml.", gpu_count, gpu_count)
+        logger.warning(
+            "One process but %d GPUs visible: only cuda:0 will train. Use `accelerate launch "
+            "--multi_gpu --num_processes %d` or accelerate_configs/multi_gpu.yaml.",
+            gpu_count,
+            gpu_count,
+        )
     return problems
 
 
 def port_problem(port: int) -> str | None:
     if port and is_port_in_use(port):
-        return (f"Port {port} is already in use on this machine (another run or check still alive? "
-                f"`ss -ltnp | grep :{port}`): pass --main_process_port with a free port (0 picks one, single machine only).")
+        return (
+            f"Port {port} is already in use on this machine (another run or check still alive? "
+            f"`ss -ltnp | grep :{port}`): pass --main_process_port with a free port (0 picks one, single machine only)."
+        )
     return None
 
 
@@ -106,8 +127,10 @@ def check_group(accelerator: Accelerator, buffer_mb: float) -> str:
     total = accelerator.reduce(torch.tensor([accelerator.process_index + 1.0], device=accelerator.device), "sum")
     expected = n * (n + 1) / 2
     if total.item() != expected:
-        raise EnvProblem(f"all-reduce returned {total.item()} instead of {expected}: the processes do not form one "
-                         "group; rerun with NCCL_DEBUG=INFO (GPU) or TORCH_DISTRIBUTED_DEBUG=DETAIL.")
+        raise EnvProblem(
+            f"all-reduce returned {total.item()} instead of {expected}: the processes do not form one "
+            "group; rerun with NCCL_DEBUG=INFO (GPU) or TORCH_DISTRIBUTED_DEBUG=DETAIL."
+        )
     buffer = torch.ones(int(buffer_mb * 2**20) // 4, device=accelerator.device)
     seconds = all_reduce_seconds(buffer, accelerator) if dist.is_initialized() else 0.0
     hosts = sorted(set(gather_object([socket.gethostname()])))
@@ -144,28 +167,38 @@ def run_in_group(args: argparse.Namespace) -> None:
         raise EnvProblem(" ".join(problems))
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        accelerator = Accelerator(cpu=not cuda,
-                                  kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=args.timeout))])
+        accelerator = Accelerator(
+            cpu=not cuda, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=args.timeout))]
+        )
     except dist.DistNetworkError as exc:
-        raise EnvProblem(f"Cannot open or reach the rendezvous {os.environ.get('MASTER_ADDR')}:"
-                         f"{os.environ.get('MASTER_PORT')} ({first_line(exc)}): the port is in use, or the address "
-                         "is not this machine's / not reachable from it; change --main_process_port or "
-                         "--main_process_ip.") from None
+        raise EnvProblem(
+            f"Cannot open or reach the rendezvous {os.environ.get('MASTER_ADDR')}:"
+            f"{os.environ.get('MASTER_PORT')} ({first_line(exc)}): the port is in use, or the address "
+            "is not this machine's / not reachable from it; change --main_process_port or "
+            "--main_process_ip."
+        ) from None
     except dist.DistStoreError as exc:
-        raise EnvProblem(f"The group of WORLD_SIZE={launched} processes did not assemble within {args.timeout:g} s "
-                         f"({first_line(exc)}): the machines disagree on num_processes/num_machines, a machine was not "
-                         "started, or a firewall blocks MASTER_PORT. Start the same launch on every machine, changing "
-                         "only --machine_rank.") from None
+        raise EnvProblem(
+            f"The group of WORLD_SIZE={launched} processes did not assemble within {args.timeout:g} s "
+            f"({first_line(exc)}): the machines disagree on num_processes/num_machines, a machine was not "
+            "started, or a firewall blocks MASTER_PORT. Start the same launch on every machine, changing "
+            "only --machine_rank."
+        ) from None
     for line in describe_process():
-        logger.info("[rank %d/%d on %s] %s", accelerator.process_index, accelerator.num_processes,
-                    socket.gethostname(), line)
+        logger.info(
+            "[rank %d/%d on %s] %s", accelerator.process_index, accelerator.num_processes, socket.gethostname(), line
+        )
     try:
         check_world_size(accelerator)  # train.py's refusal of N processes that each see a world of 1
     except LaunchError as exc:
         raise EnvProblem(str(exc)) from None
-    logger.info("[rank %d] process group %s over %s, device %s", accelerator.process_index,
-                accelerator.distributed_type.value,
-                dist.get_backend() if dist.is_initialized() else "no backend (one process)", accelerator.device)
+    logger.info(
+        "[rank %d] process group %s over %s, device %s",
+        accelerator.process_index,
+        accelerator.distributed_type.value,
+        dist.get_backend() if dist.is_initialized() else "no backend (one process)",
+        accelerator.device,
+    )
     summary = check_group(accelerator, args.buffer_mb)
     if accelerator.is_main_process:
         logger.info("%s", summary)
@@ -185,19 +218,30 @@ def run_alone(args: argparse.Namespace) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=args.timeout), device_id=device if cuda else None)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=args.timeout),
+        device_id=device if cuda else None,
+    )
     value = torch.tensor([1.0], device=device)
     dist.all_reduce(value)
     dist.destroy_process_group()
     if value.item() != 1.0:
-        raise EnvProblem(f"a one-process {backend} all-reduce returned {value.item()}: the {backend} install is broken.")
+        raise EnvProblem(
+            f"a one-process {backend} all-reduce returned {value.item()}: the {backend} install is broken."
+        )
     if cuda:
         x = torch.randn(256, 256, device=device, dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.half)
         (x @ x).sum().item()
-    logger.info("One-process %s group on %s: init and all-reduce OK. Next: `python -m training.check_env "
-                "--num_processes N` (or `accelerate launch ... -m training.check_env`) for the real group.",
-                backend, device)
+    logger.info(
+        "One-process %s group on %s: init and all-reduce OK. Next: `python -m training.check_env "
+        "--num_processes N` (or `accelerate launch ... -m training.check_env`) for the real group.",
+        backend,
+        device,
+    )
 
 
 def launch_self(args: argparse.Namespace) -> int:
@@ -208,8 +252,14 @@ def launch_self(args: argparse.Namespace) -> int:
     if problems:
         raise EnvProblem(" ".join(problems))
     config = args.config_file or (None if cuda else str(CPU_CONFIG))
-    command = [shutil.which("accelerate") or "accelerate", "launch", "--num_processes", str(args.num_processes),
-               "--main_process_port", str(args.main_process_port)]
+    command = [
+        shutil.which("accelerate") or "accelerate",
+        "launch",
+        "--num_processes",
+        str(args.num_processes),
+        "--main_process_port",
+        str(args.main_process_port),
+    ]
     command += ["--config_file", config] if config else ["--multi_gpu"]
     command += ["-m", "training.check_env", "--timeout", str(args.timeout), "--buffer_mb", str(args.buffer_mb)]
     logger.info("Launching: %s", " ".join(command))
@@ -221,17 +271,31 @@ def first_line(exc: BaseException) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m training.check_env", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:5]))
-    parser.add_argument("--num_processes", type=int, default=None,
-                        help="without a launcher: check, then start this many processes with accelerate launch")
+    parser = argparse.ArgumentParser(
+        prog="python -m training.check_env",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:5]),
+    )
+    parser.add_argument(
+        "--num_processes",
+        type=int,
+        default=None,
+        help="without a launcher: check, then start this many processes with accelerate launch",
+    )
     parser.add_argument("--main_process_port", type=int, default=29500, help="rendezvous port for --num_processes")
-    parser.add_argument("--config_file", default=None,
-                        help="accelerate config for --num_processes (default: --multi_gpu on GPUs, cpu_2proc.yaml on CPU)")
+    parser.add_argument(
+        "--config_file",
+        default=None,
+        help="accelerate config for --num_processes (default: --multi_gpu on GPUs, cpu_2proc.yaml on CPU)",
+    )
     parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for all processes to join")
-    parser.add_argument("--buffer_mb", type=float, default=None,
-                        help="all-reduce size for the bandwidth probe (default: 256 MB on GPU, 16 MB on CPU)")
+    parser.add_argument(
+        "--buffer_mb",
+        type=float,
+        default=None,
+        help="all-reduce size for the bandwidth probe (default: 256 MB on GPU, 16 MB on CPU)",
+    )
     args = parser.parse_args(argv)
     if args.buffer_mb is None:
         args.buffer_mb = 256.0 if torch.cuda.is_available() else 16.0

@@ -8,10 +8,11 @@
     metrics.json           validation (best) and test metrics, config, versions, world size
     state/step_N/          resumable state: accelerator.save_state + progress.json
 
-Every writer here is called on ALL ranks (so they stay in step) and writes on the main process only,
-except `accelerator.save_state`, which by accelerate's design also stores each rank's RNG state. Files
-and state folders are written under a temporary name and renamed into place, so a crash mid-save leaves
-the previous checkpoint intact.
+`OutputDir` owns that folder during a run: every path in it (names from inference/files.py), every write
+(on the main process only, checked here), the resumable states and their rotation. Its `save_model` and
+`save_state` are called on ALL ranks (so they stay in step); only `accelerator.save_state` writes on every
+rank, by accelerate's design (each rank's RNG state). Files and state folders are written under a
+temporary name and renamed into place, so a crash mid-save leaves the previous checkpoint intact.
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 from transformers.utils import logging as transformers_logging
 
 from inference import files
-from training import faults
-
+from training import model_card, reports
+from training.atomic import atomic_write, replace_dir, write_json
+from training.push import push as push_folder
 
 
 @dataclass
@@ -45,9 +47,9 @@ class Progress:
     """Batches of that epoch each rank has already trained on."""
     global_step: int = 0
     """Optimizer steps taken."""
-    best_metric: Optional[float] = None
+    best_metric: float | None = None
     """Best validation value of metric_for_best_model so far."""
-    best_step: Optional[int] = None
+    best_step: int | None = None
     """Optimizer step at which the best model was saved."""
     best_validation: dict[str, Any] = field(default_factory=dict)
     """All validation metrics of the best model."""
@@ -65,78 +67,31 @@ class ResumeError(RuntimeError):
     """A resumable state that cannot continue this run exactly."""
 
 
-# ----------------------------------------------------------------------------------------- file writes
-
-
-def _atomic_write_bytes(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    """Write a file atomically: a reader sees the old content or the new, never a partial file."""
-    _atomic_write_bytes(Path(path), lambda fh: fh.write(data))
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    _atomic_write_bytes(Path(path), lambda fh: fh.write(json.dumps(data, indent=2, default=str).encode() + b"\n"))
-
-
-def _replace_dir(staging: Path, target: Path) -> None:
-    """Swap a fully written folder into place (the old one is removed only after the new one is there)."""
-    old = target.with_name(f".{target.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        target.rename(old)
-    staging.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 # ------------------------------------------------------------------------------------------ best model
 
 
-def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: str,
-               export_hf: bool = True) -> None:
-    """Write the servable model: weights, config.json, tokenizer/; with `export_hf` also model.safetensors and
-    the tokenizer files beside config.json (Hugging Face format: `pipeline(model=output_dir)`). Call on all ranks."""
-    accelerator.wait_for_everyone()
-    # Every rank takes part: under FSDP or DeepSpeed ZeRO-3 the full state dict is gathered from all of them.
-    state_dict = accelerator.get_state_dict(model)
-    if accelerator.is_main_process:
-        out = Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-        weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items()}
+def write_weights(fh, weights: dict[str, torch.Tensor]) -> None:
+    """The state_dict file's bytes (plain tensors: `torch.load(..., weights_only=True)` reads it)."""
+    torch.save(weights, fh)
 
-        def write_weights(fh) -> None:
-            torch.save(weights, fh)
-            faults.in_save_model()  # test-only, inert: a kill here leaves a partial temp file, never the target
 
-        _atomic_write_bytes(out / files.WEIGHTS, write_weights)
-        staging = Path(tempfile.mkdtemp(prefix=".hf.", dir=out))
-        if export_hf:
-            with _no_progress_bar():  # a one-shard "Writing model shards" bar would cut through the training bar
-                unwrapped.save_pretrained(staging, state_dict=weights)  # config.json + model.safetensors
-            tokenizer.save_pretrained(staging)
-        else:
-            unwrapped.config.save_pretrained(staging)
-            (out / files.HF_WEIGHTS).unlink(missing_ok=True)  # never leave an older model's export beside this one
-        for file in staging.iterdir():
-            os.replace(file, out / file.name)
-        shutil.rmtree(staging, ignore_errors=True)
-        tok_staging = Path(tempfile.mkdtemp(prefix=f".{files.TOKENIZER_DIR}.", dir=out))
-        tokenizer.save_pretrained(tok_staging)
-        _replace_dir(tok_staging, out / files.TOKENIZER_DIR)
-    accelerator.wait_for_everyone()
+def _write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf: bool) -> None:
+    """Main process: the state_dict, config.json (+ the Hugging Face export), tokenizer/; each swapped in whole."""
+    atomic_write(out / files.WEIGHTS, lambda fh: write_weights(fh, weights))
+    staging = Path(tempfile.mkdtemp(prefix=".hf.", dir=out))
+    if export_hf:
+        with _no_progress_bar():  # a one-shard "Writing model shards" bar would cut through the training bar
+            unwrapped.save_pretrained(staging, state_dict=weights)  # config.json + model.safetensors
+        tokenizer.save_pretrained(staging)
+    else:
+        unwrapped.config.save_pretrained(staging)
+        (out / files.HF_WEIGHTS).unlink(missing_ok=True)  # never leave an older model's export beside this one
+    for file in staging.iterdir():
+        os.replace(file, out / file.name)
+    shutil.rmtree(staging, ignore_errors=True)
+    tok_staging = Path(tempfile.mkdtemp(prefix=f".{files.TOKENIZER_DIR}.", dir=out))
+    tokenizer.save_pretrained(tok_staging)
+    replace_dir(tok_staging, out / files.TOKENIZER_DIR)
 
 
 @contextlib.contextmanager
@@ -158,45 +113,20 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
 # ------------------------------------------------------------------------------------ resumable state
 
 
-def state_path(output_dir: str, step: int) -> Path:
-    return Path(output_dir) / files.STATE_DIR / f"{files.STATE_PREFIX}{step}"
+def publish_state(staging: Path, target: Path) -> None:
+    """Rename a fully written state folder into place (replacing a folder of the same step)."""
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
 
 
-def save_state(accelerator: Accelerator, output_dir: str, progress: Progress, keep: Optional[int] = None) -> Path:
-    """accelerator.save_state into a temporary folder, then rename to state/step_N. Call on all ranks.
-
-    With `keep`, only the newest `keep` states (by recorded step) remain afterwards.
-    """
-    target = state_path(output_dir, progress.global_step)
-    staging = target.with_name(f".tmp_{target.name}")
-    if accelerator.is_main_process:
-        shutil.rmtree(staging, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))  # model, optimizer, scheduler, grad scaler, every rank's RNG
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        write_json(staging / files.PROGRESS, dataclasses.asdict(progress))
-        faults.in_save_state(progress.global_step)  # test-only, inert: a kill here leaves only .tmp_step_N
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-        if keep:
-            prune_states(output_dir, keep)
-    accelerator.wait_for_everyone()
-    return target
-
-
-def complete_states(output_dir: str) -> list[tuple[int, Path]]:
+def complete_states(output_dir: str | Path) -> list[tuple[int, Path]]:
     """(recorded step, folder) of every complete state, oldest first; half-written ones have no progress.json."""
     root = Path(output_dir) / files.STATE_DIR
-    folders = [f for f in root.glob(f"{files.STATE_PREFIX}*") if (f / files.PROGRESS).is_file()] if root.is_dir() else []
+    folders = (
+        [f for f in root.glob(f"{files.STATE_PREFIX}*") if (f / files.PROGRESS).is_file()] if root.is_dir() else []
+    )
     return sorted((read_progress(f).global_step, f) for f in folders)
-
-
-def prune_states(output_dir: str, keep: int) -> None:
-    """Delete all but the newest `keep` resumable states. The best-model files live outside state/."""
-    for _, folder in complete_states(output_dir)[:-keep]:
-        shutil.rmtree(folder)
 
 
 def read_progress(state_folder: str | Path) -> Progress:
@@ -204,26 +134,107 @@ def read_progress(state_folder: str | Path) -> Progress:
         return Progress(**json.load(fh))
 
 
-def find_latest_state(output_dir: str) -> Optional[Path]:
+def find_latest_state(output_dir: str | Path) -> Path | None:
     """The complete state folder with the highest recorded optimizer step (not the newest mtime)."""
     states = complete_states(output_dir)
     return states[-1][1] if states else None
 
 
-def load_state(accelerator: Accelerator, state_folder: str | Path, layout: dict[str, Any]) -> Progress:
-    """Restore model, optimizer, scheduler and RNG states; return where training stood.
-
-    A state saved mid-epoch can only continue with the same batch layout (the position in the epoch is
-    counted in batches per rank); at an epoch boundary a different layout is allowed (e.g. more GPUs).
-    """
-    if not (Path(state_folder) / files.PROGRESS).is_file():
-        raise ResumeError(f"{state_folder}: not a resumable state (no {files.PROGRESS})")
-    progress = read_progress(state_folder)
+def check_layout(state_folder: Path, progress: Progress, layout: dict[str, Any]) -> None:
+    """A state saved mid-epoch continues only with the same batch layout (its position in the epoch is
+    counted in batches per rank); at an epoch boundary a different layout is allowed (e.g. more GPUs)."""
     if progress.batches_done and progress.layout != layout:
         raise ResumeError(
             f"{state_folder} was saved mid-epoch with {progress.layout}; this run has {layout}. Resume with the "
             "same launch config and batch settings, or from a state saved at the end of an epoch."
         )
-    accelerator.load_state(str(state_folder))
-    progress.layout = layout
-    return progress
+
+
+# ------------------------------------------------------------------------------------ the output folder
+
+
+class OutputDir:
+    """The run's output folder: its paths, its writes (main process only), its resumable states."""
+
+    def __init__(self, root: str | Path, accelerator: Accelerator, keep_states: int | None = None):
+        self.root = Path(root)
+        self.accelerator = accelerator
+        self.keep_states = keep_states
+
+    def path(self, name: str) -> Path:
+        """A file of the folder, by its name in inference/files.py."""
+        return self.root / name
+
+    def write_json(self, name: str, data: dict[str, Any]) -> None:
+        if self.accelerator.is_main_process:
+            write_json(self.path(name), data)
+
+    def save_model(self, model: torch.nn.Module, tokenizer, export_hf: bool = True) -> None:
+        """The servable best model: weights, config.json, tokenizer/ (and with `export_hf` model.safetensors
+        and the tokenizer files beside config.json: `pipeline(model=output_dir)`). Call on all ranks."""
+        accelerator = self.accelerator
+        accelerator.wait_for_everyone()
+        # Every rank takes part: under FSDP or DeepSpeed ZeRO-3 the full state dict is gathered from all of them.
+        state_dict = accelerator.get_state_dict(model)
+        if accelerator.is_main_process:
+            self.root.mkdir(parents=True, exist_ok=True)
+            weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items()}
+            _write_model_files(
+                self.root, accelerator.unwrap_model(model, keep_torch_compile=False), weights, tokenizer, export_hf
+            )
+        accelerator.wait_for_everyone()
+
+    def state_path(self, step: int) -> Path:
+        return self.root / files.STATE_DIR / f"{files.STATE_PREFIX}{step}"
+
+    def save_state(self, progress: Progress) -> Path:
+        """accelerator.save_state into a staging folder, renamed to state/step_N when complete; then only the
+        newest `keep_states` remain. Call on all ranks."""
+        accelerator = self.accelerator
+        target = self.state_path(progress.global_step)
+        staging = target.with_name(f".tmp_{target.name}")
+        if accelerator.is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(staging))  # model, optimizer, scheduler, grad scaler, every rank's RNG
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            write_json(staging / files.PROGRESS, dataclasses.asdict(progress))
+            publish_state(staging, target)
+            if self.keep_states:
+                for _, folder in complete_states(self.root)[: -self.keep_states]:
+                    shutil.rmtree(folder)
+        accelerator.wait_for_everyone()
+        return target
+
+    def resume(self, spec: str | None, layout: dict[str, Any]) -> tuple[Path, Progress] | None:
+        """Restore model, optimizer, scheduler and RNG states from `spec` ('latest' or a state folder);
+        (folder, where training stood), or None when there is nothing to resume."""
+        folder = find_latest_state(self.root) if spec == "latest" else Path(spec) if spec else None
+        if folder is None:
+            return None
+        if not (folder / files.PROGRESS).is_file():
+            raise ResumeError(f"{folder}: not a resumable state (no {files.PROGRESS})")
+        progress = read_progress(folder)
+        check_layout(folder, progress, layout)
+        self.accelerator.load_state(str(folder))
+        progress.layout = layout
+        return folder, progress
+
+    def write_curves(self, progress: Progress) -> None:
+        """training_curves.json and .png (training/reports.py)."""
+        if self.accelerator.is_main_process:
+            reports.write_training_curves(self.root, progress)
+
+    def write_final(self, summary: dict[str, Any], progress: Progress, hub_model_id: str | None) -> None:
+        """The finished run's metrics.json, training curves and model card."""
+        self.write_json(files.METRICS, summary)
+        self.write_curves(progress)
+        if self.accelerator.is_main_process:
+            model_card.write_model_card(self.root, summary, hub_model_id)
+
+    def push(self, repo_id: str, private: bool) -> None:
+        """Upload the folder (training/push.py) from the main process; the others wait for it."""
+        if self.accelerator.is_main_process:
+            push_folder(self.root, repo_id, private)
+        self.accelerator.wait_for_everyone()

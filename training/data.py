@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 import datasets
 import torch
@@ -37,8 +37,8 @@ class DataError(ValueError):
 class Splits:
     train: datasets.Dataset
     validation: datasets.Dataset
-    test: Optional[datasets.Dataset]
-    labels: "LabelSpace"
+    test: datasets.Dataset | None
+    labels: LabelSpace
 
     @property
     def label_names(self) -> list[str]:
@@ -61,7 +61,9 @@ def load_file(path: str) -> datasets.Dataset:
         cause = exc.__cause__ or exc
         if "corresponds to no data" in str(cause):  # datasets' words for a file with a header and no rows
             raise DataError(f"{path}: no rows") from None
-        raise DataError(f"{path}: cannot parse as {file.suffix.lower()[1:]} ({' '.join(str(cause).split())[:200]})") from None
+        raise DataError(
+            f"{path}: cannot parse as {file.suffix.lower()[1:]} ({' '.join(str(cause).split())[:200]})"
+        ) from None
     if len(loaded) == 0:
         raise DataError(f"{path}: no rows")
     return loaded
@@ -84,7 +86,7 @@ def text_columns(cfg: TrainConfig) -> list[str]:
     return [*cfg.text_column_names, *([cfg.text_pair_column] if cfg.text_pair_column else [])]
 
 
-def join_texts(parts: Sequence[Optional[str]], delimiter: str) -> str:
+def join_texts(parts: Sequence[str | None], delimiter: str) -> str:
     """Several text columns of one row as one text; missing (None) or empty parts are left out."""
     return delimiter.join(part for part in parts if part)
 
@@ -144,8 +146,9 @@ class LabelSpace:
     source: str  # where the values were found, for error messages
 
     @classmethod
-    def of_training_data(cls, ds: datasets.Dataset, source: str, column: str,
-                         names: Optional[Sequence[str]] = None) -> "LabelSpace":
+    def of_training_data(
+        cls, ds: datasets.Dataset, source: str, column: str, names: Sequence[str] | None = None
+    ) -> LabelSpace:
         feature = ds.features[column]
         if isinstance(feature, datasets.ClassLabel):
             values, found = list(range(feature.num_classes)), list(feature.names)
@@ -156,10 +159,14 @@ class LabelSpace:
             values = sorted(seen)
             found = [str(v) for v in values]
         if len(values) < 2:
-            raise DataError(f"{source}: column {column!r} has {len(values)} distinct label(s); a classifier needs two or more")
+            raise DataError(
+                f"{source}: column {column!r} has {len(values)} distinct label(s); a classifier needs two or more"
+            )
         if names and len(names) != len(values):
-            raise DataError(f"label_names: {len(names)} names for the {len(values)} label values of {source} "
-                            f"({', '.join(map(str, values))}, in id order)")
+            raise DataError(
+                f"label_names: {len(names)} names for the {len(values)} label values of {source} "
+                f"({', '.join(map(str, values))}, in id order)"
+            )
         return cls(values=values, names=list(names or found), source=source)
 
     def ids(self, ds: datasets.Dataset, source: str, column: str) -> list[int]:
@@ -169,8 +176,10 @@ class LabelSpace:
         for row, value in enumerate(ds[column], start=1):
             key = _label_value(value, source, row)
             if key not in by_value or isinstance(key, bool) != isinstance(self.values[0], bool):
-                raise DataError(f"{source}: row {row}: label {value!r} never appears in the training data "
-                                f"({self.source}: {', '.join(map(str, self.values))})")
+                raise DataError(
+                    f"{source}: row {row}: label {value!r} never appears in the training data "
+                    f"({self.source}: {', '.join(map(str, self.values))})"
+                )
             ids.append(by_value[key])
         return ids
 
@@ -183,7 +192,7 @@ def labelled(ds: datasets.Dataset, source: str, cfg: TrainConfig, labels: LabelS
     return with_texts(ds, cfg).add_column("labels", ids)
 
 
-def _subsample(ds: datasets.Dataset, n: Optional[int], seed: int) -> datasets.Dataset:
+def _subsample(ds: datasets.Dataset, n: int | None, seed: int) -> datasets.Dataset:
     return ds if n is None or n >= len(ds) else ds.shuffle(seed=seed).select(range(n))
 
 
@@ -216,9 +225,12 @@ def load_splits(cfg: TrainConfig) -> Splits:
         parts = train.train_test_split(test_size=cfg.validation_split, seed=cfg.seed, shuffle=True)
         train, validation = parts["train"], parts["test"]
     test = others.get("test")
-    return Splits(train=_subsample(train, cfg.num_samples, cfg.seed),
-                  validation=_subsample(validation, cfg.num_samples, cfg.seed),
-                  test=_subsample(test, cfg.num_samples, cfg.seed) if test is not None else None, labels=labels)
+    return Splits(
+        train=_subsample(train, cfg.num_samples, cfg.seed),
+        validation=_subsample(validation, cfg.num_samples, cfg.seed),
+        test=_subsample(test, cfg.num_samples, cfg.seed) if test is not None else None,
+        labels=labels,
+    )
 
 
 # ------------------------------------------------------------------------------------------ tokenizing
@@ -243,7 +255,9 @@ def tokenize(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_lengt
     pairs = "text_pair" in ds.column_names
 
     def encode(batch):
-        encoded = tokenizer(batch["text"], batch["text_pair"] if pairs else None, truncation=True, max_length=max_length)
+        encoded = tokenizer(
+            batch["text"], batch["text_pair"] if pairs else None, truncation=True, max_length=max_length
+        )
         encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
         return encoded
 
@@ -270,8 +284,16 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
     1 x 16, 2 x 8, 1 x 8 x accumulation 2 and 2 x 4 x accumulation 2 train on the same global batches.
     """
 
-    def __init__(self, lengths: Sequence[int], batch_size: int, num_replicas: int = 1, seed: int = 0,
-                 group_by_length: bool = True, megabatch: int = 50, accumulation: int = 1):
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int,
+        num_replicas: int = 1,
+        seed: int = 0,
+        group_by_length: bool = True,
+        megabatch: int = 50,
+        accumulation: int = 1,
+    ):
         super().__init__()
         self.lengths = list(lengths)
         self.batch_size = batch_size
@@ -285,8 +307,10 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         self.batches_per_step = num_replicas * accumulation
         self.num_steps = len(self.lengths) // (batch_size * self.batches_per_step)
         if self.num_steps == 0:
-            raise DataError(f"only {len(self.lengths)} training examples, fewer than one optimizer step "
-                            f"({batch_size} per device x {num_replicas} processes x {accumulation} accumulation)")
+            raise DataError(
+                f"only {len(self.lengths)} training examples, fewer than one optimizer step "
+                f"({batch_size} per device x {num_replicas} processes x {accumulation} accumulation)"
+            )
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -300,10 +324,13 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         order = torch.randperm(len(self.lengths), generator=generator)[: self.num_steps * step_size].tolist()
         if self.group_by_length:
             chunk = step_size * self.megabatch
-            order = [i for start in range(0, len(order), chunk)
-                     for i in sorted(order[start:start + chunk], key=self.lengths.__getitem__, reverse=True)]
-        batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        steps = [batches[i:i + self.batches_per_step] for i in range(0, len(batches), self.batches_per_step)]
+            order = [
+                i
+                for start in range(0, len(order), chunk)
+                for i in sorted(order[start : start + chunk], key=self.lengths.__getitem__, reverse=True)
+            ]
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        steps = [batches[i : i + self.batches_per_step] for i in range(0, len(batches), self.batches_per_step)]
         steps = [steps[i] for i in torch.randperm(len(steps), generator=generator).tolist()]
         longest = max(range(len(steps)), key=lambda s: max(self.lengths[i] for batch in steps[s] for i in batch))
         steps.insert(0, steps.pop(longest))
@@ -321,19 +348,29 @@ def pad_multiple(cfg: TrainConfig, device_type: str) -> int:
     return cfg.pad_to_multiple_of or (8 if device_type == "cuda" else 1)
 
 
-def make_dataloaders(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig, num_processes: int,
-                     device_type: str = "cpu") -> tuple[DataLoader, LengthGroupedBatchSampler, DataLoader, Optional[DataLoader]]:
+def make_dataloaders(
+    splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig, num_processes: int, device_type: str = "cpu"
+) -> tuple[DataLoader, LengthGroupedBatchSampler, DataLoader, DataLoader | None]:
     """Train loader (+ its sampler, whose epoch train.py sets) and evaluation loaders, not yet prepared."""
     multiple = pad_multiple(cfg, device_type)
     collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple if multiple > 1 else None)
-    sampler = LengthGroupedBatchSampler(list(splits.train["length"]), cfg.per_device_train_batch_size, num_processes,
-                                        seed=cfg.seed, group_by_length=cfg.group_by_length,
-                                        accumulation=cfg.gradient_accumulation_steps)
+    sampler = LengthGroupedBatchSampler(
+        list(splits.train["length"]),
+        cfg.per_device_train_batch_size,
+        num_processes,
+        seed=cfg.seed,
+        group_by_length=cfg.group_by_length,
+        accumulation=cfg.gradient_accumulation_steps,
+    )
     common = dict(collate_fn=collate, num_workers=cfg.dataloader_num_workers, pin_memory=device_type == "cuda")
     # Its own generator, so creating the loader iterator never draws from the global RNG (dropout): a
     # resumed run then sees exactly the random numbers the uninterrupted one saw.
-    train_loader = DataLoader(_model_columns(splits.train, tokenizer), batch_sampler=sampler,
-                              generator=torch.Generator().manual_seed(cfg.seed), **common)
+    train_loader = DataLoader(
+        _model_columns(splits.train, tokenizer),
+        batch_sampler=sampler,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        **common,
+    )
 
     def eval_loader(ds: datasets.Dataset) -> DataLoader:
         return make_eval_loader(ds, tokenizer, cfg.per_device_eval_batch_size, common)
@@ -348,8 +385,9 @@ def eval_order(ds: datasets.Dataset) -> list[int]:
     return sorted(range(len(ds)), key=lengths.__getitem__)
 
 
-def make_eval_loader(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int,
-                     loader_kwargs: Optional[dict] = None) -> DataLoader:
+def make_eval_loader(
+    ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int, loader_kwargs: dict | None = None
+) -> DataLoader:
     """Rows in eval_order (by length), so consecutive batches need little padding."""
     loader_kwargs = loader_kwargs or {"collate_fn": DataCollatorWithPadding(tokenizer)}
     by_length = ds.select(eval_order(ds))

@@ -18,7 +18,6 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import datasets
 import torch
@@ -28,10 +27,20 @@ from accelerate.logging import get_logger
 
 from inference import files, precision
 from inference.loading import CheckpointError, LoadedModel, load_model
-from training import checkpoint, reports
+from training import reports
+from training.atomic import write_json
 from training.config import TrainConfig
-from training.data import (DataError, LabelSpace, eval_order, labelled, load_file, load_hub, make_eval_loader,
-                           require_columns, tokenize)
+from training.data import (
+    DataError,
+    LabelSpace,
+    eval_order,
+    labelled,
+    load_file,
+    load_hub,
+    make_eval_loader,
+    require_columns,
+    tokenize,
+)
 from training.hub import HubUnavailableError, ensure_hub_or_offline
 from training.metrics import MetricError, MetricSuite, classification_report
 from training.smoke import ensure_smoke_assets, smoke_dir
@@ -96,7 +105,7 @@ class SavedModel:
 
     loaded: LoadedModel
     trained_with: dict  # the training run's config, {} for a folder from elsewhere
-    label_values: Optional[list]  # the training data's label value of each id, when the run recorded them
+    label_values: list | None  # the training data's label value of each id, when the run recorded them
 
     def data_config(self, args: argparse.Namespace) -> TrainConfig:
         """Text and label columns: the command line's, else the training run's, else the defaults."""
@@ -125,8 +134,11 @@ def load_saved(checkpoint_dir: str) -> SavedModel:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint_dir", default="checkpoints",
-                        help="a training output dir or any save_pretrained folder (default: checkpoints)")
+    parser.add_argument(
+        "--checkpoint_dir",
+        default="checkpoints",
+        help="a training output dir or any save_pretrained folder (default: checkpoints)",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--test_file", help="csv/jsonl/parquet with text and label columns")
     source.add_argument("--dataset_name", help="a Hub dataset (default when no file is given: ag_news)")
@@ -135,10 +147,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_data_arguments(parser)
     parser.add_argument("--label_column", help="default: the training run's, else label")
     parser.add_argument("--per_device_eval_batch_size", type=int, default=64)
-    parser.add_argument("--mixed_precision", type=precision.canonical, default="no",
-                        help=f"one of {', '.join(precision.ACCEPTED)} (default: no, full precision)")
-    parser.add_argument("--extra_metrics", type=lambda s: [m for m in s.split(",") if m], default=[],
-                        help="more evaluate metrics, comma-separated (Hub names or local paths)")
+    parser.add_argument(
+        "--mixed_precision",
+        type=precision.canonical,
+        default=precision.AUTO,
+        help=f"one of {', '.join(precision.ACCEPTED)} (inference/precision.py; default: auto, as "
+        "training, prediction and serving read it)",
+    )
+    parser.add_argument(
+        "--extra_metrics",
+        type=lambda s: [m for m in s.split(",") if m],
+        default=[],
+        help="more evaluate metrics, comma-separated (Hub names or local paths)",
+    )
     return parser.parse_args(argv)
 
 
@@ -177,42 +198,69 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> dict:
         split, source = load_split(args, saved, cfg)
         texts = split["text"]  # for misclassified.csv: tokenizing drops the column
         split = tokenize(split, tokenizer, cfg.max_length, "evaluation")
-    model, loader = accelerator.prepare(saved.loaded.model,
-                                        make_eval_loader(split, tokenizer, args.per_device_eval_batch_size))
+    model, loader = accelerator.prepare(
+        saved.loaded.model, make_eval_loader(split, tokenizer, args.per_device_eval_batch_size)
+    )
     scored, results = score(accelerator, model, loader, metrics)
     scored = in_row_order(scored, eval_order(split))
     if not torch.equal(scored.labels, torch.tensor(split["labels"])):  # misclassified.csv depends on it
         raise RuntimeError("gathered results are not in the split's row order")
     report = classification_report(scored.probabilities.argmax(dim=1), scored.labels, saved.loaded.labels)
-    evaluation = {"checkpoint_dir": str(root), "data": source, "world_size": accelerator.num_processes,
-                  "max_length": cfg.max_length, "metrics": results, "per_class": report["per_class"],
-                  "confusion_matrix": {"labels": saved.loaded.labels,
-                                       "rows_true_columns_predicted": report["confusion_matrix"]},
-                  "files": [files.EVAL_RESULTS, files.CONFUSION_PNG, files.MISCLASSIFIED_CSV]}
-    logger.info("%s on %s (%d processes):\n%s", root, source, accelerator.num_processes,
-                reports.report_table(report["per_class"], results), main_process_only=True)
+    evaluation = {
+        "checkpoint_dir": str(root),
+        "data": source,
+        "world_size": accelerator.num_processes,
+        "max_length": cfg.max_length,
+        "metrics": results,
+        "per_class": report["per_class"],
+        "confusion_matrix": {"labels": saved.loaded.labels, "rows_true_columns_predicted": report["confusion_matrix"]},
+        "files": [files.EVAL_RESULTS, files.CONFUSION_PNG, files.MISCLASSIFIED_CSV],
+    }
+    logger.info(
+        "%s on %s (%d processes):\n%s",
+        root,
+        source,
+        accelerator.num_processes,
+        reports.report_table(report["per_class"], results),
+        main_process_only=True,
+    )
     if accelerator.is_main_process:
         write_evaluation(root, evaluation, texts, scored, saved.loaded.labels)
     return evaluation
 
 
 def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, label_names: list[str]) -> None:
-    checkpoint.write_json(root / files.EVAL_RESULTS, evaluation)
+    write_json(root / files.EVAL_RESULTS, evaluation)
     confusion = torch.tensor(evaluation["confusion_matrix"]["rows_true_columns_predicted"])
-    reports.write_confusion_matrix(root / files.CONFUSION_PNG, confusion, label_names,
-                                   f"{evaluation['data']}: accuracy {evaluation['metrics']['accuracy']:.4f}")
-    wrong = reports.write_misclassified(root / files.MISCLASSIFIED_CSV, texts, scored.labels, scored.probabilities,
-                                        label_names)
-    logger.info("Wrote %s, %s, %s (%d misclassified) in %s", files.EVAL_RESULTS, files.CONFUSION_PNG,
-                files.MISCLASSIFIED_CSV, wrong, root)
+    reports.write_confusion_matrix(
+        root / files.CONFUSION_PNG,
+        confusion,
+        label_names,
+        f"{evaluation['data']}: accuracy {evaluation['metrics']['accuracy']:.4f}",
+    )
+    wrong = reports.write_misclassified(
+        root / files.MISCLASSIFIED_CSV, texts, scored.labels, scored.probabilities, label_names
+    )
+    logger.info(
+        "Wrote %s, %s, %s (%d misclassified) in %s",
+        files.EVAL_RESULTS,
+        files.CONFUSION_PNG,
+        files.MISCLASSIFIED_CSV,
+        wrong,
+        root,
+    )
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
-                        level=logging.INFO)
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", level=logging.INFO
+    )
     args = parse_args(argv)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(),
-                              mixed_precision=precision.accelerate_name(args.mixed_precision))
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    accelerator = Accelerator(
+        cpu=device_type == "cpu",
+        mixed_precision=precision.accelerate_name(precision.resolve(args.mixed_precision, device_type)),
+    )
     if not accelerator.is_local_main_process:
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()

@@ -17,8 +17,6 @@ import signal
 import torch
 from accelerate import Accelerator
 
-from training import faults
-
 
 class TrainingDiverged(RuntimeError):
     """The loss stayed non-finite; the run stops without saving the diverged model."""
@@ -31,19 +29,11 @@ class StopGuard:
         self.sigterm = False
         self.streak = torch.zeros((), device=accelerator.device)  # consecutive non-finite losses
         self.longest = torch.zeros((), device=accelerator.device)  # longest streak since the last check
-        nan_from = faults.arguments("nan_loss_from_step")  # test-only injection (training/faults.py)
-        self.nan_from_step = nan_from[0] if nan_from else None
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
         self.sigterm = True
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-
-    def inject(self, loss: torch.Tensor, step: int) -> torch.Tensor:
-        """The loss, or NaN when the test-only fault asks for it."""
-        if self.nan_from_step is not None and step >= self.nan_from_step:
-            return loss * float("nan")
-        return loss
 
     def observe(self, loss: torch.Tensor) -> None:
         """Count the non-finite streak on the device (no host sync)."""
@@ -53,8 +43,12 @@ class StopGuard:
 
     def check(self) -> tuple[bool, bool]:
         """(preempted, diverged), identical on every rank. A collective: call it on all ranks at the same step."""
-        flags = torch.stack([torch.tensor(float(self.sigterm), device=self.accelerator.device),
-                             (self.longest >= self.max_nonfinite_steps).float()])
+        flags = torch.stack(
+            [
+                torch.tensor(float(self.sigterm), device=self.accelerator.device),
+                (self.longest >= self.max_nonfinite_steps).float(),
+            ]
+        )
         flags = self.accelerator.reduce(flags, reduction="sum").tolist()
         self.longest = self.streak.clone()
         return flags[0] > 0, flags[1] > 0

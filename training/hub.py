@@ -56,4 +56,6 @@ def explain_missing(what: str, exc: BaseException) -> HubUnavailableError:
     """A one-paragraph error for a Hub resource that could not be loaded from the network or the cache."""
     where = "the Hub is unreachable (offline mode)" if is_offline() else "it could not be loaded"
     reason = " ".join(str(exc).split())[:300]
-    return HubUnavailableError(f"Cannot load {what}: {where} and it is not in the local cache ({reason}). {OFFLINE_HELP}")
+    return HubUnavailableError(
+        f"Cannot load {what}: {where} and it is not in the local cache ({reason}). {OFFLINE_HELP}"
+    )

@@ -10,8 +10,8 @@ load (offline) or cannot score this task fails before training, not after.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import evaluate
 
@@ -32,8 +32,9 @@ def _load_extra(name: str) -> evaluate.EvaluationModule:
         return load_module(name)
     except (FileNotFoundError, ConnectionError, ImportError, OSError, ValueError) as exc:
         reason = " ".join(str(exc).split())[:200]
-        raise MetricError(f"extra_metrics: cannot load {name!r} ({reason}); without the Hub only a local metric "
-                          "folder loads") from None
+        raise MetricError(
+            f"extra_metrics: cannot load {name!r} ({reason}); without the Hub only a local metric folder loads"
+        ) from None
 
 
 def _scalar(value):
@@ -54,8 +55,10 @@ class MetricSuite:
         try:
             self.modules[name].compute(predictions=ids, references=ids)
         except Exception as exc:  # noqa: BLE001 - any failure of a third-party metric is reported the same way
-            raise MetricError(f"extra_metrics: {name!r} cannot score {num_labels}-class predictions "
-                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+            raise MetricError(
+                f"extra_metrics: {name!r} cannot score {num_labels}-class predictions "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+            ) from None
 
     def add_batch(self, predictions, references) -> None:
         for module in self.modules.values():
@@ -73,4 +76,5 @@ class MetricSuite:
 def classification_report(predictions, references, label_names: Sequence[str]) -> dict:
     """{"per_class": {name: {precision, recall, f1, support}}, "confusion_matrix": [[...]]}."""
     return load_module(str(MODULES / "classification_report")).compute(
-        predictions=predictions, references=references, label_names=list(label_names))
+        predictions=predictions, references=references, label_names=list(label_names)
+    )

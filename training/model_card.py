@@ -9,18 +9,18 @@ how well, with which settings, and how to serve or load it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from inference import files
 from inference.loading import HUB_ID
-from training import checkpoint
+from training.atomic import write_bytes
 
 RESULT_METRICS = ("accuracy", "macro_f1")
 
 
-def hub_id_or_none(name: Optional[str]) -> Optional[str]:
+def hub_id_or_none(name: str | None) -> str | None:
     """`name` when it names a Hub repository, None for a local folder (which the Hub cannot link to)."""
     if not name or Path(name).expanduser().exists():
         return None
@@ -33,82 +33,139 @@ def eval_results(summary: dict[str, Any], dataset: str) -> list[EvalResult]:
         for metric in RESULT_METRICS:
             value = (summary.get(split) or {}).get(metric)
             if value is not None:
-                results.append(EvalResult(task_type="text-classification", dataset_type=dataset, dataset_name=dataset,
-                                          dataset_split=split, metric_type=metric, metric_value=value,
-                                          metric_name=f"{metric} ({name})"))
+                results.append(
+                    EvalResult(
+                        task_type="text-classification",
+                        dataset_type=dataset,
+                        dataset_name=dataset,
+                        dataset_split=split,
+                        metric_type=metric,
+                        metric_value=value,
+                        metric_name=f"{metric} ({name})",
+                    )
+                )
     return results
 
 
-def card_data(summary: dict[str, Any], repo_id: Optional[str] = None) -> ModelCardData:
+def card_data(summary: dict[str, Any], repo_id: str | None = None) -> ModelCardData:
     cfg = summary["config"]
     hub_dataset = None if cfg.get("train_file") else hub_id_or_none(cfg.get("dataset_name"))
     return ModelCardData(
-        library_name="transformers", pipeline_tag="text-classification",
+        library_name="transformers",
+        pipeline_tag="text-classification",
         base_model=None if cfg.get("from_scratch") else hub_id_or_none(cfg["model_name_or_path"]),
-        datasets=[hub_dataset] if hub_dataset else None, tags=["text-classification", "distilbert-agnews"],
+        datasets=[hub_dataset] if hub_dataset else None,
+        tags=["text-classification", "distilbert-agnews"],
         model_name=repo_id or Path(cfg["output_dir"]).name,
-        eval_results=eval_results(summary, hub_dataset or "local") or None)
+        eval_results=eval_results(summary, hub_dataset or "local") or None,
+    )
 
 
 def _data_line(cfg: dict, counts: dict) -> str:
     if cfg.get("train_file"):
-        data = ", ".join([f"`{cfg['train_file']}`"] + [f"{split} `{cfg[f'{split}_file']}`"
-                                                       for split in ("validation", "test") if cfg.get(f"{split}_file")])
+        data = ", ".join(
+            [f"`{cfg['train_file']}`"]
+            + [f"{split} `{cfg[f'{split}_file']}`" for split in ("validation", "test") if cfg.get(f"{split}_file")]
+        )
     else:
         data = f"Hub dataset `{cfg['dataset_name']}`"
     if not counts:
         return f"Trained with distilbert-agnews (`training/train.py`) on {data}."
-    return (f"Trained with distilbert-agnews (`training/train.py`) on {data}: {counts.get('train', '?')} training, "
-            f"{counts.get('validation', '?')} validation and {counts.get('test', 0)} test examples.")
+    return (
+        f"Trained with distilbert-agnews (`training/train.py`) on {data}: {counts.get('train', '?')} training, "
+        f"{counts.get('validation', '?')} validation and {counts.get('test', 0)} test examples."
+    )
 
 
 def _results_section(summary: dict) -> list[str]:
-    rows = [f"| {name} | {m['accuracy']:.4f} | {m['macro_f1']:.4f} | {m['loss']:.4f} | {m['num_examples']} |"
-            for name, m in (("validation (best)", summary.get("validation")), ("test", summary.get("test"))) if m]
-    return ["## Results", "", "| split | accuracy | macro-F1 | loss | examples |", "|---|---|---|---|---|", *rows, "",
-            f"Curves: `{files.CURVES_PNG}` (raw series in `{files.CURVES_JSON}`); every number in `{files.METRICS}`.", ""]
+    rows = [
+        f"| {name} | {m['accuracy']:.4f} | {m['macro_f1']:.4f} | {m['loss']:.4f} | {m['num_examples']} |"
+        for name, m in (("validation (best)", summary.get("validation")), ("test", summary.get("test")))
+        if m
+    ]
+    return [
+        "## Results",
+        "",
+        "| split | accuracy | macro-F1 | loss | examples |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Curves: `{files.CURVES_PNG}` (raw series in `{files.CURVES_JSON}`); every number in `{files.METRICS}`.",
+        "",
+    ]
 
 
 def _training_section(summary: dict) -> list[str]:
     cfg = summary["config"]
-    settings = [("learning rate", cfg["learning_rate"]),
-                ("schedule", f"{cfg.get('lr_scheduler_type', 'linear')}, warmup ratio {cfg['warmup_ratio']}"),
-                ("epochs", cfg["num_train_epochs"]), ("optimizer steps", summary["global_step"]),
-                ("per-device batch", cfg["per_device_train_batch_size"]),
-                ("gradient accumulation", cfg["gradient_accumulation_steps"]), ("world size", summary["world_size"]),
-                ("effective batch", summary["effective_batch_size"]), ("max_length", cfg["max_length"]),
-                ("weight decay", cfg["weight_decay"]), ("mixed precision", summary["mixed_precision"]),
-                ("seed", cfg["seed"]),
-                ("best model", f"step {summary['best_step']} by validation {summary['metric_for_best_model']}")]
+    settings = [
+        ("learning rate", cfg["learning_rate"]),
+        ("schedule", f"{cfg.get('lr_scheduler_type', 'linear')}, warmup ratio {cfg['warmup_ratio']}"),
+        ("epochs", cfg["num_train_epochs"]),
+        ("optimizer steps", summary["global_step"]),
+        ("per-device batch", cfg["per_device_train_batch_size"]),
+        ("gradient accumulation", cfg["gradient_accumulation_steps"]),
+        ("world size", summary["world_size"]),
+        ("effective batch", summary["effective_batch_size"]),
+        ("max_length", cfg["max_length"]),
+        ("weight decay", cfg["weight_decay"]),
+        ("mixed precision", summary["mixed_precision"]),
+        ("seed", cfg["seed"]),
+        ("best model", f"step {summary['best_step']} by validation {summary['metric_for_best_model']}"),
+    ]
     return ["## Training", "", "| setting | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in settings], ""]
 
 
 def _use_section(cfg: dict, where: str) -> list[str]:
-    lines = ["## Use it", "", "Serve it (`POST /predict`, the text-embeddings-inference API):", "", "```bash",
-             f"python -m inference --model_id {where} --port 8000",
-             "curl -s localhost:8000/predict -H 'content-type: application/json' -d '{\"inputs\": \"Stocks rallied\"}'",
-             "```", ""]
+    lines = [
+        "## Use it",
+        "",
+        "Serve it (`POST /predict`, the text-embeddings-inference API):",
+        "",
+        "```bash",
+        f"python -m inference --model_id {where} --port 8000",
+        "curl -s localhost:8000/predict -H 'content-type: application/json' -d '{\"inputs\": \"Stocks rallied\"}'",
+        "```",
+        "",
+    ]
     listed = f"`{files.WEIGHTS}` (state_dict, what the service loads), `{files.CONFIG}`, `{files.TOKENIZER_DIR}/`"
     if cfg.get("export_hf_format", True):
-        lines += ["or load it with transformers (the folder is also in Hugging Face format: "
-                  f"`{files.HF_WEIGHTS}`, `{files.CONFIG}`, tokenizer files):", "", "```python",
-                  "from transformers import pipeline", "", f'classify = pipeline("text-classification", model="{where}")',
-                  'classify("Stocks rallied as oil prices fell")', "```", ""]
+        lines += [
+            "or load it with transformers (the folder is also in Hugging Face format: "
+            f"`{files.HF_WEIGHTS}`, `{files.CONFIG}`, tokenizer files):",
+            "",
+            "```python",
+            "from transformers import pipeline",
+            "",
+            f'classify = pipeline("text-classification", model="{where}")',
+            'classify("Stocks rallied as oil prices fell")',
+            "```",
+            "",
+        ]
         listed += f", `{files.HF_WEIGHTS}` and the tokenizer files (Hugging Face format)"
     return lines + [f"Files: {listed}, `{files.METRICS}`.", ""]
 
 
-def model_card(summary: dict[str, Any], repo_id: Optional[str] = None) -> ModelCard:
+def model_card(summary: dict[str, Any], repo_id: str | None = None) -> ModelCard:
     """The card of a run, from its summary (metrics.json); `repo_id` names it where it is published."""
     cfg = summary["config"]
     start = "trained from scratch on the architecture of" if cfg.get("from_scratch") else "fine-tuned from"
-    body = [f"# Text classifier {start} `{cfg['model_name_or_path']}`", "",
-            _data_line(cfg, summary.get("num_examples", {})), "",
-            "## Labels", "", "| id | label |", "|---|---|",
-            *[f"| {i} | {name} |" for i, name in enumerate(summary.get("label_names") or [])], "",
-            *_results_section(summary), *_training_section(summary), *_use_section(cfg, repo_id or cfg["output_dir"])]
+    body = [
+        f"# Text classifier {start} `{cfg['model_name_or_path']}`",
+        "",
+        _data_line(cfg, summary.get("num_examples", {})),
+        "",
+        "## Labels",
+        "",
+        "| id | label |",
+        "|---|---|",
+        *[f"| {i} | {name} |" for i, name in enumerate(summary.get("label_names") or [])],
+        "",
+        *_results_section(summary),
+        *_training_section(summary),
+        *_use_section(cfg, repo_id or cfg["output_dir"]),
+    ]
     return ModelCard(f"---\n{card_data(summary, repo_id).to_yaml()}\n---\n\n" + "\n".join(body))
 
 
-def write_model_card(output_dir: Path, summary: dict[str, Any], repo_id: Optional[str] = None) -> None:
-    checkpoint.write_bytes(output_dir / files.MODEL_CARD, str(model_card(summary, repo_id)).encode("utf-8"))
+def write_model_card(output_dir: Path, summary: dict[str, Any], repo_id: str | None = None) -> None:
+    write_bytes(output_dir / files.MODEL_CARD, str(model_card(summary, repo_id)).encode("utf-8"))

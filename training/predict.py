@@ -46,15 +46,24 @@ OUTPUT_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m training.predict", description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint_dir", default="checkpoints",
-                        help="a training output dir or any save_pretrained folder (default: checkpoints)")
+    parser.add_argument(
+        "--checkpoint_dir",
+        default="checkpoints",
+        help="a training output dir or any save_pretrained folder (default: checkpoints)",
+    )
     parser.add_argument("--input_file", required=True, help="csv, jsonl or parquet with the text column(s)")
-    parser.add_argument("--output_file", required=True, help=f"{', '.join(OUTPUT_SUFFIXES)}: the format follows the extension")
+    parser.add_argument(
+        "--output_file", required=True, help=f"{', '.join(OUTPUT_SUFFIXES)}: the format follows the extension"
+    )
     add_data_arguments(parser)
     parser.add_argument("--per_device_batch_size", type=int, default=64, help="texts per forward pass (default: 64)")
     parser.add_argument("--chunk_size", type=int, default=4096, help="rows read, scored and written at a time")
-    parser.add_argument("--mixed_precision", type=precision.canonical, default="auto",
-                        help="the service's DTYPE vocabulary; auto: bf16 where native, fp16 on GPUs without bf16, else fp32")
+    parser.add_argument(
+        "--mixed_precision",
+        type=precision.canonical,
+        default="auto",
+        help="the service's DTYPE vocabulary; auto: bf16 where native, fp16 on GPUs without bf16, else fp32",
+    )
     args = parser.parse_args(argv)
     if Path(args.output_file).suffix.lower() not in OUTPUT_SUFFIXES:
         parser.error(f"--output_file must end in one of {', '.join(OUTPUT_SUFFIXES)}")
@@ -80,13 +89,16 @@ class Reader:
 
     def texts(self, chunk: int) -> tuple[list[str], list[str] | None]:
         rows = self.rows(chunk)
-        values = self.ds.select_columns(self.columns + ([self.pair_column] if self.pair_column else []))[rows.start:rows.stop]
+        values = self.ds.select_columns(self.columns + ([self.pair_column] if self.pair_column else []))[
+            rows.start : rows.stop
+        ]
         texts = [join_texts(parts, self.delimiter) for parts in zip(*(values[c] for c in self.columns))]
         return texts, ([p or "" for p in values[self.pair_column]] if self.pair_column else None)
 
 
-def score_chunk(loaded: LoadedModel, texts: list[str], pairs: list[str] | None, batch_size: int,
-                max_length: int) -> torch.Tensor:
+def score_chunk(
+    loaded: LoadedModel, texts: list[str], pairs: list[str] | None, batch_size: int, max_length: int
+) -> torch.Tensor:
     """Class probabilities (fp32) of each text, in input order; batches of similar lengths, as the service runs."""
     encoded = loaded.tokenizer(texts, pairs, truncation=True, max_length=max_length, return_attention_mask=False)
     names = [name for name in ("input_ids", "token_type_ids") if name in encoded]
@@ -94,7 +106,7 @@ def score_chunk(loaded: LoadedModel, texts: list[str], pairs: list[str] | None, 
     order = sorted(range(len(texts)), key=lambda i: len(features[i]["input_ids"]))
     probabilities = torch.empty(len(texts), len(loaded.labels))
     for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
+        rows = order[start : start + batch_size]
         probabilities[rows] = forward(loaded, [features[i] for i in rows]).softmax(dim=-1)
     return probabilities
 
@@ -103,17 +115,30 @@ def part_path(parts: Path, chunk: int) -> Path:
     return parts / f"part-{chunk:08d}.parquet"
 
 
-def score_my_chunks(accelerator: Accelerator, loaded: LoadedModel, reader: Reader, parts: Path, args,
-                    max_length: int) -> None:
+def score_my_chunks(
+    accelerator: Accelerator, loaded: LoadedModel, reader: Reader, parts: Path, args, max_length: int
+) -> None:
     """This rank's chunks (r, r + N, ...), each one's probabilities into its own part file."""
     mine = range(accelerator.process_index, reader.num_chunks, accelerator.num_processes)
-    bar = tqdm(total=sum(len(reader.rows(c)) for c in mine), unit="row", desc=f"Predicting (rank 0 of "
-               f"{accelerator.num_processes})", disable=not accelerator.is_main_process)
+    bar = tqdm(
+        total=sum(len(reader.rows(c)) for c in mine),
+        unit="row",
+        desc=f"Predicting (rank 0 of {accelerator.num_processes})",
+        disable=not accelerator.is_main_process,
+    )
     for chunk in mine:
         texts, pairs = reader.texts(chunk)
         probabilities = score_chunk(loaded, texts, pairs, args.per_device_batch_size, max_length)
-        pyarrow.parquet.write_table(pa.table({"probabilities": pa.FixedSizeListArray.from_arrays(
-            pa.array(probabilities.flatten().numpy()), len(loaded.labels))}), part_path(parts, chunk))
+        pyarrow.parquet.write_table(
+            pa.table(
+                {
+                    "probabilities": pa.FixedSizeListArray.from_arrays(
+                        pa.array(probabilities.flatten().numpy()), len(loaded.labels)
+                    )
+                }
+            ),
+            part_path(parts, chunk),
+        )
         bar.update(len(texts))
     bar.close()
 
@@ -122,8 +147,10 @@ def prediction_columns(probabilities: pa.Table, labels: list[str]) -> dict[str, 
     values = probabilities.column("probabilities").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     scores = torch.tensor(values).reshape(-1, len(labels))
     best = scores.argmax(dim=1)
-    columns = {"predicted_label": pa.array([labels[i] for i in best.tolist()]),
-               "predicted_score": pa.array(scores.gather(1, best[:, None]).squeeze(1).numpy())}
+    columns = {
+        "predicted_label": pa.array([labels[i] for i in best.tolist()]),
+        "predicted_score": pa.array(scores.gather(1, best[:, None]).squeeze(1).numpy()),
+    }
     columns.update({f"score_{label}": pa.array(scores[:, i].numpy()) for i, label in enumerate(labels)})
     return columns
 
@@ -159,7 +186,7 @@ def assemble(reader: Reader, parts: Path, labels: list[str], output: Path) -> No
         arrow = reader.ds.with_format("arrow")
         for chunk in range(reader.num_chunks):
             rows = reader.rows(chunk)
-            table = arrow[rows.start:rows.stop]
+            table = arrow[rows.start : rows.stop]
             for name, column in prediction_columns(pyarrow.parquet.read_table(part_path(parts, chunk)), labels).items():
                 table = table.append_column(name, column)
             writer.write(table)
@@ -187,14 +214,20 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> None:
     if accelerator.is_main_process:
         assemble(reader, parts, loaded.labels, output)
         shutil.rmtree(parts, ignore_errors=True)
-        logger.info("Wrote %d rows to %s (%s, %d processes)", len(reader.ds), output, loaded.precision,
-                    accelerator.num_processes)
+        logger.info(
+            "Wrote %d rows to %s (%s, %d processes)",
+            len(reader.ds),
+            output,
+            loaded.precision,
+            accelerator.num_processes,
+        )
     accelerator.wait_for_everyone()
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
-                        level=logging.INFO)
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", level=logging.INFO
+    )
     args = parse_args(argv)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     if not accelerator.is_local_main_process:

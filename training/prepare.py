@@ -19,7 +19,6 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
 
 import datasets
 import yaml
@@ -37,9 +36,11 @@ def require_hub(sources: list[str]) -> None:
     """Fail at once, with the reason, when a source must come from the Hub and the Hub does not answer."""
     remote = [s for s in sources if not Path(s).exists()]
     if remote and (is_offline() or not hub_reachable()):
-        raise HubUnavailableError(f"Cannot download {', '.join(remote)}: the Hugging Face Hub is out of reach"
-                                  f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}. Run prepare on a machine "
-                                  "with internet (a login node), into a folder the compute nodes can read.")
+        raise HubUnavailableError(
+            f"Cannot download {', '.join(remote)}: the Hugging Face Hub is out of reach"
+            f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}. Run prepare on a machine "
+            "with internet (a login node), into a folder the compute nodes can read."
+        )
 
 
 def save_model(name: str, folder: Path) -> None:
@@ -54,7 +55,7 @@ def save_model(name: str, folder: Path) -> None:
     logger.info("Model %s -> %s (%.1f M parameters)", name, folder, model.num_parameters() / 1e6)
 
 
-def save_dataset(name: str, folder: Path, label_column: str) -> tuple[dict[str, Path], Optional[list[str]]]:
+def save_dataset(name: str, folder: Path, label_column: str) -> tuple[dict[str, Path], list[str] | None]:
     """Every split as parquet; the class names in id order when the dataset has them (a ClassLabel)."""
     try:
         splits = datasets.load_dataset(name)
@@ -72,10 +73,15 @@ def save_dataset(name: str, folder: Path, label_column: str) -> tuple[dict[str, 
     return files, list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
 
 
-def train_config(model_dir: Path, files: dict[str, Path], label_names: Optional[list[str]],
-                 args: argparse.Namespace) -> dict:
-    config = {"model_name_or_path": str(model_dir.resolve()), "train_file": str(files["train"].resolve()),
-              "text_column_names": args.text_column_names.split(","), "label_column": args.label_column}
+def train_config(
+    model_dir: Path, files: dict[str, Path], label_names: list[str] | None, args: argparse.Namespace
+) -> dict:
+    config = {
+        "model_name_or_path": str(model_dir.resolve()),
+        "train_file": str(files["train"].resolve()),
+        "text_column_names": args.text_column_names.split(","),
+        "label_column": args.label_column,
+    }
     if label_names:
         config["label_names"] = label_names
     if "validation" in files:
@@ -86,11 +92,16 @@ def train_config(model_dir: Path, files: dict[str, Path], label_names: Optional[
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m training.prepare", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[1:]))
+    parser = argparse.ArgumentParser(
+        prog="python -m training.prepare",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[1:]),
+    )
     parser.add_argument("--output_dir", required=True, help="folder to fill (created; existing files are replaced)")
-    parser.add_argument("--model_name_or_path", default="distilbert-base-uncased", help="Hub model id (or a local folder)")
+    parser.add_argument(
+        "--model_name_or_path", default="distilbert-base-uncased", help="Hub model id (or a local folder)"
+    )
     parser.add_argument("--dataset_name", default="ag_news", help="Hub dataset id (or a local dataset folder)")
     parser.add_argument("--text_column_names", default="text", help="text column(s), comma-separated")
     parser.add_argument("--label_column", default="label")
@@ -104,8 +115,11 @@ def prepare(args: argparse.Namespace) -> Path:
     files, label_names = save_dataset(args.dataset_name, out / "data", args.label_column)
     config_file = out / CONFIG_NAME
     config_file.write_text(yaml.safe_dump(train_config(out / "model", files, label_names, args), sort_keys=False))
-    logger.info("Wrote %s. On the compute nodes:\n  HF_HUB_OFFLINE=1 accelerate launch training/train.py --config %s",
-                config_file, config_file.resolve())
+    logger.info(
+        "Wrote %s. On the compute nodes:\n  HF_HUB_OFFLINE=1 accelerate launch training/train.py --config %s",
+        config_file,
+        config_file.resolve(),
+    )
     return config_file
 
 

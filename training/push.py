@@ -18,7 +18,6 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
 
 from huggingface_hub import HfApi, get_token
 from huggingface_hub.errors import HfHubHTTPError
@@ -35,19 +34,21 @@ class PushError(RuntimeError):
     """The upload cannot happen; the message says why."""
 
 
-def check_can_push(repo_id: Optional[str]) -> None:
+def check_can_push(repo_id: str | None) -> None:
     """Before a long run: a repository name, a reachable Hub and a token, or one line saying which is missing."""
     if not repo_id:
         raise PushError("push_to_hub: give --hub_model_id (user/name or org/name)")
     if is_offline() or not hub_reachable():
-        raise PushError(f"push_to_hub: the Hugging Face Hub ({hub_url()}) is out of reach"
-                        f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}; push later with "
-                        "`python -m training.push --checkpoint_dir DIR --hub_model_id ID`")
+        raise PushError(
+            f"push_to_hub: the Hugging Face Hub ({hub_url()}) is out of reach"
+            f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}; push later with "
+            "`python -m training.push --checkpoint_dir DIR --hub_model_id ID`"
+        )
     if not get_token():
         raise PushError("push_to_hub: no Hugging Face token: set HF_TOKEN or run `hf auth login`")
 
 
-def push(folder: Path, repo_id: str, private: bool = False, api: Optional[HfApi] = None) -> str:
+def push(folder: Path, repo_id: str, private: bool = False, api: HfApi | None = None) -> str:
     """Create the repository if needed and upload the folder (states and temporary files left out); the URL."""
     api = api or HfApi()
     metrics = folder / files.METRICS
@@ -55,8 +56,13 @@ def push(folder: Path, repo_id: str, private: bool = False, api: Optional[HfApi]
         model_card.write_model_card(folder, json.loads(metrics.read_text()), repo_id)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
-                                   ignore_patterns=IGNORE, commit_message="Upload model trained with distilbert-agnews")
+        commit = api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            repo_type="model",
+            ignore_patterns=IGNORE,
+            commit_message="Upload model trained with distilbert-agnews",
+        )
     except (HfHubHTTPError, OSError, ValueError) as exc:
         raise PushError(f"push to {repo_id}: {' '.join(str(exc).split())[:300]}") from None
     logger.info("Pushed %s to %s", folder, getattr(commit, "commit_url", repo_id))
@@ -64,8 +70,9 @@ def push(folder: Path, repo_id: str, private: bool = False, api: Optional[HfApi]
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
-                        level=logging.INFO)
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", level=logging.INFO
+    )
     parser = argparse.ArgumentParser(prog="python -m training.push", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint_dir", default="checkpoints", help="a training output dir (default: checkpoints)")
     parser.add_argument("--hub_model_id", required=True, help="user/name or org/name")

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from inference import files
-from training import checkpoint
+from training.atomic import write_bytes, write_json
 
+if TYPE_CHECKING:
+    from training.checkpoint import Progress
 
 
 def _png(figure) -> bytes:
@@ -33,13 +36,15 @@ def report_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]
     width = max(12, *(len(name) for name in per_class))
     lines = [f"{'class':<{width}} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>9}"]
     for name, row in per_class.items():
-        lines.append(f"{name:<{width}} {row['precision']:>9.4f} {row['recall']:>9.4f} {row['f1']:>9.4f} "
-                     f"{row['support']:>9d}")
+        lines.append(
+            f"{name:<{width}} {row['precision']:>9.4f} {row['recall']:>9.4f} {row['f1']:>9.4f} {row['support']:>9d}"
+        )
     n = metrics["num_examples"]
     mean = {k: sum(row[k] for row in per_class.values()) / len(per_class) for k in ("precision", "recall")}
     lines.append(f"{'accuracy':<{width}} {'':>9} {'':>9} {metrics['accuracy']:>9.4f} {n:>9d}")
-    lines.append(f"{'macro avg':<{width}} {mean['precision']:>9.4f} {mean['recall']:>9.4f} "
-                 f"{metrics['macro_f1']:>9.4f} {n:>9d}")
+    lines.append(
+        f"{'macro avg':<{width}} {mean['precision']:>9.4f} {mean['recall']:>9.4f} {metrics['macro_f1']:>9.4f} {n:>9d}"
+    )
     lines.append(f"{'loss':<{width}} {metrics['loss']:>9.4f}")
     return "\n".join(lines)
 
@@ -57,18 +62,26 @@ def write_confusion_matrix(path: Path, confusion: torch.Tensor, label_names: Seq
     figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
     for i in range(n):
         for j in range(n):
-            ax.text(j, i, f"{int(counts[i, j])}\n{shares[i, j]:.1%}", ha="center", va="center", fontsize=9,
-                    color="white" if shares[i, j] > 0.5 else "black")
+            ax.text(
+                j,
+                i,
+                f"{int(counts[i, j])}\n{shares[i, j]:.1%}",
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="white" if shares[i, j] > 0.5 else "black",
+            )
     ax.set_xticks(range(n), label_names, rotation=30, ha="right")
     ax.set_yticks(range(n), label_names)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(title)
-    checkpoint.write_bytes(path, _png(figure))
+    write_bytes(path, _png(figure))
 
 
-def write_misclassified(path: Path, texts: Sequence[str], labels: torch.Tensor, probabilities: torch.Tensor,
-                        label_names: Sequence[str]) -> int:
+def write_misclassified(
+    path: Path, texts: Sequence[str], labels: torch.Tensor, probabilities: torch.Tensor, label_names: Sequence[str]
+) -> int:
     """Every wrong prediction, most confident first: row of the split, text, label, prediction, probabilities."""
     predictions = probabilities.argmax(dim=1)
     wrong = (predictions != labels).nonzero().flatten().tolist()
@@ -77,32 +90,48 @@ def write_misclassified(path: Path, texts: Sequence[str], labels: torch.Tensor, 
     writer = csv.writer(buffer)
     writer.writerow(["row", "text", "label", "predicted", "predicted_probability", "label_probability"])
     for i in wrong:
-        writer.writerow([i, texts[i], label_names[labels[i]], label_names[predictions[i]],
-                         f"{probabilities[i, predictions[i]].item():.4f}", f"{probabilities[i, labels[i]].item():.4f}"])
-    checkpoint.write_bytes(path, buffer.getvalue().encode("utf-8"))
+        writer.writerow(
+            [
+                i,
+                texts[i],
+                label_names[labels[i]],
+                label_names[predictions[i]],
+                f"{probabilities[i, predictions[i]].item():.4f}",
+                f"{probabilities[i, labels[i]].item():.4f}",
+            ]
+        )
+    write_bytes(path, buffer.getvalue().encode("utf-8"))
     return len(wrong)
 
 
 # --------------------------------------------------------------------------------------------- training
 
 
-def write_training_curves(output_dir: Path, progress: checkpoint.Progress) -> None:
+def write_training_curves(output_dir: Path, progress: Progress) -> None:
     """training_curves.json (the raw series) and training_curves.png: loss per logging step, validation
     metrics per evaluation, learning rate."""
     from matplotlib.figure import Figure
 
     series = {"train": progress.train_loss, "validation": progress.history}
-    checkpoint.write_json(output_dir / files.CURVES_JSON, series)
+    write_json(output_dir / files.CURVES_JSON, series)
     figure = Figure(figsize=(13, 3.6))
     loss_ax, eval_ax, lr_ax = figure.subplots(1, 3)
     steps = [row["step"] for row in progress.train_loss]
     loss_ax.plot(steps, [row["loss"] for row in progress.train_loss], marker=".", label="train (logged mean)")
-    loss_ax.plot([row["step"] for row in progress.history], [row["loss"] for row in progress.history], marker="o",
-                 label="validation")
+    loss_ax.plot(
+        [row["step"] for row in progress.history],
+        [row["loss"] for row in progress.history],
+        marker="o",
+        label="validation",
+    )
     loss_ax.set(title="loss", xlabel="optimizer step")
     for metric in ("accuracy", "macro_f1"):
-        eval_ax.plot([row["step"] for row in progress.history], [row[metric] for row in progress.history],
-                     marker="o", label=metric)
+        eval_ax.plot(
+            [row["step"] for row in progress.history],
+            [row[metric] for row in progress.history],
+            marker="o",
+            label=metric,
+        )
     if progress.best_step is not None:
         eval_ax.axvline(progress.best_step, color="grey", linestyle=":", label=f"best (step {progress.best_step})")
     eval_ax.set(title="validation", xlabel="optimizer step")
@@ -114,4 +143,4 @@ def write_training_curves(output_dir: Path, progress: checkpoint.Progress) -> No
     for ax in (loss_ax, eval_ax, lr_ax):
         ax.grid(alpha=0.3)
     figure.tight_layout()
-    checkpoint.write_bytes(output_dir / files.CURVES_PNG, _png(figure))
+    write_bytes(output_dir / files.CURVES_PNG, _png(figure))

@@ -47,8 +47,13 @@ class Throughput:
 
     def summary(self, accelerator: Accelerator) -> dict:
         """All ranks together (a collective): totals over the world, rates over this run's training time."""
-        totals = torch.stack([self.tokens.double(), torch.tensor(float(self.slots), device=self.device),
-                              torch.tensor(float(self.examples), device=self.device)])
+        totals = torch.stack(
+            [
+                self.tokens.double(),
+                torch.tensor(float(self.slots), device=self.device),
+                torch.tensor(float(self.examples), device=self.device),
+            ]
+        )
         tokens, slots, examples = accelerator.reduce(totals, reduction="sum").tolist()
         seconds = max(time.perf_counter() - self.started - self.paused_s, 1e-9)
         peak = accelerator.gather(torch.tensor([peak_memory_mb(self.device)], device=self.device)).max()

@@ -2,30 +2,37 @@
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 import time
 
 import pytest
+import torch
 
 from tests.conftest import ROOT
-from training.config import ConfigError, TrainConfig, build_parser, field_docs, load_config, presets
-from training.train import cli
+from training.config import GROUPS, ConfigError, TrainConfig, build_parser, load_config, presets
+from training.train import cli, resolve_mixed_precision
 
 
 def test_defaults_are_the_documented_real_run():
     cfg = load_config([])
-    assert (cfg.model_name_or_path, cfg.dataset_name, cfg.output_dir) == ("distilbert-base-uncased", "ag_news", "checkpoints")
-    assert (cfg.num_train_epochs, cfg.learning_rate, cfg.per_device_train_batch_size, cfg.max_length) == (2, 5e-5, 32, 128)
+    assert (cfg.model_name_or_path, cfg.dataset_name, cfg.output_dir) == (
+        "distilbert-base-uncased",
+        "ag_news",
+        "checkpoints",
+    )
+    assert (cfg.num_train_epochs, cfg.learning_rate, cfg.per_device_train_batch_size, cfg.max_length) == (
+        2,
+        5e-5,
+        32,
+        128,
+    )
     assert cfg.group_by_length and cfg.validation_split == 0.05 and cfg.preset is None
 
 
 def test_every_field_has_a_docstring_and_a_flag():
-    docs = field_docs()
-    names = [f.name for f in dataclasses.fields(TrainConfig)]
-    assert sorted(docs) == sorted(names)
-    assert all(len(doc) > 10 for doc in docs.values())
+    names = list(TrainConfig.model_fields)
+    assert all(len(TrainConfig.model_fields[name].description or "") > 10 for name in names)
     help_text = build_parser().format_help()
     for name in names:
         assert f"--{name}" in help_text
@@ -34,11 +41,31 @@ def test_every_field_has_a_docstring_and_a_flag():
 
 def test_hugging_face_example_flag_names_exist():
     flags = build_parser().format_help()
-    for flag in ("--model_name_or_path", "--dataset_name", "--train_file", "--validation_file", "--test_file",
-                 "--output_dir", "--num_train_epochs", "--per_device_train_batch_size", "--per_device_eval_batch_size",
-                 "--gradient_accumulation_steps", "--learning_rate", "--weight_decay", "--warmup_ratio",
-                 "--max_length", "--seed", "--resume_from_checkpoint", "--checkpointing_steps", "--report_to",
-                 "--num_samples", "--preset", "--scale_lr", "--eval_steps", "--early_stopping_patience"):
+    for flag in (
+        "--model_name_or_path",
+        "--dataset_name",
+        "--train_file",
+        "--validation_file",
+        "--test_file",
+        "--output_dir",
+        "--num_train_epochs",
+        "--per_device_train_batch_size",
+        "--per_device_eval_batch_size",
+        "--gradient_accumulation_steps",
+        "--learning_rate",
+        "--weight_decay",
+        "--warmup_ratio",
+        "--max_length",
+        "--seed",
+        "--resume_from_checkpoint",
+        "--checkpointing_steps",
+        "--report_to",
+        "--num_samples",
+        "--preset",
+        "--scale_lr",
+        "--eval_steps",
+        "--early_stopping_patience",
+    ):
         assert flag in flags
 
 
@@ -53,8 +80,20 @@ def test_precedence_preset_then_yaml_then_cli(tmp_path):
 
 
 def test_cli_types_bools_and_lists():
-    cfg = load_config(["--group_by_length", "false", "--from_scratch", "--label_names", "x", "y",
-                       "--max_train_steps", "none", "--checkpointing_steps", "25"])
+    cfg = load_config(
+        [
+            "--group_by_length",
+            "false",
+            "--from_scratch",
+            "--label_names",
+            "x",
+            "y",
+            "--max_train_steps",
+            "none",
+            "--checkpointing_steps",
+            "25",
+        ]
+    )
     assert cfg.group_by_length is False and cfg.from_scratch is True
     assert cfg.label_names == ["x", "y"] and cfg.max_train_steps is None and cfg.checkpointing_steps == "25"
 
@@ -70,24 +109,27 @@ def test_comma_separated_lists_and_the_old_text_column_name(tmp_path):
     assert load_config(["--lr_scheduler_type", "cosine_with_restarts"]).lr_scheduler_type == "cosine_with_restarts"
 
 
-@pytest.mark.parametrize("argv, field", [
-    (["--lr_scheduler_type", "exponential"], "lr_scheduler_type"),
-    (["--push_to_hub"], "hub_model_id"),
-    (["--bogus", "1"], "--bogus"),
-    (["--learning_rate", "abc"], "learning_rate"),
-    (["--num_train_epochs", "0"], "num_train_epochs"),
-    (["--per_device_train_batch_size", "2.5"], "per_device_train_batch_size"),
-    (["--warmup_ratio", "1.5"], "warmup_ratio"),
-    (["--checkpointing_steps", "often"], "checkpointing_steps"),
-    (["--report_to", "myspace"], "report_to"),
-    (["--train_file", "data.txt"], "train_file"),
-    (["--resume_from_checkpoint", "/nonexistent/state"], "resume_from_checkpoint"),
-    (["--preset", "huge"], "preset"),
-    (["--group_by_length", "maybe"], "group_by_length"),
-    (["--mixed_precision", "fp8"], "mixed_precision"),
-    (["--label_names", "a", "a"], "label_names"),
-    (["--report_to", "clearml"], "report_to"),  # a known tracker that is not installed here
-])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--lr_scheduler_type", "exponential"], "lr_scheduler_type"),
+        (["--push_to_hub"], "hub_model_id"),
+        (["--bogus", "1"], "--bogus"),
+        (["--learning_rate", "abc"], "learning_rate"),
+        (["--num_train_epochs", "0"], "num_train_epochs"),
+        (["--per_device_train_batch_size", "2.5"], "per_device_train_batch_size"),
+        (["--warmup_ratio", "1.5"], "warmup_ratio"),
+        (["--checkpointing_steps", "often"], "checkpointing_steps"),
+        (["--report_to", "myspace"], "report_to"),
+        (["--train_file", "data.txt"], "train_file"),
+        (["--resume_from_checkpoint", "/nonexistent/state"], "resume_from_checkpoint"),
+        (["--preset", "huge"], "preset"),
+        (["--group_by_length", "maybe"], "group_by_length"),
+        (["--mixed_precision", "fp8"], "mixed_precision"),
+        (["--label_names", "a", "a"], "label_names"),
+        (["--report_to", "clearml"], "report_to"),  # a known tracker that is not installed here
+    ],
+)
 def test_bad_values_give_one_line_naming_the_field_and_exit_2(argv, field, capsys):
     assert cli(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -111,9 +153,79 @@ def test_yaml_errors_name_the_key(tmp_path, capsys):
 def test_real_script_rejects_config_before_any_process_group():
     """Through the real entry point: exit 2, one line on stderr, and nothing of the training run started."""
     started = time.time()
-    result = subprocess.run([sys.executable, str(ROOT / "training" / "train.py"), "--learning_rate", "-1"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "training" / "train.py"), "--learning_rate", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["train.py: error: learning_rate: must be > 0 (got -1.0)"]
     assert "Distributed" not in result.stdout + result.stderr
     assert time.time() - started < 60
+
+
+def test_fields_are_grouped_by_concern_in_help_and_every_field_is_in_exactly_one_group():
+    grouped = [name for cls in GROUPS.values() for name in cls.model_fields]
+    assert sorted(grouped) == sorted(TrainConfig.model_fields) and len(grouped) == len(set(grouped))
+    help_text = build_parser().format_help()
+    positions = [
+        help_text.index(f"\n{title}:")
+        for title in ("model", "data", "optimization", "evaluation and checkpoints", "run")
+    ]
+    assert positions == sorted(positions)
+    assert help_text.index("\n  --learning_rate") > help_text.index("\noptimization:")
+    assert help_text.index("\n  --output_dir") > help_text.index("\nevaluation and checkpoints:")
+
+
+def test_yaml_may_group_fields_and_groups_mix_with_flat_keys(tmp_path):
+    grouped = tmp_path / "grouped.yaml"
+    grouped.write_text(
+        "optimization:\n  learning_rate: 3e-4\n  num_train_epochs: 5\ndata:\n  max_length: 64\nseed: 7\n"
+    )
+    cfg = load_config(["--config", str(grouped), "--num_train_epochs", "1"])
+    assert (cfg.learning_rate, cfg.num_train_epochs, cfg.max_length, cfg.seed) == (3e-4, 1, 64, 7)
+    assert cfg.grouped()["optimization"]["learning_rate"] == 3e-4
+    wrong_group = tmp_path / "wrong.yaml"
+    wrong_group.write_text("data:\n  learning_rate: 3e-4\n")
+    with pytest.raises(ConfigError, match=r"^data.learning_rate: unknown field of group 'data'"):
+        load_config(["--config", str(wrong_group)])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--learning_rate", "-1"], "learning_rate: must be > 0 (got -1.0)"),
+        (["--num_train_epochs", "0"], "num_train_epochs: must be >= 1 (got 0)"),
+        (["--warmup_ratio", "1.5"], "warmup_ratio: must be < 1 (got 1.5)"),
+        (["--per_device_train_batch_size", "2.5"], "per_device_train_batch_size: expected an integer (got '2.5')"),
+        (["--group_by_length", "maybe"], "group_by_length: expected true or false (got 'maybe')"),
+        (
+            ["--lr_scheduler_type", "exponential"],
+            "lr_scheduler_type: must be one of 'linear', 'cosine', "
+            "'cosine_with_restarts', 'polynomial', 'constant' or "
+            "'constant_with_warmup' (got 'exponential')",
+        ),
+    ],
+)
+def test_error_messages_are_one_exact_line(argv, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(argv)
+    assert str(info.value) == message
+
+
+def test_one_precision_vocabulary_with_auto_meaning_what_it_means_for_serving(monkeypatch):
+    """The same names as evaluate, predict and serve (inference/precision.py); a launcher config's precision
+    is used when the flag is left at auto."""
+    from inference import precision
+
+    assert load_config(["--mixed_precision", "no"]).mixed_precision == "fp32"
+    assert load_config(["--mixed_precision", "bfloat16"]).mixed_precision == "bf16"
+    assert load_config([]).mixed_precision == "auto"
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    expected = precision.accelerate_name(precision.resolve("auto", "cuda" if torch.cuda.is_available() else "cpu"))
+    assert resolve_mixed_precision(load_config([])) == expected
+    assert resolve_mixed_precision(load_config(["--mixed_precision", "fp32"])) == "no"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # what `accelerate launch` sets from its config
+    assert resolve_mixed_precision(load_config([])) == "fp16"
+    assert resolve_mixed_precision(load_config(["--mixed_precision", "bf16"])) == "bf16"

@@ -18,7 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import CPU_2PROC, ROOT, cli_env, describe, free_port, run_train
+from inference import files
+from tests.conftest import ROOT, cli_env, describe, fault_env, launch_command, run_train
 from training.checkpoint import find_latest_state, read_progress
 
 pytestmark = pytest.mark.slow
@@ -45,9 +46,7 @@ def baselines(smoke_dir, tmp_path_factory):
 
 
 def launch_in_background(out: Path, extra: tuple[str, ...], log: Path, env: dict | None = None) -> subprocess.Popen:
-    cmd = [shutil.which("accelerate") or "accelerate", "launch", "--config_file", str(CPU_2PROC),
-           "--main_process_port", str(free_port()), str(ROOT / "training" / "train.py"), *SMOKE, *extra,
-           "--output_dir", str(out)]
+    cmd = launch_command([str(ROOT / "training" / "train.py"), *SMOKE, *extra, "--output_dir", str(out)])
     return subprocess.Popen(cmd, cwd=ROOT, env=env or cli_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
@@ -73,26 +72,30 @@ def comparable(metrics_file: Path) -> dict:
 
 
 def assert_same_result(resumed: Path, baseline: Path, final_step: int) -> None:
-    a = load_file(baseline / "state" / f"step_{final_step}" / "model.safetensors")
-    b = load_file(resumed / "state" / f"step_{final_step}" / "model.safetensors")
+    a = load_file(baseline / files.STATE_DIR / f"step_{final_step}" / "model.safetensors")
+    b = load_file(resumed / files.STATE_DIR / f"step_{final_step}" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "final weights differ"
-    best_a = torch.load(baseline / "distilbert_agnews.pt", weights_only=True)
-    best_b = torch.load(resumed / "distilbert_agnews.pt", weights_only=True)
+    best_a = torch.load(baseline / files.WEIGHTS, weights_only=True)
+    best_b = torch.load(resumed / files.WEIGHTS, weights_only=True)
     assert all(torch.equal(best_a[k], best_b[k]) for k in best_a), "best-model weights differ"
-    assert comparable(resumed / "metrics.json") == comparable(baseline / "metrics.json")
+    assert comparable(resumed / files.METRICS) == comparable(baseline / files.METRICS)
 
 
-@pytest.mark.parametrize("kill_after_state, extra, final_step", [
-    (42, (), 252),               # epoch 1 of 3, mid-epoch
-    (105, (), 252),              # epoch 2
-    (63, ACCUMULATION, 126),     # epoch 2, with gradient accumulation (no_sync micro-steps)
-], ids=["epoch1", "epoch2", "epoch2-accumulation"])
+@pytest.mark.parametrize(
+    "kill_after_state, extra, final_step",
+    [
+        (42, (), 252),  # epoch 1 of 3, mid-epoch
+        (105, (), 252),  # epoch 2
+        (63, ACCUMULATION, 126),  # epoch 2, with gradient accumulation (no_sync micro-steps)
+    ],
+    ids=["epoch1", "epoch2", "epoch2-accumulation"],
+)
 def test_sigkill_then_resume_latest_is_bitwise_identical(baselines, tmp_path, kill_after_state, extra, final_step):
     baseline = baselines(extra)
     out, log = tmp_path / "killed", tmp_path / "killed.log"
     launcher = launch_in_background(out, extra, log)
     deadline = time.time() + 180
-    while not (out / "state" / f"step_{kill_after_state}" / "progress.json").exists():
+    while not (out / files.STATE_DIR / f"step_{kill_after_state}" / files.PROGRESS).exists():
         assert launcher.poll() is None and time.time() < deadline, log.read_text()[-3000:]
         time.sleep(0.02)
     kill_9_everything(launcher)
@@ -102,8 +105,7 @@ def test_sigkill_then_resume_latest_is_bitwise_identical(baselines, tmp_path, ki
     assert kill_after_state <= progress.global_step < final_step, "the kill landed after the run finished"
     assert 0 < progress.batches_done, "the kill was meant to land mid-epoch"
 
-    result, _ = run_train([*SMOKE, *extra, "--output_dir", str(out), "--resume_from_checkpoint", "latest"],
-                          processes=2)
+    result, _ = run_train([*SMOKE, *extra, "--output_dir", str(out), "--resume_from_checkpoint", "latest"], processes=2)
     assert result.returncode == 0, describe(result)
     assert f"Resumed from {latest}" in result.stderr, describe(result)
     assert_same_result(out, baseline, final_step)
@@ -111,12 +113,12 @@ def test_sigkill_then_resume_latest_is_bitwise_identical(baselines, tmp_path, ki
 
 def test_kill_in_the_middle_of_a_state_save_keeps_the_previous_state_latest(baselines, tmp_path):
     out = tmp_path / "killed_in_save"
-    env = cli_env(DISTILBERT_AGNEWS_FAULT="kill_in_save_state:42")  # test-only fault (training/faults.py)
+    env = fault_env("kill_in_save_state:42")
     result, _ = run_train([*SMOKE, "--output_dir", str(out)], processes=2, env=env)
     assert result.returncode != 0, describe(result)
-    assert (out / "state" / ".tmp_step_42").is_dir(), "the kill should have landed while step_42 was staged"
-    assert not (out / "state" / "step_42").exists()
-    assert find_latest_state(str(out)) == out / "state" / "step_21"
+    assert (out / files.STATE_DIR / ".tmp_step_42").is_dir(), "the kill should have landed while step_42 was staged"
+    assert not (out / files.STATE_DIR / "step_42").exists()
+    assert find_latest_state(str(out)) == out / files.STATE_DIR / "step_21"
 
     result, _ = run_train([*SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", "latest"], processes=2)
     assert result.returncode == 0, describe(result)
@@ -129,15 +131,15 @@ def test_kill_in_the_middle_of_a_best_model_save_keeps_the_previous_model(baseli
     out = tmp_path / "killed_in_model_save"
     previous = baselines(())
     out.mkdir()
-    for name in ("distilbert_agnews.pt", "config.json", "metrics.json"):
+    for name in (files.WEIGHTS, files.CONFIG, files.METRICS):
         shutil.copy2(previous / name, out / name)
-    shutil.copytree(previous / "tokenizer", out / "tokenizer")
-    env = cli_env(DISTILBERT_AGNEWS_FAULT="kill_in_save_model:1")  # test-only fault (training/faults.py)
+    shutil.copytree(previous / files.TOKENIZER_DIR, out / files.TOKENIZER_DIR)
+    env = fault_env("kill_in_save_model:1")
     result, _ = run_train([*SMOKE, "--output_dir", str(out), "--checkpointing_steps", "none"], processes=2, env=env)
     assert result.returncode != 0, describe(result)
     assert "Validation at step 84" in result.stderr, describe(result)
     assert list(out.glob(".distilbert_agnews.pt.*")), "the kill should have left a partial temporary file"
-    for name in ("distilbert_agnews.pt", "config.json", "metrics.json"):
+    for name in (files.WEIGHTS, files.CONFIG, files.METRICS):
         assert (out / name).read_bytes() == (previous / name).read_bytes(), name
-    saved = torch.load(out / "distilbert_agnews.pt", weights_only=True)  # and it loads
-    assert saved.keys() == torch.load(previous / "distilbert_agnews.pt", weights_only=True).keys()
+    saved = torch.load(out / files.WEIGHTS, weights_only=True)  # and it loads
+    assert saved.keys() == torch.load(previous / files.WEIGHTS, weights_only=True).keys()

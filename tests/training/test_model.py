@@ -18,6 +18,7 @@ def test_tiny_model_from_config_and_no_decay_on_bias_and_layernorm(smoke_dir):
     names = {id(p): n for n, p in model.named_parameters()}
     no_decay_names = {names[id(p)] for p in no_decay["params"]}
     decay_names = {names[id(p)] for p in decay["params"]}
+
     def is_norm(name: str) -> bool:  # DistilBERT names them embeddings.LayerNorm and *_layer_norm
         return "layernorm" in name.lower().replace("_", "")
 
@@ -40,7 +41,7 @@ def test_dropout_override_reaches_every_dropout_of_the_config(smoke_dir):
 
 
 def test_fast_dropout_keeps_1_minus_p_and_preserves_the_expected_value():
-    from training.model import FastDropout
+    from training.cpu_speed import FastDropout
 
     dropout = FastDropout(0.1).train()
     scale = 65536 / (65536 - round(0.1 * 65536))  # 1 / the exact keep probability (16-bit draws)
@@ -59,7 +60,7 @@ def test_fast_dropout_keeps_1_minus_p_and_preserves_the_expected_value():
 
 
 def test_use_fast_dropout_swaps_every_dropout_module_and_leaves_eval_outputs_unchanged(smoke_dir):
-    from training.model import FastDropout, use_fast_dropout
+    from training.cpu_speed import FastDropout, use_fast_dropout
 
     model = build_model(load_config(["--preset", "smoke"]), ["a", "b", "c", "d"]).eval()
     ids = torch.randint(5, 100, (2, 9))
@@ -72,12 +73,13 @@ def test_use_fast_dropout_swaps_every_dropout_module_and_leaves_eval_outputs_unc
 
 
 def test_cpu_training_attention_equals_eager_without_dropout_and_is_the_cpu_default(smoke_dir):
-    from training.model import CPU_TRAINING_ATTENTION, attention_for
+    from training.cpu_speed import CPU_TRAINING_ATTENTION, attention_for
 
     cfg = load_config(["--preset", "smoke"])
-    assert attention_for(cfg, torch.device("cpu")) == CPU_TRAINING_ATTENTION
-    assert attention_for(load_config(["--preset", "smoke", "--fast_dropout", "false"]), torch.device("cpu")) == "eager"
-    assert attention_for(cfg, torch.device("cuda")) == "sdpa"
+    assert attention_for(None, True, torch.device("cpu")) == CPU_TRAINING_ATTENTION
+    assert attention_for(None, False, torch.device("cpu")) == "eager"
+    assert attention_for(None, True, torch.device("cuda")) == "sdpa"
+    assert attention_for("sdpa", True, torch.device("cpu")) == "sdpa"
     torch.manual_seed(0)
     eager = build_model(cfg, ["a", "b", "c", "d"], "eager").eval()
     ours = build_model(cfg, ["a", "b", "c", "d"], CPU_TRAINING_ATTENTION).eval()
@@ -85,4 +87,19 @@ def test_cpu_training_attention_equals_eager_without_dropout_and_is_the_cpu_defa
     ids = torch.randint(5, 100, (3, 9))
     mask = torch.ones_like(ids)
     mask[0, -3:] = 0  # padding goes through the eager mask path
-    assert torch.equal(ours(input_ids=ids, attention_mask=mask).logits, eager(input_ids=ids, attention_mask=mask).logits)
+    assert torch.equal(
+        ours(input_ids=ids, attention_mask=mask).logits, eager(input_ids=ids, attention_mask=mask).logits
+    )
+
+
+def test_fast_dropout_is_switched_on_only_on_cpu_and_only_when_asked(smoke_dir):
+    from training.cpu_speed import FastDropout, enable
+
+    def fresh():
+        return build_model(load_config(["--preset", "smoke"]), ["a", "b"])
+
+    assert enable(fresh(), fast_dropout_on=True, device=torch.device("cuda")) == 0
+    assert enable(fresh(), fast_dropout_on=False, device=torch.device("cpu")) == 0
+    model = fresh()
+    assert enable(model, fast_dropout_on=True, device=torch.device("cpu")) > 0
+    assert any(isinstance(m, FastDropout) for m in model.modules())

@@ -29,6 +29,13 @@ class ClassificationReport(evaluate.Metric):
         recall = torch.where(support > 0, true_positives / support.clamp(min=1), torch.zeros_like(support))
         denominator = support + predicted
         f1 = torch.where(denominator > 0, 2 * true_positives / denominator.clamp(min=1), torch.zeros_like(denominator))
-        per_class = {name: {"precision": precision[i].item(), "recall": recall[i].item(), "f1": f1[i].item(),
-                            "support": int(support[i].item())} for i, name in enumerate(label_names)}
+        per_class = {
+            name: {
+                "precision": precision[i].item(),
+                "recall": recall[i].item(),
+                "f1": f1[i].item(),
+                "support": int(support[i].item()),
+            }
+            for i, name in enumerate(label_names)
+        }
         return {"per_class": per_class, "confusion_matrix": confusion.tolist()}

@@ -1,0 +1,95 @@
+"""Fault injection for the crash tests, loaded by every Python process that has this folder on PYTHONPATH
+(tests/conftest.py: `fault_env`). The package knows nothing of it: once `training.loop` or
+`training.checkpoint` is imported, the named function of that module is wrapped.
+
+    DISTILBERT_AGNEWS_FAULT=nan_loss_from_step:N     the loss is NaN from optimizer step N on, on every rank
+    DISTILBERT_AGNEWS_FAULT=raise_on_rank:R:N        rank R raises RuntimeError right after optimizer step N
+    DISTILBERT_AGNEWS_FAULT=hang_on_rank:R:N         rank R stops responding right after optimizer step N
+    DISTILBERT_AGNEWS_FAULT=kill_in_save_state:N     the main process SIGKILLs itself when state/step_N is fully
+                                                     written under its staging name, before the rename
+    DISTILBERT_AGNEWS_FAULT=kill_in_save_model:K     the main process SIGKILLs itself after writing the
+                                                     temporary weights file of its K-th best-model save
+"""
+
+import functools
+import importlib.abc
+import importlib.machinery
+import os
+import signal
+import sys
+import time
+
+FAULT_ENV = "DISTILBERT_AGNEWS_FAULT"
+KIND, _, _ARGS = os.environ.get(FAULT_ENV, "").partition(":")
+ARGS = [int(a) for a in _ARGS.split(":") if a]
+_model_saves = 0
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _forward_loss(original, run, batch):
+    loss = original(run, batch)
+    return loss * float("nan") if run.progress.global_step >= ARGS[0] else loss
+
+
+def _after_optimizer_step(original, run, *args, **kwargs):
+    result = original(run, *args, **kwargs)
+    rank, step = run.accelerator.process_index, run.progress.global_step
+    if [rank, step] == ARGS and KIND == "raise_on_rank":
+        raise RuntimeError(f"injected fault ({FAULT_ENV}): rank {rank} failed after optimizer step {step}")
+    if [rank, step] == ARGS and KIND == "hang_on_rank":
+        while True:  # what a deadlocked rank looks like to its peers: it never reaches the next collective
+            time.sleep(3600)
+    return result
+
+
+def _publish_state(original, staging, target):
+    if target.name.rsplit("_", 1)[-1] == str(ARGS[0]):
+        _die()
+    return original(staging, target)
+
+
+def _write_weights(original, fh, weights):
+    global _model_saves
+    original(fh, weights)
+    _model_saves += 1
+    if _model_saves == ARGS[0]:
+        _die()
+
+
+PATCHES = {  # fault kind: (module, function, wrapper)
+    "nan_loss_from_step": ("training.loop", "forward_loss", _forward_loss),
+    "raise_on_rank": ("training.loop", "after_optimizer_step", _after_optimizer_step),
+    "hang_on_rank": ("training.loop", "after_optimizer_step", _after_optimizer_step),
+    "kill_in_save_state": ("training.checkpoint", "publish_state", _publish_state),
+    "kill_in_save_model": ("training.checkpoint", "write_weights", _write_weights),
+}
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds the target module as usual, then wraps one of its functions right after it has run."""
+
+    def __init__(self, module: str, function: str, wrapper):
+        self.module, self.function, self.wrapper = module, function, wrapper
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.module:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            original = getattr(module, self.function)
+            setattr(module, self.function, functools.partial(self.wrapper, original))
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+if KIND:
+    if KIND not in PATCHES:
+        raise SystemExit(f"{FAULT_ENV}: unknown fault {KIND!r}; use one of {', '.join(PATCHES)}")
+    sys.meta_path.insert(0, _PatchOnImport(*PATCHES[KIND]))

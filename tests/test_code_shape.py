@@ -1,0 +1,63 @@
+"""The shape the code keeps (issue 13): short functions, few positional parameters, no test hooks in the package,
+and docs that are generated from the code still match it."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from tests.conftest import ROOT
+
+PACKAGES = ("training", "inference")
+MAX_LINES, MAX_POSITIONAL = 60, 8
+
+
+def functions():
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{path.relative_to(ROOT)}:{node.lineno} {node.name}", node
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = [name for name, node in functions() if node.end_lineno - node.lineno + 1 > MAX_LINES]
+    assert not long, long
+
+
+def test_no_function_takes_more_than_8_positional_parameters():
+    wide = [name for name, node in functions() if len(node.args.posonlyargs) + len(node.args.args) > MAX_POSITIONAL]
+    assert not wide, wide
+
+
+def test_the_package_has_no_fault_injection_hooks():
+    assert not (ROOT / "training" / "faults.py").exists()
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            text = path.read_text(encoding="utf-8")
+            assert "DISTILBERT_AGNEWS_FAULT" not in text and "import faults" not in text, path
+            assert "def inject" not in text, path
+
+
+def test_importing_the_training_modules_registers_nothing_with_transformers():
+    """The CPU attention is registered by the run's set-up (training/cpu_speed.py), not as an import side effect."""
+    import subprocess
+    import sys
+
+    code = (
+        "import training.train, training.model, training.cpu_speed, training.loop\n"
+        "from transformers import AttentionInterface\n"
+        "print('eager_fast_dropout' in AttentionInterface._global_mapping)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("doc", ["docs/configuration.md"])
+def test_generated_configuration_reference_matches_the_code(doc):
+    from training.config import markdown
+
+    assert (ROOT / doc).read_text(encoding="utf-8") == markdown(), (
+        "regenerate it: python -m training.config > docs/configuration.md"
+    )

@@ -1,0 +1,98 @@
+"""The loop's decisions as plain functions: no process group, no model, milliseconds each."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.checkpoint import Progress
+from training.config import load_config
+from training.loop import (
+    evaluated_now,
+    every,
+    finish_epoch,
+    improved,
+    patience_spent,
+    plan_step,
+    record_evaluation,
+    save_interval,
+)
+
+
+def test_every_fires_on_multiples_and_never_without_an_interval():
+    assert [s for s in range(1, 13) if every(s, 4)] == [4, 8, 12]
+    assert not any(every(s, None) for s in range(1, 10))
+    assert not any(every(s, 0) for s in range(1, 10))
+
+
+@pytest.mark.parametrize("value, interval", [("epoch", None), ("none", None), ("25", 25)])
+def test_save_interval_reads_checkpointing_steps(value, interval):
+    assert save_interval(value) == interval
+
+
+def test_plan_logs_evaluates_saves_and_checks_for_a_stop_on_their_own_schedules():
+    cfg = load_config(
+        ["--logging_steps", "5", "--eval_steps", "10", "--checkpointing_steps", "15", "--stop_check_steps", "7"]
+    )
+    plans = {
+        step: plan_step(cfg, step, batches_done=step, batches_per_epoch=100, total_steps=200) for step in range(1, 31)
+    }
+    assert [s for s, p in plans.items() if p.log] == [5, 10, 15, 20, 25, 30]
+    assert [s for s, p in plans.items() if p.evaluate] == [10, 20, 30]
+    assert [s for s, p in plans.items() if p.save] == [15, 30]
+    # the ranks agree on a stop before every evaluation or save, and every stop_check_steps steps
+    assert [s for s, p in plans.items() if p.check_stop] == [7, 10, 14, 15, 20, 21, 28, 30]
+
+
+def test_the_ranks_check_for_a_stop_at_the_end_of_an_epoch_and_at_the_last_step():
+    cfg = load_config(["--stop_check_steps", "1000"])
+    assert plan_step(cfg, 3, batches_done=84, batches_per_epoch=84, total_steps=500).check_stop
+    assert plan_step(cfg, 500, batches_done=10, batches_per_epoch=84, total_steps=500).check_stop
+    assert not plan_step(cfg, 3, batches_done=83, batches_per_epoch=84, total_steps=500).check_stop
+
+
+def test_with_checkpointing_per_epoch_no_step_plans_a_save():
+    cfg = load_config(["--checkpointing_steps", "epoch"])
+    assert not any(plan_step(cfg, s, s, 100, 100).save for s in range(1, 101))
+
+
+def test_improved_is_strictly_better_and_anything_beats_no_best():
+    assert improved(0.5, None) and improved(0.51, 0.5)
+    assert not improved(0.5, 0.5) and not improved(0.4, 0.5)
+
+
+def test_record_evaluation_keeps_the_best_and_counts_evaluations_since():
+    progress = Progress(global_step=10, epoch=0)
+    assert record_evaluation(progress, {"accuracy": 0.6, "loss": 1.0}, "accuracy")
+    progress.global_step = 20
+    assert not record_evaluation(progress, {"accuracy": 0.6, "loss": 0.9}, "accuracy")  # a tie is no improvement
+    progress.global_step, progress.epoch = 30, 1
+    assert not record_evaluation(progress, {"accuracy": 0.5, "loss": 0.8}, "accuracy")
+    assert (progress.best_metric, progress.best_step, progress.evals_since_best) == (0.6, 10, 2)
+    assert progress.best_validation == {"accuracy": 0.6, "loss": 1.0}
+    assert [(h["step"], h["epoch"]) for h in progress.history] == [(10, 0), (20, 0), (30, 1)]
+    progress.global_step = 40
+    assert record_evaluation(progress, {"accuracy": 0.7, "loss": 0.7}, "accuracy")
+    assert (progress.best_step, progress.evals_since_best) == (40, 0)
+
+
+def test_patience_is_spent_after_that_many_evaluations_without_improvement():
+    assert not patience_spent(5, None) and not patience_spent(1, 2)
+    assert patience_spent(2, 2) and patience_spent(3, 2)
+
+
+def test_evaluated_now_looks_at_the_last_evaluation():
+    progress = Progress(global_step=84)
+    assert not evaluated_now(progress)
+    progress.history.append({"step": 80})
+    assert not evaluated_now(progress)
+    progress.history.append({"step": 84})
+    assert evaluated_now(progress)
+
+
+def test_finish_epoch_advances_only_a_finished_epoch():
+    progress = Progress(epoch=1, batches_done=84)
+    assert finish_epoch(progress, 1, batches_per_epoch=84)
+    assert (progress.epoch, progress.batches_done) == (2, 0)
+    stopped = Progress(epoch=1, batches_done=40)
+    assert not finish_epoch(stopped, 1, batches_per_epoch=84)
+    assert (stopped.epoch, stopped.batches_done) == (1, 40)
