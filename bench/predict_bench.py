@@ -35,7 +35,11 @@ def minilm_classifier(folder: Path) -> None:
     torch.manual_seed(0)
     labels = ["World", "Sports", "Business", "Sci/Tech"]
     model = AutoModelForSequenceClassification.from_pretrained(
-        tokenizer_dir(), num_labels=4, id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
+        tokenizer_dir(),
+        num_labels=4,
+        id2label=dict(enumerate(labels)),
+        label2id={name: i for i, name in enumerate(labels)},
+    )
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(tokenizer_dir()).save_pretrained(folder)
 
@@ -53,11 +57,33 @@ def write_rows(path: Path, rows: int) -> int:
 
 
 def run(processes: int, model: Path, source: Path, output: Path) -> float:
-    target = ["-m", "training.predict", "--checkpoint_dir", str(model), "--input_file", str(source),
-              "--output_file", str(output), "--mixed_precision", "fp32"]
-    command = [sys.executable, *target] if processes == 1 else [
-        shutil.which("accelerate") or "accelerate", "launch", "--config_file", str(CPU_2PROC), "--num_processes",
-        str(processes), "--main_process_port", "0", *target]
+    target = [
+        "-m",
+        "training.predict",
+        "--checkpoint_dir",
+        str(model),
+        "--input_file",
+        str(source),
+        "--output_file",
+        str(output),
+        "--mixed_precision",
+        "fp32",
+    ]
+    command = (
+        [sys.executable, *target]
+        if processes == 1
+        else [
+            shutil.which("accelerate") or "accelerate",
+            "launch",
+            "--config_file",
+            str(CPU_2PROC),
+            "--num_processes",
+            str(processes),
+            "--main_process_port",
+            "0",
+            *target,
+        ]
+    )
     started = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
     return time.perf_counter() - started
@@ -77,7 +103,10 @@ def main() -> None:
     seconds = {}
     for processes in (1, 2):
         seconds[processes] = run(processes, work / "model", work / "rows.csv", work / f"out{processes}.csv")
-        print(f"  {processes} process(es): {seconds[processes]:.1f} s = {rows / seconds[processes]:.0f} rows/s", flush=True)
+        print(
+            f"  {processes} process(es): {seconds[processes]:.1f} s = {rows / seconds[processes]:.0f} rows/s",
+            flush=True,
+        )
     same = (work / "out1.csv").read_bytes() == (work / "out2.csv").read_bytes()
     print(f"2 / 1 process(es): {seconds[1] / seconds[2]:.2f}x; outputs identical: {same}")
 

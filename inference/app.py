@@ -11,7 +11,6 @@ loading.py (folders and Hub ids), metrics.py (Prometheus).
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
@@ -22,18 +21,31 @@ from inference.middleware import BodySizeLimit, RequestId
 from inference.service import Service, lifespan
 from inference.settings import Settings, SettingsError, from_env
 
-TEI_HEADERS = ["x-compute-type", "x-compute-time", "x-compute-characters", "x-compute-tokens", "x-total-time",
-               "x-tokenization-time", "x-queue-time", "x-inference-time", "x-request-id"]
+TEI_HEADERS = [
+    "x-compute-type",
+    "x-compute-time",
+    "x-compute-characters",
+    "x-compute-tokens",
+    "x-total-time",
+    "x-tokenization-time",
+    "x-queue-time",
+    "x-inference-time",
+    "x-request-id",
+]
 
 
-def create_app(settings: Optional[Settings] = None, engine: Optional[Engine] = None) -> FastAPI:
+def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     """The service. `engine`: one made by service.ready_engine whose `run()` the caller drives on a thread of its
     own (python -m inference: the main thread); without one the lifespan loads the model and starts an Engine
     on a worker thread."""
     settings = settings or from_env()
-    app = FastAPI(title="distilbert-agnews", version=routes.VERSION, lifespan=lifespan,
-                  description="Text classification (AG News topics by default) with the API of Hugging Face "
-                              "text-embeddings-inference: POST /predict, GET /info, /health, /metrics.")
+    app = FastAPI(
+        title="distilbert-agnews",
+        version=routes.VERSION,
+        lifespan=lifespan,
+        description="Text classification (AG News topics by default) with the API of Hugging Face "
+        "text-embeddings-inference: POST /predict, GET /info, /health, /metrics.",
+    )
     app.state.service = Service(settings, engine)
     app.include_router(routes.router)
     app.include_router(routes.public)
@@ -41,8 +53,13 @@ def create_app(settings: Optional[Settings] = None, engine: Optional[Engine] = N
     # added last = outermost: the request id wraps everything, CORS answers preflights, then the body limit
     app.add_middleware(BodySizeLimit, max_bytes=settings.payload_limit)
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["content-type", "authorization", "x-request-id"], expose_headers=TEI_HEADERS)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["content-type", "authorization", "x-request-id"],
+            expose_headers=TEI_HEADERS,
+        )
     app.add_middleware(RequestId)
     return app
 

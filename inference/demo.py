@@ -18,8 +18,10 @@ import urllib.error
 import urllib.request
 
 logger = logging.getLogger("inference.demo")
-EXAMPLES = ["Stocks rallied on Wall Street as oil prices fell after the earnings report.",
-            "The Yankees beat the Red Sox in overtime."]
+EXAMPLES = [
+    "Stocks rallied on Wall Street as oil prices fell after the earnings report.",
+    "The Yankees beat the Red Sox in overtime.",
+]
 
 
 def _free_port() -> int:
@@ -40,8 +42,12 @@ def _request(url: str, body: dict | None = None, timeout: float = 10) -> tuple[i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inference.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--model_id", "--checkpoint_dir", default="checkpoints",
-                        help="checkpoint folder, save_pretrained folder or Hub id (default: checkpoints)")
+    parser.add_argument(
+        "--model_id",
+        "--checkpoint_dir",
+        default="checkpoints",
+        help="checkpoint folder, save_pretrained folder or Hub id (default: checkpoints)",
+    )
     parser.add_argument("--text", action="append", help="text to classify (repeatable); default: two examples")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(message)s", level=logging.INFO)

@@ -22,7 +22,6 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -73,7 +72,7 @@ class _Job:
     future: asyncio.Future
     enqueued: float = field(default_factory=time.perf_counter)
     features: list[dict] = field(default_factory=list)  # one tokenized input each: input_ids (+ token_type_ids)
-    tokenized_by: Optional[LoadedModel] = None
+    tokenized_by: LoadedModel | None = None
     tokenization_s: float = 0.0
 
     @property
@@ -93,7 +92,7 @@ class Engine:
         self.current = loaded
         self.limits = limits
         self.metrics = metrics
-        self._queue: "queue.Queue" = queue.Queue()
+        self._queue: queue.Queue = queue.Queue()
         self._in_flight = 0
         self._lock = threading.Lock()
         self._carry = None
@@ -123,8 +122,10 @@ class Engine:
         """Logits for each input, in order. Raises Overloaded, InputTooLong, or what the forward pass raised."""
         with self._lock:
             if self._in_flight + len(sequences) > self.limits.max_concurrent_requests:
-                raise Overloaded(f"{self._in_flight} inputs are in flight (limit max_concurrent_requests = "
-                                 f"{self.limits.max_concurrent_requests}); retry later")
+                raise Overloaded(
+                    f"{self._in_flight} inputs are in flight (limit max_concurrent_requests = "
+                    f"{self.limits.max_concurrent_requests}); retry later"
+                )
             self._in_flight += len(sequences)
         try:
             loop = asyncio.get_running_loop()
@@ -147,7 +148,7 @@ class Engine:
         finally:
             self._finished.set()
 
-    def _next(self, deadline: Optional[float]):
+    def _next(self, deadline: float | None):
         """The next tokenized job (blocking until `deadline`, forever when None); None if none came in time."""
         while True:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -167,7 +168,7 @@ class Engine:
                 continue
             return job
 
-    def _gather(self) -> Optional[list[_Job]]:
+    def _gather(self) -> list[_Job] | None:
         """One micro-batch of tokenized jobs, or None once stop() was called and the queue is drained."""
         first, self._carry = self._carry or self._next(None), None
         if first is _STOP:
@@ -180,8 +181,11 @@ class Engine:
             job = self._next(deadline)
             if job is None:
                 break
-            if job is _STOP or inputs + len(job.features) > self.limits.max_batch_requests \
-                    or tokens + job.tokens > self.limits.max_batch_tokens:
+            if (
+                job is _STOP
+                or inputs + len(job.features) > self.limits.max_batch_requests
+                or tokens + job.tokens > self.limits.max_batch_tokens
+            ):
                 self._carry = job  # starts the next micro-batch
                 break
             jobs.append(job)
@@ -203,8 +207,10 @@ class Engine:
             if job.tokenized_by is not loaded:  # a reload swapped the model after this job was tokenized
                 self._tokenize(job, loaded)
         started = time.perf_counter()
-        items = sorted(((j, i, f) for j, job in enumerate(jobs) for i, f in enumerate(job.features)),
-                       key=lambda item: len(item[2]["input_ids"]))
+        items = sorted(
+            ((j, i, f) for j, job in enumerate(jobs) for i, f in enumerate(job.features)),
+            key=lambda item: len(item[2]["input_ids"]),
+        )
         self.metrics.batch_size.observe(len(items))
         self.metrics.batch_tokens.observe(sum(len(f["input_ids"]) for _, _, f in items))
         try:
@@ -222,8 +228,12 @@ class Engine:
         inference_s = time.perf_counter() - started
         for j, job in enumerate(jobs):
             queue_s = max(0.0, started - job.enqueued - job.tokenization_s)
-            _resolve(job, value=Answer([rows[j, i] for i in range(len(job.features))], job.tokens,
-                                       job.tokenization_s, queue_s, inference_s))
+            _resolve(
+                job,
+                value=Answer(
+                    [rows[j, i] for i in range(len(job.features))], job.tokens, job.tokenization_s, queue_s, inference_s
+                ),
+            )
 
 
 def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
@@ -231,15 +241,20 @@ def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left:
     Truncation keeps the start (right) or the end (left) of a long input; pairs are cut longest first."""
     tokenizer = loaded.tokenizer
     tokenizer.truncation_side = "left" if left else "right"  # the worker alone uses the tokenizer
-    options = {"truncation": truncate, "max_length": loaded.max_length if truncate else None,
-               "return_attention_mask": False}
-    features: list[Optional[dict]] = [None] * len(sequences)
+    options = {
+        "truncation": truncate,
+        "max_length": loaded.max_length if truncate else None,
+        "return_attention_mask": False,
+    }
+    features: list[dict | None] = [None] * len(sequences)
     for is_pair in (False, True):
         where = [i for i, (_, pair) in enumerate(sequences) if (pair is not None) == is_pair]
         if not where:
             continue
         texts = [sequences[i][0] for i in where]
-        encoded = tokenizer(texts, [sequences[i][1] for i in where], **options) if is_pair else tokenizer(texts, **options)
+        encoded = (
+            tokenizer(texts, [sequences[i][1] for i in where], **options) if is_pair else tokenizer(texts, **options)
+        )
         for k, i in enumerate(where):
             features[i] = {name: encoded[name][k] for name in ("input_ids", "token_type_ids") if name in encoded}
     longest = max(len(f["input_ids"]) for f in features)
@@ -262,8 +277,11 @@ def forward_buckets(items: list, max_inputs: int, max_tokens: int, ratio: float 
         if buckets:
             bucket = buckets[-1]
             shortest = len(bucket[0][2]["input_ids"])
-            if length <= ratio * shortest + slack and len(bucket) < max_inputs \
-                    and (len(bucket) + 1) * _padded(length) <= max_tokens:
+            if (
+                length <= ratio * shortest + slack
+                and len(bucket) < max_inputs
+                and (len(bucket) + 1) * _padded(length) <= max_tokens
+            ):
                 bucket.append(item)
                 continue
         buckets.append([item])
@@ -284,8 +302,10 @@ def collate(features: list[dict], pad_token_id: int, left: bool = False) -> dict
         padding = [fill] * (width - len(values))
         return padding + values if left else values + padding
 
-    batch = {"input_ids": torch.tensor([padded(f["input_ids"], pad_token_id) for f in features]),
-             "attention_mask": torch.tensor([padded([1] * len(f["input_ids"]), 0) for f in features])}
+    batch = {
+        "input_ids": torch.tensor([padded(f["input_ids"], pad_token_id) for f in features]),
+        "attention_mask": torch.tensor([padded([1] * len(f["input_ids"]), 0) for f in features]),
+    }
     if "token_type_ids" in features[0]:
         batch["token_type_ids"] = torch.tensor([padded(f["token_type_ids"], 0) for f in features])
     return batch
@@ -298,7 +318,7 @@ def forward(loaded: LoadedModel, features: list[dict]) -> torch.Tensor:
     return loaded.model(**{k: v.to(loaded.device) for k, v in batch.items()}).logits.float().cpu()
 
 
-def _resolve(job: _Job, value=None, exc: Optional[BaseException] = None) -> None:
+def _resolve(job: _Job, value=None, exc: BaseException | None = None) -> None:
     def settle() -> None:
         if job.future.done():  # the client went away and the request was cancelled
             return

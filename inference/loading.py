@@ -21,7 +21,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import transformers
@@ -55,8 +55,8 @@ class LoadedModel:
     folder: Path  # where the files were read
     weights_file: str
     sha256: str
-    model_sha: Optional[str] = None  # the Hub commit, for a Hub id
-    metrics: Optional[dict] = None
+    model_sha: str | None = None  # the Hub commit, for a Hub id
+    metrics: dict | None = None
     signature: tuple = ()  # the files as they were just before loading (see `signature`); reload compares to it
     loaded_at: float = field(default_factory=time.time)
 
@@ -89,7 +89,7 @@ def signature(folder: str | Path) -> tuple:
     return tuple(found)
 
 
-def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revision: Optional[str] = None) -> LoadedModel:
+def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revision: str | None = None) -> LoadedModel:
     """The configured model on the resolved device and precision, ready for inference."""
     target = resolve_device(device)
     resolved = precision.resolve(dtype, target.type)
@@ -102,12 +102,24 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     max_length = min(tokenizer.model_max_length, getattr(config, "max_position_embeddings", 512))
     # reduced precision: cast the weights once (autocast would re-cast them on every call)
     model = model.eval().to(device=target, dtype=precision.torch_dtype(resolved))
-    return LoadedModel(model=model, tokenizer=tokenizer, labels=labels, max_length=max_length, device=target,
-                       precision=resolved, model_id=model_id, folder=folder, weights_file=str(weights),
-                       sha256=digest, model_sha=model_sha, metrics=_read_metrics(folder), signature=before)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        labels=labels,
+        max_length=max_length,
+        device=target,
+        precision=resolved,
+        model_id=model_id,
+        folder=folder,
+        weights_file=str(weights),
+        sha256=digest,
+        model_sha=model_sha,
+        metrics=_read_metrics(folder),
+        signature=before,
+    )
 
 
-def locate(model_id: str, revision: Optional[str] = None) -> tuple[Path, Optional[str]]:
+def locate(model_id: str, revision: str | None = None) -> tuple[Path, str | None]:
     """(local folder, Hub commit or None): a local path as it is, an org/name id through the Hugging Face cache."""
     path = Path(model_id).expanduser()
     if path.is_dir():
@@ -115,19 +127,24 @@ def locate(model_id: str, revision: Optional[str] = None) -> tuple[Path, Optiona
     if path.exists():
         raise CheckpointError(f"{model_id}: not a folder")
     if not HUB_ID.match(model_id):
-        raise CheckpointError(f"{model_id}: checkpoint folder not found (train one with `python training/train.py "
-                              "--preset smoke`, or give a save_pretrained folder or a Hub id such as org/name)")
+        raise CheckpointError(
+            f"{model_id}: checkpoint folder not found (train one with `python training/train.py "
+            "--preset smoke`, or give a save_pretrained folder or a Hub id such as org/name)"
+        )
     return _download(model_id, revision)
 
 
-def _download(model_id: str, revision: Optional[str]) -> tuple[Path, str]:
+def _download(model_id: str, revision: str | None) -> tuple[Path, str]:
     offline = is_offline() or not hub_reachable()
     try:
-        folder = Path(snapshot_download(model_id, revision=revision, allow_patterns=HUB_FILES,
-                                        local_files_only=offline))
+        folder = Path(
+            snapshot_download(model_id, revision=revision, allow_patterns=HUB_FILES, local_files_only=offline)
+        )
     except LocalEntryNotFoundError:
-        raise CheckpointError(f"{model_id}: not in the local Hugging Face cache and the Hub ({hub_url()}) is out of "
-                              "reach; download it where there is internet, or serve a local folder") from None
+        raise CheckpointError(
+            f"{model_id}: not in the local Hugging Face cache and the Hub ({hub_url()}) is out of "
+            "reach; download it where there is internet, or serve a local folder"
+        ) from None
     except (HfHubHTTPError, OSError, ValueError) as exc:
         raise CheckpointError(f"{model_id}: cannot download from the Hub ({_short(exc)})") from None
     return folder, folder.name
@@ -153,8 +170,10 @@ def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
         return _from_pretrained(folder, config), weights, _sha256(weights)
     pickled = [name for name in files.PICKLED_HF_WEIGHTS if (folder / name).is_file()]
     if pickled:
-        raise CheckpointError(f"{folder / pickled[0]}: pickled weights are refused (unpickling can run code); "
-                              "save the model again with save_pretrained, which writes model.safetensors")
+        raise CheckpointError(
+            f"{folder / pickled[0]}: pickled weights are refused (unpickling can run code); "
+            "save the model again with save_pretrained, which writes model.safetensors"
+        )
     raise CheckpointError(f"{folder / files.WEIGHTS}: missing (nor {files.HF_WEIGHTS})")
 
 
@@ -171,16 +190,22 @@ def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str]:
     try:
         state_dict = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as exc:
-        raise CheckpointError(f"{path}: not a loadable tensor state_dict (truncated, or holds pickled objects): "
-                              f"{_short(exc)}") from None
-    if not isinstance(state_dict, dict) or not state_dict or \
-            not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state_dict.items()):
+        raise CheckpointError(
+            f"{path}: not a loadable tensor state_dict (truncated, or holds pickled objects): {_short(exc)}"
+        ) from None
+    if (
+        not isinstance(state_dict, dict)
+        or not state_dict
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state_dict.items())
+    ):
         raise CheckpointError(f"{path}: expected a dict of parameter name -> tensor")
     model = _classifier_from_config(config, path)
     result = model.load_state_dict(state_dict, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise CheckpointError(f"{path}: does not match {files.CONFIG} (missing {result.missing_keys[:3]}, "
-                              f"unexpected {result.unexpected_keys[:3]})")
+        raise CheckpointError(
+            f"{path}: does not match {files.CONFIG} (missing {result.missing_keys[:3]}, "
+            f"unexpected {result.unexpected_keys[:3]})"
+        )
     return model, path, hashlib.sha256(data).hexdigest()
 
 
@@ -188,20 +213,25 @@ def _classifier_from_config(config, path: Path) -> torch.nn.Module:
     try:
         return AutoModelForSequenceClassification.from_config(config)
     except ValueError as exc:
-        raise CheckpointError(f"{path.parent / files.CONFIG}: not a sequence-classification model ({_short(exc)})") from None
+        raise CheckpointError(
+            f"{path.parent / files.CONFIG}: not a sequence-classification model ({_short(exc)})"
+        ) from None
 
 
 def _from_pretrained(folder: Path, config) -> torch.nn.Module:
     with _quiet_transformers():
         try:
             model, info = AutoModelForSequenceClassification.from_pretrained(
-                folder, config=config, use_safetensors=True, output_loading_info=True)
+                folder, config=config, use_safetensors=True, output_loading_info=True
+            )
         except (OSError, ValueError, SafetensorError, RuntimeError) as exc:
             raise CheckpointError(f"{folder}: cannot load the weights ({_short(exc)})") from None
     missing = sorted(info["missing_keys"])
     if missing:
-        raise CheckpointError(f"{folder}: the weights lack {', '.join(missing[:3])}: not a fine-tuned sequence "
-                              f"classifier (architectures {config.architectures}); fine-tune it first")
+        raise CheckpointError(
+            f"{folder}: the weights lack {', '.join(missing[:3])}: not a fine-tuned sequence "
+            f"classifier (architectures {config.architectures}); fine-tune it first"
+        )
     return model
 
 
@@ -228,7 +258,7 @@ def _read_tokenizer(folder: Path):
         raise CheckpointError(f"{where}: no usable tokenizer ({_short(exc)})") from None
 
 
-def _read_metrics(folder: Path) -> Optional[dict]:
+def _read_metrics(folder: Path) -> dict | None:
     path = folder / files.METRICS
     if not path.is_file():
         return None
@@ -237,4 +267,3 @@ def _read_metrics(folder: Path) -> Optional[dict]:
     except (OSError, ValueError):
         logger.warning("%s is unreadable; /info will show no metrics", path)
         return None
-

@@ -1,4 +1,5 @@
-"""The service's log lines: time, level, logger, process id, request id, message; one JSON object per line with JSON_OUTPUT.
+"""The service's log lines: time, level, logger, process id, request id, message; one JSON object per line
+with JSON_OUTPUT.
 
 `configure` puts one handler on the service's logger and uvicorn's, whoever started the process
 (`python -m inference`, its worker processes, or `uvicorn inference.app:app`), so start-up, reload and refusal
@@ -25,8 +26,14 @@ class RequestIdFilter(logging.Filter):
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        line = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
-                "pid": record.process, "request_id": getattr(record, "request_id", "-"), "message": record.getMessage()}
+        line = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "pid": record.process,
+            "request_id": getattr(record, "request_id", "-"),
+            "message": record.getMessage(),
+        }
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False)

@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.utils import floatToGoString
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-DURATION_BUCKETS = tuple(0.00001 * 1.5 ** i for i in range(1, 36))  # TEI: 35 geometric buckets from 15 µs
-BATCH_SIZE_BUCKETS = tuple(float(2 ** i) for i in range(13))
-BATCH_TOKENS_BUCKETS = tuple(float(2 ** i) for i in range(21))
+DURATION_BUCKETS = tuple(0.00001 * 1.5**i for i in range(1, 36))  # TEI: 35 geometric buckets from 15 µs
+BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(13))
+BATCH_TOKENS_BUCKETS = tuple(float(2**i) for i in range(21))
 
 
-def multiprocess_dir() -> Optional[str]:
+def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower())
 
 
@@ -39,26 +38,37 @@ class Metrics:
     def __init__(self, max_input_length: int = 512):
         self.registry = CollectorRegistry()
         reg = {"registry": self.registry}
-        self.request_count = Counter("te_request_count", "Requests received, by method (single or batch).",
-                                     ["method"], **reg)
+        self.request_count = Counter(
+            "te_request_count", "Requests received, by method (single or batch).", ["method"], **reg
+        )
         self.request_success = Counter("te_request_success", "Requests answered, by method.", ["method"], **reg)
         self.request_failure = Counter("te_request_failure", "Requests failed, by reason.", ["err"], **reg)
         self.request_duration = self._duration("te_request_duration", "Time to answer a request (s).")
         self.tokenization_duration = self._duration("te_request_tokenization_duration", "Tokenization time (s).")
         self.queue_duration = self._duration("te_request_queue_duration", "Time waiting for the model (s).")
         self.inference_duration = self._duration("te_request_inference_duration", "Forward-pass time (s).")
-        self.input_length = Histogram("te_request_input_length", "Tokens per input.", buckets=tuple(
-            float(2 ** i) for i in range(20) if 2 ** i <= max_input_length), **reg)
+        self.input_length = Histogram(
+            "te_request_input_length",
+            "Tokens per input.",
+            buckets=tuple(float(2**i) for i in range(20) if 2**i <= max_input_length),
+            **reg,
+        )
         self.queue_size = Gauge("te_queue_size", "Inputs waiting for the model.", multiprocess_mode="livesum", **reg)
         self.batch_size = Histogram("te_batch_next_size", "Inputs per micro-batch.", buckets=BATCH_SIZE_BUCKETS, **reg)
-        self.batch_tokens = Histogram("te_batch_next_tokens", "Tokens per micro-batch.", buckets=BATCH_TOKENS_BUCKETS,
-                                      **reg)
+        self.batch_tokens = Histogram(
+            "te_batch_next_tokens", "Tokens per micro-batch.", buckets=BATCH_TOKENS_BUCKETS, **reg
+        )
         self.reloads = Counter("te_model_reloads", "Checkpoint reloads, by result (ok or failed).", ["result"], **reg)
         self._process = ProcessCollector(registry=None)
-        self._memory = Gauge("te_process_resident_memory_bytes", "Resident memory of each worker process.",
-                             multiprocess_mode="liveall", **reg)
-        self._cpu = Gauge("te_process_cpu_seconds", "CPU time of each worker process.", multiprocess_mode="liveall",
-                          **reg)
+        self._memory = Gauge(
+            "te_process_resident_memory_bytes",
+            "Resident memory of each worker process.",
+            multiprocess_mode="liveall",
+            **reg,
+        )
+        self._cpu = Gauge(
+            "te_process_cpu_seconds", "CPU time of each worker process.", multiprocess_mode="liveall", **reg
+        )
         self._process_read_at = 0.0
 
     def _duration(self, name: str, text: str) -> Histogram:

@@ -49,7 +49,9 @@ class BodySizeLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
-        too_large = error_response(413, VALIDATION, f"request body is larger than PAYLOAD_LIMIT ({self.max_bytes} bytes)")
+        too_large = error_response(
+            413, VALIDATION, f"request body is larger than PAYLOAD_LIMIT ({self.max_bytes} bytes)"
+        )
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await too_large(scope, receive, send)
         received = 0

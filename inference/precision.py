@@ -16,8 +16,16 @@ from __future__ import annotations
 import torch
 
 AUTO, FP32, FP16, BF16 = "auto", "fp32", "fp16", "bf16"
-_ALIASES = {"auto": AUTO, "fp32": FP32, "no": FP32, "float32": FP32, "fp16": FP16, "float16": FP16,
-            "bf16": BF16, "bfloat16": BF16}
+_ALIASES = {
+    "auto": AUTO,
+    "fp32": FP32,
+    "no": FP32,
+    "float32": FP32,
+    "fp16": FP16,
+    "float16": FP16,
+    "bf16": BF16,
+    "bfloat16": BF16,
+}
 ACCEPTED = tuple(_ALIASES)
 _DTYPES = {FP32: torch.float32, FP16: torch.float16, BF16: torch.bfloat16}
 _TEI_NAMES = {FP32: "float32", FP16: "float16", BF16: "bfloat16"}
@@ -36,7 +44,9 @@ def native_bf16(device_type: str) -> bool:
     if device_type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     cpu = torch.cpu  # these capability probes are private in torch 2.x; their absence means "no"
-    return any(getattr(cpu, probe, lambda: False)() for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+    return any(
+        getattr(cpu, probe, lambda: False)() for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    )
 
 
 def resolve(name: str, device_type: str) -> str:

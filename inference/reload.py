@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from inference.loading import CheckpointError, LoadedModel, signature
 
@@ -18,8 +18,16 @@ logger = logging.getLogger(__name__)
 
 
 class CheckpointWatcher(threading.Thread):
-    def __init__(self, checkpoint_dir: str, interval_s: float, initial: tuple, *, load: Callable[[], LoadedModel],
-                 on_loaded: Callable[[LoadedModel], None], on_failed: Callable[[], None]):
+    def __init__(
+        self,
+        checkpoint_dir: str,
+        interval_s: float,
+        initial: tuple,
+        *,
+        load: Callable[[], LoadedModel],
+        on_loaded: Callable[[LoadedModel], None],
+        on_failed: Callable[[], None],
+    ):
         super().__init__(name="checkpoint-watcher", daemon=True)
         self.checkpoint_dir, self.interval_s = checkpoint_dir, interval_s
         self.load, self.on_loaded, self.on_failed = load, on_loaded, on_failed
@@ -45,8 +53,11 @@ class CheckpointWatcher(threading.Thread):
         try:
             loaded = self.load()
         except (CheckpointError, OSError, ValueError, RuntimeError) as exc:
-            logger.error("Refused the new checkpoint in %s, still serving the previous model: %s",
-                         self.checkpoint_dir, " ".join(str(exc).split())[:300])
+            logger.error(
+                "Refused the new checkpoint in %s, still serving the previous model: %s",
+                self.checkpoint_dir,
+                " ".join(str(exc).split())[:300],
+            )
             self.on_failed()
             return
         self.on_loaded(loaded)

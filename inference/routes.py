@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hmac
 import time
-from typing import Optional
 
 import torch
 from fastapi import APIRouter, Depends, Request, Response
@@ -29,7 +28,7 @@ def service(request: Request) -> Service:
     return request.app.state.service
 
 
-def require_api_key(request: Request, credentials: Optional[HTTPAuthorizationCredentials] = Depends(_bearer)) -> None:
+def require_api_key(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
     key = service(request).settings.api_key
     if not key:
         return
@@ -42,9 +41,18 @@ public = APIRouter()  # ... and not these
 _ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 424, 429, 503)}
 
 
-@router.post("/predict", response_model=PredictResponse, responses=_ERRORS, summary="Classify texts and text pairs",
-             openapi_extra={"requestBody": {"required": True, "content": {
-                 "application/json": {"schema": PredictRequest.model_json_schema()}}}})
+@router.post(
+    "/predict",
+    response_model=PredictResponse,
+    responses=_ERRORS,
+    summary="Classify texts and text pairs",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": PredictRequest.model_json_schema()}},
+        }
+    },
+)
 @router.post("/", include_in_schema=False)
 @router.post("/invocations", include_in_schema=False)
 async def predict(request: Request) -> Response:
@@ -60,8 +68,9 @@ async def predict(request: Request) -> Response:
     state.metrics.request_success.labels(method).inc()
     observe(state, answer, time.perf_counter() - started)
     ranked = [rank(row, labels, body.k(), body.scoring()) for row in answer.logits]
-    headers = tei_headers(answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started,
-                          state.engine.current.device.type)
+    headers = tei_headers(
+        answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started, state.engine.current.device.type
+    )
     return JSONResponse(ranked if body.is_batch else ranked[0], headers=headers)
 
 
@@ -76,8 +85,11 @@ def parse(raw: bytes) -> PredictRequest:
 async def classify(state: Service, body: PredictRequest) -> tuple[Answer, list[str]]:
     settings, sequences = state.settings, body.sequences()
     if body.is_batch and len(sequences) > settings.max_client_batch_size:
-        raise ServiceError(errors.VALIDATION, f"batch size {len(sequences)} > maximum allowed batch size "
-                                              f"{settings.max_client_batch_size}", reason="batch_size")
+        raise ServiceError(
+            errors.VALIDATION,
+            f"batch size {len(sequences)} > maximum allowed batch size {settings.max_client_batch_size}",
+            reason="batch_size",
+        )
     for i, (text, pair) in enumerate(sequences):
         if not text and not pair:  # TEI: only a zero-length input is empty; whitespace is classified
             raise ServiceError(errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if body.is_batch else ""))
@@ -106,20 +118,21 @@ def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) ->
             raise ServiceError(errors.VALIDATION, f"`inputs` must have less than {limit} characters. Given: {chars}")
         else:
             keep = limit // 2 if pair is not None else limit
-            cut = (lambda s: s[-keep:]) if left else (lambda s: s[:keep])
-            out.append((cut(text), cut(pair) if pair is not None else None))
+            cut = slice(-keep, None) if left else slice(None, keep)
+            out.append((text[cut], pair[cut] if pair is not None else None))
     return out
 
 
-def rank(logits: list[float], labels: list[str], top_k: Optional[int], scoring: str) -> list[dict]:
+def rank(logits: list[float], labels: list[str], top_k: int | None, scoring: str) -> list[dict]:
     """Labels with scores, best first; softmax (sigmoid for a one-label model, as TEI), sigmoid, or the logits."""
     values = torch.tensor(logits)
     if scoring == "sigmoid" or (scoring == "softmax" and len(logits) == 1):
         values = torch.sigmoid(values)
     elif scoring == "softmax":
         values = torch.softmax(values, dim=-1)
-    ranked = sorted(({"score": s, "label": label} for label, s in zip(labels, values.tolist())),
-                    key=lambda p: -p["score"])
+    ranked = sorted(
+        ({"score": s, "label": label} for label, s in zip(labels, values.tolist())), key=lambda p: -p["score"]
+    )
     return ranked[:top_k] if top_k else ranked
 
 
@@ -134,10 +147,16 @@ def observe(state: Service, answer: Answer, total_s: float) -> None:
 def tei_headers(answer: Answer, characters: int, started: float, device_type: str) -> dict[str, str]:
     """TEI's response headers (router/src/lib.rs `From<ResponseMetadata> for HeaderMap`), times in ms."""
     total_ms = str(int((time.perf_counter() - started) * 1000))
-    return {"x-compute-type": "gpu" if device_type == "cuda" else "cpu", "x-compute-time": total_ms,
-            "x-compute-characters": str(characters), "x-compute-tokens": str(answer.tokens),
-            "x-total-time": total_ms, "x-tokenization-time": str(int(answer.tokenization_s * 1000)),
-            "x-queue-time": str(int(answer.queue_s * 1000)), "x-inference-time": str(int(answer.inference_s * 1000))}
+    return {
+        "x-compute-type": "gpu" if device_type == "cuda" else "cpu",
+        "x-compute-time": total_ms,
+        "x-compute-characters": str(characters),
+        "x-compute-tokens": str(answer.tokens),
+        "x-total-time": total_ms,
+        "x-tokenization-time": str(int(answer.tokenization_s * 1000)),
+        "x-queue-time": str(int(answer.queue_s * 1000)),
+        "x-inference-time": str(int(answer.inference_s * 1000)),
+    }
 
 
 @router.get("/info", response_model=Info, summary="The served model and limits (TEI's Info)")
@@ -146,21 +165,40 @@ async def info(request: Request) -> Info:
     served, settings = state.live_engine().current, state.settings
     summary = None
     if served.metrics:
-        summary = {k: served.metrics.get(k) for k in ("validation", "test", "best_step", "world_size",
-                                                       "effective_batch_size", "label_names")}
+        summary = {
+            k: served.metrics.get(k)
+            for k in ("validation", "test", "best_step", "world_size", "effective_batch_size", "label_names")
+        }
     return Info(
-        model_id=settings.model_id, model_sha=served.model_sha, model_dtype=precision.tei_name(served.precision),
+        model_id=settings.model_id,
+        model_sha=served.model_sha,
+        model_dtype=precision.tei_name(served.precision),
         served_model_name=settings.model_id,
-        model_type={"classifier": {"id2label": served.id2label, "label2id": {v: int(k) for k, v in served.id2label.items()}}},
-        max_concurrent_requests=settings.max_concurrent_requests, max_input_length=served.max_length,
-        max_batch_tokens=settings.max_batch_tokens, max_batch_requests=settings.max_batch_requests,
-        max_client_batch_size=settings.max_client_batch_size, auto_truncate=settings.auto_truncate,
-        tokenization_workers=1, version=VERSION,
+        model_type={
+            "classifier": {"id2label": served.id2label, "label2id": {v: int(k) for k, v in served.id2label.items()}}
+        },
+        max_concurrent_requests=settings.max_concurrent_requests,
+        max_input_length=served.max_length,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_batch_requests=settings.max_batch_requests,
+        max_client_batch_size=settings.max_client_batch_size,
+        auto_truncate=settings.auto_truncate,
+        tokenization_workers=1,
+        version=VERSION,
         distilbert_agnews={
-            "device": str(served.device), "torch_threads": torch.get_num_threads(), "max_wait_ms": settings.max_wait_ms,
-            "checkpoint": {"folder": str(served.folder), "weights_file": served.weights_file, "sha256": served.sha256,
-                           "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(served.loaded_at)),
-                           "reloads": state.reloads, "metrics": summary}})
+            "device": str(served.device),
+            "torch_threads": torch.get_num_threads(),
+            "max_wait_ms": settings.max_wait_ms,
+            "checkpoint": {
+                "folder": str(served.folder),
+                "weights_file": served.weights_file,
+                "sha256": served.sha256,
+                "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(served.loaded_at)),
+                "reloads": state.reloads,
+                "metrics": summary,
+            },
+        },
+    )
 
 
 @public.get("/health", responses={503: {"model": ErrorBody}}, summary="200 while the model serves (TEI)")

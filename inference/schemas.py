@@ -12,41 +12,59 @@ router/src/lib.rs of huggingface/text-embeddings-inference: `PredictRequest`, `P
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-Sequence = tuple[str, Optional[str]]  # (text, text_pair or None)
+Sequence = tuple[str, str | None]  # (text, text_pair or None)
 
-INPUTS_HELP = ('a string, a pair of strings ["text", "text_pair"], or a batch of single strings and pairs '
-               '[["text 1"], ["text 2", "text_pair 2"], ...]')
+INPUTS_HELP = (
+    'a string, a pair of strings ["text", "text_pair"], or a batch of single strings and pairs '
+    '[["text 1"], ["text 2", "text_pair 2"], ...]'
+)
 
 
 class PredictParameters(BaseModel):
     """The Hugging Face Inference API's `parameters` (what `InferenceClient.text_classification` sends)."""
 
     model_config = ConfigDict(extra="ignore")
-    top_k: Optional[StrictInt] = Field(None, ge=1, description="Return only the k best labels.")
-    function_to_apply: Optional[Literal["softmax", "sigmoid", "none"]] = Field(
-        None, description="Scores from logits: softmax (default), sigmoid, or none (the logits).")
+    top_k: StrictInt | None = Field(None, ge=1, description="Return only the k best labels.")
+    function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
+        None, description="Scores from logits: softmax (default), sigmoid, or none (the logits)."
+    )
 
 
 class PredictRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
-        {"inputs": "Stocks rallied as oil prices fell"},
-        {"inputs": [["Stocks rallied"], ["The Yankees won the pennant"]], "top_k": 1},
-    ]})
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "examples": [
+                {"inputs": "Stocks rallied as oil prices fell"},
+                {"inputs": [["Stocks rallied"], ["The Yankees won the pennant"]], "top_k": 1},
+            ]
+        },
+    )
 
-    inputs: Union[StrictStr, list[StrictStr], list[list[StrictStr]]] = Field(description=(
-        'One text ("a" or ["a"]), one text pair (["a", "b"]), or a batch of texts and pairs ([["a"], ["b", "c"]]).'))
-    truncate: Optional[StrictBool] = Field(None, description=(
-        "Cut inputs longer than the model's maximum; false: such inputs get 422; null or absent: the server's "
-        "AUTO_TRUNCATE."))
+    inputs: StrictStr | list[StrictStr] | list[list[StrictStr]] = Field(
+        description=(
+            'One text ("a" or ["a"]), one text pair (["a", "b"]), or a batch of texts and pairs ([["a"], ["b", "c"]]).'
+        )
+    )
+    truncate: StrictBool | None = Field(
+        None,
+        description=(
+            "Cut inputs longer than the model's maximum; false: such inputs get 422; null or absent: the server's "
+            "AUTO_TRUNCATE."
+        ),
+    )
     truncation_direction: Literal["Right", "Left", "right", "left"] = Field(
-        "Right", description="Right keeps the start of a long input, Left keeps its end.")
+        "Right", description="Right keeps the start of a long input, Left keeps its end."
+    )
     raw_scores: StrictBool = Field(False, description="Return logits instead of softmax probabilities.")
-    top_k: Optional[StrictInt] = Field(None, ge=1, description="Return only the k best labels (an extension of TEI).")
-    parameters: Optional[PredictParameters] = Field(None, description="Inference API parameters: top_k, function_to_apply.")
+    top_k: StrictInt | None = Field(None, ge=1, description="Return only the k best labels (an extension of TEI).")
+    parameters: PredictParameters | None = Field(
+        None, description="Inference API parameters: top_k, function_to_apply."
+    )
 
     @field_validator("inputs")
     @classmethod
@@ -57,8 +75,10 @@ class PredictRequest(BaseModel):
             raise ValueError(f"an empty list; send {INPUTS_HELP}")
         if isinstance(value[0], str):
             if len(value) > 2:
-                raise ValueError(f"a list of {len(value)} strings is neither one text nor a pair; send a batch as "
-                                 '[["text 1"], ["text 2"], ...]')
+                raise ValueError(
+                    f"a list of {len(value)} strings is neither one text nor a pair; send a batch as "
+                    '[["text 1"], ["text 2"], ...]'
+                )
             return value
         for i, item in enumerate(value):
             if len(item) not in (1, 2):
@@ -78,7 +98,7 @@ class PredictRequest(BaseModel):
     def left(self) -> bool:
         return self.truncation_direction.lower() == "left"
 
-    def k(self) -> Optional[int]:
+    def k(self) -> int | None:
         return self.top_k or (self.parameters.top_k if self.parameters else None)
 
     def scoring(self) -> str:
@@ -93,13 +113,15 @@ class Prediction(BaseModel):
     label: str
 
 
-PredictResponse = Union[list[Prediction], list[list[Prediction]]]
+PredictResponse = list[Prediction] | list[list[Prediction]]
 
 
 class ErrorBody(BaseModel):
     error: str
-    error_type: str = Field(description="TEI's ErrorType: Empty, Validation, Tokenizer, Overloaded, Unhealthy, "
-                                        "Backend; ours: Unauthorized, NotFound, MethodNotAllowed.")
+    error_type: str = Field(
+        description="TEI's ErrorType: Empty, Validation, Tokenizer, Overloaded, Unhealthy, "
+        "Backend; ours: Unauthorized, NotFound, MethodNotAllowed."
+    )
 
 
 class ClassifierModel(BaseModel):
@@ -115,18 +137,18 @@ class Info(BaseModel):
     """TEI's Info, field for field, then this service's own details under `distilbert_agnews`."""
 
     model_id: str
-    model_sha: Optional[str]
+    model_sha: str | None
     model_dtype: str
     served_model_name: str
     model_type: ModelType
     max_concurrent_requests: int
     max_input_length: int
     max_batch_tokens: int
-    max_batch_requests: Optional[int]
+    max_batch_requests: int | None
     max_client_batch_size: int
     auto_truncate: bool
     tokenization_workers: int
     version: str
-    sha: Optional[str] = None
-    docker_label: Optional[str] = None
+    sha: str | None = None
+    docker_label: str | None = None
     distilbert_agnews: dict = Field(description="Checkpoint file and SHA-256, training metrics, reloads, device.")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Optional
 
 import torch
 from fastapi import FastAPI
@@ -24,7 +23,7 @@ logger = logging.getLogger("inference")
 class Service:
     """What the routes need: the settings, the metrics, and the engine once the model is ready."""
 
-    def __init__(self, settings: Settings, engine: Optional[Engine] = None):
+    def __init__(self, settings: Settings, engine: Engine | None = None):
         self.settings = settings
         self.engine = engine
         self.metrics = engine.metrics if engine else Metrics()
@@ -33,8 +32,10 @@ class Service:
 
     def live_engine(self) -> Engine:
         if not self.ready or self.engine is None or not self.engine.alive:
-            raise errors.ServiceError(errors.UNHEALTHY, "the model is not loaded yet" if not self.ready
-                                      else "the inference worker has stopped")
+            raise errors.ServiceError(
+                errors.UNHEALTHY,
+                "the model is not loaded yet" if not self.ready else "the inference worker has stopped",
+            )
         return self.engine
 
     def swap_in(self, loaded: LoadedModel) -> None:
@@ -56,23 +57,34 @@ def load_configured(settings: Settings) -> LoadedModel:
 def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metrics) -> Engine:
     """Torch threads set, the limits checked against the model, the model warmed up, and an Engine over it."""
     if settings.max_batch_tokens < loaded.max_length:
-        raise SettingsError(f"MAX_BATCH_TOKENS: must be at least the model's maximum input length "
-                            f"({loaded.max_length}), got {settings.max_batch_tokens}")
+        raise SettingsError(
+            f"MAX_BATCH_TOKENS: must be at least the model's maximum input length "
+            f"({loaded.max_length}), got {settings.max_batch_tokens}"
+        )
     torch.set_num_threads(settings.torch_threads)
     warm_up(loaded)
-    limits = Limits(max_batch_requests=settings.max_batch_requests, max_batch_tokens=settings.max_batch_tokens,
-                    max_concurrent_requests=settings.max_concurrent_requests, max_wait_ms=settings.max_wait_ms)
+    limits = Limits(
+        max_batch_requests=settings.max_batch_requests,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_concurrent_requests=settings.max_concurrent_requests,
+        max_wait_ms=settings.max_wait_ms,
+    )
     return Engine(loaded, limits, service_metrics)
 
 
-def _watcher(service: Service) -> Optional[CheckpointWatcher]:
+def _watcher(service: Service) -> CheckpointWatcher | None:
     """Hot reload for a local folder (a Hub snapshot never changes under us)."""
     settings, served = service.settings, service.engine.current
     if settings.reload_interval_s <= 0 or served.model_sha is not None or not Path(settings.model_id).is_dir():
         return None
-    watcher = CheckpointWatcher(str(served.folder), settings.reload_interval_s, served.signature,
-                                load=lambda: load_configured(settings), on_loaded=service.swap_in,
-                                on_failed=service.refused)
+    watcher = CheckpointWatcher(
+        str(served.folder),
+        settings.reload_interval_s,
+        served.signature,
+        load=lambda: load_configured(settings),
+        on_loaded=service.swap_in,
+        on_failed=service.refused,
+    )
     watcher.start()
     return watcher
 
@@ -92,8 +104,13 @@ async def lifespan(app: FastAPI):
     watcher = _watcher(service)
     served = service.engine.current
     service.ready = True
-    logger.info("Ready: %s on %s (%s), labels %s", served.weights_file, served.device, served.precision,
-                ", ".join(served.labels))
+    logger.info(
+        "Ready: %s on %s (%s), labels %s",
+        served.weights_file,
+        served.device,
+        served.precision,
+        ", ".join(served.labels),
+    )
     yield
     service.ready = False
     if watcher:

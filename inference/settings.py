@@ -9,7 +9,6 @@ A bad value stops start-up with one line naming the setting (`SettingsError`, ex
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,47 +35,101 @@ class SettingsError(ValueError):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        case_sensitive=False, extra="ignore", env_ignore_empty=True, populate_by_name=True,
-        cli_prog_name="python -m inference", cli_implicit_flags=True, cli_avoid_json=True, cli_hide_none_type=True,
+        case_sensitive=False,
+        extra="ignore",
+        env_ignore_empty=True,
+        populate_by_name=True,
+        cli_prog_name="python -m inference",
+        cli_implicit_flags=True,
+        cli_avoid_json=True,
+        cli_hide_none_type=True,
     )
 
-    model_id: str = Field("checkpoints", validation_alias=_names("model_id", "checkpoint_dir"), description=(
-        "What to serve: this project's checkpoint folder (distilbert_agnews.pt + config.json + tokenizer/), any "
-        "save_pretrained folder (model.safetensors + config.json + tokenizer files), or a Hub model id [MODEL_ID, "
-        "CHECKPOINT_DIR]"))
-    revision: Optional[str] = Field(None, description="Hub revision (branch, tag or commit) of a Hub model id [REVISION]")
-    hostname: str = Field("127.0.0.1", validation_alias=_names("hostname", "host"),
-                          description="Address to listen on; 0.0.0.0 for every interface [HOSTNAME]")
+    model_id: str = Field(
+        "checkpoints",
+        validation_alias=_names("model_id", "checkpoint_dir"),
+        description=(
+            "What to serve: this project's checkpoint folder (distilbert_agnews.pt + config.json + tokenizer/), any "
+            "save_pretrained folder (model.safetensors + config.json + tokenizer files), or a Hub model id [MODEL_ID, "
+            "CHECKPOINT_DIR]"
+        ),
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) of a Hub model id [REVISION]")
+    hostname: str = Field(
+        "127.0.0.1",
+        validation_alias=_names("hostname", "host"),
+        description="Address to listen on; 0.0.0.0 for every interface [HOSTNAME]",
+    )
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on [PORT]")
-    workers: int = Field(1, ge=1, description=(
-        "uvicorn worker processes, each with its own copy of the model; /metrics counts all of them [WORKERS]"))
-    api_key: Optional[str] = Field(None, description=(
-        "When set, every route but /health, /ping, GET /, /ready and /metrics needs `Authorization: Bearer <key>` "
-        "[API_KEY]"))
-    payload_limit: int = Field(2_000_000, ge=1, description="Largest request body in bytes; larger ones get 413 [PAYLOAD_LIMIT]")
-    max_concurrent_requests: int = Field(512, ge=1, description=(
-        "Inputs (texts or pairs) in flight at once; beyond it requests get 429 [MAX_CONCURRENT_REQUESTS]"))
-    max_batch_tokens: int = Field(16384, ge=1, description=(
-        "Most tokens in one micro-batch and in one forward pass (padding included); at least the model's maximum "
-        "input length [MAX_BATCH_TOKENS]"))
+    workers: int = Field(
+        1,
+        ge=1,
+        description=(
+            "uvicorn worker processes, each with its own copy of the model; /metrics counts all of them [WORKERS]"
+        ),
+    )
+    api_key: str | None = Field(
+        None,
+        description=(
+            "When set, every route but /health, /ping, GET /, /ready and /metrics needs `Authorization: Bearer <key>` "
+            "[API_KEY]"
+        ),
+    )
+    payload_limit: int = Field(
+        2_000_000, ge=1, description="Largest request body in bytes; larger ones get 413 [PAYLOAD_LIMIT]"
+    )
+    max_concurrent_requests: int = Field(
+        512,
+        ge=1,
+        description=("Inputs (texts or pairs) in flight at once; beyond it requests get 429 [MAX_CONCURRENT_REQUESTS]"),
+    )
+    max_batch_tokens: int = Field(
+        16384,
+        ge=1,
+        description=(
+            "Most tokens in one micro-batch and in one forward pass (padding included); at least the model's maximum "
+            "input length [MAX_BATCH_TOKENS]"
+        ),
+    )
     max_batch_requests: int = Field(32, ge=1, description="Most inputs in one micro-batch [MAX_BATCH_REQUESTS]")
     max_client_batch_size: int = Field(32, ge=1, description="Most inputs in one request [MAX_CLIENT_BATCH_SIZE]")
-    auto_truncate: bool = Field(True, description=(
-        "Truncate inputs longer than the model's maximum when a request does not say (`truncate` absent or "
-        "null) [AUTO_TRUNCATE]"))
-    dtype: str = Field("auto", validation_alias=_names("dtype", "precision"), description=(
-        "float32, float16, bfloat16 (or fp32, fp16, bf16), or auto: bfloat16 where native (bf16 GPUs, CPUs with "
-        "AMX or AVX512-BF16), float16 on GPUs without bf16 (T4), else float32 [DTYPE]"))
+    auto_truncate: bool = Field(
+        True,
+        description=(
+            "Truncate inputs longer than the model's maximum when a request does not say (`truncate` absent or "
+            "null) [AUTO_TRUNCATE]"
+        ),
+    )
+    dtype: str = Field(
+        "auto",
+        validation_alias=_names("dtype", "precision"),
+        description=(
+            "float32, float16, bfloat16 (or fp32, fp16, bf16), or auto: bfloat16 where native (bf16 GPUs, CPUs with "
+            "AMX or AVX512-BF16), float16 on GPUs without bf16 (T4), else float32 [DTYPE]"
+        ),
+    )
     device: str = Field("auto", description="cpu, cuda, or auto: cuda when available [DEVICE]")
     json_output: bool = Field(False, description="Log one JSON object per line instead of text [JSON_OUTPUT]")
-    cors_allow_origin: Optional[str] = Field(None, description=(
-        "Comma-separated origins allowed by CORS (browser clients), or * for any; unset: no CORS headers "
-        "[CORS_ALLOW_ORIGIN]"))
-    max_wait_ms: float = Field(5.0, ge=0, description=(
-        "How long a micro-batch waits for company, only while requests arrive together [MAX_WAIT_MS]"))
-    torch_threads: Optional[int] = Field(None, ge=1, description="Torch intra-op threads (default: the cores available) [TORCH_THREADS]")
-    reload_interval_s: float = Field(2.0, ge=0, description=(
-        "How often to look for a new checkpoint in a local MODEL_ID folder; 0 never [RELOAD_INTERVAL_S]"))
+    cors_allow_origin: str | None = Field(
+        None,
+        description=(
+            "Comma-separated origins allowed by CORS (browser clients), or * for any; unset: no CORS headers "
+            "[CORS_ALLOW_ORIGIN]"
+        ),
+    )
+    max_wait_ms: float = Field(
+        5.0,
+        ge=0,
+        description=("How long a micro-batch waits for company, only while requests arrive together [MAX_WAIT_MS]"),
+    )
+    torch_threads: int | None = Field(
+        None, ge=1, description="Torch intra-op threads (default: the cores available) [TORCH_THREADS]"
+    )
+    reload_interval_s: float = Field(
+        2.0,
+        ge=0,
+        description=("How often to look for a new checkpoint in a local MODEL_ID folder; 0 never [RELOAD_INTERVAL_S]"),
+    )
 
     @field_validator("dtype")
     @classmethod
@@ -91,7 +144,7 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _defaults(self) -> "Settings":
+    def _defaults(self) -> Settings:
         if self.torch_threads is None:
             self.torch_threads = available_cores()
         return self

@@ -30,7 +30,11 @@ def test_config_loads_and_matches_its_purpose(name):
     config = load_config_from_file(str(path))
     kind, machines, processes, precision, use_cpu = EXPECTED[name]
     assert config.distributed_type.value == kind
-    assert (config.num_machines, config.num_processes, str(config.mixed_precision), config.use_cpu) == \
-        (machines, processes, precision, use_cpu)
+    assert (config.num_machines, config.num_processes, str(config.mixed_precision), config.use_cpu) == (
+        machines,
+        processes,
+        precision,
+        use_cpu,
+    )
     if machines > 1:
         assert config.main_process_ip and config.main_process_port

@@ -11,6 +11,7 @@ import nbformat
 import psutil
 import pytest
 
+from inference import files
 from tests.conftest import ROOT, cli_env
 
 NOTEBOOK = ROOT / "notebooks" / "kaggle_agnews.ipynb"
@@ -32,15 +33,19 @@ def test_the_notebook_runs_top_to_bottom_in_smoke_mode(smoke_dir, tmp_path, monk
         monkeypatch.setenv(name, value)  # the kernel, and every process it starts, inherits these
     nb = nbformat.read(NOTEBOOK, as_version=4)
     try:
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}},
-                       ).execute(cwd=str(ROOT))
+        NotebookClient(
+            nb,
+            timeout=600,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(tmp_path)}},
+        ).execute(cwd=str(ROOT))
     finally:
         leftover_services(str(output_dir))
     text = "\n".join(out.get("text", "") for c in nb.cells if c.cell_type == "code" for out in c.outputs)
     assert "all-reduce OK: 2 process(es)" in text  # check_env
-    assert json.loads((output_dir / "metrics.json").read_text())["world_size"] == 2  # accelerate launch
-    assert (tmp_path / "checkpoints_notebook_launcher" / "distilbert_agnews.pt").is_file()  # notebook_launcher
-    assert json.loads((output_dir / "eval_results.json").read_text())["world_size"] == 2
+    assert json.loads((output_dir / files.METRICS).read_text())["world_size"] == 2  # accelerate launch
+    assert (tmp_path / "checkpoints_notebook_launcher" / files.WEIGHTS).is_file()  # notebook_launcher
+    assert json.loads((output_dir / files.EVAL_RESULTS).read_text())["world_size"] == 2
     assert "service ready on http://127.0.0.1:" in text
     answers = [line for line in text.splitlines() if line.startswith("/predict -> ")]
     assert len(answers) == 2, text[-3000:]

@@ -8,7 +8,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import httpx
 import pytest
@@ -22,8 +21,9 @@ from tests.conftest import ROOT, cli_env, describe, free_port, run_train
 @pytest.fixture(scope="session")
 def smoke_checkpoint(smoke_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("serving") / "checkpoint"
-    result, _ = run_train(["--preset", "smoke", "--output_dir", str(out), "--num_train_epochs", "2",
-                           "--checkpointing_steps", "none"])
+    result, _ = run_train(
+        ["--preset", "smoke", "--output_dir", str(out), "--num_train_epochs", "2", "--checkpointing_steps", "none"]
+    )
     assert result.returncode == 0, describe(result)
     return out
 
@@ -44,7 +44,7 @@ class Reference:
         self.labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
 
     @torch.no_grad()
-    def logits(self, text: str, pair: Optional[str] = None, side: str = "right") -> list[float]:
+    def logits(self, text: str, pair: str | None = None, side: str = "right") -> list[float]:
         """One input at a time: no padding at all."""
         self.tokenizer.truncation_side = side
         encoded = self.tokenizer(text, pair, truncation=True, max_length=512, return_tensors="pt")
@@ -53,7 +53,7 @@ class Reference:
     def scores(self, texts: list[str]) -> list[dict[str, float]]:
         return [self.probabilities(text) for text in texts]
 
-    def probabilities(self, text: str, pair: Optional[str] = None, side: str = "right") -> dict[str, float]:
+    def probabilities(self, text: str, pair: str | None = None, side: str = "right") -> dict[str, float]:
         return dict(zip(self.labels, torch.softmax(torch.tensor(self.logits(text, pair, side)), -1).tolist()))
 
 
@@ -73,21 +73,33 @@ class Server:
     """`python -m inference` as a real process on 127.0.0.1. With `model=None` no flag is added: the model and
     the port come from the environment (MODEL_ID, PORT)."""
 
-    def __init__(self, model: Optional[Path | str], *args: str, env: dict | None = None, port: int | None = None,
-                 python: str = sys.executable):
+    def __init__(
+        self,
+        model: Path | str | None,
+        *args: str,
+        env: dict | None = None,
+        port: int | None = None,
+        python: str = sys.executable,
+    ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         flags = ["--model_id", str(model), "--port", str(self.port)] if model is not None else []
         # Output goes to a file: a pipe nobody reads fills up with access-log lines and blocks the server.
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.process = subprocess.Popen([python, "-m", "inference", *flags, *args], cwd=ROOT, env=env or cli_env(),
-                                        stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        self.process = subprocess.Popen(
+            [python, "-m", "inference", *flags, *args],
+            cwd=ROOT,
+            env=env or cli_env(),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read()
 
-    def wait_ready(self, timeout: float = 90) -> "Server":
+    def wait_ready(self, timeout: float = 90) -> Server:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.process.poll() is not None:

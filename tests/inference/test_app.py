@@ -20,10 +20,12 @@ from inference.settings import Settings
 from tests.conftest import ROOT, cli_env
 from tests.inference.conftest import assert_matches
 
-TEXTS = ["Shares of oracle rose in early trading after the earnings report.",
-         "The yankees beat the red sox in overtime, the ap reported.",
-         "Nasa launched the spacecraft in orbit.",
-         "The prime minister signed a ceasefire in gaza. Diplomats called for humanitarian aid near the border."]
+TEXTS = [
+    "Shares of oracle rose in early trading after the earnings report.",
+    "The yankees beat the red sox in overtime, the ap reported.",
+    "Nasa launched the spacecraft in orbit.",
+    "The prime minister signed a ceasefire in gaza. Diplomats called for humanitarian aid near the border.",
+]
 
 
 def make_client(checkpoint, **settings) -> TestClient:
@@ -55,22 +57,25 @@ def test_batch_keeps_input_order_and_matches_single_requests(client, reference):
     assert [a[0]["label"] for a in batch] == ["Business", "Sports", "Sci/Tech", "World"]
 
 
-@pytest.mark.parametrize("body, status, error_type, words", [
-    ({"inputs": ""}, 400, "Empty", "cannot be empty"),
-    ({"inputs": [["ok"], [""]]}, 400, "Empty", "inputs[1]"),
-    ({"inputs": 5}, 422, "Validation", "inputs"),
-    ({"inputs": None}, 422, "Validation", "inputs"),
-    ({"inputs": ["ok", 3]}, 422, "Validation", "inputs"),
-    ({}, 422, "Validation", "inputs"),
-    ({"inputs": []}, 422, "Validation", "inputs"),
-    ({"inputs": ["a", "b", "c"]}, 422, "Validation", "send a batch as"),
-    ({"inputs": "ok", "top_k": 0}, 422, "Validation", "top_k"),
-    ({"inputs": "ok", "top_k": "2"}, 422, "Validation", "top_k"),
-    ({"inputs": "ok", "truncate": "no"}, 422, "Validation", "truncate"),
-    ({"inputs": "ok", "raw_scores": None}, 422, "Validation", "raw_scores"),
-    ({"inputs": [["t"]] * 33}, 422, "Validation", "maximum allowed batch size 32"),
-    ({"inputs": "word " * 1000, "truncate": False}, 422, "Validation", "tokens"),
-])
+@pytest.mark.parametrize(
+    "body, status, error_type, words",
+    [
+        ({"inputs": ""}, 400, "Empty", "cannot be empty"),
+        ({"inputs": [["ok"], [""]]}, 400, "Empty", "inputs[1]"),
+        ({"inputs": 5}, 422, "Validation", "inputs"),
+        ({"inputs": None}, 422, "Validation", "inputs"),
+        ({"inputs": ["ok", 3]}, 422, "Validation", "inputs"),
+        ({}, 422, "Validation", "inputs"),
+        ({"inputs": []}, 422, "Validation", "inputs"),
+        ({"inputs": ["a", "b", "c"]}, 422, "Validation", "send a batch as"),
+        ({"inputs": "ok", "top_k": 0}, 422, "Validation", "top_k"),
+        ({"inputs": "ok", "top_k": "2"}, 422, "Validation", "top_k"),
+        ({"inputs": "ok", "truncate": "no"}, 422, "Validation", "truncate"),
+        ({"inputs": "ok", "raw_scores": None}, 422, "Validation", "raw_scores"),
+        ({"inputs": [["t"]] * 33}, 422, "Validation", "maximum allowed batch size 32"),
+        ({"inputs": "word " * 1000, "truncate": False}, 422, "Validation", "tokens"),
+    ],
+)
 def test_bad_requests_get_a_clear_error_body(client, body, status, error_type, words):
     response = client.post("/predict", json=body)
     assert response.status_code == status, response.text
@@ -147,14 +152,22 @@ def test_info_and_metrics(client, smoke_checkpoint):
     text = client.get("/metrics").text
 
     def value(line_start: str, exposition: str) -> float:
-        return float(next((l for l in exposition.splitlines() if l.startswith(line_start + " ")), f"x 0").split()[-1])
+        return float(
+            next((row for row in exposition.splitlines() if row.startswith(line_start + " ")), "x 0").split()[-1]
+        )
 
     # TEI's series, counters written without prometheus-client's `_total` suffix (as TEI's exporter writes them)
     assert value('te_request_count{method="batch"}', text) == value('te_request_count{method="batch"}', before) + 1
     assert value('te_request_failure{err="empty"}', text) == value('te_request_failure{err="empty"}', before) + 1
-    for name in ("te_request_duration_count", "te_request_input_length_count", "te_batch_next_size_count",
-                 "te_batch_next_tokens_count", "te_queue_size", "te_process_resident_memory_bytes"):
-        assert any(l.startswith(name) for l in text.splitlines()), name
+    for name in (
+        "te_request_duration_count",
+        "te_request_input_length_count",
+        "te_batch_next_size_count",
+        "te_batch_next_tokens_count",
+        "te_queue_size",
+        "te_process_resident_memory_bytes",
+    ):
+        assert any(row.startswith(name) for row in text.splitlines()), name
     assert "_total" not in text and "_created" not in text
 
 
@@ -207,17 +220,29 @@ def test_request_ids_are_accepted_generated_and_echoed(client):
 
 def test_cors_when_an_origin_is_allowed(smoke_checkpoint):
     with make_client(smoke_checkpoint, cors_allow_origin="https://app.example") as c:
-        preflight = c.options("/predict", headers={"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
-                                                   "Access-Control-Request-Headers": "content-type,authorization"})
+        preflight = c.options(
+            "/predict",
+            headers={
+                "Origin": "https://app.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type,authorization",
+            },
+        )
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == "https://app.example"
         answer = c.post("/predict", json={"inputs": "x"}, headers={"Origin": "https://app.example"})
         assert "x-compute-time" in answer.headers["access-control-expose-headers"]
-        assert c.options("/predict", headers={"Origin": "https://evil.example",
-                                              "Access-Control-Request-Method": "POST"}).status_code == 400
+        assert (
+            c.options(
+                "/predict", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+            ).status_code
+            == 400
+        )
     with make_client(smoke_checkpoint) as c:  # no CORS_ALLOW_ORIGIN: no CORS headers
-        assert "access-control-allow-origin" not in c.post("/predict", json={"inputs": "x"},
-                                                           headers={"Origin": "https://app.example"}).headers
+        assert (
+            "access-control-allow-origin"
+            not in c.post("/predict", json={"inputs": "x"}, headers={"Origin": "https://app.example"}).headers
+        )
 
 
 def test_reload_swaps_in_a_new_checkpoint_and_refuses_a_broken_one(checkpoint_copy):
@@ -229,8 +254,10 @@ def test_reload_swaps_in_a_new_checkpoint_and_refuses_a_broken_one(checkpoint_co
         tmp = weights.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, weights)  # what training does
-        after = wait_for(lambda: c.get("/info").json()["distilbert_agnews"]["checkpoint"],
-                         lambda info: info["sha256"] != before["sha256"])
+        after = wait_for(
+            lambda: c.get("/info").json()["distilbert_agnews"]["checkpoint"],
+            lambda info: info["sha256"] != before["sha256"],
+        )
         assert after["reloads"] == 1
         assert c.post("/predict", json={"inputs": TEXTS[1]}).json()[0]["label"] == "Sci/Tech"
 
@@ -279,8 +306,14 @@ def test_checkpoints_that_are_not_plain_tensors_are_refused(checkpoint_copy, tmp
 def test_a_broken_checkpoint_stops_the_command_with_one_line(checkpoint_copy):
     weights = checkpoint_copy / files.WEIGHTS
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated
-    result = subprocess.run([sys.executable, "-m", "inference", "--model_id", str(checkpoint_copy)],
-                            cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "inference", "--model_id", str(checkpoint_copy)],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(weights) in lines[0] and lines[0].startswith("inference: error:")

@@ -22,7 +22,9 @@ TEXT = "Shares of oracle rose in early trading after the earnings report."
 
 @pytest.fixture(scope="module")
 def keyed_server(smoke_checkpoint):
-    running = Server(smoke_checkpoint, "--dtype", "float32", "--reload_interval_s", "0", "--api_key", "s3cret").wait_ready()
+    running = Server(
+        smoke_checkpoint, "--dtype", "float32", "--reload_interval_s", "0", "--api_key", "s3cret"
+    ).wait_ready()
     yield running
     running.stop()
 

@@ -26,6 +26,8 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_input_causes_a_server_error(case):
     response = case.call()
-    assert response.status_code < 500, f"{case.method} {case.path} {case.body!r} -> {response.status_code} {response.text}"
+    assert response.status_code < 500, (
+        f"{case.method} {case.path} {case.body!r} -> {response.status_code} {response.text}"
+    )
     if response.status_code >= 400:
         assert set(response.json()) == {"error", "error_type"}

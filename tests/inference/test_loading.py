@@ -34,7 +34,8 @@ def minilm_folder(tmp_path_factory) -> Path:
     and it takes token_type_ids, so text pairs exercise the segment ids."""
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(
-        minilm_source(), num_labels=3, id2label=MINILM_LABELS, label2id={v: k for k, v in MINILM_LABELS.items()})
+        minilm_source(), num_labels=3, id2label=MINILM_LABELS, label2id={v: k for k, v in MINILM_LABELS.items()}
+    )
     torch.nn.init.normal_(model.classifier.weight, std=0.5)  # a head with an opinion: scores far from uniform
     out = tmp_path_factory.mktemp("minilm") / "model"
     model.save_pretrained(out)
@@ -129,12 +130,19 @@ def test_a_hub_id_offline_and_not_cached_fails_in_seconds(tmp_path):
     env = cli_env(HF_HOME=str(tmp_path / "empty"), HF_ENDPOINT="http://127.0.0.1:9")
     env.pop("HF_HUB_OFFLINE")
     started = time.time()
-    result = subprocess.run([sys.executable, "-m", "inference", "--model_id", "acme/not-here"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "inference", "--model_id", "acme/not-here"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1 and time.time() - started < 30
     assert result.stderr.strip().splitlines()[-1] == (
         "inference: error: acme/not-here: not in the local Hugging Face cache and the Hub (http://127.0.0.1:9) is "
-        "out of reach; download it where there is internet, or serve a local folder")
+        "out of reach; download it where there is internet, or serve a local folder"
+    )
     assert "Traceback" not in result.stderr
 
 

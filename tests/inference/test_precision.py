@@ -8,10 +8,20 @@ import torch
 from inference import precision
 
 
-@pytest.mark.parametrize("spelling, canonical", [
-    ("auto", "auto"), ("fp32", "fp32"), ("no", "fp32"), ("float32", "fp32"), ("FP16", "fp16"), ("float16", "fp16"),
-    ("bf16", "bf16"), ("bfloat16", "bf16"), (" BFloat16 ", "bf16"),
-])
+@pytest.mark.parametrize(
+    "spelling, canonical",
+    [
+        ("auto", "auto"),
+        ("fp32", "fp32"),
+        ("no", "fp32"),
+        ("float32", "fp32"),
+        ("FP16", "fp16"),
+        ("float16", "fp16"),
+        ("bf16", "bf16"),
+        ("bfloat16", "bf16"),
+        (" BFloat16 ", "bf16"),
+    ],
+)
 def test_every_spelling(spelling, canonical):
     assert precision.canonical(spelling) == canonical
 
@@ -21,12 +31,15 @@ def test_unknown_names_list_the_accepted_ones():
         precision.canonical("fp8")
 
 
-@pytest.mark.parametrize("device, bf16, expected", [
-    ("cuda", True, "bf16"),  # A100, H100
-    ("cuda", False, "fp16"),  # T4 (Kaggle): no bf16
-    ("cpu", True, "bf16"),  # AMX or AVX512-BF16
-    ("cpu", False, "fp32"),
-])
+@pytest.mark.parametrize(
+    "device, bf16, expected",
+    [
+        ("cuda", True, "bf16"),  # A100, H100
+        ("cuda", False, "fp16"),  # T4 (Kaggle): no bf16
+        ("cpu", True, "bf16"),  # AMX or AVX512-BF16
+        ("cpu", False, "fp32"),
+    ],
+)
 def test_auto_is_bf16_where_native_fp16_on_older_gpus_else_fp32(monkeypatch, device, bf16, expected):
     monkeypatch.setattr(precision, "native_bf16", lambda device_type: bf16)
     assert precision.resolve("auto", device) == expected

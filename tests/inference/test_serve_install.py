@@ -19,12 +19,16 @@ pytestmark = pytest.mark.slow
 PYTHON = os.environ.get("SERVE_ONLY_PYTHON")
 
 
-@pytest.mark.skipif(not PYTHON, reason="SERVE_ONLY_PYTHON is not set: no serve-only environment to test "
-                                       "(.ci/run builds one with pip install '.[serve]')")
+@pytest.mark.skipif(
+    not PYTHON,
+    reason="SERVE_ONLY_PYTHON is not set: no serve-only environment to test "
+    "(.ci/run builds one with pip install '.[serve]')",
+)
 def test_the_service_runs_from_a_serve_only_install(smoke_checkpoint):
     for training_only in ("datasets", "accelerate", "matplotlib"):
-        probe = subprocess.run([PYTHON, "-c", f"import {training_only}"], capture_output=True, text=True,
-                               cwd="/", timeout=60)
+        probe = subprocess.run(
+            [PYTHON, "-c", f"import {training_only}"], capture_output=True, text=True, cwd="/", timeout=60
+        )
         assert probe.returncode != 0, f"{training_only} is importable in the serve-only environment"
     env = cli_env()
     env.pop("PYTHONPATH", None)

@@ -16,15 +16,28 @@ from tests.inference.conftest import Server
 
 pytestmark = pytest.mark.slow
 
-SUBJECTS = ["the yankees", "oil prices", "nasa", "the prime minister", "google", "the central bank", "federer",
-            "rebels", "the chipmaker", "wall street"]
+SUBJECTS = [
+    "the yankees",
+    "oil prices",
+    "nasa",
+    "the prime minister",
+    "google",
+    "the central bank",
+    "federer",
+    "rebels",
+    "the chipmaker",
+    "wall street",
+]
 VERBS = ["beat", "fell", "launched", "signed", "released", "cut", "won", "rejected", "unveiled", "rose"]
 
 
 def distinct_texts(client: int, count: int) -> list[str]:
     rng = random.Random(client)
-    return [f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {' '.join(rng.choices(SUBJECTS + VERBS, k=rng.randint(1, 25)))} "
-            f"client {client} request {i}" for i in range(count)]
+    return [
+        f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {' '.join(rng.choices(SUBJECTS + VERBS, k=rng.randint(1, 25)))} "
+        f"client {client} request {i}"
+        for i in range(count)
+    ]
 
 
 def test_64_concurrent_clients_each_get_their_own_answers(smoke_checkpoint, reference):
@@ -45,8 +58,9 @@ def test_64_concurrent_clients_each_get_their_own_answers(smoke_checkpoint, refe
                         continue
                     answer = response.json() if i % 2 else response.json()[0]
                     want = expected[c][i]
-                    if answer[0]["label"] != max(want, key=want.get) or \
-                            any(abs(p["score"] - want[p["label"]]) > 1e-4 for p in answer):
+                    if answer[0]["label"] != max(want, key=want.get) or any(
+                        abs(p["score"] - want[p["label"]]) > 1e-4 for p in answer
+                    ):
                         failures.append(f"client {c} request {i}: got {answer}, expected {want}")
 
         with ThreadPoolExecutor(clients) as pool:
@@ -55,10 +69,12 @@ def test_64_concurrent_clients_each_get_their_own_answers(smoke_checkpoint, refe
         metrics = httpx.get(f"{server.url}/metrics").text
 
         def value(name: str) -> float:
-            return float(next(l for l in metrics.splitlines() if l.startswith(name + " ")).split()[1])
+            return float(next(row for row in metrics.splitlines() if row.startswith(name + " ")).split()[1])
 
-        assert value('te_request_success{method="single"}') + value('te_request_success{method="batch"}') == \
-            clients * per_client
+        assert (
+            value('te_request_success{method="single"}') + value('te_request_success{method="batch"}')
+            == clients * per_client
+        )
         batches, texts_served = value("te_batch_next_size_count"), value("te_batch_next_size_sum")
         assert texts_served == clients * per_client * 1.5
         assert texts_served / batches > 2, "concurrent requests were not merged into micro-batches"
@@ -73,8 +89,9 @@ def slow_checkpoint(checkpoint_copy):
     from transformers import AutoConfig, AutoModelForSequenceClassification, DistilBertConfig
 
     small = AutoConfig.from_pretrained(checkpoint_copy)
-    config = DistilBertConfig(vocab_size=small.vocab_size, pad_token_id=small.pad_token_id, id2label=small.id2label,
-                              label2id=small.label2id)
+    config = DistilBertConfig(
+        vocab_size=small.vocab_size, pad_token_id=small.pad_token_id, id2label=small.id2label, label2id=small.label2id
+    )
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_config(config)
     config.save_pretrained(checkpoint_copy)
@@ -114,10 +131,18 @@ def test_quickstart_demo_serves_one_prediction_and_stops(smoke_checkpoint):
 
     from tests.conftest import ROOT, cli_env
 
-    result = subprocess.run([sys.executable, "-m", "inference.demo", "--model_id", str(smoke_checkpoint)],
-                            cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [sys.executable, "-m", "inference.demo", "--model_id", str(smoke_checkpoint)],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "-> 200" in result.stderr and "Business" in result.stderr and "service stopped (exit code 0)" in result.stderr
+    assert (
+        "-> 200" in result.stderr and "Business" in result.stderr and "service stopped (exit code 0)" in result.stderr
+    )
 
 
 def test_port_in_use_exits_1_instead_of_hanging(smoke_checkpoint):

@@ -67,15 +67,21 @@ def test_a_list_of_lists_is_a_batch_of_singles_and_pairs_in_order(http, referenc
     assert post(http, {"inputs": [[SPORTS]]}).json() == [post(http, {"inputs": SPORTS}).json()]
 
 
-@pytest.mark.parametrize("inputs", [
-    ["a", "b", "c"],  # visit_seq: a third string -> invalid_length(3)
-    [],  # no first element -> invalid_length(0)
-    [[]],  # sequence_from_vec: 0 strings
-    [["a", "b", "c"]],  # sequence_from_vec: 3 strings
-    [["a"], "b"],  # after a batch item, next_element::<Vec<String>> meets a string
-    ["a", ["b"]],  # after a single, the second element must be a string
-    5, None, [1], {"text": "a"},
-])
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        ["a", "b", "c"],  # visit_seq: a third string -> invalid_length(3)
+        [],  # no first element -> invalid_length(0)
+        [[]],  # sequence_from_vec: 0 strings
+        [["a", "b", "c"]],  # sequence_from_vec: 3 strings
+        [["a"], "b"],  # after a batch item, next_element::<Vec<String>> meets a string
+        ["a", ["b"]],  # after a single, the second element must be a string
+        5,
+        None,
+        [1],
+        {"text": "a"},
+    ],
+)
 def test_shapes_tei_rejects_get_422_validation(http, inputs):
     response = post(http, {"inputs": inputs})
     assert response.status_code == 422, response.text
@@ -101,8 +107,10 @@ def test_only_zero_length_inputs_are_empty_400(http, inputs, where):
     """EncodingInput::is_empty: Single(s) -> s.is_empty(); Dual(a, b) -> both empty. ErrorType::Empty -> 400."""
     response = post(http, {"inputs": inputs})
     assert response.status_code == 400
-    assert response.json() == {"error": "`inputs` cannot be empty" + (f" ({where})" if where else ""),
-                               "error_type": "Empty"}
+    assert response.json() == {
+        "error": "`inputs` cannot be empty" + (f" ({where})" if where else ""),
+        "error_type": "Empty",
+    }
 
 
 @pytest.mark.parametrize("inputs", ["   ", "\n\t", ["", "a pair with an empty first text"], "\u200b"])
@@ -132,8 +140,10 @@ def test_truncate_false_refuses_a_long_input_with_its_token_count(http, referenc
     tokens = len(reference.tokenizer(text)["input_ids"])
     response = post(http, {"inputs": text, "truncate": False})
     assert response.status_code == 422
-    assert response.json() == {"error": f"`inputs` must have less than 512 tokens. Given: {tokens}",
-                               "error_type": "Validation"}
+    assert response.json() == {
+        "error": f"`inputs` must have less than 512 tokens. Given: {tokens}",
+        "error_type": "Validation",
+    }
 
 
 @pytest.mark.parametrize("direction", ["Left", "left"])
@@ -239,11 +249,21 @@ def test_info_is_tei_info(http, smoke_checkpoint):
     assert info["model_id"] == str(smoke_checkpoint) and info["model_sha"] is None
     assert info["model_dtype"] == "float32"
     labels = ["World", "Sports", "Business", "Sci/Tech"]
-    assert info["model_type"] == {"classifier": {"id2label": {str(i): l for i, l in enumerate(labels)},
-                                                 "label2id": {l: i for i, l in enumerate(labels)}}}
-    assert (info["max_concurrent_requests"], info["max_input_length"], info["max_batch_tokens"],
-            info["max_batch_requests"], info["max_client_batch_size"], info["auto_truncate"],
-            info["tokenization_workers"]) == (512, 512, 16384, 32, 32, True, 1)
+    assert info["model_type"] == {
+        "classifier": {
+            "id2label": {str(i): name for i, name in enumerate(labels)},
+            "label2id": {name: i for i, name in enumerate(labels)},
+        }
+    }
+    assert (
+        info["max_concurrent_requests"],
+        info["max_input_length"],
+        info["max_batch_tokens"],
+        info["max_batch_requests"],
+        info["max_client_batch_size"],
+        info["auto_truncate"],
+        info["tokenization_workers"],
+    ) == (512, 512, 16384, 32, 32, True, 1)
     assert isinstance(info["version"], str)
     assert len(info["distilbert_agnews"]["checkpoint"]["sha256"]) == 64
 

@@ -16,8 +16,11 @@ pytestmark = pytest.mark.slow
 
 def samples(text: str) -> dict[tuple, float]:
     """Every sample as prometheus-client's own parser reads it (it names counter samples `<name>_total`)."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_two_workers_count_into_one_set_of_metrics(smoke_checkpoint):
@@ -30,7 +33,10 @@ def test_two_workers_count_into_one_set_of_metrics(smoke_checkpoint):
         requests = 40
         for i in range(requests):  # a new connection each time: the kernel hands them to either worker
             with httpx.Client(base_url=server.url) as client:
-                assert client.post("/predict", json={"inputs": [[f"stocks fell {i}"], ["the yankees won"]]}).status_code == 200
+                assert (
+                    client.post("/predict", json={"inputs": [[f"stocks fell {i}"], ["the yankees won"]]}).status_code
+                    == 200
+                )
         assert httpx.post(f"{server.url}/predict", json={"inputs": ""}).status_code == 400
         scrapes = [samples(httpx.get(f"{server.url}/metrics").text) for _ in range(8)]
         workers = set()

@@ -55,8 +55,15 @@ def test_a_port_in_use_fails_before_launching_with_a_hint():
 
 
 def rank0_env(port: int) -> dict:
-    return dict(cli_env(), RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="1",
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return dict(
+        cli_env(),
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
 
 
 def test_a_rendezvous_port_in_use_is_named():

@@ -13,8 +13,14 @@ from training.data import DataError, load_splits, make_dataloaders, tokenize_spl
 from training.model import load_tokenizer
 
 NAMES = ["World", "Sports", "Business", "Sci/Tech"]
-TEXTS = ["Stocks rallied on Wall Street", "The Yankees beat the Red Sox", "NASA launched a probe to Mars",
-         "Leaders signed a ceasefire", "Oil prices fell again", "Federer won at Wimbledon"]
+TEXTS = [
+    "Stocks rallied on Wall Street",
+    "The Yankees beat the Red Sox",
+    "NASA launched a probe to Mars",
+    "Leaders signed a ceasefire",
+    "Oil prices fell again",
+    "Federer won at Wimbledon",
+]
 
 
 def rows(n: int = 40, labels=(0, 1, 2, 3)) -> list[dict]:
@@ -42,12 +48,16 @@ def test_integer_labels_are_sorted_ids_named_by_their_values_or_label_names(tmp_
 def test_binary_labels_give_two_classes_and_1_to_4_give_four(tmp_path):
     binary = load_splits(config(write_rows(tmp_path / "b.csv", rows(labels=(0, 1)))))
     assert binary.label_names == ["0", "1"]
-    kaggle = load_splits(config(write_rows(tmp_path / "k.csv", rows(labels=(1, 2, 3, 4))),
-                                "--label_names", "World,Sports,Business,Sci/Tech"))
+    kaggle = load_splits(
+        config(
+            write_rows(tmp_path / "k.csv", rows(labels=(1, 2, 3, 4))), "--label_names", "World,Sports,Business,Sci/Tech"
+        )
+    )
     assert kaggle.label_names == NAMES and kaggle.labels.values == [1, 2, 3, 4]
     assert sorted(set(kaggle.train["labels"]) | set(kaggle.validation["labels"])) == [0, 1, 2, 3]
-    assert text_to_label(kaggle) == {r["text"]: NAMES[r["label"] - 1] for r in rows(labels=(1, 2, 3, 4))
-                                     if r["text"] in kaggle.train["text"]}
+    assert text_to_label(kaggle) == {
+        r["text"]: NAMES[r["label"] - 1] for r in rows(labels=(1, 2, 3, 4)) if r["text"] in kaggle.train["text"]
+    }
 
 
 def test_string_labels_are_sorted_as_strings_and_can_be_renamed(tmp_path):
@@ -56,7 +66,9 @@ def test_string_labels_are_sorted_as_strings_and_can_be_renamed(tmp_path):
     assert load_splits(config(train)).label_names == ["neg", "neutral", "pos"]
     renamed = load_splits(config(train, "--label_names", "negative,neutral,positive"))
     expected = {"neg": "negative", "neutral": "neutral", "pos": "positive"}
-    assert text_to_label(renamed) == {r["text"]: expected[r["label"]] for r in data if r["text"] in renamed.train["text"]}
+    assert text_to_label(renamed) == {
+        r["text"]: expected[r["label"]] for r in data if r["text"] in renamed.train["text"]
+    }
 
 
 def test_integers_sort_numerically(tmp_path):
@@ -82,16 +94,34 @@ def test_several_text_columns_are_joined_and_any_label_column_name_works(tmp_pat
     train = write_rows(tmp_path / "kaggle.csv", data)
     splits = load_splits(config(train, "--text_column_names", "Title,Description", "--label_column", "Class Index"))
     assert "Title 3 what happened 3" in set(splits.train["text"]) | set(splits.validation["text"])
-    dashed = load_splits(config(train, "--text_column_names", "Title,Description", "--label_column", "Class Index",
-                                "--text_column_delimiter", " - "))
+    dashed = load_splits(
+        config(
+            train,
+            "--text_column_names",
+            "Title,Description",
+            "--label_column",
+            "Class Index",
+            "--text_column_delimiter",
+            " - ",
+        )
+    )
     assert "Title 3 - what happened 3" in set(dashed.train["text"]) | set(dashed.validation["text"])
 
 
 def test_a_text_pair_column_is_kept_for_pair_tokenization(tmp_path, smoke_dir):
-    data = [{"premise": f"premise {i}", "hypothesis": f"hypothesis {i}", "label": ["yes", "no"][i % 2]} for i in range(40)]
+    data = [
+        {"premise": f"premise {i}", "hypothesis": f"hypothesis {i}", "label": ["yes", "no"][i % 2]} for i in range(40)
+    ]
     train = write_rows(tmp_path / "nli.jsonl", data)
-    cfg = config(train, "--text_column_names", "premise", "--text_pair_column", "hypothesis",
-                 "--model_name_or_path", str(smoke_dir / "model"))
+    cfg = config(
+        train,
+        "--text_column_names",
+        "premise",
+        "--text_pair_column",
+        "hypothesis",
+        "--model_name_or_path",
+        str(smoke_dir / "model"),
+    )
     splits = load_splits(cfg)
     assert list(zip(splits.train["text"], splits.train["text_pair"]))[0][1].startswith("hypothesis")
     tokenizer = load_tokenizer(cfg)
@@ -121,15 +151,18 @@ def test_validation_and_test_files_and_num_samples(tmp_path):
     assert (len(full.train), len(full.validation), len(full.test)) == (100, 12, 20)
 
 
-@pytest.mark.parametrize("bad_rows, message", [
-    ([{"text": "a", "category": 1}] * 2, "missing column 'label'"),
-    ([{"body": "a", "label": 1}] * 2, "missing column 'text'"),
-    ([{"text": "ok", "label": 0}, {"text": "ok", "label": None}], "row 2: label None is not a class"),
-    ([{"text": "ok", "label": 0}, {"text": "ok", "label": "World"}], "mixes label types"),
-    ([{"text": "ok", "label": 0}] * 3, "1 distinct label"),
-    ([{"text": "ok", "label": 0}, {"text": "   ", "label": 1}], "row 2: empty text"),
-    ([{"text": "", "label": 0}, {"text": None, "label": 1}], "text column 'text' is empty in every row"),
-])
+@pytest.mark.parametrize(
+    "bad_rows, message",
+    [
+        ([{"text": "a", "category": 1}] * 2, "missing column 'label'"),
+        ([{"body": "a", "label": 1}] * 2, "missing column 'text'"),
+        ([{"text": "ok", "label": 0}, {"text": "ok", "label": None}], "row 2: label None is not a class"),
+        ([{"text": "ok", "label": 0}, {"text": "ok", "label": "World"}], "mixes label types"),
+        ([{"text": "ok", "label": 0}] * 3, "1 distinct label"),
+        ([{"text": "ok", "label": 0}, {"text": "   ", "label": 1}], "row 2: empty text"),
+        ([{"text": "", "label": 0}, {"text": None, "label": 1}], "text column 'text' is empty in every row"),
+    ],
+)
 def test_bad_rows_are_reported_with_file_and_row(tmp_path, bad_rows, message):
     train = write_rows(tmp_path / "bad.jsonl", bad_rows)
     with pytest.raises(DataError, match=message) as info:
@@ -141,8 +174,11 @@ def test_bad_rows_are_reported_with_file_and_row(tmp_path, bad_rows, message):
 def test_a_label_never_seen_in_training_names_the_value_the_file_and_the_row(tmp_path, split):
     train = write_rows(tmp_path / "t.csv", rows(40, labels=("neg", "pos")))
     other = write_rows(tmp_path / f"{split}.csv", [{"text": "ok", "label": "pos"}, {"text": "x", "label": "mixed"}])
-    with pytest.raises(DataError, match=rf"{split}\.csv: row 2: label 'mixed' never appears in the training data "
-                                        r"\(.*t\.csv: neg, pos\)"):
+    with pytest.raises(
+        DataError,
+        match=rf"{split}\.csv: row 2: label 'mixed' never appears in the training data "
+        r"\(.*t\.csv: neg, pos\)",
+    ):
         load_splits(config(train, f"--{split}_file", str(other)))
 
 
@@ -155,8 +191,13 @@ def test_empty_missing_and_unparsable_files(tmp_path):
     garbage.write_bytes(b"this is not parquet at all" * 10)
     broken_json = tmp_path / "broken.jsonl"
     broken_json.write_text('{"text": "a", "label": 0}\n{"text": \n')
-    for path, message in [(empty, "file is empty"), (header_only, "no rows"), (garbage, "cannot parse"),
-                          (broken_json, "cannot parse"), (tmp_path / "absent.csv", "file not found")]:
+    for path, message in [
+        (empty, "file is empty"),
+        (header_only, "no rows"),
+        (garbage, "cannot parse"),
+        (broken_json, "cannot parse"),
+        (tmp_path / "absent.csv", "file not found"),
+    ]:
         with pytest.raises(DataError, match=message) as info:
             load_splits(config(path))
         assert path.name in str(info.value)
@@ -164,8 +205,15 @@ def test_empty_missing_and_unparsable_files(tmp_path):
 
 def test_tokenized_batches_are_padded_to_the_longest_or_its_multiple_of_8(tmp_path, smoke_dir):
     train = write_rows(tmp_path / "t.csv", rows(64))
-    cfg = config(train, "--model_name_or_path", str(smoke_dir / "model"), "--per_device_train_batch_size", "8",
-                 "--max_length", "12")
+    cfg = config(
+        train,
+        "--model_name_or_path",
+        str(smoke_dir / "model"),
+        "--per_device_train_batch_size",
+        "8",
+        "--max_length",
+        "12",
+    )
     tokenizer = load_tokenizer(cfg)
     splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
     assert set(splits.train.column_names) == {"input_ids", "attention_mask", "labels", "length"}

@@ -10,6 +10,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
+from inference import files
 from tests.conftest import describe, run_train
 
 pytestmark = pytest.mark.slow
@@ -28,15 +29,35 @@ def runs(smoke_dir, tmp_path_factory):
     results = {}
     for name, (processes, batch, accumulation) in LAYOUTS.items():
         out = tmp_path_factory.mktemp("equiv") / "out"
-        result, _ = run_train(["--preset", "smoke", "--output_dir", str(out), "--dropout", "0",
-                               "--mixed_precision", "no", "--max_train_steps", str(STEPS), "--learning_rate", "5e-4",
-                               "--checkpointing_steps", str(STEPS), "--logging_steps", "1",
-                               "--per_device_train_batch_size", str(batch),
-                               "--gradient_accumulation_steps", str(accumulation)], processes=processes)
+        result, _ = run_train(
+            [
+                "--preset",
+                "smoke",
+                "--output_dir",
+                str(out),
+                "--dropout",
+                "0",
+                "--mixed_precision",
+                "no",
+                "--max_train_steps",
+                str(STEPS),
+                "--learning_rate",
+                "5e-4",
+                "--checkpointing_steps",
+                str(STEPS),
+                "--logging_steps",
+                "1",
+                "--per_device_train_batch_size",
+                str(batch),
+                "--gradient_accumulation_steps",
+                str(accumulation),
+            ],
+            processes=processes,
+        )
         assert result.returncode == 0, describe(result)
-        metrics = json.loads((out / "metrics.json").read_text())
+        metrics = json.loads((out / files.METRICS).read_text())
         assert metrics["effective_batch_size"] == processes * batch * accumulation and metrics["global_step"] == STEPS
-        results[name] = (load_file(out / "state" / f"step_{STEPS}" / "model.safetensors"), metrics)
+        results[name] = (load_file(out / files.STATE_DIR / f"step_{STEPS}" / "model.safetensors"), metrics)
     return results
 
 

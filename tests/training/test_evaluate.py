@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from inference import files
 from tests.conftest import describe, launch, run_train
 
 pytestmark = pytest.mark.slow
@@ -21,12 +22,23 @@ def trained(smoke_dir, tmp_path_factory):
 
 
 def evaluate_with(processes: int, out) -> dict:
-    result, _ = launch(["-m", "training.evaluate", "--checkpoint_dir", str(out), "--preset", "smoke",
-                        "--per_device_eval_batch_size", "64"], processes=processes)
+    result, _ = launch(
+        [
+            "-m",
+            "training.evaluate",
+            "--checkpoint_dir",
+            str(out),
+            "--preset",
+            "smoke",
+            "--per_device_eval_batch_size",
+            "64",
+        ],
+        processes=processes,
+    )
     assert result.returncode == 0, describe(result)
-    saved = json.loads((out / "eval_results.json").read_text())
+    saved = json.loads((out / files.EVAL_RESULTS).read_text())
     assert saved["world_size"] == processes
-    saved["misclassified.csv"] = (out / "misclassified.csv").read_bytes()
+    saved[files.MISCLASSIFIED_CSV] = (out / files.MISCLASSIFIED_CSV).read_bytes()
     saved["stdout"] = result.stdout + result.stderr
     return saved
 
@@ -46,7 +58,7 @@ def test_metrics_are_identical_with_1_2_and_3_processes(trained, smoke_dir, eval
     # The training run's own test score of the same weights. Training evaluates with its CPU training
     # attention (eager), the CLI with the inference default (SDPA): the same counts, and the mean loss
     # equal up to float32 rounding of the two kernels (bitwise on some CPUs, not on others).
-    trained_test = json.loads((trained / "metrics.json").read_text())["test"]
+    trained_test = json.loads((trained / files.METRICS).read_text())["test"]
     assert {k: v for k, v in one.items() if k != "loss"} == {k: v for k, v in trained_test.items() if k != "loss"}
     assert one["loss"] == pytest.approx(trained_test["loss"], rel=1e-5)
 
@@ -65,7 +77,7 @@ def test_reports_per_class_confusion_matrix_and_misclassified_rows(trained, smok
 
     one = evaluations[1]
     for n in (2, 3):  # the same rows, in the same order, whatever the number of processes
-        assert evaluations[n]["misclassified.csv"] == one["misclassified.csv"]
+        assert evaluations[n][files.MISCLASSIFIED_CSV] == one[files.MISCLASSIFIED_CSV]
         assert evaluations[n]["per_class"] == one["per_class"]
     labels = one["confusion_matrix"]["labels"]
     confusion = one["confusion_matrix"]["rows_true_columns_predicted"]
@@ -73,25 +85,29 @@ def test_reports_per_class_confusion_matrix_and_misclassified_rows(trained, smok
     # per-class figures equal scikit-learn's on the same (true, predicted) pairs
     true = [i for i, row in enumerate(confusion) for j, count in enumerate(row) for _ in range(count)]
     predicted = [j for row in confusion for j, count in enumerate(row) for _ in range(count)]
-    precision, recall, f1, support = precision_recall_fscore_support(true, predicted, labels=range(len(labels)),
-                                                                     zero_division=0)
+    precision, recall, f1, support = precision_recall_fscore_support(
+        true, predicted, labels=range(len(labels)), zero_division=0
+    )
     for i, name in enumerate(labels):
         got = one["per_class"][name]
         assert (got["precision"], got["recall"], got["f1"], got["support"]) == pytest.approx(
-            (precision[i], recall[i], f1[i], support[i]), abs=1e-12)
+            (precision[i], recall[i], f1[i], support[i]), abs=1e-12
+        )
 
     with open(smoke_dir / "test.csv", encoding="utf-8") as fh:
         test_rows = list(csv.DictReader(fh))
-    wrong = list(csv.DictReader(one["misclassified.csv"].decode().splitlines()))
+    wrong = list(csv.DictReader(one[files.MISCLASSIFIED_CSV].decode().splitlines()))
     assert len(wrong) == one["metrics"]["num_examples"] - sum(confusion[i][i] for i in range(len(labels)))
     for row in wrong:  # each line is the test row it names, with its true label, and a wrong prediction
         source = test_rows[int(row["row"])]
-        assert (row["text"], row["label"]) == (source["text"], labels[int(source["label"])]) and row["predicted"] != row["label"]
+        assert (row["text"], row["label"]) == (source["text"], labels[int(source["label"])]) and row[
+            "predicted"
+        ] != row["label"]
         assert float(row["predicted_probability"]) > float(row["label_probability"])
     confidence = [float(row["predicted_probability"]) for row in wrong]
     assert confidence == sorted(confidence, reverse=True)
 
-    with Image.open(trained / "confusion_matrix.png") as image:
+    with Image.open(trained / files.CONFUSION_PNG) as image:
         assert image.format == "PNG" and image.width > 400
     table = one["stdout"]
     assert "precision    recall        f1   support" in table

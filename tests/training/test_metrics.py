@@ -24,7 +24,7 @@ def test_suite_added_batch_by_batch_matches_sklearn(seed):
     predictions, labels = predictions_and_labels(seed)
     suite = MetricSuite()
     for start in range(0, 257, 64):  # as evaluation adds each gathered batch
-        suite.add_batch(predictions=predictions[start:start + 64], references=labels[start:start + 64])
+        suite.add_batch(predictions=predictions[start : start + 64], references=labels[start : start + 64])
     metrics = suite.compute()
     assert metrics["accuracy"] == pytest.approx(accuracy_score(labels, predictions), abs=1e-12)
     assert metrics["macro_f1"] == pytest.approx(f1_score(labels, predictions, average="macro"), abs=1e-12)
@@ -35,10 +35,14 @@ def test_classification_report_matches_sklearn(seed):
     predictions, labels = predictions_and_labels(seed)
     names = ["World", "Sports", "Business", "Sci/Tech"]
     report = classification_report(predictions, labels, names)
-    precision, recall, f1, support = precision_recall_fscore_support(labels, predictions, labels=range(4), zero_division=0)
+    precision, recall, f1, support = precision_recall_fscore_support(
+        labels, predictions, labels=range(4), zero_division=0
+    )
     for i, name in enumerate(names):
         got = report["per_class"][name]
-        assert (got["precision"], got["recall"], got["f1"]) == pytest.approx((precision[i], recall[i], f1[i]), abs=1e-12)
+        assert (got["precision"], got["recall"], got["f1"]) == pytest.approx(
+            (precision[i], recall[i], f1[i]), abs=1e-12
+        )
         assert got["support"] == support[i]
     assert report["confusion_matrix"] == confusion_matrix(labels, predictions, labels=range(4)).tolist()
 
@@ -55,9 +59,11 @@ def test_an_extra_metric_by_local_path_is_reported(tmp_path):
     (folder / "exact_match_rate.py").write_text(source.replace('return {"accuracy":', 'return {"exact_match_rate":'))
     suite = MetricSuite([str(folder)], num_labels=4)
     suite.add_batch(predictions=[0, 1, 2, 3], references=[0, 1, 2, 0])
-    assert suite.compute() == {"accuracy": 0.75, "macro_f1": pytest.approx(f1_score([0, 1, 2, 0], [0, 1, 2, 3],
-                                                                                    average="macro")),
-                               "exact_match_rate": 0.75}
+    assert suite.compute() == {
+        "accuracy": 0.75,
+        "macro_f1": pytest.approx(f1_score([0, 1, 2, 0], [0, 1, 2, 3], average="macro")),
+        "exact_match_rate": 0.75,
+    }
 
 
 def test_an_extra_metric_that_cannot_load_fails_at_once(monkeypatch):
@@ -69,10 +75,15 @@ def test_an_extra_metric_that_cannot_load_fails_at_once(monkeypatch):
 def test_an_extra_metric_that_cannot_score_the_task_fails_at_once(tmp_path):
     binary_only = tmp_path / "binary_only"
     binary_only.mkdir()
-    (binary_only / "binary_only.py").write_text((MODULES / "accuracy" / "accuracy.py").read_text().replace(
-        "        predictions, references = torch.as_tensor",
-        "        if max(references) > 1:\n            raise ValueError('binary labels only')\n"
-        "        predictions, references = torch.as_tensor"))
+    (binary_only / "binary_only.py").write_text(
+        (MODULES / "accuracy" / "accuracy.py")
+        .read_text()
+        .replace(
+            "        predictions, references = torch.as_tensor",
+            "        if max(references) > 1:\n            raise ValueError('binary labels only')\n"
+            "        predictions, references = torch.as_tensor",
+        )
+    )
     MetricSuite([str(binary_only)], num_labels=2)
     with pytest.raises(MetricError, match=r"cannot score 4-class predictions \(ValueError: binary labels only\)"):
         MetricSuite([str(binary_only)], num_labels=4)

@@ -32,17 +32,41 @@ def kaggle_rows(n: int, seed: int) -> list[dict]:
     return rows
 
 
-KAGGLE = ["--text_column_names", "Title,Description", "--label_column", "Class Index",
-          "--label_names", "World,Sports,Business,Sci/Tech"]
+KAGGLE = [
+    "--text_column_names",
+    "Title,Description",
+    "--label_column",
+    "Class Index",
+    "--label_names",
+    "World,Sports,Business,Sci/Tech",
+]
 
 
 def test_the_kaggle_copy_of_ag_news_trains_with_its_names_and_a_cosine_schedule(smoke_dir, tmp_path):
     train = write_rows(tmp_path / "train.csv", kaggle_rows(960, seed=1))
     test = write_rows(tmp_path / "test.csv", kaggle_rows(120, seed=2))
     out = tmp_path / "out"
-    result, _ = run_train(["--preset", "smoke", "--train_file", str(train), "--test_file", str(test), *KAGGLE,
-                           "--output_dir", str(out), "--num_train_epochs", "3", "--logging_steps", "5",
-                           "--lr_scheduler_type", "cosine", "--checkpointing_steps", "none"])
+    result, _ = run_train(
+        [
+            "--preset",
+            "smoke",
+            "--train_file",
+            str(train),
+            "--test_file",
+            str(test),
+            *KAGGLE,
+            "--output_dir",
+            str(out),
+            "--num_train_epochs",
+            "3",
+            "--logging_steps",
+            "5",
+            "--lr_scheduler_type",
+            "cosine",
+            "--checkpointing_steps",
+            "none",
+        ]
+    )
     assert result.returncode == 0, describe(result)
     config = json.loads((out / files.CONFIG).read_text())
     assert config["id2label"] == {"0": "World", "1": "Sports", "2": "Business", "3": "Sci/Tech"}
@@ -52,8 +76,9 @@ def test_the_kaggle_copy_of_ag_news_trains_with_its_names_and_a_cosine_schedule(
     # the learning rate followed transformers' cosine schedule with warmup
     steps = metrics["global_step"]
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3)
-    reference = transformers.get_scheduler("cosine", optimizer, num_warmup_steps=round(0.1 * steps),
-                                           num_training_steps=steps)
+    reference = transformers.get_scheduler(
+        "cosine", optimizer, num_warmup_steps=round(0.1 * steps), num_training_steps=steps
+    )
     expected = {}
     for step in range(1, steps + 1):
         optimizer.step()
@@ -66,11 +91,14 @@ def test_the_kaggle_copy_of_ag_news_trains_with_its_names_and_a_cosine_schedule(
 
 def test_a_test_label_never_seen_in_training_stops_at_start_and_writes_nothing(smoke_dir, tmp_path):
     train = write_rows(tmp_path / "train.csv", kaggle_rows(80, seed=1))
-    test = write_rows(tmp_path / "test.csv", kaggle_rows(10, seed=2) + [{"Class Index": 5, "Title": "x", "Description": "y"}])
+    test = write_rows(
+        tmp_path / "test.csv", kaggle_rows(10, seed=2) + [{"Class Index": 5, "Title": "x", "Description": "y"}]
+    )
     out = tmp_path / "out"
     started = time.time()
-    result, _ = run_train(["--preset", "smoke", "--train_file", str(train), "--test_file", str(test), *KAGGLE,
-                           "--output_dir", str(out)])
+    result, _ = run_train(
+        ["--preset", "smoke", "--train_file", str(train), "--test_file", str(test), *KAGGLE, "--output_dir", str(out)]
+    )
     assert result.returncode == 1 and time.time() - started < 60, describe(result)
     errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "test.csv: row 11: label 5 never appears in the training data" in errors[0]
@@ -81,8 +109,9 @@ def test_an_extra_metric_that_cannot_load_offline_stops_before_training(smoke_di
     env = cli_env(HF_ENDPOINT="http://127.0.0.1:9")
     env.pop("HF_HUB_OFFLINE")  # the Hub probe fails: the run goes offline and the metric cannot load
     started = time.time()
-    result, _ = run_train(["--preset", "smoke", "--output_dir", str(tmp_path / "out"), "--extra_metrics",
-                           "matthews_correlation"], env=env)
+    result, _ = run_train(
+        ["--preset", "smoke", "--output_dir", str(tmp_path / "out"), "--extra_metrics", "matthews_correlation"], env=env
+    )
     assert result.returncode == 1 and time.time() - started < 60, describe(result)
     assert "extra_metrics: cannot load 'matthews_correlation'" in result.stderr and "Traceback" not in result.stderr
     assert "Training" not in result.stderr and not (tmp_path / "out").exists()
@@ -95,18 +124,41 @@ def pair_rows(n: int, seed: int) -> list[dict]:
     for _ in range(n):
         first, same = rng.randrange(4), rng.random() < 0.5
         second = first if same else rng.choice([t for t in range(4) if t != first])
-        rows.append({"premise": make_example(rng, LABELS[first]), "hypothesis": make_example(rng, LABELS[second]),
-                     "label": "same" if same else "different"})
+        rows.append(
+            {
+                "premise": make_example(rng, LABELS[first]),
+                "hypothesis": make_example(rng, LABELS[second]),
+                "label": "same" if same else "different",
+            }
+        )
     return rows
 
 
 def test_a_pair_task_trains_on_pairs_and_the_service_answers_pairs_the_same_way(smoke_dir, tmp_path):
     train = write_rows(tmp_path / "pairs.jsonl", pair_rows(400, seed=1))
     out = tmp_path / "out"
-    result, _ = run_train(["--preset", "smoke", "--train_file", str(train), "--test_file", str(train),
-                           "--text_column_names", "premise", "--text_pair_column", "hypothesis", "--label_names",
-                           "different,same", "--output_dir", str(out), "--num_train_epochs", "1",
-                           "--checkpointing_steps", "none"])
+    result, _ = run_train(
+        [
+            "--preset",
+            "smoke",
+            "--train_file",
+            str(train),
+            "--test_file",
+            str(train),
+            "--text_column_names",
+            "premise",
+            "--text_pair_column",
+            "hypothesis",
+            "--label_names",
+            "different,same",
+            "--output_dir",
+            str(out),
+            "--num_train_epochs",
+            "1",
+            "--checkpointing_steps",
+            "none",
+        ]
+    )
     assert result.returncode == 0, describe(result)
     assert json.loads((out / files.CONFIG).read_text())["id2label"] == {"0": "different", "1": "same"}
     row = pair_rows(1, seed=9)[0]

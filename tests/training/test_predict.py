@@ -4,9 +4,7 @@ and out, any servable folder, bounded memory on a large file, one-line errors.""
 from __future__ import annotations
 
 import csv
-import json
 import random
-import resource
 import shutil
 import subprocess
 import sys
@@ -28,8 +26,9 @@ WORDS = "stocks fell rose the yankees won nasa launched oil prices leaders signe
 @pytest.fixture(scope="module")
 def model_dir(smoke_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("predict") / "model"
-    result, _ = run_train(["--preset", "smoke", "--output_dir", str(out), "--num_train_epochs", "1",
-                           "--checkpointing_steps", "none"])
+    result, _ = run_train(
+        ["--preset", "smoke", "--output_dir", str(out), "--num_train_epochs", "1", "--checkpointing_steps", "none"]
+    )
     assert result.returncode == 0, describe(result)
     return out
 
@@ -47,7 +46,10 @@ def predict(*args: str, processes: int = 1):
 @torch.no_grad()
 def expected_probabilities(model: Path, texts: list[str]) -> torch.Tensor:
     loaded = load_model(str(model), device="cpu", dtype="fp32")
-    rows = [loaded.model(**loaded.tokenizer(t, truncation=True, max_length=64, return_tensors="pt")).logits[0] for t in texts]
+    rows = [
+        loaded.model(**loaded.tokenizer(t, truncation=True, max_length=64, return_tensors="pt")).logits[0]
+        for t in texts
+    ]
     return torch.stack(rows).softmax(-1)
 
 
@@ -57,17 +59,36 @@ def test_every_row_once_in_order_identical_on_one_and_two_processes(model_dir, t
     outputs = []
     for processes in (1, 2):
         out = tmp_path / f"out{processes}.csv"
-        result = predict("--checkpoint_dir", str(model_dir), "--input_file", str(source), "--output_file", str(out),
-                         "--chunk_size", "100", "--per_device_batch_size", "32", processes=processes)
+        result = predict(
+            "--checkpoint_dir",
+            str(model_dir),
+            "--input_file",
+            str(source),
+            "--output_file",
+            str(out),
+            "--chunk_size",
+            "100",
+            "--per_device_batch_size",
+            "32",
+            processes=processes,
+        )
         assert result.returncode == 0, describe(result)
         outputs.append(out)
     assert outputs[0].read_bytes() == outputs[1].read_bytes()
     frame = pd.read_csv(outputs[0])
-    assert list(frame.columns) == ["id", "text", "note", "predicted_label", "predicted_score",
-                                   *(f"score_{label}" for label in LABELS)]
+    assert list(frame.columns) == [
+        "id",
+        "text",
+        "note",
+        "predicted_label",
+        "predicted_score",
+        *(f"score_{label}" for label in LABELS),
+    ]
     assert frame["id"].tolist() == list(range(1003)) and frame["text"].tolist() == texts
     expected = expected_probabilities(model_dir, texts[:50] + texts[-5:])
-    got = torch.tensor(frame[[f"score_{label}" for label in LABELS]].to_numpy()[list(range(50)) + list(range(998, 1003))])
+    got = torch.tensor(
+        frame[[f"score_{label}" for label in LABELS]].to_numpy()[list(range(50)) + list(range(998, 1003))]
+    )
     assert torch.allclose(got.float(), expected, atol=1e-5)
     assert frame["predicted_label"].tolist()[:50] == [LABELS[i] for i in expected[:50].argmax(-1).tolist()]
     assert (frame["predicted_score"] == frame[[f"score_{label}" for label in LABELS]].max(axis=1)).all()
@@ -82,26 +103,43 @@ def test_formats_in_and_out_and_a_save_pretrained_folder(model_dir, tmp_path):
     shutil.rmtree(hf_only / files.TOKENIZER_DIR)
     answers = {}
     for model, out in ((model_dir, tmp_path / "a.parquet"), (hf_only, tmp_path / "b.jsonl")):
-        result = predict("--checkpoint_dir", str(model), "--input_file", str(source), "--output_file", str(out),
-                         "--text_column_names", "Title,Description")
+        result = predict(
+            "--checkpoint_dir",
+            str(model),
+            "--input_file",
+            str(source),
+            "--output_file",
+            str(out),
+            "--text_column_names",
+            "Title,Description",
+        )
         assert result.returncode == 0, describe(result)
         answers[out.suffix] = pd.read_parquet(out) if out.suffix == ".parquet" else pd.read_json(out, lines=True)
     a, b = answers[".parquet"], answers[".jsonl"]
     assert a["Class Index"].tolist() == b["Class Index"].tolist() == [r["Class Index"] for r in rows]
     assert a["predicted_label"].tolist() == b["predicted_label"].tolist()
     joined = [f"{r['Title']} {r['Description']}" for r in rows]
-    assert torch.allclose(torch.tensor(a["score_Sports"].to_numpy()).float(),
-                          expected_probabilities(model_dir, joined)[:, 1], atol=1e-5)
+    assert torch.allclose(
+        torch.tensor(a["score_Sports"].to_numpy()).float(), expected_probabilities(model_dir, joined)[:, 1], atol=1e-5
+    )
 
 
 def peak_rss_mb(args: list[str]) -> float:
     """Peak resident memory of one predict process (a fresh parent per measurement: RUSAGE_CHILDREN is a max)."""
-    code = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
-            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 if r.returncode == 0 else -1)")
+    code = (
+        "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 if r.returncode == 0 else -1)"
+    )
     env = cli_env()
     env.pop("OMP_NUM_THREADS")  # both cores: this test is about memory, and it has 200,000 rows to score
-    result = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "training.predict", *args], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", code, sys.executable, "-m", "training.predict", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return float(result.stdout.strip().splitlines()[-1])
 
 
@@ -117,19 +155,36 @@ def test_memory_stays_bounded_on_200000_rows(model_dir, tmp_path):
     peaks = {}
     for n in (20_000, 200_000):  # short rows: 2 to 8 words
         out = tmp_path / f"out{n}.parquet"
-        peaks[n] = peak_rss_mb(["--checkpoint_dir", str(model_dir), "--input_file", str(write(n)),
-                                "--output_file", str(out), "--per_device_batch_size", "256"])
+        peaks[n] = peak_rss_mb(
+            [
+                "--checkpoint_dir",
+                str(model_dir),
+                "--input_file",
+                str(write(n)),
+                "--output_file",
+                str(out),
+                "--per_device_batch_size",
+                "256",
+            ]
+        )
         assert peaks[n] > 0 and len(pd.read_parquet(out, columns=["id"])) == n
     print(f"peak RSS: {peaks[20_000]:.0f} MB for 20,000 rows, {peaks[200_000]:.0f} MB for 200,000 rows")
     assert peaks[200_000] - peaks[20_000] < 100, peaks  # ten times the rows, not ten times the memory
 
 
-@pytest.mark.parametrize("args, code, words", [
-    (["--input_file", "{tmp}/absent.csv", "--output_file", "{tmp}/o.csv"], 1, "absent.csv: file not found"),
-    (["--input_file", "{src}", "--output_file", "{tmp}/o.txt"], 2, "--output_file must end in one of"),
-    (["--input_file", "{src}", "--output_file", "{tmp}/o.csv", "--text_column_names", "body"], 1, "missing column 'body'"),
-    (["--input_file", "{src}", "--output_file", "{tmp}/no/such/dir/o.csv"], 1, "output folder not found"),
-])
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        (["--input_file", "{tmp}/absent.csv", "--output_file", "{tmp}/o.csv"], 1, "absent.csv: file not found"),
+        (["--input_file", "{src}", "--output_file", "{tmp}/o.txt"], 2, "--output_file must end in one of"),
+        (
+            ["--input_file", "{src}", "--output_file", "{tmp}/o.csv", "--text_column_names", "body"],
+            1,
+            "missing column 'body'",
+        ),
+        (["--input_file", "{src}", "--output_file", "{tmp}/no/such/dir/o.csv"], 1, "output folder not found"),
+    ],
+)
 def test_errors_are_one_line_and_write_nothing(model_dir, tmp_path, args, code, words, capsys, caplog):
     from training.predict import cli
 

@@ -15,6 +15,7 @@ import sys
 import pytest
 import yaml
 
+from inference import files
 from tests.conftest import ROOT, cli_env, describe, launch, run_train
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,10 @@ def guarded_env(log) -> dict:
 
 def test_the_network_guard_refuses_and_records(tmp_path):
     log = tmp_path / "network.log"
-    code = "import socket\ntry:\n    socket.create_connection(('huggingface.co', 443), timeout=2)\nexcept OSError as e:\n    print(e)"
+    code = (
+        "import socket\ntry:\n    socket.create_connection(('huggingface.co', 443), timeout=2)\n"
+        "except OSError as e:\n    print(e)"
+    )
     result = subprocess.run([sys.executable, "-c", code], env=guarded_env(log), capture_output=True, text=True)
     assert "refused by the test" in result.stdout, describe(result)
     assert "huggingface.co" in log.read_text()
@@ -46,8 +50,12 @@ def hub_like_sources(smoke_dir, tmp_path_factory):
     AutoModel.from_config(AutoConfig.from_pretrained(smoke_dir / "model")).save_pretrained(model_dir)
     AutoTokenizer.from_pretrained(smoke_dir / "model").save_pretrained(model_dir)
     data_dir.mkdir()
-    features = datasets.Features({"text": datasets.Value("string"),
-                                  "label": datasets.ClassLabel(names=["World", "Sports", "Business", "Sci/Tech"])})
+    features = datasets.Features(
+        {
+            "text": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["World", "Sports", "Business", "Sci/Tech"]),
+        }
+    )
     for split in ("train", "test"):
         rows = datasets.load_dataset("csv", data_files=str(smoke_dir / f"{split}.csv"), split="train")
         rows.cast(features).to_parquet(str(data_dir / f"{split}.parquet"))
@@ -57,8 +65,18 @@ def hub_like_sources(smoke_dir, tmp_path_factory):
 def test_prepare_then_train_offline_without_touching_the_network(hub_like_sources, tmp_path):
     model_dir, data_dir = hub_like_sources
     prepared, log = tmp_path / "prepared", tmp_path / "network.log"
-    result, _ = launch(["-m", "training.prepare", "--output_dir", str(prepared), "--model_name_or_path", str(model_dir),
-                        "--dataset_name", str(data_dir)])
+    result, _ = launch(
+        [
+            "-m",
+            "training.prepare",
+            "--output_dir",
+            str(prepared),
+            "--model_name_or_path",
+            str(model_dir),
+            "--dataset_name",
+            str(data_dir),
+        ]
+    )
     assert result.returncode == 0, describe(result)
     config = yaml.safe_load((prepared / "train_config.yaml").read_text())
     assert config["model_name_or_path"] == str((prepared / "model").resolve())
@@ -67,19 +85,38 @@ def test_prepare_then_train_offline_without_touching_the_network(hub_like_source
 
     shutil.rmtree(model_dir.parent)  # nothing outside the prepared folder is left to read
     out = tmp_path / "out"
-    result, _ = run_train(["--config", str(prepared / "train_config.yaml"), "--output_dir", str(out),
-                           "--num_train_epochs", "1", "--max_length", "64", "--per_device_train_batch_size", "16",
-                           "--learning_rate", "1e-3", "--mixed_precision", "no", "--checkpointing_steps", "none"],
-                          processes=2, env=guarded_env(log))
+    result, _ = run_train(
+        [
+            "--config",
+            str(prepared / "train_config.yaml"),
+            "--output_dir",
+            str(out),
+            "--num_train_epochs",
+            "1",
+            "--max_length",
+            "64",
+            "--per_device_train_batch_size",
+            "16",
+            "--learning_rate",
+            "1e-3",
+            "--mixed_precision",
+            "no",
+            "--checkpointing_steps",
+            "none",
+        ],
+        processes=2,
+        env=guarded_env(log),
+    )
     assert result.returncode == 0, describe(result)
     assert not log.exists(), f"network access attempted:\n{log.read_text()}"
     assert "newly initialized" in result.stderr + result.stdout  # the classifier head only: the encoder was loaded
-    assert (out / "distilbert_agnews.pt").is_file()
+    assert (out / files.WEIGHTS).is_file()
 
 
 def test_prepare_without_the_hub_fails_at_once_with_the_reason(tmp_path):
-    result, seconds = launch(["-m", "training.prepare", "--output_dir", str(tmp_path / "p")],
-                             env=cli_env(HF_HUB_OFFLINE="1"))
+    result, seconds = launch(
+        ["-m", "training.prepare", "--output_dir", str(tmp_path / "p")], env=cli_env(HF_HUB_OFFLINE="1")
+    )
     assert result.returncode == 1, describe(result)
     assert "Cannot download distilbert-base-uncased, ag_news" in result.stdout and "login node" in result.stdout
     assert seconds < 30 and not (tmp_path / "p").exists()

@@ -84,8 +84,9 @@ def test_same_global_batches_for_every_layout_of_16(group_by_length):
     sizes = lengths(1000)
 
     def optimizer_steps(batch_size, world, accumulation):
-        sampler = LengthGroupedBatchSampler(sizes, batch_size, world, seed=9, group_by_length=group_by_length,
-                                            accumulation=accumulation)
+        sampler = LengthGroupedBatchSampler(
+            sizes, batch_size, world, seed=9, group_by_length=group_by_length, accumulation=accumulation
+        )
         sampler.set_epoch(2)
         per_rank = shards(sampler, world)  # what each rank's prepared loader yields
         steps = []

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from inference import files
 from tests.conftest import ROOT, cli_env, describe, free_port, run_train
 from training.checkpoint import find_latest_state, read_progress
 
@@ -36,34 +37,42 @@ def full_run(smoke_dir, tmp_path_factory):
 def load_saved_model(out: Path):
     """What the serving side does: config.json + state_dict (weights_only) + tokenizer/."""
     model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(out))
-    state_dict = torch.load(out / "distilbert_agnews.pt", map_location="cpu", weights_only=True)
+    state_dict = torch.load(out / files.WEIGHTS, map_location="cpu", weights_only=True)
     model.load_state_dict(state_dict)
-    return model.eval(), AutoTokenizer.from_pretrained(out / "tokenizer"), state_dict
+    return model.eval(), AutoTokenizer.from_pretrained(out / files.TOKENIZER_DIR), state_dict
 
 
 def test_two_process_run_writes_every_checkpoint_file(full_run, smoke_dir):
     out, result, _ = full_run
     assert "MULTI_CPU, 2 process(es)" in result.stderr
-    assert "Effective batch size 32 (16 per device x 1 accumulation x 2 processes); learning rate 0.002" in result.stderr
-    for name in ("distilbert_agnews.pt", "config.json", "metrics.json", "tokenizer/tokenizer.json",
-                 "tokenizer/tokenizer_config.json"):
+    assert (
+        "Effective batch size 32 (16 per device x 1 accumulation x 2 processes); learning rate 0.002" in result.stderr
+    )
+    assert files.WEIGHTS == "distilbert_agnews.pt"  # the mission's contract, pinned once
+    for name in (
+        files.WEIGHTS,
+        files.CONFIG,
+        files.METRICS,
+        "tokenizer/tokenizer.json",
+        "tokenizer/tokenizer_config.json",
+    ):
         assert (out / name).is_file(), name
-    config = json.loads((out / "config.json").read_text())
+    config = json.loads((out / files.CONFIG).read_text())
     assert config["id2label"] == {"0": "World", "1": "Sports", "2": "Business", "3": "Sci/Tech"}
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / files.METRICS).read_text())
     assert metrics["world_size"] == 2 and metrics["effective_batch_size"] == 32
     assert metrics["validation"]["accuracy"] >= 0.90
     assert metrics["label_names"] == ["World", "Sports", "Business", "Sci/Tech"]
     assert metrics["config"]["preset"] == "smoke" and metrics["versions"]["torch"] == torch.__version__
     assert metrics["global_step"] == 252 and metrics["epochs_completed"] == 3
-    steps = sorted(read_progress(p).global_step for p in (out / "state").iterdir())
+    steps = sorted(read_progress(p).global_step for p in (out / files.STATE_DIR).iterdir())
     assert steps == [42, 84, 126, 168, 210, 252]
-    assert not list((out / "state").glob(".tmp*")) and find_latest_state(str(out)).name == "step_252"
+    assert not list((out / files.STATE_DIR).glob(".tmp*")) and find_latest_state(str(out)).name == "step_252"
 
 
 def test_distributed_evaluation_counts_every_example_exactly_once(full_run):
     out, _, _ = full_run
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / files.METRICS).read_text())
     # 300 validation and 600 test examples do not split evenly into 2 ranks x 64-example batches:
     # accelerate pads the last batch, gather_for_metrics must drop the duplicates.
     assert metrics["num_examples"] == {"train": 2700, "validation": 300, "test": 600}
@@ -76,11 +85,11 @@ def test_saved_state_dict_reproduces_the_trained_model(full_run, smoke_dir):
     model, tokenizer, state_dict = load_saved_model(out)
     assert not [k for k in state_dict if k.startswith(("module.", "_orig_mod."))]
     assert all(isinstance(v, torch.Tensor) for v in state_dict.values())
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / files.METRICS).read_text())
     best = metrics["best_step"]
     # The training process's own weights at the best step, as accelerate saved them in the resumable state.
     trained = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(out))
-    trained.load_state_dict(load_file(out / "state" / f"step_{best}" / "model.safetensors"))
+    trained.load_state_dict(load_file(out / files.STATE_DIR / f"step_{best}" / "model.safetensors"))
     trained.eval()
     texts = [line.rsplit(",", 1)[0].strip('"') for line in (smoke_dir / "test.csv").read_text().splitlines()[1:65]]
     batch = tokenizer(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
@@ -93,7 +102,7 @@ def test_saved_state_dict_reproduces_the_trained_model(full_run, smoke_dir):
         rows = list(csv.DictReader(fh))
     correct = 0
     for start in range(0, len(rows), 100):
-        chunk = rows[start:start + 100]
+        chunk = rows[start : start + 100]
         enc = tokenizer([r["text"] for r in chunk], padding=True, truncation=True, max_length=64, return_tensors="pt")
         with torch.no_grad():
             predicted = model(**enc).logits.argmax(-1).tolist()
@@ -105,26 +114,43 @@ def test_resume_from_a_mid_epoch_state_finishes_identically(full_run, tmp_path):
     """Copy the state saved 42 batches into epoch 1 to a fresh folder, resume with `latest`, finish the run."""
     out, _, _ = full_run
     resumed = tmp_path / "resumed"
-    shutil.copytree(out / "state" / "step_42", resumed / "state" / "step_42")
-    result, _ = run_train([*SMOKE_2PROC, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"],
-                          processes=2)
+    shutil.copytree(out / files.STATE_DIR / "step_42", resumed / files.STATE_DIR / "step_42")
+    result, _ = run_train(
+        [*SMOKE_2PROC, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"], processes=2
+    )
     assert result.returncode == 0, describe(result)
     assert "Resumed from" in result.stderr and "epoch 0, 42 batches into it, optimizer step 42" in result.stderr
-    final_a = load_file(out / "state" / "step_252" / "model.safetensors")
-    final_b = load_file(resumed / "state" / "step_252" / "model.safetensors")
+    final_a = load_file(out / files.STATE_DIR / "step_252" / "model.safetensors")
+    final_b = load_file(resumed / files.STATE_DIR / "step_252" / "model.safetensors")
     assert final_a.keys() == final_b.keys()
     assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)  # bitwise: no batch repeated or skipped
-    a, b = (json.loads((d / "metrics.json").read_text()) for d in (out, resumed))
+    a, b = (json.loads((d / files.METRICS).read_text()) for d in (out, resumed))
     assert a["history"] == b["history"] and a["test"] == b["test"] and a["best_step"] == b["best_step"]
 
 
 def test_early_stopping_with_accumulation_stops_all_ranks(smoke_dir, tmp_path):
     out = tmp_path / "early"
-    result, _ = run_train(["--preset", "smoke", "--output_dir", str(out), "--gradient_accumulation_steps", "2",
-                           "--eval_steps", "10", "--early_stopping_patience", "2", "--checkpointing_steps", "none",
-                           "--learning_rate", "3e-3"], processes=2)
+    result, _ = run_train(
+        [
+            "--preset",
+            "smoke",
+            "--output_dir",
+            str(out),
+            "--gradient_accumulation_steps",
+            "2",
+            "--eval_steps",
+            "10",
+            "--early_stopping_patience",
+            "2",
+            "--checkpointing_steps",
+            "none",
+            "--learning_rate",
+            "3e-3",
+        ],
+        processes=2,
+    )
     assert result.returncode == 0, describe(result)
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / files.METRICS).read_text())
     assert metrics["effective_batch_size"] == 64
     total = 3 * 42  # 84 batches per rank per epoch / accumulation 2
     assert metrics["global_step"] < total and "Early stopping" in result.stderr
@@ -133,34 +159,49 @@ def test_early_stopping_with_accumulation_stops_all_ranks(smoke_dir, tmp_path):
     assert [h["step"] for h in history] == sorted(set(range(10, stop + 1, 10)) | set(range(42, stop + 1, 42)))
     best = max(h["accuracy"] for h in history)
     assert all(h["accuracy"] <= best for h in history[-2:]) and history[-1]["step"] > metrics["best_step"]
-    assert not (out / "state").exists()
+    assert not (out / files.STATE_DIR).exists()
 
 
 def test_single_process_plain_python(smoke_dir, tmp_path):
     out = tmp_path / "single"
     result, seconds = run_train(["--preset", "smoke", "--output_dir", str(out)], processes=1)
     assert result.returncode == 0, describe(result)
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / files.METRICS).read_text())
     assert metrics["world_size"] == 1 and metrics["validation"]["accuracy"] >= 0.90
     assert metrics["train_runtime_s"] < 60  # "well under a minute" on CPU
-    assert (out / "distilbert_agnews.pt").is_file()
+    assert (out / files.WEIGHTS).is_file()
 
 
 def test_bf16_autocast_and_tensorboard_tracker(smoke_dir, tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard not installed: the tracker half of this test needs it")
     out = tmp_path / "bf16"
-    result, _ = run_train(["--preset", "smoke", "--output_dir", str(out), "--num_train_epochs", "1",
-                           "--mixed_precision", "bf16", "--report_to", "tensorboard",
-                           "--checkpointing_steps", "20", "--save_total_limit", "2"])
+    result, _ = run_train(
+        [
+            "--preset",
+            "smoke",
+            "--output_dir",
+            str(out),
+            "--num_train_epochs",
+            "1",
+            "--mixed_precision",
+            "bf16",
+            "--report_to",
+            "tensorboard",
+            "--checkpointing_steps",
+            "20",
+            "--save_total_limit",
+            "2",
+        ]
+    )
     assert result.returncode == 0, describe(result)
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / files.METRICS).read_text())
     assert metrics["mixed_precision"] == "bf16" and metrics["validation"]["num_examples"] == 300
     assert list(out.rglob("events.out.tfevents.*")), "no TensorBoard event file written"
     _, _, state_dict = load_saved_model(out)
     assert all(v.dtype == torch.float32 for v in state_dict.values() if v.is_floating_point())  # autocast, fp32 master
     # --save_total_limit 2: of the states at steps 20, 40, ..., 160 only the newest two remain; the model stays
-    assert sorted(p.name for p in (out / "state").iterdir()) == ["step_140", "step_160"]
-    assert (out / "distilbert_agnews.pt").is_file() and metrics["best_step"] == 168
+    assert sorted(p.name for p in (out / files.STATE_DIR).iterdir()) == ["step_140", "step_160"]
+    assert (out / files.WEIGHTS).is_file() and metrics["best_step"] == 168
 
 
 def test_offline_default_run_stops_fast_with_a_useful_message(tmp_path):
@@ -174,28 +215,47 @@ def test_offline_default_run_stops_fast_with_a_useful_message(tmp_path):
 
 
 def test_processes_that_each_see_a_world_of_one_are_refused():
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", str(free_port()), str(ROOT / "tests" / "helpers" / "plain_accelerator.py")],
-                            env=cli_env(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(ROOT / "tests" / "helpers" / "plain_accelerator.py"),
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0 and "refused: The launcher started 2 processes" in result.stderr, describe(result)
 
 
 def test_reports_curves_model_card_and_the_hugging_face_export(full_run, smoke_dir):
     out, _, _ = full_run
-    metrics = json.loads((out / "metrics.json").read_text())
-    curves = json.loads((out / "training_curves.json").read_text())
+    metrics = json.loads((out / files.METRICS).read_text())
+    curves = json.loads((out / files.CURVES_JSON).read_text())
     assert curves == {"train": metrics["train_loss"], "validation": metrics["history"]}
     assert [row["step"] for row in curves["train"]] == [50, 100, 150, 200, 250]  # --logging_steps 50
     assert [row["step"] for row in curves["validation"]] == [84, 168, 252]
     from PIL import Image
 
-    with Image.open(out / "training_curves.png") as image:
+    with Image.open(out / files.CURVES_PNG) as image:
         assert image.format == "PNG" and image.width > 800
 
     card = (out / "README.md").read_text()
     assert "pipeline_tag: text-classification" in card
-    for expected in ("| 0 | World |", "| 3 | Sci/Tech |", "| world size | 2 |", "| effective batch | 32 |",
-                     f"| test | {metrics['test']['accuracy']:.4f} |", f"python -m inference --model_id {out}"):
+    for expected in (
+        "| 0 | World |",
+        "| 3 | Sci/Tech |",
+        "| world size | 2 |",
+        "| effective batch | 32 |",
+        f"| test | {metrics['test']['accuracy']:.4f} |",
+        f"python -m inference --model_id {out}",
+    ):
         assert expected in card, expected
 
     from transformers import pipeline
