@@ -73,9 +73,10 @@ def register_attention() -> str:
 
 
 def attention_for(requested: str | None, fast_dropout_on: bool, device: torch.device) -> str:
-    """The requested attention, else sdpa on GPU and on CPU eager (with FastDropout unless it is off)."""
+    """The requested attention (sdpa or eager, --attn_implementation), else sdpa on GPU and on CPU eager (with
+    FastDropout unless it is off)."""
     if requested:
-        return register_attention() if requested == CPU_TRAINING_ATTENTION else requested
+        return requested
     if device.type != "cpu":
         return "sdpa"
     return register_attention() if fast_dropout_on else "eager"

@@ -134,6 +134,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator) -> Run:
     optimizer = build_optimizer(model, cfg, learning_rate)
     epoch_steps = steps_per_epoch(len(loaders.sampler) // world, cfg.gradient_accumulation_steps)
     total_steps = cfg.max_train_steps or epoch_steps * cfg.num_train_epochs
+    num_epochs = math.ceil(total_steps / epoch_steps)
     scheduler = transformers.get_scheduler(
         cfg.lr_scheduler_type,
         optimizer,
@@ -154,7 +155,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator) -> Run:
         learning_rate,
         total_steps,
         epoch_steps,
-        math.ceil(total_steps / epoch_steps),
+        num_epochs,
     )
     run = Run(
         cfg,
@@ -169,7 +170,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator) -> Run:
         out=OutputDir(cfg.output_dir, accelerator, cfg.save_total_limit),
         progress=Progress(),
         total_steps=total_steps,
-        num_epochs=math.ceil(total_steps / epoch_steps),
+        num_epochs=num_epochs,
         throughput=Throughput(accelerator.device),
         guard=StopGuard(accelerator, cfg.max_nonfinite_steps),
     )
