@@ -75,7 +75,7 @@ def serve_workers(settings: Settings) -> int:
             host=settings.hostname,
             port=settings.port,
             workers=settings.workers,
-            timeout_graceful_shutdown=30,
+            timeout_graceful_shutdown=settings.graceful_shutdown_s,
             log_config=None,
         )
     finally:
@@ -93,7 +93,7 @@ def serve_on_main_thread(settings: Settings, engine) -> int:
             create_app(settings, engine=engine),
             host=settings.hostname,
             port=settings.port,
-            timeout_graceful_shutdown=30,
+            timeout_graceful_shutdown=settings.graceful_shutdown_s,
             log_config=None,
         )
     )

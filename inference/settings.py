@@ -130,6 +130,14 @@ class Settings(BaseSettings):
         ge=0,
         description=("How often to look for a new checkpoint in a local MODEL_ID folder; 0 never [RELOAD_INTERVAL_S]"),
     )
+    graceful_shutdown_s: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "After SIGTERM, how long in-flight requests may run before they are cancelled; keep it below the "
+            "orchestrator's kill timeout (Kubernetes terminationGracePeriodSeconds) [GRACEFUL_SHUTDOWN_S]"
+        ),
+    )
 
     @field_validator("dtype")
     @classmethod

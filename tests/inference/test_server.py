@@ -100,7 +100,10 @@ def slow_checkpoint(checkpoint_copy):
 
 
 def test_sigterm_finishes_in_flight_requests_and_exits_0(slow_checkpoint):
-    server = Server(slow_checkpoint, "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
+    # A grace period far above the work in flight: a slow CI machine must not turn this into a timing test.
+    server = Server(
+        slow_checkpoint, "--dtype", "float32", "--reload_interval_s", "0", "--graceful_shutdown_s", "600"
+    ).wait_ready()
     results: list[int] = []
     long_text = " ".join(SUBJECTS * 60)  # truncated to 512 tokens
 
@@ -108,16 +111,16 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(slow_checkpoint):
         response = httpx.post(f"{server.url}/predict", json={"inputs": [[f"{i} {long_text}"]] * 4}, timeout=120)
         results.append(response.status_code)
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.0)  # 24 texts x 512 tokens: the forward passes take several seconds on this CPU
+    time.sleep(1.0)  # 16 texts x 512 tokens: the forward passes take several seconds on a 2-core CPU
     started = time.time()
     server.process.send_signal(signal.SIGTERM)
     for t in threads:
-        t.join(120)
+        t.join(300)
     assert server.process.wait(60) == 0, server.output()
-    assert results == [200] * 6, server.output()
+    assert results == [200] * 4, server.output()
     assert time.time() - started > 1.0, "requests had already finished: the test proved nothing"
     assert "Shutting down" in server.output()
     with pytest.raises(httpx.TransportError):

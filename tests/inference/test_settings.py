@@ -105,6 +105,11 @@ def test_help_lists_every_setting_with_its_environment_name_and_default():
             {},
             "inference: error: MAX_BATCH_REQUESTS: Input should be greater than or equal to 1 (got '0')",
         ),
+        (
+            (),
+            {"GRACEFUL_SHUTDOWN_S": "0"},
+            "inference: error: GRACEFUL_SHUTDOWN_S: Input should be greater than 0 (got '0')",
+        ),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_setting_and_exit_2(args, env, line):
