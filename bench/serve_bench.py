@@ -51,7 +51,8 @@ LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 
 
 def make_peer_app(checkpoint_dir: str):
-    """The naive way: a transformers pipeline behind FastAPI, one text per request, model code in the threadpool."""
+    """The naive way: a transformers pipeline behind FastAPI, one text per request, model code in the threadpool;
+    on the GPU when there is one (fp32, as a pipeline loads by default)."""
     import torch
     from fastapi import FastAPI
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, pipeline
@@ -62,7 +63,7 @@ def make_peer_app(checkpoint_dir: str):
         "text-classification",
         model=model.eval(),
         tokenizer=AutoTokenizer.from_pretrained(Path(checkpoint_dir) / files.TOKENIZER_DIR),
-        device="cpu",
+        device=bench_device(),
     )
     app = FastAPI()
 
@@ -202,21 +203,39 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float) -
     }
 
 
+def bench_device() -> str:
+    """Where the services run: the GPU when there is one (the service's DEVICE=auto does the same)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def peak_gemm_flops(dtype, threads: int, trials: int = 7) -> float:
-    """Best of several timed 2048x2048 matmul runs: a peak, robust to a noisy neighbour during one trial."""
+    """Best of several timed matmul runs (2048² on CPU, 8192² on GPU): a peak, robust to a noisy neighbour."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    device = bench_device()
+    n = 8192 if device == "cuda" else 2048
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     for _ in range(2):
         a @ b
     best = 0.0
     for _ in range(trials):
+        synchronize()
         start_t = time.perf_counter()
         for _ in range(4):
             a @ b
-        best = max(best, 2 * 2048**3 * 4 / (time.perf_counter() - start_t))
+        synchronize()
+        best = max(best, 2 * n**3 * 4 / (time.perf_counter() - start_t))
     return best
+
+
+def synchronize() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def flops_per_text(config, tokens: float) -> float:
@@ -229,11 +248,11 @@ def in_process_single(checkpoint: Path, texts: list[str], dtype: str) -> float:
     from inference.engine import encode, forward
     from inference.loading import load_model
 
-    loaded = load_model(str(checkpoint), device="cpu", dtype=dtype)
+    loaded = load_model(str(checkpoint), device=bench_device(), dtype=dtype)
     times = []
     for text in texts[:60]:
         start_t = time.perf_counter()
-        forward(loaded, encode(loaded, [(text, None)], truncate=True, left=False))
+        forward(loaded, encode(loaded, [(text, None)], truncate=True, left=False)).cpu()
         times.append(time.perf_counter() - start_t)
     return statistics.median(times[10:]) * 1000
 
@@ -292,7 +311,8 @@ def machine() -> str:
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     present = " ".join(f for f in CPU_FLAGS if f in flags) or "none of " + " ".join(CPU_FLAGS)
-    return f"{model}, {available_cores()} cores, flags: {present}; torch {torch.__version__}; commit {commit}"
+    gpu = f"; GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{model}, {available_cores()} cores, flags: {present}{gpu}; torch {torch.__version__}; commit {commit}"
 
 
 def checkout(ref: str, into: Path) -> Path:
@@ -412,11 +432,11 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint / files.TOKENIZER_DIR)
     mean_tokens = statistics.mean(len(tokenizer(t, truncation=True, max_length=512)["input_ids"]) for t in texts)
-    served = precision.resolve(args.precision, "cpu")
+    served = precision.resolve(args.precision, bench_device())
     params = sum(p.numel() for p in torch.load(checkpoint / files.WEIGHTS).values()) / 1e6
     print(f"machine: {machine()}")
     print(f"model: DistilBERT-base architecture (random weights), {params:.1f} M params")
-    print(f"texts: {source}, mean {mean_tokens:.1f} tokens; services at {served}, peer (transformers pipeline) at fp32")
+    print(f"texts: {source}, mean {mean_tokens:.1f} tokens; on {bench_device()}: services at {served}, peer at fp32")
     servers = server_commands(checkpoint, args, work)
     results = measure(servers, texts, args, work)
     table(results, list(servers), args.concurrency)

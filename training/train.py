@@ -79,6 +79,17 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         ],
     )
     check_world_size(accelerator)
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if launcher not in ("no", accelerator.mixed_precision):
+        logger.warning(
+            "accelerate launch asked for %s, but --mixed_precision %s (flag, YAML or preset) decides: training in %s. "
+            "Pass --mixed_precision %s to train in %s.",
+            launcher,
+            cfg.mixed_precision,
+            precision.canonical(accelerator.mixed_precision),
+            launcher,
+            launcher,
+        )
     return accelerator
 
 

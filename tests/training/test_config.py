@@ -229,3 +229,20 @@ def test_one_precision_vocabulary_with_auto_meaning_what_it_means_for_serving(mo
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # what `accelerate launch` sets from its config
     assert resolve_mixed_precision(load_config([])) == "fp16"
     assert resolve_mixed_precision(load_config(["--mixed_precision", "bf16"])) == "bf16"
+
+
+def test_a_launcher_precision_the_config_overrides_is_a_warning(monkeypatch, caplog, tmp_path):
+    """`accelerate launch --mixed_precision bf16 train.py --preset smoke`: the preset's fp32 wins, and says so."""
+    from accelerate.state import AcceleratorState
+
+    from training.train import make_accelerator
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    try:
+        with caplog.at_level("WARNING"):
+            accelerator = make_accelerator(load_config(["--preset", "smoke", "--output_dir", str(tmp_path)]))
+        assert accelerator.mixed_precision == "no"
+        assert "accelerate launch asked for bf16, but --mixed_precision fp32" in caplog.text
+        assert "training in fp32. Pass --mixed_precision bf16 to train in bf16." in caplog.text
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
