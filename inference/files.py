@@ -13,6 +13,7 @@ side because `inference/` imports nothing of `training/`, while training may imp
     training_curves.json/.png   loss, validation metrics and learning rate per step
     eval_results.json, confusion_matrix.png, misclassified.csv     written by python -m training.evaluate
     state/step_N/               resumable training state (accelerator.save_state + progress.json)
+    .distilbert_agnews.lock     held (flock) by the training run writing the folder; holds its PID and host
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ EVAL_RESULTS = "eval_results.json"
 CONFUSION_PNG = "confusion_matrix.png"
 MISCLASSIFIED_CSV = "misclassified.csv"
 
+LOCK = ".distilbert_agnews.lock"
 STATE_DIR = "state"
 STATE_PREFIX = "step_"
 PROGRESS = "progress.json"
+STAGING_PREFIX = ".tmp_"  # state/.tmp_step_N.<run id>: a state being written; never read

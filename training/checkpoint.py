@@ -7,6 +7,7 @@
                            (--export_hf_format, default on): `transformers.pipeline(model=output_dir)` loads it
     metrics.json           validation (best) and test metrics, config, versions, world size
     state/step_N/          resumable state: accelerator.save_state + progress.json
+    .distilbert_agnews.lock  held by the run writing the folder (training/claim.py)
 
 `OutputDir` owns that folder during a run: every path in it (names from inference/files.py), every write
 (on the main process only, checked here), the resumable states and their rotation. Its `save_model` and
@@ -19,16 +20,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import gather_object
+from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as transformers_logging
 
 from inference import files
@@ -65,6 +71,14 @@ class Progress:
 
 class ResumeError(RuntimeError):
     """A resumable state that cannot continue this run exactly."""
+
+
+class SaveError(RuntimeError):
+    """A checkpoint could not be written (disk full, permission): the run stops, nothing half-written stays."""
+
+
+logger = get_logger(__name__)
+RNG_FILE = "random_states_{}.pkl"  # accelerate's name for each rank's RNG state inside a state folder
 
 
 # ------------------------------------------------------------------------------------------ best model
@@ -121,17 +135,54 @@ def publish_state(staging: Path, target: Path) -> None:
 
 
 def complete_states(output_dir: str | Path) -> list[tuple[int, Path]]:
-    """(recorded step, folder) of every complete state, oldest first; half-written ones have no progress.json."""
+    """(recorded step, folder) of every complete state, oldest first; half-written ones have no progress.json,
+    and one whose progress.json cannot be read is left out with a warning."""
     root = Path(output_dir) / files.STATE_DIR
     folders = (
         [f for f in root.glob(f"{files.STATE_PREFIX}*") if (f / files.PROGRESS).is_file()] if root.is_dir() else []
     )
-    return sorted((read_progress(f).global_step, f) for f in folders)
+    states = []
+    for folder in folders:
+        try:
+            states.append((read_progress(folder).global_step, folder))
+        except ResumeError as exc:
+            logger.warning("Skipping a damaged state: %s", exc)
+    return sorted(states)
 
 
 def read_progress(state_folder: str | Path) -> Progress:
-    with open(Path(state_folder) / files.PROGRESS, encoding="utf-8") as fh:
-        return Progress(**json.load(fh))
+    path = Path(state_folder) / files.PROGRESS
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return Progress(**json.load(fh))
+    except (OSError, ValueError, TypeError) as exc:  # unreadable, not JSON, or not the fields of Progress
+        raise ResumeError(f"{path} is unreadable: {exc}") from exc
+
+
+def damaged_file(folder: Path) -> tuple[Path, str] | None:
+    """The first file of a state folder that cannot be read whole, and why; None when all can. torch.save files
+    are zip archives whose members carry CRCs; a safetensors header must cover its file. Nothing is unpickled."""
+    for path in sorted(folder.iterdir()):
+        try:
+            if path.suffix in (".bin", ".pkl", ".pt"):
+                with zipfile.ZipFile(path) as archive:
+                    bad = archive.testzip()
+                if bad:
+                    return path, f"member {bad} fails its checksum"
+            elif path.suffix == ".safetensors":
+                with safe_open(str(path), "pt") as fh:
+                    fh.keys()
+        except (OSError, zipfile.BadZipFile, SafetensorError) as exc:
+            return path, str(exc)
+    return None
+
+
+def missing_rng(folder: Path, num_processes: int) -> str | None:
+    """Why the RNG state of some rank cannot be restored (exact resume impossible), or None."""
+    missing = [RNG_FILE.format(i) for i in range(num_processes) if not (folder / RNG_FILE.format(i)).is_file()]
+    if missing:
+        return f"{folder} has no {', '.join(missing)}: the random number generators cannot be restored"
+    return None
 
 
 def find_latest_state(output_dir: str | Path) -> Path | None:
@@ -140,14 +191,82 @@ def find_latest_state(output_dir: str | Path) -> Path | None:
     return states[-1][1] if states else None
 
 
+def unusable(folder: Path, num_processes: int, allow_inexact: bool) -> str | None:
+    """Why this state cannot be resumed from (a damaged file; RNG files missing or damaged, unless allowed)."""
+    damaged = damaged_file(folder)
+    rng_only = damaged is not None and damaged[0].name.startswith(RNG_FILE.split("{")[0])
+    if damaged and not rng_only:
+        return f"{damaged[0]}: {damaged[1]}"
+    problem = f"{damaged[0]}: {damaged[1]}" if damaged else missing_rng(folder, num_processes)
+    if problem is None:
+        return None
+    if not allow_inexact:
+        return f"{problem}; pass --allow_inexact_resume to continue anyway, not bitwise as if never stopped"
+    logger.warning("%s; resuming anyway (--allow_inexact_resume): not bitwise as if never stopped", problem)
+    return None
+
+
+def pick_state(output_dir: Path, spec: str, num_processes: int, allow_inexact: bool) -> Path | None:
+    """The folder to resume from: `spec` itself (refused when unusable), or for 'latest' the newest usable
+    complete state, each damaged newer one named in a warning."""
+    if spec != "latest":
+        folder = Path(spec)
+        if not (folder / files.PROGRESS).is_file():
+            raise ResumeError(f"{folder}: not a resumable state (no {files.PROGRESS})")
+        if problem := unusable(folder, num_processes, allow_inexact):
+            raise ResumeError(f"cannot resume from {folder}: {problem}")
+        return folder
+    states = complete_states(output_dir)
+    for _, folder in reversed(states):
+        problem = unusable(folder, num_processes, allow_inexact)
+        if problem is None:
+            return folder
+        logger.warning("Not resuming from %s: %s. Trying the previous state.", folder.name, problem)
+    if states:
+        raise ResumeError(f"no usable state under {Path(output_dir) / files.STATE_DIR} (see the warnings above)")
+    return None
+
+
 def check_layout(state_folder: Path, progress: Progress, layout: dict[str, Any]) -> None:
-    """A state saved mid-epoch continues only with the same batch layout (its position in the epoch is
-    counted in batches per rank); at an epoch boundary a different layout is allowed (e.g. more GPUs)."""
-    if progress.batches_done and progress.layout != layout:
-        raise ResumeError(
-            f"{state_folder} was saved mid-epoch with {progress.layout}; this run has {layout}. Resume with the "
-            "same launch config and batch settings, or from a state saved at the end of an epoch."
+    """A state continues only with the layout it was saved with: its position in the epoch is counted in
+    batches per rank, and the steps per epoch (hence the learning-rate schedule) follow from the layout."""
+    if progress.layout and progress.layout != layout:
+        changed = ", ".join(
+            f"{k} {progress.layout.get(k)} -> {v}" for k, v in layout.items() if progress.layout.get(k) != v
         )
+        raise ResumeError(
+            f"{state_folder} was saved with a different layout ({changed}): its steps per epoch and learning-rate "
+            "schedule would not continue. Resume with the same launch config and batch settings, or start a new "
+            f"run from its best model: --model_name_or_path {state_folder.parent.parent}"
+        )
+
+
+def write_state(accelerator: Accelerator, folder: Path) -> None:
+    """accelerator.save_state into `folder` (every rank writes its RNG state; the main process the rest)."""
+    accelerator.save_state(str(folder))
+
+
+def attempt(write, path: Path, staging: Path | None = None) -> str | None:
+    """Run `write()`; when the disk or the permissions refuse it, remove the partial `staging` folder and return
+    one line naming `path` and the cause. torch.save reports a full disk as RuntimeError, safetensors as its own
+    error: both are caught here, around local file writes only."""
+    try:
+        write()
+    except (OSError, RuntimeError, SafetensorError) as exc:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "write failed" in str(exc).lower()
+        cause = "no space left on device" if full else (getattr(exc, "strerror", None) or str(exc).splitlines()[0])
+        return f"could not save {path}: {cause}"
+    return None
+
+
+def stop_together(accelerator: Accelerator, problem: str | None) -> None:
+    """Every rank learns whether any rank failed its write (this is the barrier after the write), and all of
+    them raise the same SaveError: one line, no rank left waiting on a collective."""
+    problems = [p for p in gather_object([problem]) if p]
+    if problems:
+        raise SaveError(problems[0])
 
 
 # ------------------------------------------------------------------------------------ the output folder
@@ -156,10 +275,11 @@ def check_layout(state_folder: Path, progress: Progress, layout: dict[str, Any])
 class OutputDir:
     """The run's output folder: its paths, its writes (main process only), its resumable states."""
 
-    def __init__(self, root: str | Path, accelerator: Accelerator, keep_states: int | None = None):
+    def __init__(self, root: str | Path, accelerator: Accelerator, keep_states: int | None = None, run_id: str = "run"):
         self.root = Path(root)
         self.accelerator = accelerator
         self.keep_states = keep_states
+        self.run_id = run_id  # names this run's staging folders (training/claim.py)
 
     def path(self, name: str) -> Path:
         """A file of the folder, by its name in inference/files.py."""
@@ -176,13 +296,15 @@ class OutputDir:
         accelerator.wait_for_everyone()
         # Every rank takes part: under FSDP or DeepSpeed ZeRO-3 the full state dict is gathered from all of them.
         state_dict = accelerator.get_state_dict(model)
+        problem = None
         if accelerator.is_main_process:
             self.root.mkdir(parents=True, exist_ok=True)
             weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items()}
-            _write_model_files(
-                self.root, accelerator.unwrap_model(model, keep_torch_compile=False), weights, tokenizer, export_hf
+            unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+            problem = attempt(
+                lambda: _write_model_files(self.root, unwrapped, weights, tokenizer, export_hf), self.root
             )
-        accelerator.wait_for_everyone()
+        stop_together(accelerator, problem)  # also the barrier after the write
 
     def state_path(self, step: int) -> Path:
         return self.root / files.STATE_DIR / f"{files.STATE_PREFIX}{step}"
@@ -192,29 +314,34 @@ class OutputDir:
         newest `keep_states` remain. Call on all ranks."""
         accelerator = self.accelerator
         target = self.state_path(progress.global_step)
-        staging = target.with_name(f".tmp_{target.name}")
+        staging = target.with_name(f"{files.STAGING_PREFIX}{target.name}.{self.run_id}")
+        accelerator.wait_for_everyone()
+        # model, optimizer, scheduler, grad scaler, every rank's RNG
+        problem = attempt(lambda: write_state(accelerator, staging), staging, staging)
+        stop_together(accelerator, problem)
         if accelerator.is_main_process:
-            shutil.rmtree(staging, ignore_errors=True)
-        accelerator.wait_for_everyone()
-        accelerator.save_state(str(staging))  # model, optimizer, scheduler, grad scaler, every rank's RNG
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            write_json(staging / files.PROGRESS, dataclasses.asdict(progress))
-            publish_state(staging, target)
-            if self.keep_states:
-                for _, folder in complete_states(self.root)[: -self.keep_states]:
-                    shutil.rmtree(folder)
-        accelerator.wait_for_everyone()
+            problem = attempt(lambda: self._publish(staging, target, progress), staging, staging)
+        stop_together(accelerator, problem)
         return target
 
-    def resume(self, spec: str | None, layout: dict[str, Any]) -> tuple[Path, Progress] | None:
+    def _publish(self, staging: Path, target: Path, progress: Progress) -> None:
+        """Main process: progress.json last, the rename into place, then the rotation of old states."""
+        write_json(staging / files.PROGRESS, dataclasses.asdict(progress))
+        publish_state(staging, target)
+        if self.keep_states:
+            for _, folder in complete_states(self.root)[: -self.keep_states]:
+                shutil.rmtree(folder)
+
+    def resume(
+        self, spec: str | None, layout: dict[str, Any], allow_inexact: bool = False
+    ) -> tuple[Path, Progress] | None:
         """Restore model, optimizer, scheduler and RNG states from `spec` ('latest' or a state folder);
         (folder, where training stood), or None when there is nothing to resume."""
-        folder = find_latest_state(self.root) if spec == "latest" else Path(spec) if spec else None
+        if not spec:
+            return None
+        folder = pick_state(self.root, spec, self.accelerator.num_processes, allow_inexact)
         if folder is None:
             return None
-        if not (folder / files.PROGRESS).is_file():
-            raise ResumeError(f"{folder}: not a resumable state (no {files.PROGRESS})")
         progress = read_progress(folder)
         check_layout(folder, progress, layout)
         self.accelerator.load_state(str(folder))

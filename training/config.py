@@ -204,6 +204,9 @@ class EvaluationConfig(_Group):
     """Keep only the newest N resumable states (by step); the best model's files are never deleted."""
     resume_from_checkpoint: str | None = None
     """'latest' (newest state under output_dir/state, by recorded step) or a path to a state/step_N folder."""
+    allow_inexact_resume: bool = False
+    """Resume from a state whose RNG files are missing or unreadable (the run continues, but not bitwise as if never
+    stopped); without it such a state is refused ('latest' falls back to an earlier complete one)."""
     push_to_hub: bool = False
     """Upload the best model (Hugging Face format, state_dict, tokenizer, card, reports) to --hub_model_id at the end,
     from the main process."""

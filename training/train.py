@@ -37,7 +37,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from inference import files, precision
 from training import cpu_speed
-from training.checkpoint import OutputDir, Progress, ResumeError, load_weights
+from training.checkpoint import OutputDir, Progress, ResumeError, SaveError, load_weights
+from training.claim import OutputDirError, claim_output_dir
 from training.config import ConfigError, TrainConfig, load_config
 from training.data import DataError, load_splits, make_dataloaders, steps_per_epoch, tokenize_splits
 from training.evaluate import evaluate
@@ -101,9 +102,15 @@ def prepare_data(cfg: TrainConfig, accelerator: Accelerator):
     if cfg.preset == "smoke":
         with accelerator.local_main_process_first():
             ensure_smoke_assets()
+    failure = None
     with accelerator.main_process_first():
-        tokenizer = load_tokenizer(cfg)
-        splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
+        try:
+            tokenizer = load_tokenizer(cfg)
+            splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
+        except DataError as exc:
+            failure = exc  # raised past the barrier: the other ranks then meet the same error, none left waiting
+    if failure is not None:
+        raise failure
     train, sampler, validation, test = make_dataloaders(
         splits, tokenizer, cfg, accelerator.num_processes, device_type=accelerator.device.type
     )
@@ -135,7 +142,7 @@ def prepare_model(cfg: TrainConfig, accelerator: Accelerator, label_names: list[
     return model
 
 
-def set_up(cfg: TrainConfig, accelerator: Accelerator) -> Run:
+def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     """Data, model, optimizer and schedule, prepared by the Accelerator; resumed when asked."""
     tokenizer, splits, loaders = prepare_data(cfg, accelerator)
     metrics = MetricSuite(cfg.extra_metrics or [], num_labels=len(splits.label_names))  # extras fail here, not later
@@ -178,7 +185,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator) -> Run:
         loaders,
         splits,
         metrics,
-        out=OutputDir(cfg.output_dir, accelerator, cfg.save_total_limit),
+        out=OutputDir(cfg.output_dir, accelerator, cfg.save_total_limit, run_id),
         progress=Progress(),
         total_steps=total_steps,
         num_epochs=num_epochs,
@@ -204,7 +211,7 @@ def resume(run: Run) -> None:
     """Continue from --resume_from_checkpoint ('latest' or a state folder) when there is one."""
     layout = layout_of(run.cfg, run.accelerator)
     run.progress.layout = layout
-    resumed = run.out.resume(run.cfg.resume_from_checkpoint, layout)
+    resumed = run.out.resume(run.cfg.resume_from_checkpoint, layout, run.cfg.allow_inexact_resume)
     if resumed is None:
         if run.cfg.resume_from_checkpoint:
             logger.info("No resumable state under %s; starting from scratch.", run.out.path(files.STATE_DIR))
@@ -248,7 +255,15 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
     )
     if cfg.push_to_hub:  # before hours of training, not after
         check_can_push(cfg.hub_model_id)
-    run = set_up(cfg, accelerator)
+    claim = claim_output_dir(cfg.output_dir, accelerator)  # writable, and ours alone, before data or model load
+    try:
+        return train_and_report(cfg, accelerator, set_up(cfg, accelerator, claim.run_id), started)
+    finally:
+        claim.release()
+
+
+def train_and_report(cfg: TrainConfig, accelerator: Accelerator, run: Run, started: float) -> dict | None:
+    """Fit, then score the best model on the test split and write the final reports (and push)."""
     if accelerator.log_with:
         accelerator.init_trackers("distilbert_agnews", config=tracker_config(cfg))
 
@@ -288,7 +303,16 @@ def cli(argv: list[str] | None = None) -> int:
     try:
         with logging_redirect_tqdm():  # log lines print above the progress bar instead of through it
             summary = main(cfg, accelerator)
-    except (DataError, HubUnavailableError, MetricError, PushError, ResumeError, TrainingDiverged) as exc:
+    except (
+        DataError,
+        HubUnavailableError,
+        MetricError,
+        OutputDirError,
+        PushError,
+        ResumeError,
+        SaveError,
+        TrainingDiverged,
+    ) as exc:
         # Expected, explainable failures: one paragraph, no traceback. Everything else propagates.
         logger.error("%s", exc)
         return 1

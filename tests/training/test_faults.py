@@ -87,6 +87,9 @@ def test_bad_data_stops_both_ranks_fast_with_file_and_row(smoke_dir, tmp_path):
     )
     assert result.returncode != 0 and time.time() - started < 30 + 15  # 30 s plus the launcher's start-up
     assert "bad.csv: row 101: label None is not a class" in result.stderr, describe(result)
+    # One line from the main process; no rank prints a traceback (the launcher still prints its own summary).
+    assert result.stderr.count("label None is not a class") == 1, describe(result)
+    assert "[rank0]: Traceback" not in result.stderr and "[rank1]: Traceback" not in result.stderr
 
 
 def test_an_exception_on_one_rank_ends_the_whole_job(smoke_dir, tmp_path):

@@ -116,12 +116,14 @@ def test_kill_in_the_middle_of_a_state_save_keeps_the_previous_state_latest(base
     env = fault_env("kill_in_save_state:42")
     result, _ = run_train([*SMOKE, "--output_dir", str(out)], processes=2, env=env)
     assert result.returncode != 0, describe(result)
-    assert (out / files.STATE_DIR / ".tmp_step_42").is_dir(), "the kill should have landed while step_42 was staged"
+    [staged] = (out / files.STATE_DIR).glob(".tmp_step_42.*")  # named after the run: two runs never share one
+    assert staged.is_dir(), "the kill should have landed while step_42 was staged"
     assert not (out / files.STATE_DIR / "step_42").exists()
     assert find_latest_state(str(out)) == out / files.STATE_DIR / "step_21"
 
     result, _ = run_train([*SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", "latest"], processes=2)
     assert result.returncode == 0, describe(result)
+    assert not staged.exists(), "the next run on the folder removes what a dead run left half-written"
     assert_same_result(out, baselines(()), 252)
 
 

@@ -9,8 +9,13 @@
                                                      written under its staging name, before the rename
     DISTILBERT_AGNEWS_FAULT=kill_in_save_model:K     the main process SIGKILLs itself after writing the
                                                      temporary weights file of its K-th best-model save
+    DISTILBERT_AGNEWS_FAULT=enospc_in_save_state:N   writing state/step_N fails with ENOSPC on the main process
+                                                     after a partial file, as a full disk does
+    DISTILBERT_AGNEWS_FAULT=enospc_in_save_model:K   the K-th best-model save fails with ENOSPC halfway
+                                                     through the weights file
 """
 
+import errno
 import functools
 import importlib.abc
 import importlib.machinery
@@ -59,12 +64,34 @@ def _write_weights(original, fh, weights):
         _die()
 
 
+def _no_space() -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _write_state(original, accelerator, folder):
+    original(accelerator, folder)
+    if accelerator.is_main_process and folder.name.split(".")[1] == f"tmp_step_{ARGS[0]}":
+        (folder / "optimizer.bin.partial").write_bytes(b"\0" * 4096)
+        raise _no_space()
+
+
+def _write_weights_no_space(original, fh, weights):
+    global _model_saves
+    _model_saves += 1
+    if _model_saves == ARGS[0]:
+        fh.write(b"\0" * 4096)
+        raise _no_space()
+    original(fh, weights)
+
+
 PATCHES = {  # fault kind: (module, function, wrapper)
     "nan_loss_from_step": ("training.loop", "forward_loss", _forward_loss),
     "raise_on_rank": ("training.loop", "after_optimizer_step", _after_optimizer_step),
     "hang_on_rank": ("training.loop", "after_optimizer_step", _after_optimizer_step),
     "kill_in_save_state": ("training.checkpoint", "publish_state", _publish_state),
     "kill_in_save_model": ("training.checkpoint", "write_weights", _write_weights),
+    "enospc_in_save_state": ("training.checkpoint", "write_state", _write_state),
+    "enospc_in_save_model": ("training.checkpoint", "write_weights", _write_weights_no_space),
 }
 
 

@@ -1,0 +1,188 @@
+"""The output folder under faults: unwritable, claimed by two runs, a full disk mid-save, damaged states, a
+layout change on resume. Each fault ends with one line naming what and why (exit 1), or recovers and says so.
+
+Real processes throughout (1 process unless the property is about ranks); a full disk is an ENOSPC injected at
+the write call (tests/helpers/faults/), as a test cannot count on making a small full filesystem here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from inference import files
+from tests.conftest import ROOT, describe, fault_env, launch_command, run_train
+from training.checkpoint import ResumeError, complete_states, damaged_file, pick_state
+
+pytestmark = pytest.mark.slow
+SMOKE = ["--preset", "smoke", "--checkpointing_steps", "84", "--num_train_epochs", "1"]  # 1 process: 168 steps
+
+
+def errors(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if " ERROR " in line]
+
+
+@pytest.fixture(scope="module")
+def finished(smoke_dir, tmp_path_factory) -> Path:
+    """One uninterrupted 1-process run with states at steps 84 (mid-epoch) and 168 (its end)."""
+    out = tmp_path_factory.mktemp("finished") / "out"
+    result, _ = run_train([*SMOKE, "--output_dir", str(out)])
+    assert result.returncode == 0, describe(result)
+    assert [step for step, _ in complete_states(out)] == [84, 168]
+    return out
+
+
+@pytest.fixture
+def copy_of(finished, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    (out / files.LOCK).unlink()
+    return out
+
+
+@pytest.fixture
+def accelerate_state():
+    """The package logs through accelerate's logger, which needs an initialised state."""
+    from accelerate import PartialState
+
+    yield PartialState(cpu=True)
+
+
+def unwritable_dir(tmp_path: Path):
+    """A folder this process cannot write into, even as root (immutable attribute), or skip saying why."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return folder, lambda: folder.chmod(0o755)
+    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True) if shutil.which("chattr") else None
+    if made is None or made.returncode != 0:
+        pytest.skip("running as root without chattr +i: no way to make a folder read-only here")
+    return folder, lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_an_unwritable_output_dir_is_one_line_before_any_data_or_model_is_loaded(smoke_dir, tmp_path):
+    folder, restore = unwritable_dir(tmp_path)
+    try:
+        result, seconds = run_train([*SMOKE, "--output_dir", str(folder / "run")])
+    finally:
+        restore()
+    assert result.returncode == 1, describe(result)
+    assert len(errors(result)) == 1 and f"--output_dir {folder / 'run'} is not writable" in errors(result)[0]
+    assert "Examples:" not in result.stderr and "Traceback" not in result.stderr, describe(result)
+    assert seconds < 30
+
+
+def test_a_second_run_on_the_same_folder_is_refused_naming_the_first(smoke_dir, tmp_path):
+    """The first run is held at step 5 (an injected hang): it is certainly still running when the second starts."""
+    from training.claim import lock
+
+    out, log = tmp_path / "out", tmp_path / "first.log"
+    cmd = launch_command([str(ROOT / "training" / "train.py"), *SMOKE, "--output_dir", str(out)], processes=1)
+    env = fault_env("hang_on_rank:0:5")
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 60
+        while not (out / files.LOCK).is_file() or "PID" not in (out / files.LOCK).read_text():
+            assert first.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.1)
+        second, seconds = run_train([*SMOKE, "--output_dir", str(out)])
+    finally:
+        first.kill()
+        first.wait(30)
+    assert second.returncode == 1, describe(second)
+    assert len(errors(second)) == 1, describe(second)
+    assert f"is in use by another training run (PID {first.pid} on" in errors(second)[0]
+    assert seconds < 30 and "Examples:" not in second.stderr
+    assert not (out / files.STATE_DIR).exists() and not (out / files.WEIGHTS).exists()
+    handle, problem = lock(out)  # the holder is dead: the kernel has dropped its lock
+    assert problem is None
+    handle.close()
+
+
+def test_a_full_disk_while_saving_a_state_stops_both_ranks_with_one_line(smoke_dir, tmp_path):
+    """2 ranks: the main process's write of state/step_84 fails with ENOSPC after a partial file."""
+    out = tmp_path / "out"
+    env = fault_env("enospc_in_save_state:84")
+    result, _ = run_train([*SMOKE, "--output_dir", str(out), "--checkpointing_steps", "42"], processes=2, env=env)
+    assert result.returncode != 0, describe(result)
+    [line] = errors(result)
+    assert f"could not save {out / files.STATE_DIR}/.tmp_step_84." in line and "no space left on device" in line
+    assert "[rank0]: Traceback" not in result.stderr and "[rank1]: Traceback" not in result.stderr
+    assert [p.name for p in (out / files.STATE_DIR).iterdir()] == ["step_42"], "the partial state must be removed"
+    assert damaged_file(out / files.STATE_DIR / "step_42") is None
+
+
+def test_a_full_disk_while_saving_the_best_model_keeps_the_previous_one(smoke_dir, tmp_path):
+    out = tmp_path / "out"
+    args = [*SMOKE, "--output_dir", str(out), "--eval_steps", "84"]  # best models at steps 84 and 168
+    result, _ = run_train(args, env=fault_env("enospc_in_save_model:2"))
+    assert result.returncode == 1, describe(result)
+    [line] = errors(result)
+    assert f"could not save {out}: no space left on device" in line
+    assert "Traceback" not in result.stderr
+    assert not list(out.glob(f".{files.WEIGHTS}.*")), "the partial weights file must be removed"
+    weights = torch.load(out / files.WEIGHTS, weights_only=True)  # the first save, whole
+    assert weights.keys() == load_file(out / files.HF_WEIGHTS).keys()
+
+
+def test_a_damaged_latest_state_falls_back_to_the_previous_one_and_the_run_ends_exact(finished, copy_of):
+    out = copy_of
+    optimizer = out / files.STATE_DIR / "step_168" / "optimizer.bin"
+    optimizer.write_bytes(optimizer.read_bytes()[:1000])
+    result, _ = run_train([*SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", "latest"])
+    assert result.returncode == 0, describe(result)
+    assert f"Not resuming from step_168: {optimizer}" in result.stderr, describe(result)
+    assert f"Resumed from {out / files.STATE_DIR / 'step_84'}" in result.stderr
+    a = load_file(finished / files.STATE_DIR / "step_168" / "model.safetensors")
+    b = load_file(out / files.STATE_DIR / "step_168" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a), "resuming from step 84 must end where the run ended"
+
+
+def test_damaged_states_are_named_and_latest_picks_the_newest_usable_one(copy_of, accelerate_state, caplog):
+    states = copy_of / files.STATE_DIR
+    (states / "step_168" / files.PROGRESS).write_text("{not json")
+    weights = states / "step_84" / "model.safetensors"
+    assert damaged_file(states / "step_84") is None
+    with caplog.at_level("WARNING"):
+        assert pick_state(copy_of, "latest", 1, False) == states / "step_84"
+    assert f"{states / 'step_168' / files.PROGRESS} is unreadable" in caplog.text
+    weights.write_bytes(weights.read_bytes()[:5000])
+    assert damaged_file(states / "step_84")[0] == weights
+    with pytest.raises(ResumeError, match="no usable state"):
+        pick_state(copy_of, "latest", 1, False)
+    with pytest.raises(ResumeError, match=f"cannot resume from {states / 'step_84'}: {weights}"):
+        pick_state(copy_of, str(states / "step_84"), 1, False)
+
+
+def test_missing_or_damaged_rng_state_needs_allow_inexact_resume(copy_of, accelerate_state, caplog):
+    states = copy_of / files.STATE_DIR
+    (states / "step_168" / "random_states_0.pkl").unlink()
+    rng_84 = states / "step_84" / "random_states_0.pkl"
+    with pytest.raises(ResumeError, match="has no random_states_0.pkl.*pass --allow_inexact_resume"):
+        pick_state(copy_of, str(states / "step_168"), 1, False)
+    assert pick_state(copy_of, "latest", 1, False) == states / "step_84"  # the newest exact one
+    with pytest.raises(ResumeError, match="no usable state"):
+        pick_state(copy_of, "latest", 2, False)  # a world of 2 needs random_states_1.pkl as well
+    rng_84.write_bytes(rng_84.read_bytes()[:100])
+    with pytest.raises(ResumeError, match="no usable state"):
+        pick_state(copy_of, "latest", 1, False)
+    with caplog.at_level("WARNING"):
+        assert pick_state(copy_of, "latest", 1, True) == states / "step_168"
+    assert "resuming anyway (--allow_inexact_resume)" in caplog.text
+
+
+def test_a_different_layout_on_resume_is_refused_with_one_line(copy_of):
+    args = [*SMOKE, "--output_dir", str(copy_of), "--resume_from_checkpoint", "latest"]
+    result, _ = run_train([*args, "--per_device_train_batch_size", "8"])
+    assert result.returncode == 1, describe(result)
+    [line] = errors(result)
+    assert "was saved with a different layout (per_device_train_batch_size 16 -> 8)" in line
+    assert f"--model_name_or_path {copy_of}" in line and "Traceback" not in result.stderr

@@ -1,0 +1,107 @@
+"""Claiming the output folder before a run spends anything on it: writable, and no other run writing it.
+
+The main process checks that --output_dir can be written (creating it if needed), takes an exclusive lock
+on `.distilbert_agnews.lock` inside it (flock: the kernel drops it when the process ends, however it ends),
+records its PID and host there, and removes staging folders that dead runs left behind (nobody else can be
+writing: we hold the lock). The outcome is broadcast, so every rank stops with the same one-line error, or
+goes on with the same run id (which names this run's staging folders).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import shutil
+import socket
+from pathlib import Path
+
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
+
+from inference import files
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; the writability check still runs
+    fcntl = None
+
+
+class OutputDirError(RuntimeError):
+    """--output_dir cannot be used by this run."""
+
+
+class Claim:
+    """The lock's open file (kept open for the whole run) and this run's id."""
+
+    def __init__(self, run_id: str, handle=None):
+        self.run_id = run_id
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def claim_output_dir(output_dir: str | Path, accelerator: Accelerator) -> Claim:
+    """On every rank: the main process's claim, or OutputDirError with its reason."""
+    outcome: list = [None, None]  # [problem, run id]
+    handle = None
+    if accelerator.is_main_process:
+        root = Path(output_dir)
+        problem = unwritable(root)
+        if problem is None:
+            handle, problem = lock(root)
+        if problem is None:
+            remove_stale_staging(root)
+        outcome = [problem, f"{os.getpid()}-{secrets.token_hex(3)}"]
+    problem, run_id = broadcast_object_list(outcome)
+    if problem:
+        raise OutputDirError(problem)
+    return Claim(run_id, handle)
+
+
+def unwritable(root: Path) -> str | None:
+    """Why nothing can be written under `root`, or None; creates it when missing."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write_test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        return f"--output_dir {root} is not writable: {exc.strerror or exc}. Pick a folder you can write to."
+    return None
+
+
+def lock(root: Path):
+    """(open lock file, None) or (None, why): another process holds the folder."""
+    path = root / files.LOCK
+    handle = open(path, "a+", encoding="utf-8")
+    if fcntl is None:
+        return handle, None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            raise
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        return None, (
+            f"--output_dir {root} is in use by another training run ({holder}). Wait for it to finish, stop it, "
+            "or pick another --output_dir."
+        )
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"PID {os.getpid()} on {socket.gethostname()}")
+    handle.flush()
+    return handle, None
+
+
+def remove_stale_staging(root: Path) -> None:
+    """Half-written state folders of runs that died mid-save: they hold disk space and are never read."""
+    state = root / files.STATE_DIR
+    if state.is_dir():
+        for stale in state.glob(f"{files.STAGING_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
