@@ -58,6 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     return serve_on_main_thread(settings, engine)
 
 
+def connection_limits(settings: Settings) -> dict:
+    """uvicorn's bounds on what connections may cost: how many at once, how long idle, how long a drain waits,
+    and (with its h11 parser) the size of an incomplete request head."""
+    return {
+        "limit_concurrency": settings.max_connections,
+        "timeout_keep_alive": settings.keep_alive_timeout_s,
+        "timeout_graceful_shutdown": settings.graceful_shutdown_s,
+        "h11_max_incomplete_event_size": 64 * 1024,
+    }
+
+
 def serve_workers(settings: Settings) -> int:
     """uvicorn's worker processes, their metrics summed through one multiprocess folder (emptied first)."""
     folder, ours = multiprocess_dir(), False
@@ -75,8 +86,8 @@ def serve_workers(settings: Settings) -> int:
             host=settings.hostname,
             port=settings.port,
             workers=settings.workers,
-            timeout_graceful_shutdown=settings.graceful_shutdown_s,
             log_config=None,
+            **connection_limits(settings),
         )
     finally:
         if ours:
@@ -93,8 +104,8 @@ def serve_on_main_thread(settings: Settings, engine) -> int:
             create_app(settings, engine=engine),
             host=settings.hostname,
             port=settings.port,
-            timeout_graceful_shutdown=settings.graceful_shutdown_s,
             log_config=None,
+            **connection_limits(settings),
         )
     )
 

@@ -4,7 +4,7 @@
     python -m inference --model_id checkpoints --port 8000
 
 Pieces: settings.py (configuration), service.py (state and lifespan: load once, reload, drain), routes.py,
-errors.py (TEI's error bodies), middleware.py (request id, body limit), engine.py (micro-batching),
+errors.py (TEI's error bodies), middleware.py (status count, request id, body limit), engine.py (micro-batching),
 loading.py (folders and Hub ids), metrics.py (Prometheus).
 """
 
@@ -17,7 +17,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from inference import errors, routes
 from inference.engine import Engine
-from inference.middleware import BodySizeLimit, RequestId
+from inference.middleware import BodySizeLimit, RequestId, ResponseStatus
 from inference.service import Service, lifespan
 from inference.settings import Settings, SettingsError, from_env
 
@@ -50,7 +50,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(routes.router)
     app.include_router(routes.public)
     errors.install(app)
-    # added last = outermost: the request id wraps everything, CORS answers preflights, then the body limit
+    # added last = outermost: the status count, the request id, CORS answers preflights, then the body limit
     app.add_middleware(BodySizeLimit, max_bytes=settings.payload_limit)
     if settings.cors_origins:
         app.add_middleware(
@@ -61,6 +61,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             expose_headers=TEI_HEADERS,
         )
     app.add_middleware(RequestId)
+    app.add_middleware(ResponseStatus)
     return app
 
 

@@ -10,8 +10,9 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from inference.schemas import INPUTS_HELP
 
@@ -20,6 +21,7 @@ logger = logging.getLogger("inference")
 EMPTY, VALIDATION, OVERLOADED, UNHEALTHY, BACKEND = "Empty", "Validation", "Overloaded", "Unhealthy", "Backend"
 STATUS = {EMPTY: 400, VALIDATION: 422, OVERLOADED: 429, UNHEALTHY: 503, BACKEND: 424}
 _HTTP_TYPES = {401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 413: VALIDATION}
+CLIENT_CLOSED = 499  # nginx's status for a client that left before its answer; never sent, only counted
 
 
 class ServiceError(Exception):
@@ -62,6 +64,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):
         return error_response(exc.status_code, _HTTP_TYPES.get(exc.status_code, "Http"), str(exc.detail))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(_: Request, exc: ClientDisconnect):
+        # Nobody is there to read an answer: no error, no traceback; counted as 499 (nginx's "client closed").
+        logger.info("client went away before the answer; its work was dropped")
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, exc: Exception):

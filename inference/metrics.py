@@ -58,7 +58,19 @@ class Metrics:
         self.batch_tokens = Histogram(
             "te_batch_next_tokens", "Tokens per micro-batch.", buckets=BATCH_TOKENS_BUCKETS, **reg
         )
+        self.responses = Counter(
+            "te_http_responses",
+            "Every HTTP request by the status its client saw (499: the client left before the answer).",
+            ["status"],
+            **reg,
+        )
         self.reloads = Counter("te_model_reloads", "Checkpoint reloads, by result (ok or failed).", ["result"], **reg)
+        self.watcher_up = Gauge(
+            "te_checkpoint_watcher_up",
+            "1 while each worker's checkpoint watcher (hot reload) runs; 0 once it has stopped.",
+            multiprocess_mode="liveall",
+            **reg,
+        )
         self._process = ProcessCollector(registry=None)
         self._memory = Gauge(
             "te_process_resident_memory_bytes",

@@ -1,14 +1,42 @@
-"""ASGI middleware: the request id and the body-size limit, before any route runs."""
+"""ASGI middleware: the status count, the request id and the body-size limit, before any route runs."""
 
 from __future__ import annotations
 
 import re
 import uuid
 
-from inference.errors import VALIDATION, error_response
+from inference.errors import CLIENT_CLOSED, VALIDATION, error_response
 from inference.logs import request_id
 
 _SAFE_ID = re.compile(r"^[\w.:/+=-]{1,128}$")
+
+
+class ResponseStatus:
+    """Counts every HTTP request by the status its client saw, whichever layer answered: a route, the API key
+    check (401), the body limit (413), admission (429), an unexpected error (500); 499 when the client left
+    first. Outermost, so nothing answers around it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = None
+
+        async def send_recording_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_recording_status)
+        except Exception:
+            status = status or 500
+            raise
+        finally:
+            scope["app"].state.service.metrics.responses.labels(str(status or CLIENT_CLOSED)).inc()
 
 
 class RequestId:

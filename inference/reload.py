@@ -3,7 +3,9 @@
 Training replaces the files with atomic renames, but the weights, config and tokenizer change one after
 the other; a new set is loaded only once its signature has been stable for one more polling interval. A set
 that fails to load is refused with a logged error and the old model keeps serving; it is retried only when
-the files change again.
+the files change again. A folder that cannot be scanned for a while (a file vanishing mid-scan, too many open
+files, a network mount away) is a warning, once, and polling goes on; `on_exit` reports the thread's end, so
+/ready and a metric show a watcher that has stopped.
 """
 
 from __future__ import annotations
@@ -27,20 +29,30 @@ class CheckpointWatcher(threading.Thread):
         load: Callable[[], LoadedModel],
         on_loaded: Callable[[LoadedModel], None],
         on_failed: Callable[[], None],
+        on_exit: Callable[[], None] = lambda: None,
     ):
         super().__init__(name="checkpoint-watcher", daemon=True)
         self.checkpoint_dir, self.interval_s = checkpoint_dir, interval_s
-        self.load, self.on_loaded, self.on_failed = load, on_loaded, on_failed
+        self.load, self.on_loaded, self.on_failed, self.on_exit = load, on_loaded, on_failed, on_exit
         self._served, self._candidate = initial, None
         self._stop_event = threading.Event()
+        self._scan_failing = False
 
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=10)
 
     def run(self) -> None:
+        try:
+            self.poll()
+        finally:
+            self.on_exit()
+
+    def poll(self) -> None:
         while not self._stop_event.wait(self.interval_s):
-            current = signature(self.checkpoint_dir)
+            current = self.scan()
+            if current is None:
+                continue
             if current == self._served:
                 self._candidate = None
             elif current != self._candidate:
@@ -48,6 +60,20 @@ class CheckpointWatcher(threading.Thread):
             else:
                 self._served, self._candidate = current, None
                 self.reload()
+
+    def scan(self) -> tuple | None:
+        """The folder's signature, or None (one warning per failing spell) when it cannot be read right now."""
+        try:
+            current = signature(self.checkpoint_dir)
+        except OSError as exc:
+            if not self._scan_failing:
+                logger.warning("Cannot scan %s for a new checkpoint (%s); retrying.", self.checkpoint_dir, exc)
+            self._scan_failing = True
+            return None
+        if self._scan_failing:
+            logger.info("Scanning %s again.", self.checkpoint_dir)
+        self._scan_failing = False
+        return current
 
     def reload(self) -> None:
         try:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from inference import errors, precision
 from inference.engine import Answer, InputTooLong, Overloaded
@@ -60,10 +61,12 @@ async def predict(request: Request) -> Response:
     try:
         body = parse(await request.body())
         state.metrics.request_count.labels("batch" if body.is_batch else "single").inc()
+        await drop_if_gone(request)  # a client that left while its request waited: no tokenizing, no forward
         answer, labels = await classify(state, body)
     except ServiceError as exc:
         state.metrics.request_failure.labels(exc.reason).inc()
         raise
+    await drop_if_gone(request)  # computed for nobody: counted as 499, not as a success
     method = "batch" if body.is_batch else "single"
     state.metrics.request_success.labels(method).inc()
     observe(state, answer, time.perf_counter() - started)
@@ -72,6 +75,11 @@ async def predict(request: Request) -> Response:
         answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started, state.engine.current.device.type
     )
     return JSONResponse(ranked if body.is_batch else ranked[0], headers=headers)
+
+
+async def drop_if_gone(request: Request) -> None:
+    if await request.is_disconnected():
+        raise ClientDisconnect
 
 
 def parse(raw: bytes) -> PredictRequest:
@@ -209,9 +217,11 @@ async def health(request: Request) -> Response:
     return Response(status_code=200)
 
 
-@public.get("/ready", responses={503: {"model": ErrorBody}}, summary="200 once the model is loaded and warm")
+@public.get(
+    "/ready", responses={503: {"model": ErrorBody}}, summary="200 once the model is loaded and warm (and watched)"
+)
 async def ready(request: Request) -> dict:
-    service(request).live_engine()
+    service(request).check_ready()
     return {"status": "ready"}
 
 

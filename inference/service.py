@@ -29,6 +29,7 @@ class Service:
         self.metrics = engine.metrics if engine else Metrics()
         self.ready = False
         self.reloads = 0
+        self.watcher: CheckpointWatcher | None = None
 
     def live_engine(self) -> Engine:
         if not self.ready or self.engine is None or not self.engine.alive:
@@ -37,6 +38,19 @@ class Service:
                 "the model is not loaded yet" if not self.ready else "the inference worker has stopped",
             )
         return self.engine
+
+    def check_ready(self) -> None:
+        """/ready: the model serves, and hot reload still watches the folder when it was asked for."""
+        self.live_engine()
+        if self.watcher is not None and not self.watcher.is_alive():
+            raise errors.ServiceError(
+                errors.UNHEALTHY, "the checkpoint watcher has stopped: new checkpoints will not be served"
+            )
+
+    def watcher_exited(self) -> None:
+        self.metrics.watcher_up.set(0)
+        if self.ready:
+            logger.error("The checkpoint watcher of %s has stopped; /ready now fails.", self.settings.model_id)
 
     def swap_in(self, loaded: LoadedModel) -> None:
         """A reloaded model, warmed up, replaces the served one between micro-batches."""
@@ -84,7 +98,9 @@ def _watcher(service: Service) -> CheckpointWatcher | None:
         load=lambda: load_configured(settings),
         on_loaded=service.swap_in,
         on_failed=service.refused,
+        on_exit=service.watcher_exited,
     )
+    service.metrics.watcher_up.set(1)
     watcher.start()
     return watcher
 
@@ -101,7 +117,7 @@ async def lifespan(app: FastAPI):
             logger.error("Cannot serve %s: %s", service.settings.model_id, exc)
             raise
         service.engine.start()
-    watcher = _watcher(service)
+    watcher = service.watcher = _watcher(service)
     served = service.engine.current
     service.ready = True
     logger.info(
@@ -112,7 +128,7 @@ async def lifespan(app: FastAPI):
         ", ".join(served.labels),
     )
     yield
-    service.ready = False
+    service.ready = False  # set first: the watcher's end at shutdown is no error
     if watcher:
         watcher.stop()
     await run_in_threadpool(service.engine.stop)  # answers every queued request before the process exits

@@ -130,6 +130,17 @@ class Settings(BaseSettings):
         ge=0,
         description=("How often to look for a new checkpoint in a local MODEL_ID folder; 0 never [RELOAD_INTERVAL_S]"),
     )
+    max_connections: int = Field(
+        2048,
+        ge=1,
+        description=(
+            "Open connections and tasks uvicorn allows at once (its limit_concurrency); beyond it new requests get "
+            "503 at once, so idle or slow connections cannot pile up without bound [MAX_CONNECTIONS]"
+        ),
+    )
+    keep_alive_timeout_s: float = Field(
+        5.0, gt=0, description="Seconds an idle keep-alive connection stays open [KEEP_ALIVE_TIMEOUT_S]"
+    )
     graceful_shutdown_s: float = Field(
         30.0,
         gt=0,

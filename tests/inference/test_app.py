@@ -323,3 +323,27 @@ def test_serving_imports_nothing_from_training():
     code = "import sys, inference.app, inference.__main__; print([m for m in sys.modules if m.startswith('training')])"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
+def test_every_request_is_counted_with_the_status_its_client_saw(smoke_checkpoint):
+    """te_http_responses{status}: 200, 401 (API key), 413 (Content-Length and chunked), 422, 429, 404."""
+
+    def chunks():
+        for _ in range(3):
+            yield b" " * 1_000
+
+    with make_client(smoke_checkpoint, api_key="k", max_concurrent_requests=3, payload_limit=2_000) as c:
+        good = {"Authorization": "Bearer k"}
+        calls = [
+            c.post("/predict", json={"inputs": "x"}, headers=good),
+            c.post("/predict", json={"inputs": "x"}),
+            c.post("/predict", content=b" " * 3_000, headers=good),
+            c.post("/predict", content=chunks(), headers=good),
+            c.post("/predict", json={"inputs": ["a", "b", "c"]}, headers=good),
+            c.post("/predict", json={"inputs": [["a"], ["b"], ["c"], ["d"]]}, headers=good),
+            c.get("/nowhere"),
+        ]
+        assert [r.status_code for r in calls] == [200, 401, 413, 413, 422, 429, 404]
+        metrics = c.get("/metrics").text
+    for status, count in {"200": 1, "401": 1, "413": 2, "422": 1, "429": 1, "404": 1}.items():
+        assert f'te_http_responses{{status="{status}"}} {count}.0' in metrics, (status, metrics)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import threading
@@ -165,3 +166,90 @@ def test_sigint_drains_and_exits_0(smoke_checkpoint):
     assert httpx.post(f"{server.url}/predict", json={"inputs": "Stocks fell."}).status_code == 200
     server.process.send_signal(signal.SIGINT)
     assert server.process.wait(30) == 0, server.output()
+
+
+def test_a_client_that_leaves_is_counted_499_without_a_traceback(server):
+    """Over a raw socket: one client leaves mid-body, one right after sending a slow batch."""
+    import socket
+
+    host, port = "127.0.0.1", server.port
+    body = json.dumps({"inputs": [[" ".join(["word"] * 400)]] * 32}).encode()
+    for payload in (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{",
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body,
+    ):
+        with socket.create_connection((host, port)) as sock:
+            sock.sendall(payload)
+        time.sleep(0.2)
+
+    def left() -> float:
+        rows = [r for r in httpx.get(f"{server.url}/metrics").text.splitlines() if 'status="499"' in r]
+        return float(rows[0].split()[-1]) if rows else 0.0
+
+    deadline = time.time() + 30
+    while left() < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    assert left() == 2, httpx.get(f"{server.url}/metrics").text
+    assert "Traceback" not in server.output() and " 500" not in server.output(), server.output()[-3000:]
+
+
+def test_connections_are_bounded_and_idle_ones_closed(smoke_checkpoint):
+    """MAX_CONNECTIONS (uvicorn's limit_concurrency): idle connections beyond it cannot starve the service of
+    memory, new requests get 503 at once; KEEP_ALIVE_TIMEOUT_S closes an idle keep-alive connection."""
+    import socket
+
+    server = Server(
+        smoke_checkpoint, "--reload_interval_s", "0", "--max_connections", "3", "--keep_alive_timeout_s", "1"
+    ).wait_ready()
+    try:
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+        time.sleep(0.3)
+        assert httpx.post(f"{server.url}/predict", json={"inputs": "x"}).status_code == 503
+        for sock in idle:
+            sock.close()
+        time.sleep(0.3)
+        assert httpx.post(f"{server.url}/predict", json={"inputs": "x"}).status_code == 200
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            sock.settimeout(5)
+            started = time.time()
+            assert sock.recv(4096) == b"", "the idle keep-alive connection should have been closed"
+            assert time.time() - started < 3
+    finally:
+        server.stop()
+
+
+def test_uvicorn_app_drains_then_ends_by_sigterm_as_documented(smoke_checkpoint):
+    """docs/serving.md: `uvicorn inference.app:app` re-raises SIGTERM after draining (exit status 143 in a
+    shell); `python -m inference` exits 0 (test_sigterm_finishes_in_flight_requests_and_exits_0)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, cli_env, free_port
+
+    port = free_port()
+    env = cli_env(MODEL_ID=str(smoke_checkpoint), RELOAD_INTERVAL_S="0")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "inference.app:app", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGTERM, output
+    assert "Application shutdown complete" in output and "Traceback" not in output
+    assert " INFO inference " in output and "Ready: " in output  # the same start-up line as python -m inference
