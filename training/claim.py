@@ -4,7 +4,8 @@ The main process checks that --output_dir can be written (creating it if needed)
 on `.distilbert_agnews.lock` inside it (flock: the kernel drops it when the process ends, however it ends),
 records its PID and host there, and removes staging folders that dead runs left behind (nobody else can be
 writing: we hold the lock). The outcome is broadcast, so every rank stops with the same one-line error, or
-goes on with the same run id (which names this run's staging folders).
+goes on with the same run id (which names this run's staging folders). A run that stops before writing
+anything (bad data, say) removes the folders it created: it leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -32,24 +33,34 @@ class OutputDirError(RuntimeError):
 
 
 class Claim:
-    """The lock's open file (kept open for the whole run) and this run's id."""
+    """The lock's open file (kept open for the whole run), this run's id, and the folders it created."""
 
-    def __init__(self, run_id: str, handle=None):
+    def __init__(self, run_id: str, handle=None, created: list[Path] | None = None):
         self.run_id = run_id
         self._handle = handle
+        self._created = created or []  # deepest first
 
     def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        """Drop the lock; folders this run created and left holding nothing but the lock file are removed."""
+        if self._handle is None:
+            return
+        self._handle.close()
+        self._handle = None
+        if self._created and [p.name for p in self._created[0].iterdir()] == [files.LOCK]:
+            (self._created[0] / files.LOCK).unlink()
+            for folder in self._created:
+                if any(folder.iterdir()):
+                    break
+                folder.rmdir()
 
 
 def claim_output_dir(output_dir: str | Path, accelerator: Accelerator) -> Claim:
     """On every rank: the main process's claim, or OutputDirError with its reason."""
     outcome: list = [None, None]  # [problem, run id]
-    handle = None
+    handle, created = None, []
     if accelerator.is_main_process:
         root = Path(output_dir)
+        created = [folder for folder in (root, *root.parents) if not folder.exists()]
         problem = unwritable(root)
         if problem is None:
             handle, problem = lock(root)
@@ -59,7 +70,7 @@ def claim_output_dir(output_dir: str | Path, accelerator: Accelerator) -> Claim:
     problem, run_id = broadcast_object_list(outcome)
     if problem:
         raise OutputDirError(problem)
-    return Claim(run_id, handle)
+    return Claim(run_id, handle, created)
 
 
 def unwritable(root: Path) -> str | None:
