@@ -68,7 +68,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ClientDisconnect)
     async def client_left(_: Request, exc: ClientDisconnect):
         # Nobody is there to read an answer: no error, no traceback; counted as 499 (nginx's "client closed").
-        logger.info("client went away before the answer; its work was dropped")
+        logger.info("client went away before its answer")
         return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(Exception)

@@ -61,7 +61,7 @@ async def predict(request: Request) -> Response:
     try:
         body = parse(await request.body())
         state.metrics.request_count.labels("batch" if body.is_batch else "single").inc()
-        await drop_if_gone(request)  # a client that left while its request waited: no tokenizing, no forward
+        await drop_if_gone(request)  # a client already gone before its request is queued: no tokenizing, no forward
         answer, labels = await classify(state, body)
     except ServiceError as exc:
         state.metrics.request_failure.labels(exc.reason).inc()

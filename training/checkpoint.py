@@ -34,6 +34,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import gather_object
+from accelerate.utils.constants import RNG_STATE_NAME
 from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as transformers_logging
 
@@ -78,7 +79,7 @@ class SaveError(RuntimeError):
 
 
 logger = get_logger(__name__)
-RNG_FILE = "random_states_{}.pkl"  # accelerate's name for each rank's RNG state inside a state folder
+RNG_FILE = f"{RNG_STATE_NAME}_{{}}.pkl"  # each rank's RNG state inside a state folder, as accelerate names it
 
 
 # ------------------------------------------------------------------------------------------ best model
@@ -194,7 +195,7 @@ def find_latest_state(output_dir: str | Path) -> Path | None:
 def unusable(folder: Path, num_processes: int, allow_inexact: bool) -> str | None:
     """Why this state cannot be resumed from (a damaged file; RNG files missing or damaged, unless allowed)."""
     damaged = damaged_file(folder)
-    rng_only = damaged is not None and damaged[0].name.startswith(RNG_FILE.split("{")[0])
+    rng_only = damaged is not None and damaged[0].name.startswith(f"{RNG_STATE_NAME}_")
     if damaged and not rng_only:
         return f"{damaged[0]}: {damaged[1]}"
     problem = f"{damaged[0]}: {damaged[1]}" if damaged else missing_rng(folder, num_processes)

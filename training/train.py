@@ -55,10 +55,15 @@ logger = get_logger(__name__)
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the run stopped early, its resumable state is saved
 
 
+def launcher_precision() -> str:
+    """The precision `accelerate launch` was given (its flag or config file), or "no"."""
+    return os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+
+
 def resolve_mixed_precision(cfg: TrainConfig) -> str:
     """accelerate's name for the run's precision: --mixed_precision; for `auto`, a launcher config's fp16/bf16
     if it sets one, else `auto` as inference/precision.py decides it for this machine."""
-    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    launcher = launcher_precision()
     if cfg.mixed_precision == precision.AUTO and launcher != "no":
         return launcher
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,7 +85,7 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         ],
     )
     check_world_size(accelerator)
-    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    launcher = launcher_precision()
     if launcher not in ("no", accelerator.mixed_precision):
         logger.warning(
             "accelerate launch asked for %s, but --mixed_precision %s (flag, YAML or preset) decides: training in %s. "
