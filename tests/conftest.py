@@ -26,6 +26,33 @@ def smoke_dir(tmp_path_factory) -> Path:
     return ensure_smoke_assets(path)
 
 
+# One trained model for every test that only reads one: 1 process, 1 epoch of the smoke preset (168 steps) with
+# resumable states at steps 84 (mid-epoch) and 168 (the end). Tests that write into it take a copy.
+SMOKE_MODEL_ARGS = ["--preset", "smoke", "--checkpointing_steps", "84", "--num_train_epochs", "1"]
+
+
+@pytest.fixture(scope="session")
+def smoke_model(smoke_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("smoke_model") / "out"
+    result, _ = run_train([*SMOKE_MODEL_ARGS, "--output_dir", str(out)])
+    assert result.returncode == 0, describe(result)
+    return out
+
+
+# One uninterrupted 2-process smoke run (84 batches per rank per epoch, 252 optimizer steps, a resumable state
+# every 21 steps, learning rate 2e-3 x 2 processes): the end-to-end checks read it, the kill/resume tests compare
+# against it.
+SMOKE_2PROC_ARGS = ["--preset", "smoke", "--checkpointing_steps", "21", "--logging_steps", "21", "--scale_lr", "linear"]
+
+
+@pytest.fixture(scope="session")
+def smoke_2proc_run(smoke_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("smoke_2proc") / "out"
+    result, _ = run_train([*SMOKE_2PROC_ARGS, "--output_dir", str(out)], processes=2)
+    assert result.returncode == 0, describe(result)
+    return out, result
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     """Environment for a real training process: offline, quiet, and pointing at the test's smoke assets."""
     env = dict(os.environ)

@@ -349,10 +349,10 @@ class OutputDir:
         progress.layout = layout
         return folder, progress
 
-    def write_curves(self, progress: Progress) -> None:
-        """training_curves.json and .png (training/reports.py)."""
+    def write_curves(self, progress: Progress, plot: bool = True) -> None:
+        """training_curves.json, and with `plot` training_curves.png (training/reports.py)."""
         if self.accelerator.is_main_process:
-            reports.write_training_curves(self.root, progress)
+            reports.write_training_curves(self.root, progress, plot)
 
     def write_final(self, summary: dict[str, Any], progress: Progress, hub_model_id: str | None) -> None:
         """The finished run's metrics.json, training curves and model card."""

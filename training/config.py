@@ -280,7 +280,7 @@ def presets() -> dict[str, dict[str, Any]]:
             "num_train_epochs": 3,
             "per_device_train_batch_size": 16,
             "per_device_eval_batch_size": 64,
-            "learning_rate": 1e-3,
+            "learning_rate": 2e-3,
             "warmup_ratio": 0.1,
             "logging_steps": 50,
             "label_names": list(SMOKE_LABELS),  # the data's class ids 0..3, named as AG News names them

@@ -207,7 +207,7 @@ def validate_and_save(run: Run) -> bool:
         if best:
             run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
             run.out.write_json(files.METRICS, run_summary(run))
-            run.out.write_curves(run.progress)
+            run.out.write_curves(run.progress, plot=False)  # the PNG is drawn once, at the end
     if patience_spent(run.progress.evals_since_best, run.cfg.early_stopping_patience):
         run.accelerator.set_trigger()
     # Every rank computed the same metrics from the same gathered predictions; check_trigger (an all-reduce)

@@ -107,13 +107,19 @@ def write_misclassified(
 # --------------------------------------------------------------------------------------------- training
 
 
-def write_training_curves(output_dir: Path, progress: Progress) -> None:
-    """training_curves.json (the raw series) and training_curves.png: loss per logging step, validation
-    metrics per evaluation, learning rate."""
-    from matplotlib.figure import Figure
-
+def write_training_curves(output_dir: Path, progress: Progress, plot: bool = True) -> None:
+    """training_curves.json (the raw series) and, with `plot`, training_curves.png: loss per logging step,
+    validation metrics per evaluation, learning rate. (Drawing the PNG costs the main process a second or two
+    while the other ranks wait, so the loop writes it once, at the end.)"""
     series = {"train": progress.train_loss, "validation": progress.history}
     write_json(output_dir / files.CURVES_JSON, series)
+    if plot:
+        write_bytes(output_dir / files.CURVES_PNG, _png(_curves_figure(progress)))
+
+
+def _curves_figure(progress: Progress):
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=(13, 3.6))
     loss_ax, eval_ax, lr_ax = figure.subplots(1, 3)
     steps = [row["step"] for row in progress.train_loss]
@@ -143,4 +149,4 @@ def write_training_curves(output_dir: Path, progress: Progress) -> None:
     for ax in (loss_ax, eval_ax, lr_ax):
         ax.grid(alpha=0.3)
     figure.tight_layout()
-    write_bytes(output_dir / files.CURVES_PNG, _png(figure))
+    return figure

@@ -20,7 +20,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import DistilBertConfig, PreTrainedTokenizerFast
 
-SMOKE_VERSION = 2
+SMOKE_VERSION = 3
 LABELS = ("World", "Sports", "Business", "Sci/Tech")
 NUM_TRAIN, NUM_TEST = 3000, 600
 LABEL_NOISE = 0.02  # a few wrong labels keep the task from being trivially perfect
@@ -247,10 +247,10 @@ def train_tokenizer(texts: list[str], vocab_size: int = 2000) -> PreTrainedToken
 def tiny_distilbert_config(vocab_size: int, pad_token_id: int) -> DistilBertConfig:
     return DistilBertConfig(
         vocab_size=vocab_size,
-        dim=64,
+        dim=32,
         n_layers=2,
         n_heads=2,
-        hidden_dim=256,
+        hidden_dim=128,
         max_position_embeddings=512,
         pad_token_id=pad_token_id,
     )

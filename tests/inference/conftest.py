@@ -15,17 +15,13 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from inference import files
-from tests.conftest import ROOT, cli_env, describe, free_port, run_train
+from tests.conftest import ROOT, cli_env, free_port
 
 
 @pytest.fixture(scope="session")
-def smoke_checkpoint(smoke_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("serving") / "checkpoint"
-    result, _ = run_train(
-        ["--preset", "smoke", "--output_dir", str(out), "--num_train_epochs", "2", "--checkpointing_steps", "none"]
-    )
-    assert result.returncode == 0, describe(result)
-    return out
+def smoke_checkpoint(smoke_model) -> Path:
+    """The session's trained smoke model (tests/conftest.py); tests that change files use checkpoint_copy."""
+    return smoke_model
 
 
 @pytest.fixture

@@ -112,9 +112,22 @@ def test_help_lists_every_setting_with_its_environment_name_and_default():
         ),
     ],
 )
-def test_a_bad_value_is_one_line_naming_the_setting_and_exit_2(args, env, line):
-    result = run_cli(*args, env=cli_env(**env))
-    assert result.returncode == 2 and result.stderr.strip() == line, result.stderr
+def test_a_bad_value_is_one_line_naming_the_setting_and_exit_2(args, env, line, monkeypatch, capsys):
+    """The command's own entry point in this process (what `python -m inference` runs; the real process is
+    tested below): settings are checked before anything is loaded."""
+    from inference.__main__ import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(list(args)) == 2
+    assert capsys.readouterr().err.strip() == line
+
+
+def test_a_bad_value_stops_the_real_command_with_one_line_and_exit_2():
+    result = run_cli(env=cli_env(PORT="nine"))
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "inference: error: PORT: Input should be a valid integer, unable to parse string as an integer (got 'nine')"
+    ), result.stderr
 
 
 def test_max_batch_tokens_below_the_models_maximum_is_refused(smoke_checkpoint):

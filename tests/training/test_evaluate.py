@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 
 from inference import files
-from tests.conftest import describe, launch, run_train
+from tests.conftest import describe, launch
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained(smoke_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("evaluate") / "out"
-    result, _ = run_train(["--preset", "smoke", "--output_dir", str(out), "--checkpointing_steps", "none"])
-    assert result.returncode == 0, describe(result)
-    return out
+def trained(smoke_model, tmp_path_factory):
+    """A copy of the session's trained smoke model: evaluation writes its reports into the folder."""
+    return Path(shutil.copytree(smoke_model, tmp_path_factory.mktemp("evaluate") / "out"))
 
 
 def evaluate_with(processes: int, out) -> dict:

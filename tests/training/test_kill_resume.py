@@ -2,7 +2,8 @@
 in the middle of a save never damages what was saved before.
 
 Every run uses the smoke preset on 2 ranks (gloo), 84 batches per rank per epoch, 3 epochs, a resumable
-state every 21 optimizer steps. Baselines (uninterrupted runs) are computed once per configuration.
+state every 21 optimizer steps. Baselines (uninterrupted runs) are computed once per configuration; the plain
+one is shared with the end-to-end tests.
 """
 
 from __future__ import annotations
@@ -19,20 +20,21 @@ import torch
 from safetensors.torch import load_file
 
 from inference import files
-from tests.conftest import ROOT, cli_env, describe, fault_env, launch_command, run_train
+from tests.conftest import ROOT, SMOKE_2PROC_ARGS, cli_env, describe, fault_env, launch_command, run_train
 from training.checkpoint import find_latest_state, read_progress
 
 pytestmark = pytest.mark.slow
-SMOKE = ["--preset", "smoke", "--checkpointing_steps", "21", "--logging_steps", "21"]
+SMOKE = SMOKE_2PROC_ARGS  # a resumable state every 21 optimizer steps
 ACCUMULATION = ("--gradient_accumulation_steps", "2")  # 42 optimizer steps per epoch, 126 in all
 RUN_ONLY = ("train_runtime_s", "throughput")  # what may differ between two runs of one configuration
 CONFIG_RUN_ONLY = ("output_dir", "resume_from_checkpoint")
 
 
 @pytest.fixture(scope="module")
-def baselines(smoke_dir, tmp_path_factory):
-    """Uninterrupted runs, computed on first use: {configuration extra args: output dir}."""
-    cache: dict[tuple, Path] = {}
+def baselines(smoke_2proc_run, tmp_path_factory):
+    """Uninterrupted runs, computed on first use: {configuration extra args: output dir}; the plain
+    configuration's is the session's shared 2-process run."""
+    cache: dict[tuple, Path] = {(): smoke_2proc_run[0]}
 
     def get(extra: tuple[str, ...]) -> Path:
         if extra not in cache:

@@ -18,11 +18,11 @@ import torch
 from safetensors.torch import load_file
 
 from inference import files
-from tests.conftest import ROOT, describe, fault_env, launch_command, run_train
+from tests.conftest import ROOT, SMOKE_MODEL_ARGS, describe, fault_env, launch_command, run_train
 from training.checkpoint import ResumeError, complete_states, damaged_file, pick_state
 
 pytestmark = pytest.mark.slow
-SMOKE = ["--preset", "smoke", "--checkpointing_steps", "84", "--num_train_epochs", "1"]  # 1 process: 168 steps
+SMOKE = SMOKE_MODEL_ARGS  # 1 process: 168 steps, states at 84 and 168
 
 
 def errors(result: subprocess.CompletedProcess) -> list[str]:
@@ -30,13 +30,10 @@ def errors(result: subprocess.CompletedProcess) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def finished(smoke_dir, tmp_path_factory) -> Path:
-    """One uninterrupted 1-process run with states at steps 84 (mid-epoch) and 168 (its end)."""
-    out = tmp_path_factory.mktemp("finished") / "out"
-    result, _ = run_train([*SMOKE, "--output_dir", str(out)])
-    assert result.returncode == 0, describe(result)
-    assert [step for step, _ in complete_states(out)] == [84, 168]
-    return out
+def finished(smoke_model) -> Path:
+    """One uninterrupted 1-process run (SMOKE) with states at steps 84 (mid-epoch) and 168 (its end)."""
+    assert [step for step, _ in complete_states(smoke_model)] == [84, 168]
+    return smoke_model
 
 
 @pytest.fixture
