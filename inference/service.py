@@ -10,7 +10,7 @@ import torch
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
-from inference import errors, logs, metrics
+from inference import errors, logs, memory, metrics
 from inference.engine import Engine, Limits, warm_up
 from inference.loading import CheckpointError, LoadedModel, load_model
 from inference.metrics import Metrics
@@ -76,6 +76,7 @@ def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metri
             f"({loaded.max_length}), got {settings.max_batch_tokens}"
         )
     torch.set_num_threads(settings.torch_threads)
+    memory.keep_large_blocks_off_the_heap()  # RSS stays flat under varied batch shapes (inference/memory.py)
     warm_up(loaded)
     limits = Limits(
         max_batch_requests=settings.max_batch_requests,
