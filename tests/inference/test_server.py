@@ -253,4 +253,3 @@ def test_uvicorn_app_drains_then_ends_by_sigterm_as_documented(smoke_checkpoint)
     assert process.returncode == -signal.SIGTERM, output
     assert "Application shutdown complete" in output and "Traceback" not in output
     assert " INFO inference " in output and "Ready: " in output  # the same start-up line as python -m inference
-
