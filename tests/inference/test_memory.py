@@ -60,5 +60,6 @@ def test_resident_memory_stays_flat_under_varied_batch_shapes(smoke_dir, tmp_pat
         f"RSS after 15 and 60 batches: {before[0]:.0f} -> {before[1]:.0f} MB as glibc left it, "
         f"{after[0]:.0f} -> {after[1]:.0f} MB with the threshold fixed"
     )
-    assert before[1] > 1.10 * before[0], f"the creep this guards against did not reproduce: {before}"
+    # Without the fix the creep shows in this project's venv (528 -> 729 MB) but not in every environment (CI's
+    # system Python: 531 -> 484 MB), so only the bound itself is asserted.
     assert after[1] <= 1.10 * after[0], after
