@@ -26,11 +26,6 @@ pytestmark = pytest.mark.slow
 SMOKE_2PROC = SMOKE_2PROC_ARGS  # 84 steps per epoch on 2 ranks; --scale_lr linear: learning rate 2e-3 x 2 processes
 
 
-@pytest.fixture(scope="module")
-def full_run(smoke_2proc_run):
-    return smoke_2proc_run
-
-
 def load_saved_model(out: Path):
     """What the serving side does: config.json + state_dict (weights_only) + tokenizer/."""
     model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(out))
@@ -39,8 +34,8 @@ def load_saved_model(out: Path):
     return model.eval(), AutoTokenizer.from_pretrained(out / files.TOKENIZER_DIR), state_dict
 
 
-def test_two_process_run_writes_every_checkpoint_file(full_run, smoke_dir):
-    out, result = full_run
+def test_two_process_run_writes_every_checkpoint_file(smoke_2proc_run, smoke_dir):
+    out, result = smoke_2proc_run
     assert "MULTI_CPU, 2 process(es)" in result.stderr
     assert (
         "Effective batch size 32 (16 per device x 1 accumulation x 2 processes); learning rate 0.004" in result.stderr
@@ -67,8 +62,8 @@ def test_two_process_run_writes_every_checkpoint_file(full_run, smoke_dir):
     assert not list((out / files.STATE_DIR).glob(".tmp*")) and find_latest_state(str(out)).name == "step_252"
 
 
-def test_distributed_evaluation_counts_every_example_exactly_once(full_run):
-    out, _ = full_run
+def test_distributed_evaluation_counts_every_example_exactly_once(smoke_2proc_run):
+    out, _ = smoke_2proc_run
     metrics = json.loads((out / files.METRICS).read_text())
     # 300 validation and 600 test examples do not split evenly into 2 ranks x 64-example batches:
     # accelerate pads the last batch, gather_for_metrics must drop the duplicates.
@@ -77,8 +72,8 @@ def test_distributed_evaluation_counts_every_example_exactly_once(full_run):
     assert all(entry["num_examples"] == 300 for entry in metrics["history"])
 
 
-def test_saved_state_dict_reproduces_the_trained_model(full_run, smoke_dir):
-    out, _ = full_run
+def test_saved_state_dict_reproduces_the_trained_model(smoke_2proc_run, smoke_dir):
+    out, _ = smoke_2proc_run
     model, tokenizer, state_dict = load_saved_model(out)
     assert not [k for k in state_dict if k.startswith(("module.", "_orig_mod."))]
     assert all(isinstance(v, torch.Tensor) for v in state_dict.values())
@@ -107,9 +102,9 @@ def test_saved_state_dict_reproduces_the_trained_model(full_run, smoke_dir):
     assert correct / len(rows) == pytest.approx(metrics["test"]["accuracy"], abs=1e-9)
 
 
-def test_resume_from_a_mid_epoch_state_finishes_identically(full_run, tmp_path):
+def test_resume_from_a_mid_epoch_state_finishes_identically(smoke_2proc_run, tmp_path):
     """Copy the state saved 42 batches into epoch 1 to a fresh folder, resume with `latest`, finish the run."""
-    out, _ = full_run
+    out, _ = smoke_2proc_run
     resumed = tmp_path / "resumed"
     shutil.copytree(out / files.STATE_DIR / "step_42", resumed / files.STATE_DIR / "step_42")
     result, _ = run_train(
@@ -231,8 +226,8 @@ def test_processes_that_each_see_a_world_of_one_are_refused():
     assert result.returncode != 0 and "refused: The launcher started 2 processes" in result.stderr, describe(result)
 
 
-def test_reports_curves_model_card_and_the_hugging_face_export(full_run, smoke_dir):
-    out, _ = full_run
+def test_reports_curves_model_card_and_the_hugging_face_export(smoke_2proc_run, smoke_dir):
+    out, _ = smoke_2proc_run
     metrics = json.loads((out / files.METRICS).read_text())
     curves = json.loads((out / files.CURVES_JSON).read_text())
     assert curves == {"train": metrics["train_loss"], "validation": metrics["history"]}
