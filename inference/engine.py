@@ -315,6 +315,8 @@ def collate(features: list[dict], pad_token_id: int, left: bool = False) -> dict
 def forward(loaded: LoadedModel, features: list[dict]) -> torch.Tensor:
     tokenizer = loaded.tokenizer
     batch = collate(features, tokenizer.pad_token_id, left=tokenizer.padding_side == "left")
+    if loaded.runner is not None:
+        return loaded.runner(batch)
     return loaded.model(**{k: v.to(loaded.device) for k, v in batch.items()}).logits.float().cpu()
 
 

@@ -12,6 +12,9 @@ side because `inference/` imports nothing of `training/`, while training may imp
     README.md                   the model card
     training_curves.json/.png   loss, validation metrics and learning rate per step
     eval_results.json, confusion_matrix.png, misclassified.csv     written by python -m training.evaluate
+    calibration_texts.json      a sample of training texts: int8 calibration and the agreement check when serving
+    runtime/<sha>/              the model converted for an optimized runtime (OpenVINO IR, fp32 or int8) and
+                                runtime.json (what was measured and chosen), per weights hash: inference/runtimes.py
     state/step_N/               resumable training state (accelerator.save_state + progress.json)
     .distilbert_agnews.lock     held (flock) by the training run writing the folder; holds its PID and host
 """
@@ -33,6 +36,11 @@ CURVES_PNG = "training_curves.png"
 EVAL_RESULTS = "eval_results.json"
 CONFUSION_PNG = "confusion_matrix.png"
 MISCLASSIFIED_CSV = "misclassified.csv"
+
+CALIBRATION = "calibration_texts.json"
+RUNTIME_DIR = "runtime"
+RUNTIME_CHOICE = "runtime.json"
+RUNTIME_MODEL = "model.xml"  # OpenVINO IR; its weights in model.bin beside it
 
 LOCK = ".distilbert_agnews.lock"
 STATE_DIR = "state"

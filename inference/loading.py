@@ -19,6 +19,7 @@ import logging
 import pickle
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ class CheckpointError(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    model: torch.nn.Module
+    model: torch.nn.Module | None  # None when an optimized runtime serves (runner)
     tokenizer: Any
     labels: list[str]
     max_length: int
@@ -59,6 +60,9 @@ class LoadedModel:
     metrics: dict | None = None
     signature: tuple = ()  # the files as they were just before loading (see `signature`); reload compares to it
     loaded_at: float = field(default_factory=time.time)
+    backend: str = "torch"  # or openvino: inference/runtimes.py
+    runner: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None  # batch -> logits, instead of `model`
+    runtime: dict | None = None  # what inference/runtimes.py measured and chose, for /info
 
     @property
     def id2label(self) -> dict[str, str]:

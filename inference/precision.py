@@ -7,15 +7,18 @@ Accepted names (any of each group, case-insensitive):
     fp32  no  float32 full precision
     fp16  float16     half precision (GPU; training uses a loss scaler)
     bf16  bfloat16    bfloat16
+    int8              8-bit integer weights and activations: serving only, with an optimized CPU runtime
+                      (inference/runtimes.py), guarded by its agreement with fp32
 
-`auto` means the same thing everywhere; a resolved precision is always one of fp32, fp16, bf16.
+`auto` means the same thing everywhere; a resolved precision is always one of fp32, fp16, bf16 (or int8 when
+serving).
 """
 
 from __future__ import annotations
 
 import torch
 
-AUTO, FP32, FP16, BF16 = "auto", "fp32", "fp16", "bf16"
+AUTO, FP32, FP16, BF16, INT8 = "auto", "fp32", "fp16", "bf16", "int8"
 _ALIASES = {
     "auto": AUTO,
     "fp32": FP32,
@@ -27,15 +30,20 @@ _ALIASES = {
     "bfloat16": BF16,
 }
 ACCEPTED = tuple(_ALIASES)
+SERVING_ACCEPTED = (*ACCEPTED, INT8)
 _DTYPES = {FP32: torch.float32, FP16: torch.float16, BF16: torch.bfloat16}
-_TEI_NAMES = {FP32: "float32", FP16: "float16", BF16: "bfloat16"}
+_TEI_NAMES = {FP32: "float32", FP16: "float16", BF16: "bfloat16", INT8: "int8"}
 
 
-def canonical(name: str) -> str:
-    """auto, fp32, fp16 or bf16 for any accepted spelling; ValueError naming the accepted ones otherwise."""
+def canonical(name: str, serving: bool = False) -> str:
+    """auto, fp32, fp16 or bf16 (or int8 when `serving`) for any accepted spelling; ValueError naming the accepted
+    ones otherwise."""
     key = str(name).strip().lower()
+    if serving and key == INT8:
+        return INT8
     if key not in _ALIASES:
-        raise ValueError(f"unknown precision {name!r}; use one of {', '.join(ACCEPTED)}")
+        accepted = SERVING_ACCEPTED if serving else ACCEPTED
+        raise ValueError(f"unknown precision {name!r}; use one of {', '.join(accepted)}")
     return _ALIASES[key]
 
 
@@ -70,5 +78,5 @@ def accelerate_name(precision: str) -> str:
 
 
 def tei_name(precision: str) -> str:
-    """text-embeddings-inference's spelling (`model_dtype` in /info): float32, float16 or bfloat16."""
-    return _TEI_NAMES[canonical(precision)]
+    """text-embeddings-inference's spelling (`model_dtype` in /info): float32, float16 or bfloat16 (int8: ours)."""
+    return _TEI_NAMES[canonical(precision, serving=True)]

@@ -195,6 +195,7 @@ async def info(request: Request) -> Info:
         version=VERSION,
         distilbert_agnews={
             "device": str(served.device),
+            "runtime": served.runtime,
             "torch_threads": torch.get_num_threads(),
             "max_wait_ms": settings.max_wait_ms,
             "checkpoint": {

@@ -10,7 +10,7 @@ import torch
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
-from inference import errors, logs, memory, metrics
+from inference import errors, logs, memory, metrics, precision, runtimes
 from inference.engine import Engine, Limits, warm_up
 from inference.loading import CheckpointError, LoadedModel, load_model
 from inference.metrics import Metrics
@@ -58,14 +58,17 @@ class Service:
         self.engine.swap(loaded)
         self.reloads += 1
         self.metrics.reloads.labels("ok").inc()
-        logger.info("Now serving %s (sha256 %s)", loaded.weights_file, loaded.sha256[:12])
+        served = f"{loaded.backend} {loaded.precision}"
+        logger.info("Now serving %s (sha256 %s, %s)", loaded.weights_file, loaded.sha256[:12], served)
 
     def refused(self) -> None:
         self.metrics.reloads.labels("failed").inc()
 
 
 def load_configured(settings: Settings) -> LoadedModel:
-    return load_model(settings.model_id, device=settings.device, dtype=settings.dtype, revision=settings.revision)
+    """The model in the runtime and precision the settings ask for (converted once per weights hash)."""
+    loaded = load_model(settings.model_id, device=settings.device, dtype=precision.FP32, revision=settings.revision)
+    return runtimes.prepare(loaded, settings)
 
 
 def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metrics) -> Engine:
@@ -122,9 +125,10 @@ async def lifespan(app: FastAPI):
     served = service.engine.current
     service.ready = True
     logger.info(
-        "Ready: %s on %s (%s), labels %s",
+        "Ready: %s on %s (%s %s), labels %s",
         served.weights_file,
         served.device,
+        served.backend,
         served.precision,
         ", ".join(served.labels),
     )

@@ -1,0 +1,73 @@
+"""OpenVINO, the optimized CPU runtime: the classifier converted from PyTorch (`ov.convert_model`), quantized to
+int8 by NNCF on calibration texts when asked, saved as IR (model.xml + model.bin) and compiled for the CPU.
+
+Imported only when OpenVINO serves or is measured (`pip install 'distilbert-agnews[openvino]'`). The compiled
+model releases the GIL and runs as fast on a worker thread as on the main thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import torch
+
+from inference import files, precision
+
+logger = logging.getLogger(__name__)
+
+_HINTS = {precision.FP32: "f32", precision.BF16: "bf16"}  # int8: the runtime's default for what is not quantized
+
+
+def version() -> str:
+    return ov.get_version()
+
+
+def convert(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> ov.Model:
+    """The PyTorch classifier as an OpenVINO model, batch and length dynamic, fed the names in `example`."""
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about Python branches on shapes: the graph stays dynamic
+        return ov.convert_model(model.float().eval(), example_input=example)
+
+
+def input_names(model: ov.Model | ov.CompiledModel) -> list[str]:
+    return [port.get_any_name() for port in model.inputs]
+
+
+def quantize(model: ov.Model, samples: list[dict[str, np.ndarray]]) -> ov.Model:
+    """int8 weights and activations (NNCF post-training quantization, transformer preset) calibrated on `samples`."""
+    import nncf  # 4 s to import: only when quantizing
+
+    nncf.set_log_level(logging.WARNING)
+    return nncf.quantize(
+        model,
+        nncf.Dataset(samples),
+        model_type=nncf.ModelType.TRANSFORMER,
+        subset_size=len(samples),
+    )
+
+
+def save(model: ov.Model, folder: Path) -> Path:
+    """IR in `folder` (weights kept at full width: no fp16 compression, which would change the answers)."""
+    xml = folder / files.RUNTIME_MODEL
+    ov.save_model(model, str(xml), compress_to_fp16=False)
+    return xml
+
+
+class Runner:
+    """The compiled model, called by one thread at a time (the engine's worker): logits as an fp32 tensor."""
+
+    def __init__(self, xml: Path, serving_precision: str, threads: int):
+        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
+        if serving_precision in _HINTS:
+            config["INFERENCE_PRECISION_HINT"] = _HINTS[serving_precision]
+        self.compiled = ov.Core().compile_model(str(xml), "CPU", config)
+        self.inputs = input_names(self.compiled)
+        self.request = self.compiled.create_infer_request()
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        result = self.request.infer({name: batch[name].numpy() for name in self.inputs}, share_inputs=True)
+        return torch.from_numpy(np.array(result[0], dtype=np.float32))
