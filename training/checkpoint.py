@@ -361,6 +361,15 @@ class OutputDir:
         if self.accelerator.is_main_process:
             model_card.write_model_card(self.root, summary, hub_model_id)
 
+    def export_runtime(self, backend: str) -> None:
+        """The best model converted for an optimized CPU runtime (inference/runtimes.py), from the main process;
+        the others wait for it."""
+        if self.accelerator.is_main_process:
+            from inference.runtimes import export  # OpenVINO is imported only when asked for
+
+            export(self.root, backend)
+        self.accelerator.wait_for_everyone()
+
     def push(self, repo_id: str, private: bool) -> None:
         """Upload the folder (training/push.py) from the main process; the others wait for it."""
         if self.accelerator.is_main_process:

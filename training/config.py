@@ -10,6 +10,7 @@ reported in one line (`learning_rate: must be > 0 (got -1.0)`, exit code 2) befo
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import typing
 from pathlib import Path
@@ -198,6 +199,10 @@ class EvaluationConfig(_Group):
     export_hf_format: bool = True
     """Also write the best model in Hugging Face format (model.safetensors and tokenizer files beside config.json), so
     `transformers.pipeline("text-classification", model=output_dir)` loads it. Doubles the weights on disk."""
+    export_runtime: Literal["none", "openvino"] = "none"
+    """At the end of the run, also convert the best model for the optimized CPU runtime (OpenVINO fp32, and int8 when it
+    agrees with fp32 on the recorded calibration texts) into output_dir/runtime/, so the service starts without
+    converting; needs `pip install 'distilbert-agnews[openvino]'`."""
     checkpointing_steps: str = "epoch"
     """Save resumable state every N optimizer steps, at each 'epoch' end, or 'none'."""
     save_total_limit: AtLeast1 | None = None
@@ -306,6 +311,11 @@ def check(cfg: TrainConfig) -> None:
         or (cfg.checkpointing_steps.isdigit() and int(cfg.checkpointing_steps) >= 1),
         "checkpointing_steps",
         "must be 'epoch', 'none' or a positive integer",
+    )
+    need(
+        cfg.export_runtime == "none" or importlib.util.find_spec("openvino") is not None,
+        "export_runtime",
+        "needs OpenVINO: pip install 'distilbert-agnews[openvino]'",
     )
     trackers = [t.strip() for t in cfg.report_to.split(",")]
     unknown = [t for t in trackers if t not in TRACKERS]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 _LOADERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
+CALIBRATION_TEXTS = 600  # every third (200) held out for the int8 agreement check, 300 of the rest calibrate it
+
+
 class DataError(ValueError):
     """Bad input data; the message names the file (or dataset) and the row."""
 
@@ -39,6 +42,7 @@ class Splits:
     validation: datasets.Dataset
     test: datasets.Dataset | None
     labels: LabelSpace
+    calibration: list[str] = field(default_factory=list)  # training texts recorded for int8 serving
 
     @property
     def label_names(self) -> list[str]:
@@ -230,7 +234,16 @@ def load_splits(cfg: TrainConfig) -> Splits:
         validation=_subsample(validation, cfg.num_samples, cfg.seed),
         test=_subsample(test, cfg.num_samples, cfg.seed) if test is not None else None,
         labels=labels,
+        calibration=calibration_sample(train, cfg.seed),
     )
+
+
+def calibration_sample(train: datasets.Dataset, seed: int, n: int = CALIBRATION_TEXTS) -> list[str]:
+    """A seeded sample of training texts, recorded beside the model: the service calibrates int8 on it and checks
+    the agreement with fp32 (inference/runtimes.py). None for text-pair tasks."""
+    if "text_pair" in train.column_names:
+        return []
+    return list(_subsample(train, n, seed + 1)["text"])
 
 
 # ------------------------------------------------------------------------------------------ tokenizing
@@ -247,6 +260,7 @@ def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tra
         validation=tokenize(splits.validation, tokenizer, cfg.max_length, "validation"),
         test=tokenize(splits.test, tokenizer, cfg.max_length, "test") if splits.test is not None else None,
         labels=splits.labels,
+        calibration=splits.calibration,
     )
 
 

@@ -198,6 +198,8 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
         guard=StopGuard(accelerator, cfg.max_nonfinite_steps),
     )
     resume(run)
+    if splits.calibration:
+        run.out.write_json(files.CALIBRATION, {"texts": splits.calibration, "source": "a seeded sample of train"})
     return run
 
 
@@ -286,6 +288,8 @@ def train_and_report(cfg: TrainConfig, accelerator: Accelerator, run: Run, start
     summary = run_summary(run, score_best_model(run), time.time() - started)
     summary["throughput"] = speed
     run.out.write_final(summary, run.progress, cfg.hub_model_id)
+    if cfg.export_runtime != "none":
+        run.out.export_runtime(cfg.export_runtime)
     if cfg.push_to_hub:
         run.out.push(cfg.hub_model_id, cfg.hub_private_repo)
     accelerator.wait_for_everyone()
