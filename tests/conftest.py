@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -28,7 +29,10 @@ def smoke_dir(tmp_path_factory) -> Path:
 
 # One trained model for every test that only reads one: 1 process, 1 epoch of the smoke preset (168 steps) with
 # resumable states at steps 84 (mid-epoch) and 168 (the end). Tests that write into it take a copy.
-SMOKE_MODEL_ARGS = ["--preset", "smoke", "--checkpointing_steps", "84", "--num_train_epochs", "1"]
+# With OpenVINO installed, --export_runtime openvino: serving tests start without converting (test_runtimes.py).
+SMOKE_MODEL_ARGS = ["--preset", "smoke", "--checkpointing_steps", "84", "--num_train_epochs", "1"] + (
+    ["--export_runtime", "openvino"] if importlib.util.find_spec("openvino") else []
+)
 
 
 @pytest.fixture(scope="session")

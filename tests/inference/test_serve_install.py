@@ -1,4 +1,5 @@
-"""`pip install ".[serve]"` alone runs the service: no datasets, accelerate or matplotlib in that environment.
+"""`pip install ".[serve]"` alone runs the service: no datasets, accelerate, matplotlib or OpenVINO in that
+environment (BACKEND=auto then serves PyTorch and says why).
 
 `.ci/run` builds such an environment (torch, then `.[serve]`) and names its interpreter in SERVE_ONLY_PYTHON;
 without it this test is skipped, saying so.
@@ -25,7 +26,7 @@ PYTHON = os.environ.get("SERVE_ONLY_PYTHON")
     "(.ci/run builds one with pip install '.[serve]')",
 )
 def test_the_service_runs_from_a_serve_only_install(smoke_checkpoint):
-    for training_only in ("datasets", "accelerate", "matplotlib"):
+    for training_only in ("datasets", "accelerate", "matplotlib", "openvino"):
         probe = subprocess.run(
             [PYTHON, "-c", f"import {training_only}"], capture_output=True, text=True, cwd="/", timeout=60
         )
@@ -36,5 +37,9 @@ def test_the_service_runs_from_a_serve_only_install(smoke_checkpoint):
     try:
         answer = httpx.post(f"{server.url}/predict", json={"inputs": "The yankees beat the red sox."})
         assert answer.status_code == 200 and answer.json()[0]["label"] == "Sports"
+        runtime = httpx.get(f"{server.url}/info").json()["distilbert_agnews"]["runtime"]
+        assert (runtime["backend"], runtime["precision"]) == ("torch", "fp32")
     finally:
-        server.stop()
+        log = server.stop()
+    # BACKEND=auto without the optimized runtime: today's path, said in one line
+    assert "Runtime: torch fp32 (BACKEND=auto: OpenVINO is not installed" in log, log
