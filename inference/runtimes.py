@@ -291,7 +291,7 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
         if candidate == Candidate(TORCH, precision.FP32):
             results.append(_verdict(candidate, 1.0 if len(held) >= MIN_HELD_OUT else None, reference_speed))
             continue
-        run = _runner(loaded, candidate, cache, threads, calibration, batches[0])
+        run = _runner(loaded, candidate, cache, threads, calibration)
         result = _compare(candidate, run, batches, reference, real=len(held) >= MIN_HELD_OUT)
         if candidate.backend == OPENVINO:
             result["ir"] = _ir_folder(cache, candidate, calibration).name
@@ -336,7 +336,11 @@ def _synthetic_batches(loaded: LoadedModel) -> list[dict]:
     generator = torch.Generator().manual_seed(0)
     vocab = loaded.tokenizer.vocab_size
     ids = torch.randint(1000 % vocab, vocab, (4, BATCH, 64), generator=generator)
-    return [{"input_ids": i, "attention_mask": torch.ones_like(i)} for i in ids]
+    batches = [{"input_ids": i, "attention_mask": torch.ones_like(i)} for i in ids]
+    if "token_type_ids" in loaded.tokenizer.model_input_names:
+        for batch in batches:
+            batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+    return batches
 
 
 def _torch_runner(model: torch.nn.Module):
@@ -347,12 +351,12 @@ def _torch_runner(model: torch.nn.Module):
     return run
 
 
-def _runner(loaded: LoadedModel, candidate: Candidate, cache: Path, threads: int, calibration, example):
+def _runner(loaded: LoadedModel, candidate: Candidate, cache: Path, threads: int, calibration: list[str]):
     if candidate.backend == TORCH:
         return _torch_runner(copy.deepcopy(loaded.model).to(precision.torch_dtype(candidate.precision)))
     from inference import openvino_runtime
 
-    return openvino_runtime.Runner(_ir(loaded, candidate, cache, calibration, example), candidate.precision, threads)
+    return openvino_runtime.Runner(_ir(loaded, candidate, cache, calibration), candidate.precision, threads)
 
 
 def _ir_folder(cache: Path, candidate: Candidate, calibration: list[str]) -> Path:
@@ -361,7 +365,7 @@ def _ir_folder(cache: Path, candidate: Candidate, calibration: list[str]) -> Pat
     return cache / "openvino-fp32"  # bf16 is a compile-time hint on the same IR
 
 
-def _ir(loaded: LoadedModel, candidate: Candidate, cache: Path, calibration: list[str], example: dict) -> Path:
+def _ir(loaded: LoadedModel, candidate: Candidate, cache: Path, calibration: list[str]) -> Path:
     """The candidate's IR, converted (and quantized) unless an earlier start left it."""
     from inference import openvino_runtime
 
@@ -369,6 +373,8 @@ def _ir(loaded: LoadedModel, candidate: Candidate, cache: Path, calibration: lis
     if (folder / files.RUNTIME_MODEL).is_file():
         return folder / files.RUNTIME_MODEL
     started = time.perf_counter()
+    # traced on a text pair: every input the tokenizer gives (a BERT's token_type_ids too) becomes a model input
+    example = collate(encode(loaded, [("an example text", "and its pair")], True, False), loaded.tokenizer.pad_token_id)
     model = openvino_runtime.convert(loaded.model, example)
     if candidate.precision == precision.INT8:
         names = openvino_runtime.input_names(model)  # what the model takes (a BERT tokenizer's token_type_ids

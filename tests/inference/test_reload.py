@@ -78,7 +78,8 @@ def test_a_scan_failing_for_a_while_is_one_warning_and_polling_goes_on(checkpoin
     handler = logging.Handler(logging.INFO)
     handler.emit = records.append  # the service's own logging set-up may stop propagation to pytest's handler
     log = logging.getLogger("inference.reload")
-    monkeypatch.setattr(log, "level", logging.INFO)
+    level = log.level
+    log.setLevel(logging.INFO)  # setLevel, not the attribute: it also clears the logger's isEnabledFor cache
     log.addHandler(handler)
     loaded: list = []
     try:
@@ -90,6 +91,7 @@ def test_a_scan_failing_for_a_while_is_one_warning_and_polling_goes_on(checkpoin
         watcher.stop()
     finally:
         log.removeHandler(handler)
+        log.setLevel(level)
     warnings = [r for r in records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "Too many open files" in warnings[0].getMessage()
     assert any("Scanning" in r.getMessage() and "again" in r.getMessage() for r in records)

@@ -98,7 +98,7 @@ def test_help_lists_every_setting_with_its_environment_name_and_default():
             ("--dtype", "float8"),
             {},
             "inference: error: DTYPE: unknown precision 'float8'; use one of auto, fp32, no, "
-            "float32, fp16, float16, bf16, bfloat16 (got 'float8')",
+            "float32, fp16, float16, bf16, bfloat16, int8 (got 'float8')",
         ),
         (
             ("--max_batch_requests", "0"),
