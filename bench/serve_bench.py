@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import importlib.util
 import json
+import logging
 import os
 import platform
 import random
@@ -78,6 +80,46 @@ def make_peer_app(checkpoint_dir: str):
     return app
 
 
+def make_openvino_peer_app(checkpoint_dir: str):
+    """The strong peer a user would write for a CPU: the model converted to OpenVINO and quantized to int8 by NNCF on
+    300 AG News texts (what optimum-intel's OVModelForSequenceClassification and OVQuantizer do; optimum-intel 2.2
+    pins transformers < 5.6, so the same steps are written out here), behind FastAPI, one text per request."""
+    import nncf
+    import numpy as np
+    import openvino as ov
+    import torch
+    from fastapi import FastAPI
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(checkpoint_dir)).eval()
+    model.load_state_dict(torch.load(Path(checkpoint_dir) / files.WEIGHTS, weights_only=True))
+    tokenizer = AutoTokenizer.from_pretrained(Path(checkpoint_dir) / files.TOKENIZER_DIR)
+    example = dict(tokenizer(["an example", "another"], padding=True, return_tensors="pt"))
+    converted = ov.convert_model(model, example_input=example)
+    names = [port.get_any_name() for port in converted.inputs]  # DistilBERT takes no token_type_ids
+    encoded = [tokenizer(t, truncation=True, return_tensors="np") for t in load_texts(300, offset=2000)[0]]
+    samples = [{name: e[name] for name in names} for e in encoded]
+    quantized = nncf.quantize(converted, nncf.Dataset(samples), model_type=nncf.ModelType.TRANSFORMER)
+    compiled = ov.Core().compile_model(quantized, "CPU", {"PERFORMANCE_HINT": "LATENCY"})
+    labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    app = FastAPI()
+
+    @app.post("/predict")
+    def predict(body: dict):
+        encoded = tokenizer(body["inputs"], truncation=True, return_tensors="np")
+        # one infer request per call: FastAPI runs this on several threads, and a request object is not shareable
+        logits = compiled.create_infer_request().infer({name: encoded[name] for name in names})[0][0]
+        scores = np.exp(logits - logits.max())
+        scores /= scores.sum()
+        return sorted(({"label": n, "score": float(v)} for n, v in zip(labels, scores)), key=lambda p: -p["score"])
+
+    @app.get("/ready")
+    def ready():
+        return {"status": "ready"}
+
+    return app
+
+
 # ------------------------------------------------------------------------------------------- the checkpoint
 
 
@@ -109,15 +151,29 @@ def write_checkpoint(folder: Path):
     return config
 
 
-def load_texts(n: int = 2000) -> tuple[list[str], str]:
+def prepare_runtime(checkpoint: Path, texts: list[str]) -> None:
+    """What a real deployment does once: record calibration texts (training's calibration_texts.json, here AG News
+    texts outside the load) and convert and measure the runtimes (training's --export_runtime openvino), so the
+    service under test starts at once with what BACKEND=auto chose."""
+    if not importlib.util.find_spec("openvino") or bench_device() != "cpu":
+        return
+    from inference import runtimes
+
+    calibration = load_texts(600, offset=len(texts))[0]
+    (checkpoint / files.CALIBRATION).write_text(json.dumps({"texts": calibration}))
+    runtimes.export(checkpoint, runtimes.OPENVINO)
+
+
+def load_texts(n: int = 2000, offset: int = 0) -> tuple[list[str], str]:
     if AG_NEWS.is_file():
         with open(AG_NEWS, encoding="utf-8") as fh:
             rows = [r["text"] for r in csv.DictReader(fh)]
         random.Random(0).shuffle(rows)
-        return rows[:n], f"AG News ({AG_NEWS.name})"
+        return rows[offset : offset + n], f"AG News ({AG_NEWS.name})"
     from training.smoke import make_split
 
-    return [t for t, _ in make_split(n, seed=3)], "synthetic smoke texts (shared AG News data not found)"
+    texts = [t for t, _ in make_split(offset + n, seed=3)][offset:]
+    return texts, "synthetic smoke texts (shared AG News data not found)"
 
 
 # ------------------------------------------------------------------------------------------ measurements
@@ -134,7 +190,7 @@ def start(cmd: list[str], url: str, log: Path, cwd: Path = ROOT) -> subprocess.P
 
     env = {**os.environ, "PYTHONPATH": str(cwd)}  # the previous service runs from its own checkout
     process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    deadline = time.time() + 180
+    deadline = time.time() + 600  # the int8 peer quantizes at start
     while time.time() < deadline:
         if process.poll() is not None:
             sys.exit(f"{cmd} exited; see {log}")
@@ -355,6 +411,13 @@ def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, 
         [sys.executable, __file__, "--serve-peer", str(checkpoint), "--port", str(peer_port)],
         ROOT,
     )
+    if importlib.util.find_spec("openvino") and bench_device() == "cpu":
+        ov_port = free_port()
+        servers["ov-int8-peer"] = (
+            f"http://127.0.0.1:{ov_port}",
+            [sys.executable, __file__, "--serve-openvino-peer", str(checkpoint), "--port", str(ov_port)],
+            ROOT,
+        )
     return servers
 
 
@@ -411,18 +474,22 @@ def main() -> None:
     parser.add_argument("--precision", default="auto", help="both services' DTYPE: auto, bf16 or fp32")
     parser.add_argument("--baseline", metavar="GIT_REF", help="also run the service as it was at this commit")
     parser.add_argument("--serve-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-openvino-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_peer:  # child process: run the peer
+    if args.serve_peer or args.serve_openvino_peer:  # child process: run a peer
         import uvicorn
 
-        uvicorn.run(make_peer_app(args.serve_peer), host="127.0.0.1", port=args.port, log_level="warning")
+        app = make_peer_app(args.serve_peer) if args.serve_peer else make_openvino_peer_app(args.serve_openvino_peer)
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
         return
 
     import torch
 
     from inference import files, precision
     from inference.settings import available_cores
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the runtime measurement's lines
 
     work = Path(tempfile.mkdtemp(prefix="serve_bench_"))
     checkpoint = work / "checkpoint"
@@ -437,9 +504,12 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(f"model: DistilBERT-base architecture (random weights), {params:.1f} M params")
     print(f"texts: {source}, mean {mean_tokens:.1f} tokens; on {bench_device()}: services at {served}, peer at fp32")
+    prepare_runtime(checkpoint, texts)
     servers = server_commands(checkpoint, args, work)
     results = measure(servers, texts, args, work)
     table(results, list(servers), args.concurrency)
+    runtime_lines = [line for line in (work / "ours.log").read_text().splitlines() if "Runtime" in line]
+    print("\nours, what its runtime choice measured (inference/runtimes.py):", *runtime_lines, sep="\n  ")
 
     threads = available_cores()
     peak = peak_gemm_flops(precision.torch_dtype(served), threads)
