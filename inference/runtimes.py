@@ -14,7 +14,8 @@ texts/s over those same batches (synthetic ones when there are no texts). Calibr
 CALIBRATION_FILE, else the checkpoint's calibration_texts.json (training records a sample of its training split).
 
     <checkpoint>/runtime/<sha256[:16]>/      or RUNTIME_CACHE/<sha256[:16]>/ when the folder cannot be written
-        runtime.json                         what was measured, the choice, and what they depend on
+        runtime.json                         per set of candidates (BACKEND, DTYPE): what was measured, the
+                                             choice, and what they depend on
         openvino-fp32/model.xml (+ .bin)     the converted model
         openvino-int8-<texts digest>/...     quantized on those calibration texts
 
@@ -123,7 +124,7 @@ def prepare(loaded: LoadedModel, settings) -> LoadedModel:
             report = measure(loaded, options, texts, cache, settings.torch_threads)
             report["chosen"] = choose(report["candidates"], races(settings.backend, settings.dtype))
             report["key"] = key
-            (cache / files.RUNTIME_CHOICE).write_text(json.dumps(report, indent=2))
+            _write_report(cache, report)
         served = _build_chosen(loaded, report, cache, settings.torch_threads)
     _prune_siblings(loaded, cache)
     return served
@@ -248,16 +249,29 @@ def _cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], 
     }
 
 
-def _read_report(cache: Path, key: dict) -> dict | None:
-    path = cache / files.RUNTIME_CHOICE
+def _reports(cache: Path) -> list[dict]:
+    """runtime.json: one report per set of settings measured (BACKEND and DTYPE decide the candidates)."""
     try:
-        report = json.loads(path.read_text())
+        data = json.loads((cache / files.RUNTIME_CHOICE).read_text())
     except (OSError, ValueError):
-        return None
-    if report.get("key") != key:
-        logger.info("Runtime: %s was measured for other weights, texts, CPU or versions; measuring again", path)
-        return None
-    return report
+        return []
+    return [r for r in data.get("reports", []) if isinstance(r, dict)] if isinstance(data, dict) else []
+
+
+def _read_report(cache: Path, key: dict) -> dict | None:
+    found = next((r for r in _reports(cache) if r.get("key") == key), None)
+    if found is None:
+        logger.info("Runtime: no measurement in %s for these weights, texts, settings, CPU and versions", cache)
+    return found
+
+
+def _write_report(cache: Path, report: dict) -> None:
+    """Replaces the report for the same candidates, keeps the others; atomic (written, then renamed)."""
+    options = report["key"]["options"]
+    reports = [r for r in _reports(cache) if r.get("key", {}).get("options") != options] + [report]
+    staging = cache / f".{files.RUNTIME_CHOICE}.{os.getpid()}"
+    staging.write_text(json.dumps({"reports": reports}, indent=2))
+    os.replace(staging, cache / files.RUNTIME_CHOICE)
 
 
 def _prune_siblings(loaded: LoadedModel, cache: Path) -> None:

@@ -197,10 +197,10 @@ def test_impossible_runtime_settings_are_one_line(smoke_checkpoint, settings, me
 
 def test_training_exported_the_runtime_and_the_service_starts_without_converting(smoke_checkpoint):
     """SMOKE_MODEL_ARGS has --export_runtime openvino: the default service start reads what training measured."""
-    reports = list((smoke_checkpoint / files.RUNTIME_DIR).glob(f"*/{files.RUNTIME_CHOICE}"))
-    assert len(reports) == 1, reports
-    report = json.loads(reports[0].read_text())
-    assert {c["name"] for c in report["candidates"]} >= {"openvino int8", "openvino fp32", "torch fp32"}
+    found = list((smoke_checkpoint / files.RUNTIME_DIR).glob(f"*/{files.RUNTIME_CHOICE}"))
+    assert len(found) == 1, found  # one weights hash
+    reports = json.loads(found[0].read_text())["reports"]  # other tests may have measured other settings since
+    report = next(r for r in reports if r["key"]["options"] == ["openvino int8", "openvino fp32", "torch fp32"])
     with runtime_log() as lines:
         loaded = serve(smoke_checkpoint)
     assert not any("converted" in line or "measuring" in line for line in lines), lines
