@@ -32,6 +32,7 @@ import logging
 import os
 import platform
 import random
+import re
 import signal
 import socket
 import statistics
@@ -159,8 +160,9 @@ def prepare_runtime(checkpoint: Path, texts: list[str]) -> None:
         return
     from inference import runtimes
 
-    calibration = load_texts(600, offset=len(texts))[0]
-    (checkpoint / files.CALIBRATION).write_text(json.dumps({"texts": calibration}))
+    if not (checkpoint / files.CALIBRATION).is_file():  # a checkpoint trained by our CLI has its own
+        calibration = load_texts(600, offset=len(texts))[0]
+        (checkpoint / files.CALIBRATION).write_text(json.dumps({"texts": calibration}))
     runtimes.export(checkpoint, runtimes.OPENVINO)
 
 
@@ -188,7 +190,8 @@ def free_port() -> int:
 def start(cmd: list[str], url: str, log: Path, cwd: Path = ROOT) -> subprocess.Popen:
     import httpx
 
-    env = {**os.environ, "PYTHONPATH": str(cwd)}  # the previous service runs from its own checkout
+    # the previous service runs from its own checkout, ahead of anything else on the path
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(cwd), os.environ.get("PYTHONPATH")]))}
     process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     deadline = time.time() + 600  # the int8 peer quantizes at start
     while time.time() < deadline:
@@ -287,6 +290,30 @@ def peak_gemm_flops(dtype, threads: int, trials: int = 7) -> float:
     return best
 
 
+def openvino_int8_peak(threads: int, trials: int = 7) -> float:
+    """Best of several timed 2048² int8 matrix products in OpenVINO (a linear layer quantized by NNCF, as in the
+    served model): the peak of the int8 path ours serves, which torch's CPU int8 GEMM is not."""
+    import nncf
+    import openvino as ov
+    import torch
+
+    n = 2048
+    x = torch.randn(n, n)
+    layer = torch.nn.Linear(n, n, bias=False).eval()
+    quantized = nncf.quantize(ov.convert_model(layer, example_input=x), nncf.Dataset([x.numpy()]), subset_size=1)
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
+    request = ov.Core().compile_model(quantized, "CPU", config).create_infer_request()
+    for _ in range(2):
+        request.infer([x.numpy()])
+    best = 0.0
+    for _ in range(trials):
+        start_t = time.perf_counter()
+        for _ in range(4):
+            request.infer([x.numpy()])
+        best = max(best, 2 * n**3 * 4 / (time.perf_counter() - start_t))
+    return best
+
+
 def synchronize() -> None:
     import torch
 
@@ -311,6 +338,35 @@ def in_process_single(checkpoint: Path, texts: list[str], dtype: str) -> float:
         forward(loaded, encode(loaded, [(text, None)], truncate=True, left=False)).cpu()
         times.append(time.perf_counter() - start_t)
     return statistics.median(times[10:]) * 1000
+
+
+def runtime_agreement(checkpoint: Path, texts: list[str]) -> None:
+    """How often each OpenVINO precision keeps the PyTorch fp32 argmax on the benchmark's texts (for a checkpoint
+    trained on other texts than these), what runtimes.py's guard measured on its held-out calibration texts."""
+    from inference.engine import encode, forward
+    from inference.loading import load_model
+    from inference.service import load_configured
+    from inference.settings import from_env
+
+    def labels(loaded) -> list[int]:
+        chunks = [texts[i : i + 32] for i in range(0, len(texts), 32)]
+        return [
+            int(x)
+            for c in chunks
+            for x in forward(loaded, encode(loaded, [(t, None) for t in c], True, False)).argmax(-1)
+        ]
+
+    reference = labels(load_model(str(checkpoint), device="cpu", dtype="fp32"))
+    for dtype in ("int8", "bf16", "fp32"):
+        settings = from_env(
+            model_id=str(checkpoint), device="cpu", reload_interval_s=0, backend="openvino", dtype=dtype
+        )
+        loaded = load_configured(settings)
+        agree = sum(a == b for a, b in zip(labels(loaded), reference)) / len(reference)
+        print(
+            f"  openvino {dtype} asked, {loaded.precision} served: {agree:.2%} of {len(texts)} benchmark texts keep "
+            f"the fp32 label (guard: {loaded.runtime['agreement']:.2%} on held-out calibration texts)"
+        )
 
 
 def bf16_agreement(texts: list[str]) -> tuple[float, int, str]:
@@ -372,7 +428,10 @@ def machine() -> str:
 
 
 def checkout(ref: str, into: Path) -> Path:
-    """The project as it was at `ref` (git archive), to run the previous service beside this one."""
+    """The project as it was at `ref` (git archive), to run the previous service beside this one; `ref` may also be
+    a folder holding that project already (a machine without the repository's history)."""
+    if Path(ref).is_dir():
+        return Path(ref).resolve()
     into.mkdir(parents=True)
     archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
@@ -472,7 +531,13 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=12, help="seconds measured per server and concurrency")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--precision", default="auto", help="both services' DTYPE: auto, bf16 or fp32")
-    parser.add_argument("--baseline", metavar="GIT_REF", help="also run the service as it was at this commit")
+    parser.add_argument("--baseline", metavar="REF", help="also run the service of this commit (or folder)")
+    parser.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="a trained DistilBERT checkpoint in our format to serve instead of random weights (its int8 answers "
+        "can then be compared with fp32: train it on other texts than the benchmark's)",
+    )
     parser.add_argument("--serve-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-openvino-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -485,6 +550,7 @@ def main() -> None:
         return
 
     import torch
+    from transformers import AutoConfig, AutoTokenizer
 
     from inference import files, precision
     from inference.settings import available_cores
@@ -492,17 +558,16 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the runtime measurement's lines
 
     work = Path(tempfile.mkdtemp(prefix="serve_bench_"))
-    checkpoint = work / "checkpoint"
-    config = write_checkpoint(checkpoint)
+    checkpoint = Path(args.checkpoint).resolve() if args.checkpoint else work / "checkpoint"
+    config = AutoConfig.from_pretrained(checkpoint) if args.checkpoint else write_checkpoint(checkpoint)
     texts, source = load_texts()
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(checkpoint / files.TOKENIZER_DIR)
     mean_tokens = statistics.mean(len(tokenizer(t, truncation=True, max_length=512)["input_ids"]) for t in texts)
     served = precision.resolve(args.precision, bench_device())
     params = sum(p.numel() for p in torch.load(checkpoint / files.WEIGHTS).values()) / 1e6
     print(f"machine: {machine()}")
-    print(f"model: DistilBERT-base architecture (random weights), {params:.1f} M params")
+    weights = f"trained, {args.checkpoint}" if args.checkpoint else "DistilBERT-base architecture, random weights"
+    print(f"model: {config.model_type} ({weights}), {params:.1f} M params")
     print(f"texts: {source}, mean {mean_tokens:.1f} tokens; on {bench_device()}: services at {served}, peer at fp32")
     prepare_runtime(checkpoint, texts)
     servers = server_commands(checkpoint, args, work)
@@ -512,12 +577,16 @@ def main() -> None:
     print("\nours, what its runtime choice measured (inference/runtimes.py):", *runtime_lines, sep="\n  ")
 
     threads = available_cores()
-    peak = peak_gemm_flops(precision.torch_dtype(served), threads)
+    chosen = re.findall(r"Runtime: serving \w+ (\w+)", "\n".join(runtime_lines))
+    served = chosen[-1] if chosen else served  # what the runtime choice picked, else the torch precision
+    int8 = served == precision.INT8
+    peak = openvino_int8_peak(threads) if int8 else peak_gemm_flops(precision.torch_dtype(served), threads)
     per_text = flops_per_text(config, mean_tokens)
     ceiling = peak / per_text
     best = max(results["ours", c]["rps"] for c in args.concurrency)
     print(
-        f"\nceiling: peak {served} GEMM {peak / 1e12:.2f} TFLOP/s / {per_text / 1e9:.2f} GFLOP per text "
+        f"\nceiling: peak {served} GEMM {peak / 1e12:.2f} T{'OP' if int8 else 'FLOP'}/s / "
+        f"{per_text / 1e9:.2f} GFLOP per text "
         f"= {ceiling:.0f} texts/s; ours at best {best:.1f} = {best / ceiling:.0%} of it"
     )
     if 1 in args.concurrency:
@@ -526,8 +595,12 @@ def main() -> None:
             f"concurrency 1: in-process tokenize+forward {single:.1f} ms; ours p50 {results['ours', 1]['p50']:.1f} ms "
             f"= {results['ours', 1]['p50'] / single:.2f}x"
         )
-    agreement, n, what = bf16_agreement(texts)
-    print(f"bf16 vs fp32 argmax agreement: {agreement:.2%} of {n} texts ({what})")
+    if args.checkpoint and importlib.util.find_spec("openvino") and bench_device() == "cpu":
+        print("agreement with PyTorch fp32 on the trained checkpoint:")
+        runtime_agreement(checkpoint, texts)
+    else:
+        agreement, n, what = bf16_agreement(texts)
+        print(f"bf16 vs fp32 argmax agreement: {agreement:.2%} of {n} texts ({what})")
 
 
 if __name__ == "__main__":
