@@ -41,6 +41,7 @@ CALIBRATION = "calibration_texts.json"
 RUNTIME_DIR = "runtime"
 RUNTIME_CHOICE = "runtime.json"
 RUNTIME_MODEL = "model.xml"  # OpenVINO IR; its weights in model.bin beside it
+RUNTIME_ONNX = "model.onnx"  # ONNX Runtime
 
 LOCK = ".distilbert_agnews.lock"
 STATE_DIR = "state"

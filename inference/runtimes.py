@@ -1,11 +1,12 @@
-"""Which runtime serves the model (PyTorch, or OpenVINO in fp32, bf16 or int8) and the converted model, produced once
-per weights hash.
+"""Which runtime serves the model (PyTorch, OpenVINO in fp32, bf16 or int8, or ONNX Runtime in fp32 or int8) and the
+converted model, produced once per weights hash.
 
     BACKEND=torch      the PyTorch model at DTYPE (auto: bf16 where native, fp16 on a GPU without bf16, else fp32)
     BACKEND=openvino   OpenVINO on the CPU at DTYPE: fp32, bf16, int8 (refused below the agreement bound: the next
                        precision serves), or auto: the fastest of them that agrees with fp32
-    BACKEND=auto       on a GPU, torch; on a CPU, the fastest of PyTorch and OpenVINO candidates that agrees with fp32;
-                       PyTorch alone, said in one log line, when OpenVINO is not installed
+    BACKEND=onnxruntime  the same with ONNX Runtime: fp32, int8 (dynamic quantization), or auto
+    BACKEND=auto       on a GPU, torch; on a CPU, the fastest candidate of PyTorch and every installed optimized
+                       runtime that agrees with fp32; PyTorch alone, said in one log line, when none is installed
 
 Agreement: each candidate's argmax is compared with the PyTorch fp32 model's on held-out calibration texts (every
 third text; the others calibrate int8) and must reach AGREEMENT_BOUND; candidates in fp32, the reference precision,
@@ -19,6 +20,8 @@ CALIBRATION_FILE, else the checkpoint's calibration_texts.json (training records
                                              choice, and what they depend on
         openvino-fp32/model.xml (+ .bin)     the converted model
         openvino-int8-<texts digest>/...     quantized on those calibration texts
+        onnxruntime-fp32/model.onnx          exported by torch.onnx.export
+        onnxruntime-int8/model.onnx          quantized dynamically (no calibration texts)
 
 A later start with the same weights, texts, CPU, thread count and library versions reads runtime.json and compiles
 the chosen model without measuring again; folders of other weights beside the checkpoint are removed. Conversion
@@ -50,13 +53,16 @@ from inference.settings import SettingsError, from_env
 
 logger = logging.getLogger(__name__)
 
-TORCH, OPENVINO, AUTO = "torch", "openvino", "auto"
-BACKENDS = (AUTO, TORCH, OPENVINO)
+TORCH, OPENVINO, ONNXRUNTIME, AUTO = "torch", "openvino", "onnxruntime", "auto"
+BACKENDS = (AUTO, TORCH, OPENVINO, ONNXRUNTIME)
+OPTIMIZED = (OPENVINO, ONNXRUNTIME)  # in auto's order of preference among equals
+_NEEDS = {OPENVINO: ("openvino", "nncf"), ONNXRUNTIME: ("onnxruntime", "onnx", "onnxscript")}
+_MODEL_FILE = {OPENVINO: files.RUNTIME_MODEL, ONNXRUNTIME: files.RUNTIME_ONNX}
 AGREEMENT_BOUND = 0.995
 MIN_HELD_OUT = 50  # fewer held-out texts cannot show 99.5 %
 MAX_CALIBRATION, MAX_HELD_OUT, BATCH = 300, 200, 32
 TIMED_BATCHES = 4  # the speed race: 128 held-out texts per round
-INSTALL_HINT = "pip install 'distilbert-agnews[openvino]'"
+INSTALL_HINT = "pip install 'distilbert-agnews[openvino]' or '[onnxruntime]'"
 
 
 @dataclass(frozen=True)
@@ -69,39 +75,59 @@ class Candidate:
         return f"{self.backend} {self.precision}"
 
 
-def openvino_installed() -> bool:
-    return importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("nncf") is not None
+def installed(backend: str) -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in _NEEDS[backend])
 
 
 def candidates(backend: str, dtype: str, device_type: str) -> tuple[list[Candidate], str]:
     """The runtimes and precisions to consider, in order of preference, and why these."""
-    if backend == OPENVINO:
-        if not openvino_installed():
-            raise SettingsError(f"BACKEND: openvino is not installed ({INSTALL_HINT})")
+    if backend in OPTIMIZED:
+        if not installed(backend):
+            raise SettingsError(f"BACKEND: {backend} is not installed (pip install 'distilbert-agnews[{backend}]')")
         if device_type != "cpu":
-            raise SettingsError("BACKEND: openvino serves on the CPU; set DEVICE=cpu, or BACKEND=torch for the GPU")
-        return _openvino_options(dtype), "BACKEND=openvino"
-    if backend == AUTO and device_type == "cpu" and openvino_installed():
-        options = _openvino_options(dtype)
-        if dtype != precision.INT8:
+            raise SettingsError(f"BACKEND: {backend} serves on the CPU; set DEVICE=cpu, or BACKEND=torch for the GPU")
+        return _options(backend, dtype), f"BACKEND={backend}"
+    present = [b for b in OPTIMIZED if installed(b)]
+    if backend == AUTO and device_type == "cpu" and present:
+        # an explicit bfloat16 leaves out a runtime that has no bf16 path; the others serve it
+        usable = [b for b in present if dtype != precision.BF16 or precision.BF16 in _PRECISIONS[b]]
+        options = [c for b in usable for c in _options(b, dtype)]
+        if dtype == precision.INT8:
+            options.sort(key=lambda c: c.precision != precision.INT8)  # every int8 first, then the fallbacks
+        else:
             options.append(Candidate(TORCH, precision.resolve(dtype, device_type)))
-        return options, "BACKEND=auto on a CPU with OpenVINO installed"
+        return options, f"BACKEND=auto on a CPU with {' and '.join(present)} installed"
     if dtype == precision.INT8 and (backend == TORCH or device_type != "cpu"):
-        raise SettingsError("DTYPE: int8 needs an optimized CPU runtime (BACKEND=openvino, or auto on a CPU)")
+        raise SettingsError(
+            "DTYPE: int8 needs an optimized CPU runtime (BACKEND=openvino or onnxruntime, or auto on a CPU)"
+        )
     why = "BACKEND=torch" if backend == TORCH else "BACKEND=auto on a GPU"
     if backend == AUTO and device_type == "cpu":
-        why = f"BACKEND=auto: OpenVINO is not installed ({INSTALL_HINT} for the optimized CPU runtime)"
+        why = f"BACKEND=auto: no optimized CPU runtime is installed ({INSTALL_HINT})"
         dtype = precision.AUTO if dtype == precision.INT8 else dtype
     return [Candidate(TORCH, precision.resolve(dtype, device_type))], why
 
 
-def _openvino_options(dtype: str) -> list[Candidate]:
+_PRECISIONS = {
+    OPENVINO: (precision.INT8, precision.BF16, precision.FP32),
+    ONNXRUNTIME: (precision.INT8, precision.FP32),
+}
+
+
+def _options(backend: str, dtype: str) -> list[Candidate]:
+    """One runtime's candidates at DTYPE: that precision alone, or (auto, int8) its precisions in preference order."""
     if dtype == precision.FP16:
-        raise SettingsError("DTYPE: float16 is for GPUs; OpenVINO on the CPU serves float32, bfloat16 or int8")
+        raise SettingsError(f"DTYPE: float16 is for GPUs; {backend} on the CPU serves {_names(backend)}")
+    if dtype != precision.AUTO and dtype not in _PRECISIONS[backend]:
+        raise SettingsError(f"DTYPE: {backend} on the CPU serves {_names(backend)}")
     if dtype in (precision.FP32, precision.BF16):
-        return [Candidate(OPENVINO, dtype)]
-    preferred = [precision.INT8] + ([precision.BF16] if precision.native_bf16("cpu") else []) + [precision.FP32]
-    return [Candidate(OPENVINO, p) for p in preferred]
+        return [Candidate(backend, dtype)]
+    native = precision.native_bf16("cpu")
+    return [Candidate(backend, p) for p in _PRECISIONS[backend] if p != precision.BF16 or native]
+
+
+def _names(backend: str) -> str:
+    return ", ".join(precision.tei_name(p) for p in _PRECISIONS[backend])
 
 
 def races(backend: str, dtype: str) -> bool:
@@ -135,8 +161,10 @@ def prepare(loaded: LoadedModel, settings) -> LoadedModel:
 def export(folder: Path, backend: str) -> LoadedModel:
     """Training's --export_runtime: convert and measure now, for the service's default settings (BACKEND=auto,
     DTYPE=auto on this CPU), so its first start only compiles."""
-    if backend != OPENVINO:
+    if backend not in OPTIMIZED:
         raise ValueError(f"export_runtime: unknown runtime {backend!r}")
+    if not installed(backend):
+        raise SettingsError(f"export_runtime: {backend} is not installed (pip install 'distilbert-agnews[{backend}]')")
     settings = from_env(model_id=str(folder), backend=AUTO, dtype=precision.AUTO, device="cpu")
     return prepare(load_model(str(folder), device="cpu", dtype=precision.FP32), settings)
 
@@ -238,15 +266,14 @@ def _digest(texts: list[str]) -> str:
 
 
 def _cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], threads: int) -> dict:
-    from inference import openvino_runtime
-
+    backends = sorted({c.backend for c in options} - {TORCH})
     return {
         "sha256": loaded.sha256,
         "texts": _digest(texts),
         "options": [c.name for c in options],
         "cpu": cpu_name(),
         "threads": threads,
-        "openvino": openvino_runtime.version(),
+        **{b: _module(b).version() for b in backends},
         "torch": torch.__version__,
     }
 
@@ -310,7 +337,7 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
         outputs = [run(b) for b in batches]  # every batch shape once (first-shape set-up is not speed), and the answers
         same = sum(int((o.argmax(-1) == r.argmax(-1)).sum()) for o, r in zip(outputs, reference))
         results[candidate] = _verdict(candidate, same / sum(len(r) for r in reference) if real else None, 0.0)
-        if candidate.backend == OPENVINO:
+        if candidate.backend != TORCH:
             results[candidate]["ir"] = _ir_folder(cache, candidate, calibration).name
         runners[candidate] = run
     for candidate, speed in _speeds(runners, batches[:TIMED_BATCHES]).items():
@@ -379,39 +406,58 @@ def _torch_runner(model: torch.nn.Module):
 def _runner(loaded: LoadedModel, candidate: Candidate, cache: Path, threads: int, calibration: list[str]):
     if candidate.backend == TORCH:
         return _torch_runner(copy.deepcopy(loaded.model).to(precision.torch_dtype(candidate.precision)))
-    from inference import openvino_runtime
+    return _module(candidate.backend).Runner(_ir(loaded, candidate, cache, calibration), candidate.precision, threads)
 
-    return openvino_runtime.Runner(_ir(loaded, candidate, cache, calibration), candidate.precision, threads)
+
+def _module(backend: str):
+    """The runtime's module (imported only when it serves or is measured): version(), Runner(path, precision,
+    threads)."""
+    if backend == OPENVINO:
+        from inference import openvino_runtime
+
+        return openvino_runtime
+    from inference import onnx_runtime
+
+    return onnx_runtime
 
 
 def _ir_folder(cache: Path, candidate: Candidate, calibration: list[str]) -> Path:
+    if candidate.backend == ONNXRUNTIME:
+        return cache / f"onnxruntime-{candidate.precision}"  # dynamic int8: no calibration texts
     if candidate.precision == precision.INT8:
         return cache / f"openvino-int8-{_digest(calibration)}"
     return cache / "openvino-fp32"  # bf16 is a compile-time hint on the same IR
 
 
 def _ir(loaded: LoadedModel, candidate: Candidate, cache: Path, calibration: list[str]) -> Path:
-    """The candidate's IR, converted (and quantized) unless an earlier start left it."""
-    from inference import openvino_runtime
-
+    """The candidate's converted model (quantized for int8) unless an earlier start left it."""
     folder = _ir_folder(cache, candidate, calibration)
-    if (folder / files.RUNTIME_MODEL).is_file():
-        return folder / files.RUNTIME_MODEL
+    if (folder / _MODEL_FILE[candidate.backend]).is_file():
+        return folder / _MODEL_FILE[candidate.backend]
     started = time.perf_counter()
     # traced on a text pair: every input the tokenizer gives (a BERT's token_type_ids too) becomes a model input
     example = collate(encode(loaded, [("an example text", "and its pair")], True, False), loaded.tokenizer.pad_token_id)
-    model = openvino_runtime.convert(loaded.model, example)
-    if candidate.precision == precision.INT8:
-        names = openvino_runtime.input_names(model)  # what the model takes (a BERT tokenizer's token_type_ids
-        samples = [{k: b[k].numpy() for k in names} for b in _batches_of_one(loaded, calibration)]  # may not be)
-        model = openvino_runtime.quantize(model, samples)
     staging = folder.with_name(f".{folder.name}.{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    openvino_runtime.save(model, staging)
+    if candidate.backend == OPENVINO:
+        _convert_openvino(loaded, example, candidate.precision == precision.INT8, calibration, staging)
+    else:
+        _module(ONNXRUNTIME).build(loaded.model, example, candidate.precision == precision.INT8, staging)
     os.replace(staging, folder)
     logger.info("Runtime: converted %s in %.1f s into %s", candidate.name, time.perf_counter() - started, folder)
-    return folder / files.RUNTIME_MODEL
+    return folder / _MODEL_FILE[candidate.backend]
+
+
+def _convert_openvino(loaded: LoadedModel, example: dict, int8: bool, calibration: list[str], staging: Path) -> None:
+    from inference import openvino_runtime
+
+    model = openvino_runtime.convert(loaded.model, example)
+    if int8:
+        names = openvino_runtime.input_names(model)  # what the model takes (a BERT tokenizer's token_type_ids
+        samples = [{k: b[k].numpy() for k in names} for b in _batches_of_one(loaded, calibration)]  # may not be)
+        model = openvino_runtime.quantize(model, samples)
+    openvino_runtime.save(model, staging)
 
 
 def _batches_of_one(loaded: LoadedModel, texts: list[str]) -> list[dict]:
@@ -431,10 +477,8 @@ def _build_chosen(loaded: LoadedModel, report: dict, cache: Path, threads: int) 
     }
     if backend == TORCH:
         return _as_torch(loaded, chosen_precision, summary)
-    from inference import openvino_runtime
-
-    xml = cache / chosen["ir"] / files.RUNTIME_MODEL
-    runner = openvino_runtime.Runner(xml, chosen_precision, threads)
+    xml = cache / chosen["ir"] / _MODEL_FILE[backend]
+    runner = _module(backend).Runner(xml, chosen_precision, threads)
     logger.info(
         "Runtime: serving %s from %s (agreement with fp32 %s, %.1f texts/s when measured)",
         chosen["name"],

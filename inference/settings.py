@@ -113,8 +113,9 @@ class Settings(BaseSettings):
     backend: str = Field(
         "auto",
         description=(
-            "torch, openvino (pip install 'distilbert-agnews[openvino]'), or auto: on a CPU the fastest installed "
-            "runtime whose answers agree with fp32, measured once per weights hash; torch on a GPU [BACKEND]"
+            "torch, openvino or onnxruntime (pip install 'distilbert-agnews[openvino]' or '[onnxruntime]'), or auto: "
+            "on a CPU the fastest installed runtime whose answers agree with fp32, measured once per weights hash; "
+            "torch on a GPU [BACKEND]"
         ),
     )
     calibration_file: str | None = Field(
@@ -181,8 +182,8 @@ class Settings(BaseSettings):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        if value.strip().lower() not in ("auto", "torch", "openvino"):
-            raise ValueError("must be auto, torch or openvino")
+        if value.strip().lower() not in ("auto", "torch", "openvino", "onnxruntime"):
+            raise ValueError("must be auto, torch, openvino or onnxruntime")
         return value.strip().lower()
 
     @field_validator("device")

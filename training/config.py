@@ -199,10 +199,10 @@ class EvaluationConfig(_Group):
     export_hf_format: bool = True
     """Also write the best model in Hugging Face format (model.safetensors and tokenizer files beside config.json), so
     `transformers.pipeline("text-classification", model=output_dir)` loads it. Doubles the weights on disk."""
-    export_runtime: Literal["none", "openvino"] = "none"
-    """At the end of the run, also convert the best model for the optimized CPU runtime (OpenVINO fp32, and int8 when it
-    agrees with fp32 on the recorded calibration texts) into output_dir/runtime/, so the service starts without
-    converting; needs `pip install 'distilbert-agnews[openvino]'`."""
+    export_runtime: Literal["none", "openvino", "onnxruntime"] = "none"
+    """At the end of the run, also convert the best model for the optimized CPU runtimes (every installed one, in fp32
+    and in int8 when it agrees with fp32 on the recorded calibration texts) into output_dir/runtime/, so the service
+    starts without converting; needs `pip install 'distilbert-agnews[openvino]'` (or `[onnxruntime]`)."""
     checkpointing_steps: str = "epoch"
     """Save resumable state every N optimizer steps, at each 'epoch' end, or 'none'."""
     save_total_limit: AtLeast1 | None = None
@@ -313,9 +313,9 @@ def check(cfg: TrainConfig) -> None:
         "must be 'epoch', 'none' or a positive integer",
     )
     need(
-        cfg.export_runtime == "none" or importlib.util.find_spec("openvino") is not None,
+        cfg.export_runtime == "none" or importlib.util.find_spec(cfg.export_runtime) is not None,
         "export_runtime",
-        "needs OpenVINO: pip install 'distilbert-agnews[openvino]'",
+        f"needs {cfg.export_runtime}: pip install 'distilbert-agnews[{cfg.export_runtime}]'",
     )
     trackers = [t.strip() for t in cfg.report_to.split(",")]
     unknown = [t for t in trackers if t not in TRACKERS]

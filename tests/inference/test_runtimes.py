@@ -1,7 +1,8 @@
-"""The optimized CPU runtime (inference/runtimes.py): OpenVINO fp32 and int8 answer as PyTorch fp32 does on real
-texts, conversion happens once per weights hash, int8 below the agreement bound is refused, BACKEND=auto falls back
-to PyTorch without OpenVINO, an OpenVINO model is hot-reloaded, /info says what serves. Real checkpoints (the
-session's smoke model, trained with --export_runtime openvino), real conversions."""
+"""The optimized CPU runtimes (inference/runtimes.py): OpenVINO and ONNX Runtime in fp32 and int8 answer as PyTorch
+fp32 does on real texts, conversion happens once per weights hash, int8 below the agreement bound is refused,
+BACKEND=auto races every installed runtime and falls back to PyTorch without one, an OpenVINO model is hot-reloaded,
+/info says what serves. Real checkpoints (the session's smoke model, trained with --export_runtime openvino), real
+conversions."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from tests.inference.test_app import TEXTS, make_client
 from training.smoke import make_split
 
 pytestmark = pytest.mark.skipif(
-    not runtimes.openvino_installed(), reason="OpenVINO is not installed here (pip install '.[openvino]')"
+    not runtimes.installed("openvino"), reason="OpenVINO is not installed here (pip install '.[openvino]')"
 )
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
 
@@ -84,18 +85,31 @@ def fresh(checkpoint_copy: Path) -> Path:
     return checkpoint_copy
 
 
-@pytest.mark.parametrize("dtype", ["int8", "fp32"])
-def test_openvino_gives_torch_fp32_labels(checkpoint_copy, dtype):
+ONNXRUNTIME = pytest.mark.skipif(
+    not runtimes.installed("onnxruntime"), reason="ONNX Runtime is not installed here (pip install '.[onnxruntime]')"
+)
+
+
+@pytest.mark.parametrize(
+    ("backend", "dtype"),
+    [
+        ("openvino", "int8"),
+        ("openvino", "fp32"),
+        pytest.param("onnxruntime", "int8", marks=ONNXRUNTIME),
+        pytest.param("onnxruntime", "fp32", marks=ONNXRUNTIME),
+    ],
+)
+def test_optimized_runtimes_give_torch_fp32_labels(checkpoint_copy, backend, dtype):
     """On 600 fresh texts of the model's own distribution. The guard checked >= 99.5 % on 200 held-out ones; a
     fresh sample may sit a little below it (one text in 200 is 0.5 %), so the bound here is 99 %."""
-    loaded = serve(checkpoint_copy, backend="openvino", dtype=dtype)  # the IR training exported
-    assert (loaded.backend, loaded.precision, loaded.model) == ("openvino", dtype, None)
+    loaded = serve(checkpoint_copy, backend=backend, dtype=dtype)  # what training exported
+    assert (loaded.backend, loaded.precision, loaded.model) == (backend, dtype, None)
     assert loaded.runtime["agreement"] >= runtimes.AGREEMENT_BOUND
     texts = smoke_texts()
     expected = torch_fp32_logits(Reference(checkpoint_copy), texts)
     got = served_logits(loaded, texts)
     agreement = float((got.argmax(-1) == expected.argmax(-1)).float().mean())
-    print(f"openvino {dtype}: argmax agreement with torch fp32 {agreement:.4f} on {len(texts)} texts")
+    print(f"{backend} {dtype}: argmax agreement with torch fp32 {agreement:.4f} on {len(texts)} texts")
     assert agreement >= 0.99
     if dtype == "fp32":
         assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
@@ -169,17 +183,35 @@ def test_calibration_file_is_used_and_a_bad_one_is_one_line(checkpoint_copy, tmp
         serve(folder, backend="openvino", dtype="int8", calibration_file=str(empty))
 
 
-def test_auto_without_openvino_serves_torch_and_says_why(smoke_checkpoint, monkeypatch):
-    monkeypatch.setattr(runtimes, "openvino_installed", lambda: False)
+def test_auto_without_an_optimized_runtime_serves_torch_and_says_why(smoke_checkpoint, monkeypatch):
+    monkeypatch.setattr(runtimes, "installed", lambda backend: False)
     with runtime_log() as lines:
         loaded = serve(smoke_checkpoint)
     assert (loaded.backend, loaded.precision) == ("torch", "fp32")
     assert lines == [
-        "Runtime: torch fp32 (BACKEND=auto: OpenVINO is not installed (pip install 'distilbert-agnews[openvino]' "
-        "for the optimized CPU runtime))"
+        "Runtime: torch fp32 (BACKEND=auto: no optimized CPU runtime is installed (pip install "
+        "'distilbert-agnews[openvino]' or '[onnxruntime]'))"
     ]
-    with pytest.raises(SettingsError, match=r"BACKEND: openvino is not installed \(pip install"):
-        serve(smoke_checkpoint, backend="openvino")
+    for backend in ("openvino", "onnxruntime"):
+        with pytest.raises(SettingsError, match=rf"BACKEND: {backend} is not installed \(pip install"):
+            serve(smoke_checkpoint, backend=backend)
+
+
+@ONNXRUNTIME
+def test_auto_races_every_installed_runtime_and_onnxruntime_alone_is_cached(checkpoint_copy):
+    """BACKEND=auto on a CPU measures OpenVINO, ONNX Runtime and PyTorch; BACKEND=onnxruntime converts once."""
+    options, why = runtimes.candidates("auto", "auto", "cpu")
+    assert {c.backend for c in options} == {"openvino", "onnxruntime", "torch"}, why
+    folder = fresh(checkpoint_copy)
+    with runtime_log() as first:
+        loaded = serve(folder, backend="onnxruntime")
+    assert any(line.startswith("Runtime: converted onnxruntime fp32") for line in first), first
+    assert (folder / files.RUNTIME_DIR / loaded.sha256[:16] / "onnxruntime-fp32" / files.RUNTIME_ONNX).is_file()
+    assert [c["name"] for c in loaded.runtime["candidates"]] == ["onnxruntime int8", "onnxruntime fp32"]
+    with runtime_log() as second:
+        again = serve(folder, backend="onnxruntime")
+    assert not any("converted" in line or "measuring" in line for line in second), second
+    assert (again.backend, again.precision) == (loaded.backend, loaded.precision)
 
 
 @pytest.mark.parametrize(
@@ -187,7 +219,10 @@ def test_auto_without_openvino_serves_torch_and_says_why(smoke_checkpoint, monke
     [
         ({"backend": "torch", "dtype": "int8"}, "DTYPE: int8 needs an optimized CPU runtime"),
         ({"backend": "openvino", "dtype": "fp16"}, "DTYPE: float16 is for GPUs"),
-        ({"backend": "tensorrt"}, "BACKEND: must be auto, torch or openvino"),
+        ({"backend": "tensorrt"}, "BACKEND: must be auto, torch, openvino or onnxruntime"),
+        pytest.param(
+            {"backend": "onnxruntime", "dtype": "bf16"}, "DTYPE: onnxruntime on the CPU serves", marks=ONNXRUNTIME
+        ),
     ],
 )
 def test_impossible_runtime_settings_are_one_line(smoke_checkpoint, settings, message):
@@ -200,7 +235,8 @@ def test_training_exported_the_runtime_and_the_service_starts_without_converting
     found = list((smoke_checkpoint / files.RUNTIME_DIR).glob(f"*/{files.RUNTIME_CHOICE}"))
     assert len(found) == 1, found  # one weights hash
     reports = json.loads(found[0].read_text())["reports"]  # other tests may have measured other settings since
-    report = next(r for r in reports if r["key"]["options"] == ["openvino int8", "openvino fp32", "torch fp32"])
+    options = [c.name for c in runtimes.candidates("auto", "auto", "cpu")[0]]
+    report = next(r for r in reports if r["key"]["options"] == options)
     with runtime_log() as lines:
         loaded = serve(smoke_checkpoint)
     assert not any("converted" in line or "measuring" in line for line in lines), lines
