@@ -54,7 +54,8 @@ def test_batch_keeps_input_order_and_matches_single_requests(client, reference):
         assert_matches(answer, reference.probabilities(text))
         alone = client.post("/predict", json={"inputs": text}).json()  # padded differently: equal to float noise
         assert [p["label"] for p in answer] == [p["label"] for p in alone]
-    assert [a[0]["label"] for a in batch] == ["Business", "Sports", "Sci/Tech", "World"]
+    # each answer is its own text's (checked above); different labels make a reordering visible
+    assert len({a[0]["label"] for a in batch}) >= 3, batch
 
 
 @pytest.mark.parametrize(
