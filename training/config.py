@@ -10,7 +10,6 @@ reported in one line (`learning_rate: must be > 0 (got -1.0)`, exit code 2) befo
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import typing
 from pathlib import Path
@@ -297,6 +296,13 @@ def presets() -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------------------------------ checks
 
 
+def _runtime_installed(backend: str) -> bool:
+    """Whether this runtime can convert (inference/runtimes.py owns what it needs), imported only when asked."""
+    from inference.runtimes import installed
+
+    return installed(backend)
+
+
 def check(cfg: TrainConfig) -> None:
     """Combinations and the outside world (files, installed trackers); one message naming the field."""
 
@@ -313,7 +319,7 @@ def check(cfg: TrainConfig) -> None:
         "must be 'epoch', 'none' or a positive integer",
     )
     need(
-        cfg.export_runtime == "none" or importlib.util.find_spec(cfg.export_runtime) is not None,
+        cfg.export_runtime == "none" or _runtime_installed(cfg.export_runtime),
         "export_runtime",
         f"needs {cfg.export_runtime}: pip install 'distilbert-agnews[{cfg.export_runtime}]'",
     )
