@@ -103,7 +103,7 @@ def test_reports_per_class_confusion_matrix_and_misclassified_rows(trained, smok
         assert (row["text"], row["label"]) == (source["text"], labels[int(source["label"])]) and row[
             "predicted"
         ] != row["label"]
-        assert float(row["predicted_probability"]) > float(row["label_probability"])
+        assert float(row["predicted_probability"]) >= float(row["label_probability"])  # rounded to 4 decimals: ties
     confidence = [float(row["predicted_probability"]) for row in wrong]
     assert confidence == sorted(confidence, reverse=True)
 
