@@ -1,6 +1,7 @@
 """Memory creep (issue 14): RSS stays flat under varied batch shapes. The model is started the way the service
 starts it (load_configured, then ready_engine, which fixes glibc's mmap threshold: inference/memory.py), in a
-fresh process so the allocator starts clean."""
+fresh process so the allocator starts clean. BACKEND=torch: the bound under test is PyTorch's (with auto, the
+race may serve OpenVINO or ONNX Runtime, whose memory this test does not measure)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ tokenizer = AutoTokenizer.from_pretrained(smoke)
 config = DistilBertConfig(vocab_size=len(tokenizer), n_layers=1, num_labels=4, pad_token_id=tokenizer.pad_token_id)
 DistilBertForSequenceClassification(config).save_pretrained(folder)
 tokenizer.save_pretrained(folder)
-settings = from_env(model_id=folder, device="cpu", dtype="fp32", torch_threads=2)
+settings = from_env(model_id=folder, device="cpu", backend="torch", dtype="fp32", torch_threads=2)
 loaded = ready_engine(settings, load_configured(settings), Metrics()).current
 words = [w for w in tokenizer.get_vocab() if w.isalpha()]
 rng = random.Random(0)
