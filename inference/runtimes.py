@@ -49,12 +49,11 @@ from filelock import FileLock
 from inference import files, precision
 from inference.engine import collate, encode
 from inference.loading import LoadedModel, load_model
-from inference.settings import SettingsError, from_env
+from inference.settings import BACKENDS, SettingsError, from_env
 
 logger = logging.getLogger(__name__)
 
-TORCH, OPENVINO, ONNXRUNTIME, AUTO = "torch", "openvino", "onnxruntime", "auto"
-BACKENDS = (AUTO, TORCH, OPENVINO, ONNXRUNTIME)
+AUTO, TORCH, OPENVINO, ONNXRUNTIME = BACKENDS
 OPTIMIZED = (OPENVINO, ONNXRUNTIME)  # in auto's order of preference among equals
 _NEEDS = {OPENVINO: ("openvino", "nncf"), ONNXRUNTIME: ("onnxruntime", "onnx", "onnxscript")}
 _MODEL_FILE = {OPENVINO: files.RUNTIME_MODEL, ONNXRUNTIME: files.RUNTIME_ONNX}

@@ -15,6 +15,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inference import precision
 
+BACKENDS = ("auto", "torch", "openvino", "onnxruntime")  # the runtimes that serve the model (inference/runtimes.py)
+
 
 def available_cores() -> int:
     """Cores this process may run on (affinity-aware where the OS tells; portable to macOS and Windows)."""
@@ -182,8 +184,8 @@ class Settings(BaseSettings):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        if value.strip().lower() not in ("auto", "torch", "openvino", "onnxruntime"):
-            raise ValueError("must be auto, torch, openvino or onnxruntime")
+        if value.strip().lower() not in BACKENDS:
+            raise ValueError(f"must be {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}")
         return value.strip().lower()
 
     @field_validator("device")
