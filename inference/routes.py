@@ -4,8 +4,11 @@ GET /metrics. Ours beside them: GET /ready."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import torch
 from fastapi import APIRouter, Depends, Request, Response
@@ -22,6 +25,7 @@ from inference.service import Service
 
 VERSION = "0.1.0"
 CHARS_PER_TOKEN_LIMIT = 250  # TEI's MAX_CHAR_MULTIPLIER: longer inputs are cut (truncate) or refused, untokenized
+T = TypeVar("T")
 _bearer = HTTPBearer(auto_error=False, description="The API_KEY setting, when the service has one.")
 
 
@@ -62,7 +66,7 @@ async def predict(request: Request) -> Response:
         body = parse(await request.body())
         state.metrics.request_count.labels("batch" if body.is_batch else "single").inc()
         await drop_if_gone(request)  # a client already gone before its request is queued: no tokenizing, no forward
-        answer, labels = await classify(state, body)
+        answer, labels = await unless_gone(request, classify(state, body))
     except ServiceError as exc:
         state.metrics.request_failure.labels(exc.reason).inc()
         raise
@@ -80,6 +84,29 @@ async def predict(request: Request) -> Response:
 async def drop_if_gone(request: Request) -> None:
     if await request.is_disconnected():
         raise ClientDisconnect
+
+
+async def unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """`work`'s result, unless the client disconnects first: then `work` is cancelled (a queued job is skipped by the
+    engine's worker, untokenized and uncomputed) and ClientDisconnect is raised."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request itself was cancelled (shutdown): so is its work
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        raise ClientDisconnect
+    return task.result()
+
+
+async def _disconnected(receive) -> None:
+    """Returns when the ASGI server reports the client gone (the body has been read: nothing else arrives)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def parse(raw: bytes) -> PredictRequest:

@@ -205,6 +205,49 @@ def test_a_client_that_leaves_is_counted_499_without_a_traceback(server):
     assert "Traceback" not in server.output() and " 500" not in server.output(), server.output()[-3000:]
 
 
+def test_queued_requests_whose_clients_left_are_never_computed(slow_checkpoint):
+    """Ten clients queue behind a long batch and leave while it runs: their texts are neither tokenized nor run (the
+    batch-size histogram counts only the long batch's 8 texts), each is counted 499, the long batch is answered."""
+    import socket
+
+    server = Server(slow_checkpoint, "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0")
+    server.wait_ready()
+    try:
+        long_text = " ".join(SUBJECTS * 60)  # truncated to 512 tokens: seconds of work on a 2-core CPU
+        with ThreadPoolExecutor(1) as pool:
+            busy = pool.submit(httpx.post, f"{server.url}/predict", json={"inputs": [[long_text]] * 8}, timeout=300)
+            time.sleep(0.5)  # the long batch is on the model
+            clients = []
+            for client in range(10):
+                body = json.dumps({"inputs": [[text] for text in distinct_texts(client, 4)]}).encode()
+                clients.append(socket.create_connection(("127.0.0.1", server.port)))
+                clients[-1].sendall(
+                    b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+            time.sleep(0.5)  # read and queued behind the long batch
+            for sock in clients:
+                sock.close()
+            assert not busy.done(), "the long batch finished before the clients left: the test proved nothing"
+            assert busy.result().status_code == 200
+        deadline = time.time() + 30
+        while metric(server, "te_http_responses", 'status="499"') < 10 and time.time() < deadline:
+            time.sleep(0.2)
+        assert metric(server, "te_http_responses", 'status="499"') == 10, server.output()[-3000:]
+        assert metric(server, "te_batch_next_size_sum") == 8, "texts of clients that had left were computed"
+    finally:
+        server.stop()
+
+
+def metric(server: Server, name: str, labels: str = "") -> float:
+    """One sample of the server's /metrics (0 when absent)."""
+    for row in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if row.startswith(name) and labels in row and not row.startswith("#"):
+            return float(row.split()[-1])
+    return 0.0
+
+
 def test_connections_are_bounded_and_idle_ones_closed(smoke_checkpoint):
     """MAX_CONNECTIONS (uvicorn's limit_concurrency): idle connections beyond it cannot starve the service of
     memory, new requests get 503 at once; KEEP_ALIVE_TIMEOUT_S closes an idle keep-alive connection."""
