@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import gather_object
+from accelerate.utils import broadcast_object_list, gather_object
 from accelerate.utils.constants import RNG_STATE_NAME
 from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as transformers_logging
@@ -340,7 +340,7 @@ class OutputDir:
         (folder, where training stood), or None when there is nothing to resume."""
         if not spec:
             return None
-        folder = pick_state(self.root, spec, self.accelerator.num_processes, allow_inexact)
+        folder = self._pick_on_main(spec, allow_inexact)
         if folder is None:
             return None
         progress = read_progress(folder)
@@ -348,6 +348,20 @@ class OutputDir:
         self.accelerator.load_state(str(folder))
         progress.layout = layout
         return folder, progress
+
+    def _pick_on_main(self, spec: str, allow_inexact: bool) -> Path | None:
+        """pick_state on the main process alone (it reads every file of the candidate states whole), its choice or
+        its ResumeError broadcast, so every rank resumes from the same folder or stops with the same line."""
+        outcome: list = [None, None]  # [folder, problem]
+        if self.accelerator.is_main_process:
+            try:
+                outcome = [pick_state(self.root, spec, self.accelerator.num_processes, allow_inexact), None]
+            except ResumeError as exc:
+                outcome = [None, str(exc)]
+        folder, problem = broadcast_object_list(outcome)
+        if problem:
+            raise ResumeError(problem)
+        return folder
 
     def write_curves(self, progress: Progress, plot: bool = True) -> None:
         """training_curves.json, and with `plot` training_curves.png (training/reports.py)."""

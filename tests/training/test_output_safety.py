@@ -183,3 +183,15 @@ def test_a_different_layout_on_resume_is_refused_with_one_line(copy_of):
     [line] = errors(result)
     assert "was saved with a different layout (per_device_train_batch_size 16 -> 8)" in line
     assert f"--model_name_or_path {copy_of}" in line and "Traceback" not in result.stderr
+
+
+def test_on_two_ranks_the_main_process_picks_the_state_and_every_rank_stops_on_its_refusal(copy_of):
+    """The main process alone reads the candidate states whole and broadcasts its choice: here 1-process states
+    have no random_states_1.pkl, so it refuses, and rank 1 stops on the same line instead of waiting for it."""
+    args = [*SMOKE, "--output_dir", str(copy_of), "--resume_from_checkpoint", "latest"]
+    result, _ = run_train(args, processes=2, timeout=180)
+    assert result.returncode == 1, describe(result)
+    [line] = errors(result)
+    assert "no usable state under" in line, describe(result)
+    assert result.stderr.count("has no random_states_1.pkl") == 2, describe(result)  # step_168, then step_84
+    assert "[rank0]: Traceback" not in result.stderr and "[rank1]: Traceback" not in result.stderr
