@@ -85,7 +85,7 @@ def test_bad_data_stops_both_ranks_fast_with_file_and_row(smoke_dir, tmp_path):
         ],
         processes=2,
     )
-    assert result.returncode != 0 and time.time() - started < 30 + 15  # 30 s plus the launcher's start-up
+    assert result.returncode == 1 and time.time() - started < 30 + 15  # 30 s plus the launcher's start-up
     assert "bad.csv: row 101: label None is not a class" in result.stderr, describe(result)
     # One line from the main process; no rank prints a traceback (the launcher still prints its own summary).
     assert result.stderr.count("label None is not a class") == 1, describe(result)
