@@ -29,7 +29,10 @@ def test_the_notebook_runs_top_to_bottom_in_smoke_mode(smoke_dir, tmp_path, monk
     from nbclient import NotebookClient
 
     output_dir = tmp_path / "checkpoints"
-    for name, value in cli_env(AGNEWS_NOTEBOOK_SMOKE="1", AGNEWS_NOTEBOOK_OUTPUT=str(output_dir)).items():
+    # BACKEND=torch: what BACKEND=auto serves on Kaggle's GPUs; on this CPU auto would first race the optimized
+    # runtimes (tested in tests/inference/test_runtimes.py), which only costs time here.
+    env = cli_env(AGNEWS_NOTEBOOK_SMOKE="1", AGNEWS_NOTEBOOK_OUTPUT=str(output_dir), BACKEND="torch")
+    for name, value in env.items():
         monkeypatch.setenv(name, value)  # the kernel, and every process it starts, inherits these
     nb = nbformat.read(NOTEBOOK, as_version=4)
     try:

@@ -52,7 +52,8 @@ def hf_probabilities(folder: Path, text: str, pair: str | None = None) -> dict[s
 
 
 def test_a_save_pretrained_folder_of_another_architecture_is_served(minilm_folder):
-    server = Server(minilm_folder, "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
+    # BACKEND torch: loading and answering another architecture is under test (the runtimes: test_runtimes.py)
+    server = Server(minilm_folder, "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
     try:
         text, pair = "The service answered every request.", "It was slow."
         single = httpx.post(f"{server.url}/predict", json={"inputs": text}).json()
