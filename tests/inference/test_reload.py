@@ -98,7 +98,7 @@ def test_a_scan_failing_for_a_while_is_one_warning_and_polling_goes_on(checkpoin
 
 
 def test_a_stopped_watcher_fails_ready_and_shows_in_metrics(checkpoint_copy, capfd):
-    with make_client(checkpoint_copy, reload_interval_s=0.05) as c:
+    with make_client(checkpoint_copy, backend="torch", reload_interval_s=0.05) as c:
         assert c.get("/ready").status_code == 200
         assert "te_checkpoint_watcher_up 1.0" in c.get("/metrics").text
         service = c.app.state.service
@@ -113,7 +113,7 @@ def test_a_stopped_watcher_fails_ready_and_shows_in_metrics(checkpoint_copy, cap
 
 def test_a_tokenizer_swap_during_a_reload_is_served_once_settled(checkpoint_copy):
     """Training replaces tokenizer/ by renaming a staged folder over it; the watcher reloads once stable."""
-    with make_client(checkpoint_copy, reload_interval_s=0.1) as c:
+    with make_client(checkpoint_copy, backend="torch", reload_interval_s=0.1) as c:  # runtimes: test_runtimes
         before = c.get("/info").json()["distilbert_agnews"]["checkpoint"]["reloads"]
         staged = checkpoint_copy / ".tokenizer.staged"
         shutil.copytree(checkpoint_copy / files.TOKENIZER_DIR, staged)
