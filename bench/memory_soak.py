@@ -7,9 +7,8 @@ Not a test: it prints figures to record in docs/benchmarks.md. It writes a check
 (random weights, `--layers` layers: the allocations per layer are those of the full model) with the uncased BERT
 vocabulary, starts `python -m inference` on it, and sends `--requests` requests from `--concurrency` keep-alive
 clients, each request 1-4 texts of 3 to `--max_words` random words (so batch shapes keep changing, as in real
-traffic). It
-prints the service process's RSS after each `--every` requests, and its growth from the first sample to the
-last, which issue 14 bounds at 10 %.
+traffic). It prints the service process's RSS after each `--every` requests, and its growth from the first
+sample to the last, which issue 14 bounds at 10 %.
 """
 
 from __future__ import annotations
