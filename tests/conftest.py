@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,31 @@ ROOT = Path(__file__).resolve().parent.parent
 CPU_2PROC = ROOT / "accelerate_configs" / "cpu_2proc.yaml"
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `name`, made by `build(folder)` once per test session even when pytest-xdist runs the suite
+    on several workers: the first worker to ask builds it under a file lock, the others wait and reuse it.
+    A build that fails marks nothing done, so the next worker to ask tries again and reports its own failure."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's folder, shared
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(f"{folder}.lock"):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def smoke_dir(tmp_path_factory) -> Path:
     """Smoke assets generated once per test session, in a temporary folder (not the user's cache)."""
-    path = tmp_path_factory.mktemp("smoke") / "assets"
-    os.environ["DISTILBERT_AGNEWS_SMOKE_DIR"] = str(path)
     from training.smoke import ensure_smoke_assets
 
-    return ensure_smoke_assets(path)
+    path = built_once(tmp_path_factory, "smoke_assets", ensure_smoke_assets)
+    os.environ["DISTILBERT_AGNEWS_SMOKE_DIR"] = str(path)
+    return path
 
 
 # One trained model for every test that only reads one: 1 process, 1 epoch of the smoke preset (168 steps) with
@@ -37,10 +55,11 @@ SMOKE_MODEL_ARGS = ["--preset", "smoke", "--checkpointing_steps", "84", "--num_t
 
 @pytest.fixture(scope="session")
 def smoke_model(smoke_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("smoke_model") / "out"
-    result, _ = run_train([*SMOKE_MODEL_ARGS, "--output_dir", str(out)])
-    assert result.returncode == 0, describe(result)
-    return out
+    def train(out: Path) -> None:
+        result, _ = run_train([*SMOKE_MODEL_ARGS, "--output_dir", str(out)])
+        assert result.returncode == 0, describe(result)
+
+    return built_once(tmp_path_factory, "smoke_model", train)
 
 
 # One uninterrupted 2-process smoke run (84 batches per rank per epoch, 252 optimizer steps, a resumable state
@@ -51,10 +70,17 @@ SMOKE_2PROC_ARGS = ["--preset", "smoke", "--checkpointing_steps", "21", "--loggi
 
 @pytest.fixture(scope="session")
 def smoke_2proc_run(smoke_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    out = tmp_path_factory.mktemp("smoke_2proc") / "out"
-    result, _ = run_train([*SMOKE_2PROC_ARGS, "--output_dir", str(out)], processes=2)
-    assert result.returncode == 0, describe(result)
-    return out, result
+    """(output folder, the finished run with its stdout and stderr)."""
+
+    def train(folder: Path) -> None:
+        result, _ = run_train([*SMOKE_2PROC_ARGS, "--output_dir", str(folder / "out")], processes=2)
+        assert result.returncode == 0, describe(result)
+        (folder / "stdout.txt").write_text(result.stdout)
+        (folder / "stderr.txt").write_text(result.stderr)
+
+    folder = built_once(tmp_path_factory, "smoke_2proc", train)
+    output = [(folder / name).read_text() for name in ("stdout.txt", "stderr.txt")]
+    return folder / "out", subprocess.CompletedProcess(SMOKE_2PROC_ARGS, 0, *output)
 
 
 def cli_env(**extra: str) -> dict[str, str]:
