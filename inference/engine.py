@@ -31,6 +31,10 @@ from inference.schemas import Sequence
 
 logger = logging.getLogger(__name__)
 PAD_MULTIPLE = 8
+# An idle worker wakes this often. On the main thread (`python -m inference`) that is what lets SIGTERM/SIGINT
+# work: the kernel may deliver a process's signal to any of its threads, and Python runs the handler only when
+# the main thread executes Python again, which a wait with no timeout would postpone until the next request.
+IDLE_WAKE_S = 0.25
 
 
 class Overloaded(RuntimeError):
@@ -149,12 +153,15 @@ class Engine:
             self._finished.set()
 
     def _next(self, deadline: float | None):
-        """The next tokenized job (blocking until `deadline`, forever when None); None if none came in time."""
+        """The next tokenized job (blocking until `deadline`, forever when None, in IDLE_WAKE_S slices); None if
+        none came in time."""
         while True:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            timeout = IDLE_WAKE_S if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 job = self._queue.get(timeout=timeout)
             except queue.Empty:
+                if deadline is None:
+                    continue
                 return None
             if job is _STOP:
                 return job

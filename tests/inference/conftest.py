@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -85,7 +86,7 @@ class Server:
         self.process = subprocess.Popen(
             [python, "-m", "inference", *flags, *args],
             cwd=ROOT,
-            env=env or cli_env(),
+            env={**(env or cli_env()), "PYTHONFAULTHANDLER": "1"},  # see exit_code
             stdout=self.log,
             stderr=subprocess.STDOUT,
             text=True,
@@ -108,10 +109,20 @@ class Server:
             time.sleep(0.2)
         raise AssertionError(f"server not ready in time: {self.output()}")
 
+    def exit_code(self, timeout: float) -> int | None:
+        """The exit status, or None if the process has not ended within `timeout` s. Then it gets SIGABRT, on which
+        Python's faulthandler writes every thread's stack into the output: the assertion message shows the hang."""
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGABRT)
+            self.process.wait(30)
+            return None
+
     def stop(self) -> str:
         if self.process.poll() is None:
             self.process.terminate()
-            self.process.wait(30)
+            assert self.exit_code(30) is not None, f"server did not stop on SIGTERM: {self.output()}"
         return self.output()
 
 
