@@ -83,50 +83,55 @@ def assert_same_result(resumed: Path, baseline: Path, final_step: int) -> None:
     assert comparable(resumed / files.METRICS) == comparable(baseline / files.METRICS)
 
 
-@pytest.mark.parametrize(
-    "kill_after_state, extra, final_step",
-    [
-        (42, (), 252),  # epoch 1 of 3, mid-epoch
-        (105, (), 252),  # epoch 2
-        (63, ACCUMULATION, 126),  # epoch 2, with gradient accumulation (no_sync micro-steps)
-    ],
-    ids=["epoch1", "epoch2", "epoch2-accumulation"],
-)
-def test_sigkill_then_resume_latest_is_bitwise_identical(baselines, tmp_path, kill_after_state, extra, final_step):
-    baseline = baselines(extra)
-    out, log = tmp_path / "killed", tmp_path / "killed.log"
-    launcher = launch_in_background(out, extra, log)
+def sigkill_after_state(out: Path, extra: tuple[str, ...], state: int, final_step: int, log: Path) -> Path:
+    """Run on `out` (resuming its latest state if it has one) until state `state` is written, then SIGKILL the
+    launcher and every rank; the latest state left, which must be mid-epoch and before the end."""
+    resume = ("--resume_from_checkpoint", "latest") if find_latest_state(str(out)) else ()
+    launcher = launch_in_background(out, (*extra, *resume), log)
     deadline = time.time() + 180
-    while not (out / files.STATE_DIR / f"step_{kill_after_state}" / files.PROGRESS).exists():
+    while not (out / files.STATE_DIR / f"step_{state}" / files.PROGRESS).exists():
         assert launcher.poll() is None and time.time() < deadline, log.read_text()[-3000:]
         time.sleep(0.02)
     kill_9_everything(launcher)
     launcher.wait(30)
     latest = find_latest_state(str(out))
     progress = read_progress(latest)
-    assert kill_after_state <= progress.global_step < final_step, "the kill landed after the run finished"
+    assert state <= progress.global_step < final_step, "the kill landed after the run finished"
     assert 0 < progress.batches_done, "the kill was meant to land mid-epoch"
+    return latest
 
+
+def resume_to_the_end(out: Path, extra: tuple[str, ...], latest: Path) -> None:
     result, _ = run_train([*SMOKE, *extra, "--output_dir", str(out), "--resume_from_checkpoint", "latest"], processes=2)
     assert result.returncode == 0, describe(result)
     assert f"Resumed from {latest}" in result.stderr, describe(result)
-    assert_same_result(out, baseline, final_step)
 
 
-def test_kill_in_the_middle_of_a_state_save_keeps_the_previous_state_latest(baselines, tmp_path):
-    out = tmp_path / "killed_in_save"
-    env = fault_env("kill_in_save_state:42")
-    result, _ = run_train([*SMOKE, "--output_dir", str(out)], processes=2, env=env)
+def test_killed_in_a_state_save_then_sigkilled_in_epoch_2_resumes_bitwise_identical(baselines, tmp_path):
+    """One folder, three runs, compared with the uninterrupted run: (1) the main process dies while publishing
+    step_42, so step_21 (mid epoch 1) stays the latest; (2) resumed from it, the run is SIGKILLed with all its
+    processes after state 105 (mid epoch 2); (3) resumed again, it finishes bitwise the same."""
+    out = tmp_path / "killed"
+    result, _ = run_train([*SMOKE, "--output_dir", str(out)], processes=2, env=fault_env("kill_in_save_state:42"))
     assert result.returncode != 0, describe(result)
     [staged] = (out / files.STATE_DIR).glob(".tmp_step_42.*")  # named after the run: two runs never share one
     assert staged.is_dir(), "the kill should have landed while step_42 was staged"
     assert not (out / files.STATE_DIR / "step_42").exists()
     assert find_latest_state(str(out)) == out / files.STATE_DIR / "step_21"
 
-    result, _ = run_train([*SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", "latest"], processes=2)
-    assert result.returncode == 0, describe(result)
+    latest = sigkill_after_state(out, (), 105, 252, tmp_path / "resumed.log")
+    assert "Resumed from" in (tmp_path / "resumed.log").read_text()
     assert not staged.exists(), "the next run on the folder removes what a dead run left half-written"
+    resume_to_the_end(out, (), latest)
     assert_same_result(out, baselines(()), 252)
+
+
+def test_sigkill_with_gradient_accumulation_then_resume_is_bitwise_identical(baselines, tmp_path):
+    """Killed mid epoch 2 with accumulation 2 (no_sync micro-steps): 42 optimizer steps per epoch, 126 in all."""
+    out = tmp_path / "killed"
+    latest = sigkill_after_state(out, ACCUMULATION, 63, 126, tmp_path / "killed.log")
+    resume_to_the_end(out, ACCUMULATION, latest)
+    assert_same_result(out, baselines(ACCUMULATION), 126)
 
 
 def test_kill_in_the_middle_of_a_best_model_save_keeps_the_previous_model(baselines, tmp_path):
