@@ -115,6 +115,7 @@ def test_optimized_runtimes_give_torch_fp32_labels(checkpoint_copy, backend, dty
         assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
 
 
+@pytest.mark.slow  # converts a model
 def test_conversion_happens_once_per_weights_hash(checkpoint_copy):
     folder = fresh(checkpoint_copy)
     with runtime_log() as first:
@@ -150,6 +151,7 @@ def test_int8_below_the_agreement_bound_is_refused_and_fp32_serves(checkpoint_co
     assert any("openvino int8" in line and "refused: agreement" in line for line in lines), lines
 
 
+@pytest.mark.slow  # converts a model
 def test_int8_is_refused_on_real_news_the_smoke_model_cannot_tell_apart(checkpoint_copy, tmp_path):
     """The smoke model never saw news: on real AG News texts its fp32 answers are near-uniform, and int8 flips some
     of them. Calibrated on those texts (CALIBRATION_FILE), the guard measures that and refuses int8."""
@@ -170,6 +172,7 @@ def test_int8_without_calibration_texts_is_refused_with_the_reason(checkpoint_co
     assert "held-out texts" in loaded.runtime["candidates"][0]["refused"]
 
 
+@pytest.mark.slow  # converts a model
 def test_calibration_file_is_used_and_a_bad_one_is_one_line(checkpoint_copy, tmp_path):
     folder = checkpoint_copy
     (folder / files.CALIBRATION).unlink()
@@ -197,6 +200,7 @@ def test_auto_without_an_optimized_runtime_serves_torch_and_says_why(smoke_check
             serve(smoke_checkpoint, backend=backend)
 
 
+@pytest.mark.slow  # converts a model
 @ONNXRUNTIME
 def test_auto_races_every_installed_runtime_and_onnxruntime_alone_is_cached(checkpoint_copy):
     """BACKEND=auto on a CPU measures OpenVINO, ONNX Runtime and PyTorch; BACKEND=onnxruntime converts once."""
@@ -243,6 +247,7 @@ def test_training_exported_the_runtime_and_the_service_starts_without_converting
     assert f"{loaded.backend} {loaded.precision}" == report["chosen"]
 
 
+@pytest.mark.slow  # converts a model
 def test_info_reports_the_runtime_and_an_openvino_model_is_hot_reloaded(checkpoint_copy):
     with make_client(checkpoint_copy, backend="openvino", dtype="int8", reload_interval_s=0.1) as c:
         info = c.get("/info").json()
