@@ -40,7 +40,7 @@ def go_offline() -> None:
     os.environ.update(HF_HUB_OFFLINE="1", HF_EVALUATE_OFFLINE="1")  # what an `evaluate` imported later reads
     huggingface_hub.constants.HF_HUB_OFFLINE = True
     datasets.config.HF_HUB_OFFLINE = True
-    if "evaluate.config" in sys.modules:  # not imported here: prediction never needs `evaluate` (seconds)
+    if "evaluate.config" in sys.modules:  # not imported here: prediction never needs `evaluate`
         sys.modules["evaluate.config"].HF_EVALUATE_OFFLINE = True
 
 

@@ -26,7 +26,7 @@ class MetricError(RuntimeError):
 
 
 def load_module(name_or_path: str) -> evaluate.EvaluationModule:
-    import evaluate  # on first use: python -m training.predict imports this module, never scores, starts 4 s sooner
+    import evaluate  # on first use: python -m training.predict imports this module and never scores
 
     return evaluate.load(name_or_path, keep_in_memory=True)
 

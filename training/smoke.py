@@ -222,16 +222,18 @@ def make_split(num: int, seed: int) -> list[tuple[str, int]]:
     return rows
 
 
-def build_vocab(texts: list[str], tok: Tokenizer) -> dict[str, int]:
+def build_vocab(
+    texts: list[str], normalizer: normalizers.Normalizer, pre_tokenizer: pre_tokenizers.PreTokenizer
+) -> dict[str, int]:
     """Specials, every printable ASCII character (alone and as a `##` suffix piece), then the corpus's words as
-    `tok`'s normalizer and pre-tokenizer split them.
+    the tokenizer's own normalizer and pre-tokenizer split them.
 
     Built from sorted sets, so every process gets the same ids (the `tokenizers` WordPiece trainer orders tied
     tokens differently per process, which made the smoke model differ from run to run). Any ASCII word still
     tokenizes: an unknown word falls back to its characters.
     """
-    split = tok.pre_tokenizer.pre_tokenize_str
-    words = {word for text in texts for word, _ in split(tok.normalizer.normalize_str(text))}
+    split = pre_tokenizer.pre_tokenize_str
+    words = {word for text in texts for word, _ in split(normalizer.normalize_str(text))}
     chars = [chr(code) for code in range(33, 127) if not chr(code).isupper()]
     pieces = [*_SPECIALS, *chars, *(f"##{char}" for char in chars), *sorted(words - set(chars))]
     return {piece: index for index, piece in enumerate(pieces)}
@@ -239,10 +241,9 @@ def build_vocab(texts: list[str], tok: Tokenizer) -> dict[str, int]:
 
 def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     """An uncased WordPiece tokenizer shaped like DistilBERT's ([CLS] text [SEP], no token_type_ids)."""
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.model = models.WordPiece(build_vocab(texts, tok), unk_token="[UNK]")
+    normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    tok = Tokenizer(models.WordPiece(build_vocab(texts, normalizer, pre_tokenizer), unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
     tok.decoder = decoders.WordPiece()
     tok.post_processor = processors.BertProcessing(
         ("[SEP]", tok.token_to_id("[SEP]")), ("[CLS]", tok.token_to_id("[CLS]"))
