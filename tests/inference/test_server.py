@@ -172,25 +172,33 @@ def test_port_in_use_exits_1_instead_of_hanging(smoke_checkpoint):
     assert "address already in use" in server.output().lower()
 
 
-def test_sigint_drains_and_exits_0(smoke_checkpoint):
-    server = Server(smoke_checkpoint, "--reload_interval_s", "0").wait_ready()
-    assert httpx.post(f"{server.url}/predict", json={"inputs": "Stocks fell."}).status_code == 200
-    server.process.send_signal(signal.SIGINT)
-    assert server.exit_code(30) == 0, server.output()
+def another_thread(pid: int) -> int:
+    """A thread id of `pid` other than its main thread's (Linux: /proc/<pid>/task)."""
+    others = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid)
+    assert others, "expected the service to run uvicorn on a second thread"
+    return others[0]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread ids from /proc/<pid>/task (Linux)")
-def test_sigterm_taken_by_another_thread_still_stops_an_idle_service(smoke_checkpoint):
-    """The kernel may hand a process's SIGTERM to any of its threads, and Python runs the handler only on the main
+@pytest.mark.parametrize(
+    "sig, to_another_thread",
+    [
+        (signal.SIGINT, False),
+        pytest.param(
+            signal.SIGTERM,
+            True,
+            marks=pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread ids from /proc (Linux)"),
+        ),
+    ],
+    ids=["sigint", "sigterm-taken-by-another-thread"],
+)
+def test_a_signal_drains_an_idle_service_and_exits_0(smoke_checkpoint, sig, to_another_thread):
+    """The kernel may hand a process's signal to any of its threads, and Python runs the handler only on the main
     thread, where the model's worker loop waits for requests. kill(2) with a thread's id makes Linux deliver the
     signal to that thread: the idle service must still drain and exit 0 (it waited for the next request, forever,
     before the worker woke every IDLE_WAKE_S; seen as rare hangs of the SIGINT and quick-start tests)."""
     server = Server(smoke_checkpoint, "--reload_interval_s", "0").wait_ready()
     assert httpx.post(f"{server.url}/predict", json={"inputs": "Stocks fell."}).status_code == 200
-    pid = server.process.pid
-    others = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid)
-    assert others, "expected the service to run uvicorn on a second thread"
-    os.kill(others[0], signal.SIGTERM)
+    os.kill(another_thread(server.process.pid) if to_another_thread else server.process.pid, sig)
     assert server.exit_code(30) == 0, server.output()
     assert "Shutting down" in server.output()
 
