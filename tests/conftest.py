@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_2PROC = ROOT / "accelerate_configs" / "cpu_2proc.yaml"
+
+
+def pytest_configure(config):
+    """Everything the suite's processes cache (Hugging Face datasets and evaluate modules, converted runtimes) goes
+    to a folder of this session, never the user's ~/.cache: no test reuses what another run left there."""
+    if "DISTILBERT_AGNEWS_TEST_CACHE" not in os.environ:  # set once, by the controller; xdist workers inherit it
+        cache = Path(tempfile.mkdtemp(prefix="distilbert_agnews_tests_"))
+        config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+        os.environ.update(
+            DISTILBERT_AGNEWS_TEST_CACHE=str(cache),
+            HF_HOME=str(cache / "huggingface"),
+            RUNTIME_CACHE=str(cache / "runtime"),
+        )
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:

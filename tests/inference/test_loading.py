@@ -114,16 +114,26 @@ def cached_hub_model(hf_home: Path, repo: str, source: Path) -> str:
 
 
 @pytest.mark.slow
-def test_a_hub_id_is_served_from_the_cache_offline(minilm_folder, tmp_path):
-    commit = cached_hub_model(tmp_path / "hf", "acme/minilm-topics", minilm_folder)
-    env = cli_env(HF_HOME=str(tmp_path / "hf"))  # HF_HUB_OFFLINE=1
-    server = Server("acme/minilm-topics", "--dtype", "float32", env=env).wait_ready()
+def test_a_hub_id_is_served_from_the_cache_offline_and_converted_into_runtime_cache(smoke_checkpoint, tmp_path):
+    """A Hub snapshot is never written into: BACKEND=auto's converted models go to RUNTIME_CACHE (the smoke
+    model's Hugging Face export as the repository: converting it takes seconds)."""
+    export = tmp_path / "export"
+    export.mkdir()
+    for name in (files.CONFIG, files.HF_WEIGHTS, "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(smoke_checkpoint / name, export / name)
+    commit = cached_hub_model(tmp_path / "hf", "acme/news-topics", export)
+    snapshot = sorted(p.relative_to(tmp_path / "hf") for p in (tmp_path / "hf").rglob("*"))
+    env = cli_env(HF_HOME=str(tmp_path / "hf"), RUNTIME_CACHE=str(tmp_path / "runtime"))  # HF_HUB_OFFLINE=1
+    server = Server("acme/news-topics", "--dtype", "float32", env=env).wait_ready()
     try:
         info = httpx.get(f"{server.url}/info").json()
-        assert info["model_id"] == "acme/minilm-topics" and info["model_sha"] == commit
+        assert info["model_id"] == "acme/news-topics" and info["model_sha"] == commit
         assert httpx.post(f"{server.url}/predict", json={"inputs": "fine"}).status_code == 200
+        sha = info["distilbert_agnews"]["checkpoint"]["sha256"]
     finally:
-        server.stop()
+        log = server.stop()
+    assert (tmp_path / "runtime" / sha[:16] / files.RUNTIME_CHOICE).is_file(), log
+    assert sorted(p.relative_to(tmp_path / "hf") for p in (tmp_path / "hf").rglob("*")) == snapshot
 
 
 @pytest.mark.slow
