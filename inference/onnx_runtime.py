@@ -19,6 +19,7 @@ import onnxruntime as ort
 import torch
 
 from inference import files
+from inference.logs import quiet
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +46,11 @@ def build(model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool, 
     """model.onnx in `folder`: the exported classifier, fed the names in `example`, quantized when `int8`."""
     target = folder / files.RUNTIME_ONNX
     exported = folder / "exported.onnx" if int8 else target
-    for name in ("onnx_ir", "onnxscript"):  # the exporter's passes log every step at INFO
-        logging.getLogger(name).setLevel(logging.WARNING)
+    # The exporter's passes log every step at INFO, and it warns that torchvision's operators (never used here)
+    # cannot be registered when torchvision is not installed.
+    chatter = quiet("onnx_ir", "onnxscript", "torch.onnx._internal.exporter._registration")
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
-    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), chatter:
         warnings.simplefilter("ignore")  # the exporter's progress lines and deprecation notes are not ours to show
         program = torch.onnx.export(
             _Logits(model.float().eval()),

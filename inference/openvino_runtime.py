@@ -16,6 +16,7 @@ import openvino as ov
 import torch
 
 from inference import files, precision
+from inference.logs import quiet
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,9 @@ def version() -> str:
 
 def convert(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> ov.Model:
     """The PyTorch classifier as an OpenVINO model, batch and length dynamic, fed the names in `example`."""
-    with torch.no_grad(), warnings.catch_warnings():
+    # The tracer probes every attribute of every submodule; transformers then warns about the base model's loss
+    # function, which a classifier never uses.
+    with torch.no_grad(), warnings.catch_warnings(), quiet("transformers.modeling_utils"):
         warnings.simplefilter("ignore")  # tracer warnings about Python branches on shapes: the graph stays dynamic
         return ov.convert_model(model.float().eval(), example_input=example)
 

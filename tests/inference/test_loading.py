@@ -4,6 +4,7 @@ a Hub id; and what it refuses, in one line naming the file."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -133,6 +134,9 @@ def test_a_hub_id_is_served_from_the_cache_offline_and_converted_into_runtime_ca
     finally:
         log = server.stop()
     assert (tmp_path / "runtime" / sha[:16] / files.RUNTIME_CHOICE).is_file(), log
+    assert "Runtime: converted onnxruntime fp32" in log and "Runtime: converted openvino fp32" in log, log
+    stray = [line for line in log.splitlines() if not re.match(r"\d{4}-\d\d-\d\d \S+ (INFO|WARNING) ", line)]
+    assert not stray, stray  # the converters' own chatter (tracer, exporter) stays out of the service's log
     assert sorted(p.relative_to(tmp_path / "hf") for p in (tmp_path / "hf").rglob("*")) == snapshot
 
 
