@@ -17,6 +17,7 @@ from tests.conftest import ROOT, cli_env
 NOTEBOOK = ROOT / "notebooks" / "kaggle_agnews.ipynb"
 
 
+@pytest.mark.filterwarnings("error")  # e.g. a cell without an id: a hard error in future nbformat versions
 def test_the_committed_notebook_has_no_outputs():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
