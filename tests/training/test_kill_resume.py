@@ -2,8 +2,9 @@
 in the middle of a save never damages what was saved before.
 
 Every run uses the smoke preset on 2 ranks (gloo), 84 batches per rank per epoch, 3 epochs, a resumable
-state every 21 optimizer steps. Baselines (uninterrupted runs) are computed once per configuration; the plain
-one is shared with the end-to-end tests.
+state every 21 optimizer steps. The kill chain runs with gradient accumulation 2, the case with the most
+state (no_sync micro-steps); a mid-epoch resume without accumulation is in test_train_e2e.py. Baselines
+(uninterrupted runs) are computed once per configuration; the plain one is shared with the end-to-end tests.
 """
 
 from __future__ import annotations
@@ -108,28 +109,22 @@ def resume_to_the_end(out: Path, extra: tuple[str, ...], latest: Path) -> None:
 
 
 def test_killed_in_a_state_save_then_sigkilled_in_epoch_2_resumes_bitwise_identical(baselines, tmp_path):
-    """One folder, three runs, compared with the uninterrupted run: (1) the main process dies while publishing
-    step_42, so step_21 (mid epoch 1) stays the latest; (2) resumed from it, the run is SIGKILLed with all its
-    processes after state 105 (mid epoch 2); (3) resumed again, it finishes bitwise the same."""
+    """One folder, three runs with gradient accumulation 2 (no_sync micro-steps; 42 optimizer steps per epoch,
+    126 in all), compared with the uninterrupted run of the same configuration: (1) the main process dies while
+    publishing step_42, so step_21 (mid epoch 1) stays the latest; (2) resumed from it, the run is SIGKILLed with
+    all its processes after state 63 (mid epoch 2); (3) resumed again, it finishes bitwise the same."""
     out = tmp_path / "killed"
-    result, _ = run_train([*SMOKE, "--output_dir", str(out)], processes=2, env=fault_env("kill_in_save_state:42"))
+    env = fault_env("kill_in_save_state:42")
+    result, _ = run_train([*SMOKE, *ACCUMULATION, "--output_dir", str(out)], processes=2, env=env)
     assert result.returncode != 0, describe(result)
     [staged] = (out / files.STATE_DIR).glob(".tmp_step_42.*")  # named after the run: two runs never share one
     assert staged.is_dir(), "the kill should have landed while step_42 was staged"
     assert not (out / files.STATE_DIR / "step_42").exists()
     assert find_latest_state(str(out)) == out / files.STATE_DIR / "step_21"
 
-    latest = sigkill_after_state(out, (), 105, 252, tmp_path / "resumed.log")
+    latest = sigkill_after_state(out, ACCUMULATION, 63, 126, tmp_path / "resumed.log")
     assert "Resumed from" in (tmp_path / "resumed.log").read_text()
     assert not staged.exists(), "the next run on the folder removes what a dead run left half-written"
-    resume_to_the_end(out, (), latest)
-    assert_same_result(out, baselines(()), 252)
-
-
-def test_sigkill_with_gradient_accumulation_then_resume_is_bitwise_identical(baselines, tmp_path):
-    """Killed mid epoch 2 with accumulation 2 (no_sync micro-steps): 42 optimizer steps per epoch, 126 in all."""
-    out = tmp_path / "killed"
-    latest = sigkill_after_state(out, ACCUMULATION, 63, 126, tmp_path / "killed.log")
     resume_to_the_end(out, ACCUMULATION, latest)
     assert_same_result(out, baselines(ACCUMULATION), 126)
 
