@@ -247,26 +247,27 @@ def write_state(accelerator: Accelerator, folder: Path) -> None:
     accelerator.save_state(str(folder))
 
 
-def attempt(write, path: Path, staging: Path | None = None) -> str | None:
-    """Run `write()`; when the disk or the permissions refuse it, remove the partial `staging` folder and return
-    one line naming `path` and the cause. torch.save reports a full disk as RuntimeError, safetensors as its own
-    error: both are caught here, around local file writes only."""
+def attempt(write, path: Path) -> str | None:
+    """Run `write()`; when the disk or the permissions refuse it, return one line naming `path` and the cause.
+    torch.save reports a full disk as RuntimeError, safetensors as its own error: both are caught here, around
+    local file writes only."""
     try:
         write()
     except (OSError, RuntimeError, SafetensorError) as exc:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
         full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "write failed" in str(exc).lower()
         cause = "no space left on device" if full else (getattr(exc, "strerror", None) or str(exc).splitlines()[0])
         return f"could not save {path}: {cause}"
     return None
 
 
-def stop_together(accelerator: Accelerator, problem: str | None) -> None:
+def stop_together(accelerator: Accelerator, problem: str | None, staging: Path | None = None) -> None:
     """Every rank learns whether any rank failed its write (this is the barrier after the write), and all of
-    them raise the same SaveError: one line, no rank left waiting on a collective."""
+    them raise the same SaveError: one line, no rank left waiting on a collective. The partial `staging` folder
+    is removed only here, once no rank writes into it any more (every rank's save_state creates the folder)."""
     problems = [p for p in gather_object([problem]) if p]
     if problems:
+        if staging is not None and accelerator.is_local_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
         raise SaveError(problems[0])
 
 
@@ -318,11 +319,11 @@ class OutputDir:
         staging = target.with_name(f"{files.STAGING_PREFIX}{target.name}.{self.run_id}")
         accelerator.wait_for_everyone()
         # model, optimizer, scheduler, grad scaler, every rank's RNG
-        problem = attempt(lambda: write_state(accelerator, staging), staging, staging)
-        stop_together(accelerator, problem)
+        problem = attempt(lambda: write_state(accelerator, staging), staging)
+        stop_together(accelerator, problem, staging)
         if accelerator.is_main_process:
-            problem = attempt(lambda: self._publish(staging, target, progress), staging, staging)
-        stop_together(accelerator, problem)
+            problem = attempt(lambda: self._publish(staging, target, progress), staging)
+        stop_together(accelerator, problem, staging)
         return target
 
     def _publish(self, staging: Path, target: Path, progress: Progress) -> None:

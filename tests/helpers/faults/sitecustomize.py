@@ -10,7 +10,8 @@
     DISTILBERT_AGNEWS_FAULT=kill_in_save_model:K     the main process SIGKILLs itself after writing the
                                                      temporary weights file of its K-th best-model save
     DISTILBERT_AGNEWS_FAULT=enospc_in_save_state:N   writing state/step_N fails with ENOSPC on the main process
-                                                     after a partial file, as a full disk does
+                                                     after a partial file, as a full disk does; the other
+                                                     ranks write their part of it 3 s late (the unlucky order)
     DISTILBERT_AGNEWS_FAULT=enospc_in_save_model:K   the K-th best-model save fails with ENOSPC halfway
                                                      through the weights file
 """
@@ -69,8 +70,11 @@ def _no_space() -> OSError:
 
 
 def _write_state(original, accelerator, folder):
+    this_step = folder.name.split(".")[1] == f"tmp_step_{ARGS[0]}"
+    if this_step and not accelerator.is_main_process:
+        time.sleep(3)  # the main process has failed and cleaned up before this rank creates the folder again
     original(accelerator, folder)
-    if accelerator.is_main_process and folder.name.split(".")[1] == f"tmp_step_{ARGS[0]}":
+    if this_step and accelerator.is_main_process:
         (folder / "optimizer.bin.partial").write_bytes(b"\0" * 4096)
         raise _no_space()
 
