@@ -132,3 +132,13 @@ def server(smoke_checkpoint):
     running = Server(smoke_checkpoint, "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
     yield running
     running.stop()
+
+
+def wait_for(get, ok, timeout: float = 60):  # a bound for a slow, busy machine, not a timing assertion
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = get()
+        if ok(value):
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"condition not met in {timeout}s; last value: {value}")

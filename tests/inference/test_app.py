@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from inference.app import create_app
 from inference.loading import CheckpointError, load_model
 from inference.settings import Settings
 from tests.conftest import ROOT, cli_env
-from tests.inference.conftest import assert_matches
+from tests.inference.conftest import assert_matches, wait_for
 
 TEXTS = [
     "Shares of oracle rose in early trading after the earnings report.",
@@ -266,16 +265,6 @@ def test_reload_swaps_in_a_new_checkpoint_and_refuses_a_broken_one(checkpoint_co
         wait_for(lambda: c.get("/metrics").text, lambda text: 'te_model_reloads{result="failed"} 1' in text)
         assert c.get("/info").json()["distilbert_agnews"]["checkpoint"]["sha256"] == after["sha256"]
         assert c.post("/predict", json={"inputs": TEXTS[1]}).json()[0]["label"] == "Sci/Tech"
-
-
-def wait_for(get, ok, timeout: float = 60):  # a bound for a slow, busy machine, not a timing assertion
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = get()
-        if ok(value):
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"condition not met in {timeout}s; last value: {value}")
 
 
 class Exploit:

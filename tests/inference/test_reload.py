@@ -15,7 +15,8 @@ import torch
 from inference import files, reload
 from inference.loading import signature
 from inference.reload import CheckpointWatcher
-from tests.inference.test_app import TEXTS, make_client, wait_for
+from tests.inference.conftest import wait_for
+from tests.inference.test_app import TEXTS, make_client
 
 
 def watch(folder, loaded: list, interval_s: float = 0.02) -> CheckpointWatcher:

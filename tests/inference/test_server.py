@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from inference import files
-from tests.inference.conftest import Server
+from tests.inference.conftest import Server, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -283,13 +283,15 @@ def test_connections_are_bounded_and_idle_ones_closed(smoke_checkpoint):
         smoke_checkpoint, "--reload_interval_s", "0", "--max_connections", "3", "--keep_alive_timeout_s", "1"
     ).wait_ready()
     try:
+
+        def status() -> int:
+            return httpx.post(f"{server.url}/predict", json={"inputs": "x"}).status_code
+
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
-        time.sleep(0.3)
-        assert httpx.post(f"{server.url}/predict", json={"inputs": "x"}).status_code == 503
+        wait_for(status, lambda code: code == 503)  # once the service has taken the three idle connections
         for sock in idle:
             sock.close()
-        time.sleep(0.3)
-        assert httpx.post(f"{server.url}/predict", json={"inputs": "x"}).status_code == 200
+        wait_for(status, lambda code: code == 200)  # once it has seen them close
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
