@@ -242,7 +242,9 @@ def test_queued_requests_whose_clients_left_are_never_computed(slow_checkpoint):
         long_text = " ".join(SUBJECTS * 60)  # truncated to 512 tokens: seconds of work on a 2-core CPU
         with ThreadPoolExecutor(1) as pool:
             busy = pool.submit(httpx.post, f"{server.url}/predict", json={"inputs": [[long_text]] * 8}, timeout=300)
-            time.sleep(0.5)  # the long batch is on the model
+            wait_for(
+                lambda: metric(server, "te_batch_next_size_count"), lambda n: n == 1
+            )  # the long batch is on the model
             clients = []
             for client in range(10):
                 body = json.dumps({"inputs": [[text] for text in distinct_texts(client, 4)]}).encode()
@@ -252,7 +254,7 @@ def test_queued_requests_whose_clients_left_are_never_computed(slow_checkpoint):
                     + f"Content-Length: {len(body)}\r\n\r\n".encode()
                     + body
                 )
-            time.sleep(0.5)  # read and queued behind the long batch
+            wait_for(lambda: metric(server, "te_queue_size"), lambda n: n == 40)  # read and queued behind it
             for sock in clients:
                 sock.close()
             assert not busy.done(), "the long batch finished before the clients left: the test proved nothing"
