@@ -126,7 +126,8 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(slow_checkpoint):
     threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.0)  # 16 texts x 512 tokens: the forward passes take several seconds on a 2-core CPU
+    # All four received; 16 texts x 512 tokens: the forward passes take several seconds on a 2-core CPU
+    wait_for(lambda: metric(server, "te_request_count", 'method="batch"'), lambda n: n == 4)
     started = time.time()
     server.process.send_signal(signal.SIGTERM)
     for t in threads:
