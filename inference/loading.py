@@ -33,6 +33,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from inference import files, precision
 from inference.hub import hub_reachable, hub_url, is_offline
+from inference.logs import quiet
 
 logger = logging.getLogger(__name__)
 
@@ -242,16 +243,14 @@ def _from_pretrained(folder: Path, config) -> torch.nn.Module:
 @contextlib.contextmanager
 def _quiet_transformers():
     """No per-load progress bar and load report in the service's log."""
-    logging_ = transformers.utils.logging
-    level, bars = logging_.get_verbosity(), logging_.is_progress_bar_enabled()
-    logging_.set_verbosity_error()
-    logging_.disable_progress_bar()
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
     try:
-        yield
+        with quiet("transformers"):
+            yield
     finally:
-        logging_.set_verbosity(level)
         if bars:
-            logging_.enable_progress_bar()
+            transformers.utils.logging.enable_progress_bar()
 
 
 def _read_tokenizer(folder: Path):
