@@ -243,9 +243,8 @@ def test_queued_requests_whose_clients_left_are_never_computed(slow_checkpoint):
         long_text = " ".join(SUBJECTS * 60)  # truncated to 512 tokens: seconds of work on a 2-core CPU
         with ThreadPoolExecutor(1) as pool:
             busy = pool.submit(httpx.post, f"{server.url}/predict", json={"inputs": [[long_text]] * 8}, timeout=300)
-            wait_for(
-                lambda: metric(server, "te_batch_next_size_count"), lambda n: n == 1
-            )  # the long batch is on the model
+            # the long batch is on the model
+            wait_for(lambda: metric(server, "te_batch_next_size_count"), lambda n: n == 1)
             clients = []
             for client in range(10):
                 body = json.dumps({"inputs": [[text] for text in distinct_texts(client, 4)]}).encode()
