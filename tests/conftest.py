@@ -125,7 +125,7 @@ def launch_command(target: list[str], processes: int = 2) -> list[str]:
     if processes == 1:
         return [sys.executable, *target]
     return [
-        shutil.which("accelerate") or "accelerate",
+        shutil.which("accelerate", path=Path(sys.executable).parent) or "accelerate",  # this environment's
         "launch",
         "--config_file",
         str(CPU_2PROC),

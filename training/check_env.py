@@ -18,7 +18,6 @@ import argparse
 import logging
 import os
 import platform
-import shutil
 import socket
 import subprocess
 import sys
@@ -252,9 +251,10 @@ def launch_self(args: argparse.Namespace) -> int:
     if problems:
         raise EnvProblem(" ".join(problems))
     config = args.config_file or (None if cuda else str(CPU_CONFIG))
-    command = [
-        shutil.which("accelerate") or "accelerate",
-        "launch",
+    command = [  # `accelerate launch` of this interpreter: works from a virtual environment that is not activated
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
         "--num_processes",
         str(args.num_processes),
         "--main_process_port",
