@@ -29,7 +29,7 @@ from inference import files, precision
 from inference.loading import CheckpointError, LoadedModel, load_model
 from training import reports
 from training.atomic import write_json
-from training.config import TrainConfig
+from training.config import TrainConfig, presets
 from training.data import (
     DataError,
     LabelSpace,
@@ -150,9 +150,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--mixed_precision",
         type=precision.canonical,
-        default=precision.AUTO,
-        help=f"one of {', '.join(precision.ACCEPTED)} (inference/precision.py; default: auto, as "
-        "training, prediction and serving read it)",
+        help=f"one of {', '.join(precision.ACCEPTED)} (inference/precision.py; default: the preset's, as in "
+        "training (smoke: fp32, so its test score is reproduced on any CPU), else auto, as training, prediction and "
+        "serving read it)",
     )
     parser.add_argument(
         "--extra_metrics",
@@ -160,7 +160,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         help="more evaluate metrics, comma-separated (Hub names or local paths)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.mixed_precision is None:  # defaults < preset < flags, as in training
+        args.mixed_precision = presets()[args.preset]["mixed_precision"] if args.preset else precision.AUTO
+    return args
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
