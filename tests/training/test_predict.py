@@ -65,6 +65,8 @@ def test_every_row_once_in_order_identical_on_one_and_two_processes(model_dir, t
             "100",
             "--per_device_batch_size",
             "32",
+            "--mixed_precision",  # compared with fp32 below; auto is bf16 on a CPU with AVX512-BF16 or AMX
+            "fp32",
             processes=processes,
         )
         assert result.returncode == 0, describe(result)
@@ -107,6 +109,8 @@ def test_formats_in_and_out_and_a_save_pretrained_folder(model_dir, tmp_path):
             str(out),
             "--text_column_names",
             "Title,Description",
+            "--mixed_precision",  # compared with fp32 below
+            "fp32",
         )
         assert result.returncode == 0, describe(result)
         answers[out.suffix] = pd.read_parquet(out) if out.suffix == ".parquet" else pd.read_json(out, lines=True)
