@@ -2,6 +2,7 @@
 
     python bench/memory_soak.py --dtype fp32 --backend torch          # ~8 minutes on 2 cores (AVX2)
     python bench/memory_soak.py --dtype bf16 --requests 40000         # on a CPU with native bf16 (AMX, AVX512-BF16)
+    python bench/memory_soak.py --dtype bf16 --layers 6               # the whole DistilBERT-base
 
 Not a test: it prints figures to record in docs/benchmarks.md. It writes a checkpoint of DistilBERT-base width
 (random weights, `--layers` layers: the allocations per layer are those of the full model) with the uncased BERT
