@@ -13,6 +13,7 @@ import subprocess
 import httpx
 import pytest
 
+from inference import precision
 from tests.conftest import cli_env
 from tests.inference.conftest import Server
 
@@ -31,6 +32,7 @@ def test_the_service_runs_from_a_serve_only_install(smoke_checkpoint):
             [PYTHON, "-c", f"import {training_only}"], capture_output=True, text=True, cwd="/", timeout=60
         )
         assert probe.returncode != 0, f"{training_only} is importable in the serve-only environment"
+    auto = precision.resolve(precision.AUTO, "cpu")  # bf16 on a CPU with AVX512-BF16 or AMX, else fp32
     env = cli_env()
     env.pop("PYTHONPATH", None)
     server = Server(smoke_checkpoint, "--reload_interval_s", "0", python=PYTHON, env=env).wait_ready()
@@ -38,8 +40,8 @@ def test_the_service_runs_from_a_serve_only_install(smoke_checkpoint):
         answer = httpx.post(f"{server.url}/predict", json={"inputs": "The yankees beat the red sox."})
         assert answer.status_code == 200 and answer.json()[0]["label"] == "Sports"
         runtime = httpx.get(f"{server.url}/info").json()["distilbert_agnews"]["runtime"]
-        assert (runtime["backend"], runtime["precision"]) == ("torch", "fp32")
+        assert (runtime["backend"], runtime["precision"]) == ("torch", auto)
     finally:
         log = server.stop()
     # BACKEND=auto without the optimized runtime: today's path, said in one line
-    assert "Runtime: torch fp32 (BACKEND=auto: no optimized CPU runtime is installed" in log, log
+    assert f"Runtime: torch {auto} (BACKEND=auto: no optimized CPU runtime is installed" in log, log
