@@ -43,7 +43,7 @@ from training.data import (
 )
 from training.hub import HubUnavailableError, ensure_hub_or_offline
 from training.metrics import MetricError, MetricSuite, classification_report
-from training.smoke import ensure_smoke_assets, smoke_dir
+from training.smoke import ensure_smoke_assets
 
 logger = get_logger(__name__)
 
@@ -161,8 +161,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="more evaluate metrics, comma-separated (Hub names or local paths)",
     )
     args = parser.parse_args(argv)
-    if args.mixed_precision is None:  # defaults < preset < flags, as in training
-        args.mixed_precision = presets()[args.preset]["mixed_precision"] if args.preset else precision.AUTO
+    preset = presets()[args.preset] if args.preset else {}  # defaults < preset < flags, as in training
+    args.test_file = preset.get("test_file", args.test_file)  # --preset and --test_file exclude each other
+    if args.mixed_precision is None:
+        args.mixed_precision = preset.get("mixed_precision", precision.AUTO)
     return args
 
 
@@ -176,8 +178,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_split(args: argparse.Namespace, saved: SavedModel, cfg: TrainConfig) -> tuple[datasets.Dataset, str]:
     if args.preset == "smoke":
-        ensure_smoke_assets()
-        args.test_file = str(smoke_dir() / "test.csv")
+        ensure_smoke_assets()  # the preset's test_file, built on first use
     if args.test_file:
         ds, source = load_file(args.test_file), args.test_file
     else:
