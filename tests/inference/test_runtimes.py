@@ -168,7 +168,7 @@ def test_int8_on_real_news_serves_only_if_it_keeps_the_fp32_labels(checkpoint_co
         assert int8["refused"].startswith("refused: agreement") and loaded.precision != "int8"
         return
     assert int8["refused"] is None and loaded.precision == "int8"
-    held = texts[::3][:200]  # the guard's held-out texts (inference/runtimes.py)
+    _, held = runtimes.split(texts)  # the texts the guard held out
     served = served_logits(loaded, held).argmax(-1)
     agreement = (served == torch_fp32_logits(Reference(checkpoint_copy), held).argmax(-1)).float().mean().item()
     assert agreement >= runtimes.AGREEMENT_BOUND and agreement == pytest.approx(int8["agreement"], abs=0.01)
