@@ -28,7 +28,7 @@ import torch
 import transformers
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from inference import files, precision
@@ -172,7 +172,7 @@ def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
     shards = folder / files.HF_WEIGHTS_INDEX
     weights = folder / files.HF_WEIGHTS if (folder / files.HF_WEIGHTS).is_file() else shards
     if weights.is_file():
-        return _from_pretrained(folder, config), weights, _sha256(weights)
+        return _from_pretrained(folder, config), weights, file_sha256(weights)
     pickled = [name for name in files.PICKLED_HF_WEIGHTS if (folder / name).is_file()]
     if pickled:
         raise CheckpointError(
@@ -182,7 +182,7 @@ def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
     raise CheckpointError(f"{folder / files.WEIGHTS}: missing (nor {files.HF_WEIGHTS})")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -205,6 +205,7 @@ def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str]:
     ):
         raise CheckpointError(f"{path}: expected a dict of parameter name -> tensor")
     model = _classifier_from_config(config, path)
+    _check_shapes(path, {k: tuple(v.shape) for k, v in state_dict.items()}, model, config)
     result = model.load_state_dict(state_dict, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(
@@ -212,6 +213,28 @@ def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str]:
             f"unexpected {result.unexpected_keys[:3]})"
         )
     return model, path, hashlib.sha256(data).hexdigest()
+
+
+def _check_shapes(path: Path, shapes: dict[str, tuple], model: torch.nn.Module, config) -> None:
+    """One line for weights whose tensors do not fit the model config.json describes (most often an id2label of
+    another size than the trained head)."""
+    expected = model.state_dict()
+    for name, shape in shapes.items():
+        if name in expected and tuple(expected[name].shape) != shape:
+            raise CheckpointError(
+                f"{path}: does not match {files.CONFIG}: {name} is {list(shape)} in the weights and "
+                f"{list(expected[name].shape)} in the model {files.CONFIG} describes ({config.num_labels} labels in "
+                "its id2label); the config belongs to other weights"
+            )
+
+
+def _safetensors_shapes(folder: Path) -> dict[str, tuple]:
+    shapes = {}
+    for path in [folder / files.HF_WEIGHTS, *sorted(folder.glob("model-*.safetensors"))]:
+        if path.is_file():
+            with safe_open(str(path), "pt") as fh:
+                shapes.update({k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()})
+    return shapes
 
 
 def _classifier_from_config(config, path: Path) -> torch.nn.Module:
@@ -230,6 +253,8 @@ def _from_pretrained(folder: Path, config) -> torch.nn.Module:
                 folder, config=config, use_safetensors=True, output_loading_info=True
             )
         except (OSError, ValueError, SafetensorError, RuntimeError) as exc:
+            if "mismatched_sizes" in str(exc):  # transformers' words for tensors that do not fit config.json
+                _check_shapes(folder, _safetensors_shapes(folder), _classifier_from_config(config, folder), config)
             raise CheckpointError(f"{folder}: cannot load the weights ({_short(exc)})") from None
     missing = sorted(info["missing_keys"])
     if missing:

@@ -10,22 +10,26 @@ converted model, produced once per weights hash.
 
 Agreement: each candidate's argmax is compared with the PyTorch fp32 model's on held-out calibration texts (every
 third text; the others calibrate int8) and must reach AGREEMENT_BOUND; candidates in fp32, the reference precision,
-need no texts and are never refused. Speed:
-texts/s over the first batches of those texts (synthetic ones when there are none), after every batch shape has run
-once, best of two rounds with the candidates' order reversed between them. Calibration texts come from
-CALIBRATION_FILE, else the checkpoint's calibration_texts.json (training records a sample of its training split).
+need no texts and are never refused. Speed: texts/s over the first batches of those texts, after every batch shape
+has run once, best of two rounds with the candidates' order reversed between them. Calibration texts come from
+CALIBRATION_FILE, else the checkpoint's calibration_texts.json (training records a sample of its training split),
+else the English sample shipped in inference/texts/ (any save_pretrained folder or Hub model); /info names them.
 
-    <checkpoint>/runtime/<sha256[:16]>/      or RUNTIME_CACHE/<sha256[:16]>/ when the folder cannot be written
+The converted models and runtime.json live beside the checkpoint or in RUNTIME_CACHE (inference/runtime_cache.py):
+
+    <checkpoint>/runtime/<sha256[:16]>/      or RUNTIME_CACHE/<sha256[:16]>/
         runtime.json                         per set of candidates (BACKEND, DTYPE): what was measured, the
-                                             choice, and what they depend on
+                                             choice, what they depend on; the digest of every converted file
         openvino-fp32/model.xml (+ .bin)     the converted model
         openvino-int8-<texts digest>/...     quantized on those calibration texts
         onnxruntime-fp32/model.onnx          exported by torch.onnx.export
         onnxruntime-int8/model.onnx          quantized dynamically (no calibration texts)
 
 A later start with the same weights, texts, CPU, thread count and library versions reads runtime.json and compiles
-the chosen model without measuring again; folders of other weights beside the checkpoint are removed. Conversion
-runs inside load_configured, so on hot reload it happens on the watcher's thread while the old model serves.
+the chosen model without measuring again, once its files match their recorded digests; it writes nothing, so a
+read-only deployment starts. A missing or altered file is named in a warning and never served: it is converted and
+measured again, or, where nothing can be written, the fastest other agreeing candidate whose files verify serves.
+Conversion runs inside load_configured, so on hot reload it happens on the watcher's thread while the old model serves.
 """
 
 from __future__ import annotations
@@ -44,11 +48,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 
-from inference import files, precision
+from inference import files, precision, runtime_cache
 from inference.engine import collate, encode
 from inference.loading import LoadedModel, load_model
+from inference.runtime_cache import Cache
 from inference.settings import BACKENDS, SettingsError, from_env
 
 logger = logging.getLogger(__name__)
@@ -62,6 +66,8 @@ MIN_HELD_OUT = 50  # fewer held-out texts cannot show 99.5 %
 MAX_CALIBRATION, MAX_HELD_OUT, BATCH = 300, 200, 32
 TIMED_BATCHES = 4  # the speed race: 128 held-out texts per round
 INSTALL_HINT = "pip install 'distilbert-agnews[openvino]' or '[onnxruntime]'"
+SAMPLE = Path(__file__).parent / "texts" / "english.txt"  # sentences written for this project, many registers
+SAMPLE_TEXTS = 600
 
 
 @dataclass(frozen=True)
@@ -141,20 +147,67 @@ def prepare(loaded: LoadedModel, settings) -> LoadedModel:
         logger.info("Runtime: torch %s (%s)", options[0].precision, why)
         return _as_torch(loaded, options[0].precision, None)
     texts, source = calibration_texts(loaded.folder, settings.calibration_file)
-    cache = cache_folder(loaded, settings.runtime_cache)
     torch.set_num_threads(settings.torch_threads)
     key = _cache_key(loaded, texts, options, settings.torch_threads)
-    with FileLock(str(cache.parent / f"{cache.name}.lock")):  # --workers N: one converts, the others read
-        report = _read_report(cache, key)
+    places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
+    damaged = []
+    for cache in places:  # a finished, verified conversion is read where it lies: no lock, no write
+        report = cache.report_for(key)
+        if report is None:
+            continue
+        problem = _damage(cache, report, report["chosen"])
+        if problem is None:
+            _tidy(cache)
+            return _build(loaded, report, report["chosen"], cache, settings.torch_threads)
+        logger.warning("Runtime: %s; not served", problem)
+        damaged.append((cache, report))
+    try:
+        cache = runtime_cache.writable(places, why)
+    except SettingsError:
+        if not damaged:
+            raise
+        return _next_best(loaded, *damaged[0], settings.torch_threads)
+    with cache.lock():  # --workers N: one converts, the others then read
+        cache.remove_leftovers()
+        report = cache.report_for(key)
+        if report is not None and _damage(cache, report, report["chosen"]):
+            cache.discard(next(m.get("ir") for m in report["candidates"] if m["name"] == report["chosen"]))
+            report = None  # named above; converted and measured again
         if report is None:
             logger.info("Runtime: measuring %s (%s; texts: %s)", ", ".join(c.name for c in options), why, source)
             report = measure(loaded, options, texts, cache, settings.torch_threads)
-            report["chosen"] = choose(report["candidates"], races(settings.backend, settings.dtype))
-            report["key"] = key
-            _write_report(cache, report)
-        served = _build_chosen(loaded, report, cache, settings.torch_threads)
-    _prune_siblings(loaded, cache)
+            report.update(chosen=choose(report["candidates"], races(settings.backend, settings.dtype)), key=key)
+            report["texts"] = source
+            cache.save(report, sorted({c["ir"] for c in report["candidates"] if c.get("ir")}))
+        served = _build(loaded, report, report["chosen"], cache, settings.torch_threads)
+    runtime_cache.prune_siblings(cache, loaded.folder)
     return served
+
+
+def _damage(cache: Cache, report: dict, name: str) -> str | None:
+    """Why candidate `name` of `report` cannot be served from `cache` (its files fail their digests), or None."""
+    measured = next((m for m in report.get("candidates", []) if m.get("name") == name), None)
+    if measured is None:
+        return f"{cache.report_file}: no candidate {name!r}"
+    return cache.damage(measured["ir"]) if measured.get("ir") else None
+
+
+def _tidy(cache: Cache) -> None:
+    """Leftovers of a process that died mid-conversion, removed when the folder can be written (no lock needed:
+    only dead processes' files are touched)."""
+    if os.access(cache.folder, os.W_OK):
+        cache.remove_leftovers()
+
+
+def _next_best(loaded: LoadedModel, cache: Cache, report: dict, threads: int) -> LoadedModel:
+    """Nothing can be written: the fastest other agreeing candidate whose files verify, else PyTorch fp32."""
+    others = [m for m in report["candidates"] if m["refused"] is None and m["name"] != report["chosen"]]
+    for measured in sorted(others, key=lambda m: -m["texts_per_s"]):
+        if _damage(cache, report, measured["name"]) is None:
+            logger.warning("Runtime: nothing can be written to convert again; serving %s instead", measured["name"])
+            return _build(loaded, report, measured["name"], cache, threads)
+    logger.warning("Runtime: nothing can be written to convert again; serving torch fp32 instead")
+    return _as_torch(loaded, precision.FP32, None)
 
 
 def export(folder: Path, backend: str) -> LoadedModel:
@@ -192,11 +245,21 @@ def _percent(value: float | None) -> str:
 def calibration_texts(folder: Path, calibration_file: str | None) -> tuple[list[str], str]:
     """Real texts for int8 calibration and the agreement check, and where they came from ([] when none)."""
     if calibration_file:
-        return _read_texts(Path(calibration_file)), f"CALIBRATION_FILE {calibration_file}"
+        texts = _read_texts(Path(calibration_file))
+        return texts, f"CALIBRATION_FILE {calibration_file} ({len(texts)} texts)"
     recorded = folder / files.CALIBRATION
     if recorded.is_file():
-        return _read_texts(recorded), str(recorded)
-    return [], f"none (set CALIBRATION_FILE, or train with this version: it records {files.CALIBRATION})"
+        texts = _read_texts(recorded)
+        return texts, f"{files.CALIBRATION} of the checkpoint ({len(texts)} texts)"
+    texts = sample_texts()
+    return texts, f"the English sample shipped with the service ({len(texts)} texts; set CALIBRATION_FILE for yours)"
+
+
+def sample_texts(n: int = SAMPLE_TEXTS) -> list[str]:
+    """`n` texts of one to three sentences of the shipped sample, the same every time; every sentence is used."""
+    sentences = [line.strip() for line in SAMPLE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    count = len(sentences)
+    return [" ".join(sentences[(i * 67 + j * 89) % count] for j in range(1 + i % 3)) for i in range(n)]
 
 
 def _read_texts(path: Path) -> list[str]:
@@ -227,28 +290,7 @@ def split(texts: list[str]) -> tuple[list[str], list[str]]:
     return calibration, held
 
 
-# ------------------------------------------------------------------------------------------------ the cache
-
-
-def cache_folder(loaded: LoadedModel, cache_root: str) -> Path:
-    """<checkpoint>/runtime/<sha16> for a local folder we can write, else <RUNTIME_CACHE>/<sha16>."""
-    name = loaded.sha256[:16]
-    if loaded.model_sha is None:
-        beside = loaded.folder / files.RUNTIME_DIR / name
-        try:
-            beside.mkdir(parents=True, exist_ok=True)
-            probe = beside / f".probe.{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-            return beside
-        except OSError:
-            pass
-    folder = Path(cache_root).expanduser() / name
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SettingsError(f"RUNTIME_CACHE: cannot create {folder} ({exc.strerror})") from None
-    return folder
+# -------------------------------------------------------------------------------------------- the cache key
 
 
 def cpu_name() -> str:
@@ -277,45 +319,10 @@ def _cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], 
     }
 
 
-def _reports(cache: Path) -> list[dict]:
-    """runtime.json: one report per set of settings measured (BACKEND and DTYPE decide the candidates)."""
-    try:
-        data = json.loads((cache / files.RUNTIME_CHOICE).read_text())
-    except (OSError, ValueError):
-        return []
-    return [r for r in data.get("reports", []) if isinstance(r, dict)] if isinstance(data, dict) else []
-
-
-def _read_report(cache: Path, key: dict) -> dict | None:
-    found = next((r for r in _reports(cache) if r.get("key") == key), None)
-    if found is None:
-        logger.info("Runtime: no measurement in %s for these weights, texts, settings, CPU and versions", cache)
-    return found
-
-
-def _write_report(cache: Path, report: dict) -> None:
-    """Replaces the report for the same candidates, keeps the others; atomic (written, then renamed)."""
-    options = report["key"]["options"]
-    reports = [r for r in _reports(cache) if r.get("key", {}).get("options") != options] + [report]
-    staging = cache / f".{files.RUNTIME_CHOICE}.{os.getpid()}"
-    staging.write_text(json.dumps({"reports": reports}, indent=2))
-    os.replace(staging, cache / files.RUNTIME_CHOICE)
-
-
-def _prune_siblings(loaded: LoadedModel, cache: Path) -> None:
-    """Beside the checkpoint only its current weights matter: older conversions would fill the disk."""
-    if cache.parent != loaded.folder / files.RUNTIME_DIR:
-        return
-    for other in cache.parent.iterdir():
-        if other.is_dir() and other.name != cache.name:
-            shutil.rmtree(other, ignore_errors=True)
-            (cache.parent / f"{other.name}.lock").unlink(missing_ok=True)
-
-
 # ------------------------------------------------------------------------------------------ measuring, building
 
 
-def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cache: Path, threads: int) -> dict:
+def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cache: Cache, threads: int) -> dict:
     """Agreement with PyTorch fp32 (on held-out texts) and texts/s of each candidate."""
     calibration, held = split(texts)
     real = len(held) >= MIN_HELD_OUT
@@ -328,17 +335,17 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
         if refused:
             results[candidate] = {"name": candidate.name, "refused": refused, "agreement": None, "texts_per_s": 0.0}
             continue
-        run = (
-            fp32
-            if candidate == Candidate(TORCH, precision.FP32)
-            else _runner(loaded, candidate, cache, threads, calibration)
-        )
+        is_fp32 = candidate == Candidate(TORCH, precision.FP32)
+        run = fp32 if is_fp32 else _runner(loaded, candidate, cache, threads, calibration)
+        if isinstance(run, str):  # the conversion failed: the other candidates are still measured
+            results[candidate] = {"name": candidate.name, "refused": run, "agreement": None, "texts_per_s": 0.0}
+            continue
         # every batch shape once (first-shape set-up is not speed), and the answers; torch fp32 gave them already
         outputs = reference if run is fp32 else [run(b) for b in batches]
         same = sum(int((o.argmax(-1) == r.argmax(-1)).sum()) for o, r in zip(outputs, reference))
         results[candidate] = _verdict(candidate, same / sum(len(r) for r in reference) if real else None, 0.0)
         if candidate.backend != TORCH:
-            results[candidate]["ir"] = _ir_folder(cache, candidate, calibration).name
+            results[candidate]["ir"] = _ir_folder(candidate, calibration)
         runners[candidate] = run
     for candidate, speed in _speeds(runners, batches[:TIMED_BATCHES]).items():
         results[candidate]["texts_per_s"] = speed
@@ -403,10 +410,21 @@ def _torch_runner(model: torch.nn.Module):
     return run
 
 
-def _runner(loaded: LoadedModel, candidate: Candidate, cache: Path, threads: int, calibration: list[str]):
+def _runner(loaded: LoadedModel, candidate: Candidate, cache: Cache, threads: int, calibration: list[str]):
+    """The candidate's runner, or why it could not be built (a converter or runtime that fails on this model)."""
     if candidate.backend == TORCH:
         return _torch_runner(copy.deepcopy(loaded.model).to(precision.torch_dtype(candidate.precision)))
-    return _module(candidate.backend).Runner(_ir(loaded, candidate, cache, calibration), candidate.precision, threads)
+    try:
+        path = _ir(loaded, candidate, cache, calibration)
+        return _module(candidate.backend).Runner(path, candidate.precision, threads)
+    except Exception as exc:  # noqa: BLE001 - any failure of a third-party converter refuses this candidate alone
+        cache.discard(_ir_folder(candidate, calibration))
+        logger.warning("Runtime: %s cannot be built: %s: %s", candidate.name, type(exc).__name__, _short(exc))
+        return f"refused: conversion failed ({type(exc).__name__}: {_short(exc)})"
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
 
 
 def _module(backend: str):
@@ -421,23 +439,32 @@ def _module(backend: str):
     return onnx_runtime
 
 
-def _ir_folder(cache: Path, candidate: Candidate, calibration: list[str]) -> Path:
+def _ir_folder(candidate: Candidate, calibration: list[str]) -> str:
+    """The name of the candidate's converted model's folder in the cache."""
     if candidate.backend == ONNXRUNTIME:
-        return cache / f"onnxruntime-{candidate.precision}"  # dynamic int8: no calibration texts
+        return f"onnxruntime-{candidate.precision}"  # dynamic int8: no calibration texts
     if candidate.precision == precision.INT8:
-        return cache / f"openvino-int8-{_digest(calibration)}"
-    return cache / "openvino-fp32"  # bf16 is a compile-time hint on the same IR
+        return f"openvino-int8-{_digest(calibration)}"
+    return "openvino-fp32"  # bf16 is a compile-time hint on the same IR
 
 
-def _ir(loaded: LoadedModel, candidate: Candidate, cache: Path, calibration: list[str]) -> Path:
-    """The candidate's converted model (quantized for int8) unless an earlier start left it."""
-    folder = _ir_folder(cache, candidate, calibration)
-    if (folder / _MODEL_FILE[candidate.backend]).is_file():
+def _ir(loaded: LoadedModel, candidate: Candidate, cache: Cache, calibration: list[str]) -> Path:
+    """The candidate's converted model (quantized for int8): an earlier conversion whose files match runtime.json's
+    digests, else a new one (what was there is named and removed)."""
+    name = _ir_folder(candidate, calibration)
+    folder = cache.folder / name
+    if name in cache.converted:  # by this measurement, for another precision (bf16 and fp32 share one IR)
         return folder / _MODEL_FILE[candidate.backend]
+    if folder.exists():
+        problem = cache.damage(name)
+        if problem is None:
+            return folder / _MODEL_FILE[candidate.backend]
+        logger.warning("Runtime: %s; converting again", problem)
+        cache.discard(name)
     started = time.perf_counter()
     # traced on a text pair: every input the tokenizer gives (a BERT's token_type_ids too) becomes a model input
     example = collate(encode(loaded, [("an example text", "and its pair")], True, False), loaded.tokenizer.pad_token_id)
-    staging = folder.with_name(f".{folder.name}.{os.getpid()}")
+    staging = cache.folder / runtime_cache.staging_name(name)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     if candidate.backend == OPENVINO:
@@ -445,6 +472,7 @@ def _ir(loaded: LoadedModel, candidate: Candidate, cache: Path, calibration: lis
     else:
         _module(ONNXRUNTIME).build(loaded.model, example, candidate.precision == precision.INT8, staging)
     os.replace(staging, folder)
+    cache.converted.add(name)
     logger.info("Runtime: converted %s in %.1f s into %s", candidate.name, time.perf_counter() - started, folder)
     return folder / _MODEL_FILE[candidate.backend]
 
@@ -465,19 +493,21 @@ def _batches_of_one(loaded: LoadedModel, texts: list[str]) -> list[dict]:
     return [collate([f], loaded.tokenizer.pad_token_id) for f in features]
 
 
-def _build_chosen(loaded: LoadedModel, report: dict, cache: Path, threads: int) -> LoadedModel:
-    chosen = next(m for m in report["candidates"] if m["name"] == report["chosen"])
+def _build(loaded: LoadedModel, report: dict, name: str, cache: Cache, threads: int) -> LoadedModel:
+    """Candidate `name` of `report` ready to serve (its files verified by the caller)."""
+    chosen = next(m for m in report["candidates"] if m["name"] == name)
     backend, chosen_precision = chosen["name"].split()
     summary = {
         "backend": backend,
         "precision": chosen_precision,
         "agreement": chosen["agreement"],
         "held_out_texts": report["held_out_texts"],
+        "texts": report.get("texts"),  # what the agreement was measured on
         "candidates": report["candidates"],
     }
     if backend == TORCH:
         return _as_torch(loaded, chosen_precision, summary)
-    xml = cache / chosen["ir"] / _MODEL_FILE[backend]
+    xml = cache.folder / chosen["ir"] / _MODEL_FILE[backend]
     runner = _module(backend).Runner(xml, chosen_precision, threads)
     logger.info(
         "Runtime: serving %s from %s (agreement with fp32 %s, %.1f texts/s when measured)",

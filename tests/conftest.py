@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -158,6 +159,30 @@ def free_port() -> int:
 def describe(result: subprocess.CompletedProcess) -> str:
     """The tail of a failed run's output, for assertion messages."""
     return f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"
+
+
+@contextlib.contextmanager
+def read_only(*folders: Path):
+    """`folders` made so that nothing can be created, renamed or removed in them, even by root (the immutable
+    attribute, chattr +i; chmod otherwise), for the duration of the block; a skip saying why where neither works.
+    Files already inside stay writable: the code under test must not need to create any."""
+    if os.geteuid() != 0:
+        for folder in folders:
+            folder.chmod(0o555)
+        restore = [["chmod", "755", str(f)] for f in folders]
+    else:
+        if not shutil.which("chattr"):
+            pytest.skip("running as root without chattr: no way to make a folder read-only here")
+        made = subprocess.run(["chattr", "+i", *map(str, folders)], capture_output=True, text=True)
+        if made.returncode != 0:
+            subprocess.run(["chattr", "-i", *map(str, folders)], capture_output=True)
+            pytest.skip(f"running as root and chattr +i fails here ({made.stderr.strip()}): no read-only folder")
+        restore = [["chattr", "-i", *map(str, folders)]]
+    try:
+        yield
+    finally:
+        for command in restore:
+            subprocess.run(command, check=True)
 
 
 def write_rows(path: Path, rows: list[dict]) -> Path:

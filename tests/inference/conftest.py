@@ -34,11 +34,19 @@ def checkpoint_copy(smoke_checkpoint, tmp_path) -> Path:
 class Reference:
     """The trained model itself, loaded the plain way, to compare the service's answers against."""
 
-    def __init__(self, checkpoint: Path):
-        self.model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(checkpoint)).eval()
-        self.model.load_state_dict(torch.load(checkpoint / files.WEIGHTS, weights_only=True))
-        self.tokenizer = AutoTokenizer.from_pretrained(checkpoint / files.TOKENIZER_DIR)
+    def __init__(self, checkpoint: Path, model=None, tokenizer=None):
+        if model is None:
+            model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(checkpoint))
+            model.load_state_dict(torch.load(checkpoint / files.WEIGHTS, weights_only=True))
+        self.model = model.eval()
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(checkpoint / files.TOKENIZER_DIR)
         self.labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
+
+    @classmethod
+    def from_pretrained(cls, folder: Path) -> Reference:
+        """A save_pretrained folder, read by transformers itself."""
+        model = AutoModelForSequenceClassification.from_pretrained(folder)
+        return cls(folder, model, AutoTokenizer.from_pretrained(folder))
 
     @torch.no_grad()
     def logits(self, text: str, pair: str | None = None, side: str = "right") -> list[float]:

@@ -47,19 +47,21 @@ def ag_news_texts(n: int) -> list[str]:
 
 @contextlib.contextmanager
 def runtime_log():
-    """The runtimes module's log lines (the service's logging set-up may stop propagation to pytest's)."""
+    """The log lines of the runtimes and their cache (the service's logging set-up may stop propagation to pytest's)."""
     lines: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: lines.append(record.getMessage())
-    log = logging.getLogger("inference.runtimes")
-    level = log.level
-    log.setLevel(logging.INFO)
-    log.addHandler(handler)
+    logs = [logging.getLogger(name) for name in ("inference.runtimes", "inference.runtime_cache")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.INFO)
+        log.addHandler(handler)
     try:
         yield lines
     finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
+        for log, level in zip(logs, levels):
+            log.removeHandler(handler)
+            log.setLevel(level)
 
 
 def serve(folder: Path, **settings):
@@ -174,12 +176,39 @@ def test_int8_on_real_news_serves_only_if_it_keeps_the_fp32_labels(checkpoint_co
     assert agreement >= runtimes.AGREEMENT_BOUND and agreement == pytest.approx(int8["agreement"], abs=0.01)
 
 
-def test_int8_without_calibration_texts_is_refused_with_the_reason(checkpoint_copy):
+@pytest.mark.slow  # converts a model
+def test_a_save_pretrained_folder_without_recorded_texts_gets_int8_measured_on_the_shipped_sample(checkpoint_copy):
+    """Any model (here the checkpoint's Hugging Face export alone: model.safetensors, config.json, tokenizer files, no
+    calibration_texts.json) has int8 calibrated and guarded on the English sample shipped with the service, and
+    /info says so; served int8 keeps PyTorch fp32's labels on the texts the guard held out."""
     folder = checkpoint_copy
-    (folder / files.CALIBRATION).unlink()
+    for name in (files.WEIGHTS, files.CALIBRATION, files.TOKENIZER_DIR, files.RUNTIME_DIR, files.METRICS):
+        shutil.rmtree(folder / name) if (folder / name).is_dir() else (folder / name).unlink()
+    with make_client(folder, backend="openvino", dtype="int8") as c:
+        runtime = c.get("/info").json()["distilbert_agnews"]["runtime"]
+    assert runtime["texts"] == "the English sample shipped with the service (600 texts; set CALIBRATION_FILE for yours)"
+    assert runtime["held_out_texts"] == 200
+    int8 = runtime["candidates"][0]
+    assert int8["name"] == "openvino int8" and int8["agreement"] is not None
+    print(f"openvino int8 on the shipped sample: {int8}")
+    if int8["refused"]:
+        assert runtime["precision"] == "fp32" and int8["agreement"] < runtimes.AGREEMENT_BOUND
+        return
     loaded = serve(folder, backend="openvino", dtype="int8")
-    assert loaded.precision == "fp32"
-    assert "held-out texts" in loaded.runtime["candidates"][0]["refused"]
+    _, held = runtimes.split(runtimes.sample_texts())
+    reference = Reference.from_pretrained(folder)
+    agreement = (served_logits(loaded, held).argmax(-1) == torch_fp32_logits(reference, held).argmax(-1)).float()
+    assert int8["agreement"] >= runtimes.AGREEMENT_BOUND and runtime["precision"] == "int8"
+    assert agreement.mean().item() == pytest.approx(int8["agreement"], abs=0.01)
+
+
+def test_the_shipped_sample_is_varied_english_and_every_sentence_is_used():
+    texts = runtimes.sample_texts()
+    sentences = [line for line in runtimes.SAMPLE.read_text().splitlines() if line.strip()]
+    assert len(texts) == runtimes.SAMPLE_TEXTS == len(set(texts))
+    assert {s for t in texts for s in sentences if s in t} == set(sentences)
+    assert [len(runtimes.split(texts)[i]) for i in (0, 1)] == [runtimes.MAX_CALIBRATION, runtimes.MAX_HELD_OUT]
+    assert runtimes.sample_texts() == texts  # the same every start: part of the cache key
 
 
 @pytest.mark.slow  # converts a model

@@ -7,7 +7,6 @@ the write call (tests/helpers/faults/), as a test cannot count on making a small
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -18,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from inference import files
-from tests.conftest import ROOT, SMOKE_MODEL_ARGS, describe, fault_env, launch_command, run_train
+from tests.conftest import ROOT, SMOKE_MODEL_ARGS, describe, fault_env, launch_command, read_only, run_train
 from training.checkpoint import ResumeError, complete_states, damaged_file, pick_state
 
 pytestmark = pytest.mark.slow
@@ -52,25 +51,11 @@ def accelerate_state():
     yield PartialState(cpu=True)
 
 
-def unwritable_dir(tmp_path: Path):
-    """A folder this process cannot write into, even as root (immutable attribute), or skip saying why."""
+def test_an_unwritable_output_dir_is_one_line_before_any_data_or_model_is_loaded(smoke_dir, tmp_path):
     folder = tmp_path / "read_only"
     folder.mkdir()
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-        return folder, lambda: folder.chmod(0o755)
-    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True) if shutil.which("chattr") else None
-    if made is None or made.returncode != 0:
-        pytest.skip("running as root without chattr +i: no way to make a folder read-only here")
-    return folder, lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)
-
-
-def test_an_unwritable_output_dir_is_one_line_before_any_data_or_model_is_loaded(smoke_dir, tmp_path):
-    folder, restore = unwritable_dir(tmp_path)
-    try:
+    with read_only(folder):
         result, seconds = run_train([*SMOKE, "--output_dir", str(folder / "run")])
-    finally:
-        restore()
     assert result.returncode == 1, describe(result)
     assert len(errors(result)) == 1 and f"--output_dir {folder / 'run'} is not writable" in errors(result)[0]
     assert "Examples:" not in result.stderr and "Traceback" not in result.stderr, describe(result)
