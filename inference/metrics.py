@@ -3,9 +3,9 @@
 TEI's series (router/src/http/server.rs, core/src/infer.rs, router/src/prometheus.rs of
 huggingface/text-embeddings-inference) keep their names, labels and buckets, so dashboards built for TEI read
 this service: te_request_count{method}, te_request_success{method}, te_request_failure{err},
-te_request_duration and its tokenization/queue/inference parts, te_request_input_length, te_queue_size,
-te_batch_next_size, te_batch_next_tokens. Ours beside them: te_model_reloads{result}, and the process's
-memory and CPU.
+te_predict_count and te_predict_success (per input), te_request_duration and its tokenization/queue/inference parts,
+te_request_input_length, te_queue_size, te_batch_next_size, te_batch_next_tokens. Ours beside them:
+te_model_reloads{result}, and the process's memory and CPU.
 
 With several worker processes, prometheus-client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set by
 `python -m inference --workers N` before the workers start) sums every worker's files at each scrape, so
@@ -43,6 +43,8 @@ class Metrics:
         )
         self.request_success = Counter("te_request_success", "Requests answered, by method.", ["method"], **reg)
         self.request_failure = Counter("te_request_failure", "Requests failed, by reason.", ["err"], **reg)
+        self.predict_count = Counter("te_predict_count", "Inputs handed to the model for classification.", **reg)
+        self.predict_success = Counter("te_predict_success", "Inputs classified.", **reg)
         self.request_duration = self._duration("te_request_duration", "Time to answer a request (s).")
         self.tokenization_duration = self._duration("te_request_tokenization_duration", "Tokenization time (s).")
         self.queue_duration = self._duration("te_request_queue_duration", "Time waiting for the model (s).")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 
 from inference.errors import CLIENT_CLOSED, VALIDATION, error_response
 from inference.logs import request_id
 
-_SAFE_ID = re.compile(r"^[\w.:/+=-]{1,128}$")
+_SAFE_ID = re.compile(r"^[\w.:/+=-]{1,128}$", re.ASCII)  # ASCII only: echoed byte for byte in a header
+DRAIN_BYTES, DRAIN_S = 64 * 1024 * 1024, 10.0  # what is read and dropped of an over-limit body before the 413
 
 
 class ResponseStatus:
@@ -40,8 +42,8 @@ class ResponseStatus:
 
 
 class RequestId:
-    """Accept the client's X-Request-Id (up to 128 safe characters) or generate one; echo it in the response and
-    put it in every log line of the request."""
+    """Accept the client's X-Request-Id (up to 128 safe ASCII characters) or generate one; echo it in the response
+    and put it in every log line of the request."""
 
     def __init__(self, app):
         self.app = app
@@ -65,7 +67,11 @@ class RequestId:
 
 
 class BodySizeLimit:
-    """413 for bodies over the limit, by Content-Length or while streaming (chunked uploads)."""
+    """413 for bodies over the limit, by Content-Length or while streaming (chunked uploads).
+
+    The client is still sending when the 413 is ready: closing then would make the kernel reset the connection, and
+    most clients (Python's http.client among them) would report "connection reset" instead of the answer. So the rest
+    of the body is read and dropped first, up to DRAIN_BYTES and DRAIN_S, and the answer closes the connection."""
 
     class TooLarge(Exception):
         pass
@@ -76,12 +82,12 @@ class BodySizeLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
-        too_large = error_response(
-            413, VALIDATION, f"request body is larger than PAYLOAD_LIMIT ({self.max_bytes} bytes)"
-        )
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await too_large(scope, receive, send)
+            if headers.get(b"expect", b"").lower() != b"100-continue":  # else the client waits: nothing to drain
+                await drain(receive)
+            return await self.too_large(scope, receive, send)
         received = 0
 
         async def limited_receive():
@@ -89,10 +95,33 @@ class BodySizeLimit:
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.max_bytes:
+                if message.get("more_body"):
+                    await drain(receive)
                 raise BodySizeLimit.TooLarge
             return message
 
         try:
             await self.app(scope, limited_receive, send)
         except BodySizeLimit.TooLarge:
-            await too_large(scope, receive, send)
+            await self.too_large(scope, receive, send)
+
+    async def too_large(self, scope, receive, send):
+        response = error_response(
+            413, VALIDATION, f"request body is larger than PAYLOAD_LIMIT ({self.max_bytes} bytes)"
+        )
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
+
+
+async def drain(receive) -> None:
+    """Read and drop the rest of a request body, at most DRAIN_BYTES within DRAIN_S seconds."""
+    loop, read = asyncio.get_running_loop(), 0
+    deadline = loop.time() + DRAIN_S
+    while read <= DRAIN_BYTES:
+        try:
+            message = await asyncio.wait_for(receive(), timeout=max(deadline - loop.time(), 0))
+        except TimeoutError:
+            return
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return
+        read += len(message.get("body", b""))

@@ -73,6 +73,7 @@ async def predict(request: Request) -> Response:
     await drop_if_gone(request)  # computed for nobody: counted as 499, not as a success
     method = "batch" if body.is_batch else "single"
     state.metrics.request_success.labels(method).inc()
+    state.metrics.predict_success.inc(len(answer.logits))
     observe(state, answer, time.perf_counter() - started)
     ranked = [rank(row, labels, body.k(), body.scoring()) for row in answer.logits]
     headers = tei_headers(
@@ -110,11 +111,17 @@ async def _disconnected(receive) -> None:
 
 
 def parse(raw: bytes) -> PredictRequest:
-    """JSON whatever the Content-Type says (curl -d sends a form type), validated as TEI's PredictRequest."""
+    """JSON whatever the Content-Type says (curl -d sends a form type), validated as TEI's PredictRequest. Text that
+    is not JSON at all is 400 and valid JSON of the wrong shape 422, as axum's Json extractor answers in TEI."""
     try:
         return PredictRequest.model_validate_json(raw)
     except ValidationError as exc:
-        raise ServiceError(errors.VALIDATION, errors.describe_validation(exc.errors(include_url=False))) from None
+        problems = exc.errors(include_url=False)
+        if problems and problems[0]["type"] == "json_invalid":  # TEI (axum's JsonSyntaxError): 400, not 422
+            raise ServiceError(
+                errors.VALIDATION, f"the body is not valid JSON ({problems[0]['msg']})", status=400, reason="json"
+            ) from None
+        raise ServiceError(errors.VALIDATION, errors.describe_validation(problems)) from None
 
 
 async def classify(state: Service, body: PredictRequest) -> tuple[Answer, list[str]]:
@@ -131,6 +138,7 @@ async def classify(state: Service, body: PredictRequest) -> tuple[Answer, list[s
     engine = state.live_engine()
     truncate = settings.auto_truncate if body.truncate is None else body.truncate
     sequences = limit_characters(sequences, engine.current.max_length * CHARS_PER_TOKEN_LIMIT, truncate, body.left)
+    state.metrics.predict_count.inc(len(sequences))  # TEI: one per input handed to the model (core/src/infer.rs)
     try:
         return await engine.predict(sequences, truncate, body.left), engine.current.labels
     except Overloaded as exc:

@@ -73,8 +73,9 @@ class Settings(BaseSettings):
     api_key: str | None = Field(
         None,
         description=(
-            "When set, every route but /health, /ping, GET /, /ready and /metrics needs `Authorization: Bearer <key>` "
-            "[API_KEY]"
+            "When set, every route needs `Authorization: Bearer <key>` but these, open as in TEI: GET /health, "
+            "/ping, GET /, /ready, /metrics, and the API's description /docs, /docs/oauth2-redirect, /redoc and "
+            "/openapi.json. Printable ASCII without spaces (HTTP headers carry ASCII) [API_KEY]"
         ),
     )
     payload_limit: int = Field(
@@ -188,6 +189,16 @@ class Settings(BaseSettings):
             raise ValueError(f"must be {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}")
         return value.strip().lower()
 
+    @field_validator("api_key")
+    @classmethod
+    def _ascii_key(cls, value: str | None) -> str | None:
+        if value is not None and not (value.isascii() and value.isprintable() and " " not in value):
+            raise ValueError(
+                "must be printable ASCII without spaces: an HTTP header carries ASCII, so any other key could never "
+                "be matched"
+            )
+        return value
+
     @field_validator("device")
     @classmethod
     def _known_device(cls, value: str) -> str:
@@ -197,6 +208,12 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _defaults(self) -> Settings:
+        if self.max_client_batch_size > self.max_concurrent_requests:
+            raise ValueError(
+                f"MAX_CLIENT_BATCH_SIZE: {self.max_client_batch_size} is above MAX_CONCURRENT_REQUESTS "
+                f"({self.max_concurrent_requests}): a batch that large would always be answered 429; lower it or "
+                "raise MAX_CONCURRENT_REQUESTS"
+            )
         if self.torch_threads is None:
             self.torch_threads = available_cores()
         return self
@@ -213,9 +230,12 @@ class Settings(BaseSettings):
 def describe_error(exc: ValidationError) -> str:
     """One line naming the setting: `PORT: Input should be a valid integer (got 'nine')`."""
     first = exc.errors()[0]
-    name = ".".join(str(p) for p in first.get("loc", ())).upper() or "settings"
-    got = f" (got {first['input']!r})" if "input" in first and not isinstance(first["input"], dict) else ""
     message = first.get("msg", "invalid value").removeprefix("Value error, ")
+    name = ".".join(str(p) for p in first.get("loc", ())).upper()
+    if not name:  # a check across settings: its message names them
+        return message
+    shown = "input" in first and not isinstance(first["input"], dict) and name != "API_KEY"  # a secret stays out
+    got = f" (got {first['input']!r})" if shown else ""
     return f"{name}: {message}{got}"
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from fastapi.testclient import TestClient
 from inference import files
 from inference.app import create_app
 from inference.loading import CheckpointError, load_model
-from inference.settings import Settings
+from inference.settings import Settings, SettingsError, from_env
 from tests.conftest import ROOT, cli_env
 from tests.inference.conftest import assert_matches, wait_for
 
@@ -84,7 +86,8 @@ def test_bad_requests_get_a_clear_error_body(client, body, status, error_type, w
 
 
 def test_bad_json_and_oversized_bodies(client):
-    assert client.post("/predict", content=b"{not json").json()["error_type"] == "Validation"
+    bad = client.post("/predict", content=b"{not json")
+    assert bad.status_code == 400 and bad.json()["error_type"] == "Validation" and "not valid JSON" in bad.text
     # no content-type at all (curl -d): still read as JSON
     assert client.post("/predict", content=json.dumps({"inputs": "ok"}).encode()).status_code == 200
     huge = client.post("/predict", content=b"{" + b" " * 2_000_010 + b"}")
@@ -98,11 +101,58 @@ def test_bad_json_and_oversized_bodies(client):
     assert client.post("/predict", content=chunks()).status_code == 413
 
 
+@contextlib.contextmanager
+def model_busy(client: TestClient, inputs: list, headers: dict | None = None):
+    """`inputs` in flight: posted on a thread, their forward pass held until the block ends; yields their response
+    holder (filled once released)."""
+    import inference.engine
+
+    entered, release, original, answer = threading.Event(), threading.Event(), inference.engine.forward, []
+
+    def held(loaded, features):
+        entered.set()
+        release.wait(30)
+        return original(loaded, features)
+
+    inference.engine.forward = held
+    poster = threading.Thread(target=lambda: answer.append(client.post("/predict", json=inputs, headers=headers)))
+    poster.start()
+    try:
+        assert entered.wait(30), "the first request never reached the model"
+        yield answer
+    finally:
+        release.set()
+        poster.join(30)
+        inference.engine.forward = original
+
+
 def test_more_inputs_in_flight_than_max_concurrent_requests_is_429(smoke_checkpoint):
-    with make_client(smoke_checkpoint, max_concurrent_requests=3) as small:
-        response = small.post("/predict", json={"inputs": [["a"], ["b"], ["c"], ["d"]]})
-        assert response.status_code == 429 and response.json()["error_type"] == "Overloaded"
-        assert small.post("/predict", json={"inputs": [["a"], ["b"]]}).status_code == 200
+    with make_client(smoke_checkpoint, max_concurrent_requests=3, max_client_batch_size=3) as small:
+        with model_busy(small, {"inputs": [["a"], ["b"]]}) as first:
+            response = small.post("/predict", json={"inputs": [["c"], ["d"]]})
+            assert response.status_code == 429 and response.json()["error_type"] == "Overloaded"
+            assert "2 inputs are in flight" in response.json()["error"]
+        assert first[0].status_code == 200 and len(first[0].json()) == 2
+        assert small.post("/predict", json={"inputs": [["a"], ["b"], ["c"]]}).status_code == 200
+
+
+def test_a_client_batch_larger_than_the_concurrency_limit_is_refused_at_start(smoke_checkpoint):
+    """A batch between the two limits could never be admitted: every retry would get 429 with nothing in flight."""
+    with pytest.raises(SettingsError, match=r"MAX_CLIENT_BATCH_SIZE: 64 is above MAX_CONCURRENT_REQUESTS \(8\)"):
+        from_env(model_id=str(smoke_checkpoint), max_concurrent_requests=8, max_client_batch_size=64)
+    result = subprocess.run(
+        [sys.executable, "-m", "inference", "--model_id", str(smoke_checkpoint), "--max_concurrent_requests", "8"],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr.splitlines() == [
+        "inference: error: MAX_CLIENT_BATCH_SIZE: 32 is above MAX_CONCURRENT_REQUESTS (8): a batch that large "
+        "would always be answered 429; lower it or raise MAX_CONCURRENT_REQUESTS"
+    ]
 
 
 def test_micro_batches_are_bounded_by_tokens_and_inputs(smoke_checkpoint, reference):
@@ -322,7 +372,8 @@ def test_every_request_is_counted_with_the_status_its_client_saw(smoke_checkpoin
         for _ in range(3):
             yield b" " * 1_000
 
-    with make_client(smoke_checkpoint, api_key="k", max_concurrent_requests=3, payload_limit=2_000) as c:
+    limits = {"max_concurrent_requests": 3, "max_client_batch_size": 3, "payload_limit": 2_000}
+    with make_client(smoke_checkpoint, api_key="k", **limits) as c:
         good = {"Authorization": "Bearer k"}
         calls = [
             c.post("/predict", json={"inputs": "x"}, headers=good),
@@ -330,10 +381,12 @@ def test_every_request_is_counted_with_the_status_its_client_saw(smoke_checkpoin
             c.post("/predict", content=b" " * 3_000, headers=good),
             c.post("/predict", content=chunks(), headers=good),
             c.post("/predict", json={"inputs": ["a", "b", "c"]}, headers=good),
-            c.post("/predict", json={"inputs": [["a"], ["b"], ["c"], ["d"]]}, headers=good),
-            c.get("/nowhere"),
+            c.post("/predict", content=b"{not json", headers=good),
         ]
-        assert [r.status_code for r in calls] == [200, 401, 413, 413, 422, 429, 404]
+        with model_busy(c, {"inputs": [["a"], ["b"]]}, good) as first:
+            calls.append(c.post("/predict", json={"inputs": [["c"], ["d"]]}, headers=good))
+        calls += [first[0], c.get("/nowhere")]
+        assert [r.status_code for r in calls] == [200, 401, 413, 413, 422, 400, 429, 200, 404]
         metrics = c.get("/metrics").text
-    for status, count in {"200": 1, "401": 1, "413": 2, "422": 1, "429": 1, "404": 1}.items():
+    for status, count in {"200": 2, "401": 1, "413": 2, "422": 1, "400": 1, "429": 1, "404": 1}.items():
         assert f'te_http_responses{{status="{status}"}} {count}.0' in metrics, (status, metrics)

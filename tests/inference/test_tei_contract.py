@@ -93,10 +93,16 @@ def test_three_strings_get_a_message_saying_how_to_send_a_batch(http):
     assert "neither one text nor a pair" in error and '[["text 1"], ["text 2"], ...]' in error
 
 
-def test_missing_inputs_and_bad_json_are_422(http):
-    assert post(http, {"truncate": True}).status_code == 422
-    response = http.post("/predict", content=b"{not json")
-    assert response.status_code == 422 and response.json()["error_type"] == "Validation"
+@pytest.mark.parametrize("body", [b"{not json", b"", b'{"inputs": "a"', b'{"inputs": "\xff"}'])
+def test_text_that_is_not_json_is_400_and_json_of_the_wrong_shape_422(http, body):
+    """TEI's handler takes `Json<PredictRequest>` (router/src/http/server.rs, axum 0.7 per router/Cargo.toml): axum
+    answers a body that is not syntactically valid JSON with its JsonSyntaxError, 400 Bad Request, and valid JSON
+    that does not deserialize into PredictRequest with JsonDataError, 422."""
+    response = http.post("/predict", content=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error_type"] == "Validation" and "not valid JSON" in response.json()["error"]
+    assert post(http, {"truncate": True}).status_code == 422  # valid JSON, no inputs
+    assert http.post("/predict", content=b'{"inputs": 5}').status_code == 422
 
 
 # ----------------------------------------------------------------- empty (tokenization.rs: is_empty)
