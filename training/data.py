@@ -10,6 +10,8 @@ The pieces, in the order train.py calls them:
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -17,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
+import pyarrow
+import pyarrow.parquet
 import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
@@ -43,6 +47,7 @@ class Splits:
     test: datasets.Dataset | None
     labels: LabelSpace
     calibration: list[str] = field(default_factory=list)  # training texts recorded for int8 serving
+    sources: dict[str, dict] = field(default_factory=dict)  # where each split was read (training/provenance.py)
 
     @property
     def label_names(self) -> list[str]:
@@ -59,6 +64,7 @@ def load_file(path: str) -> datasets.Dataset:
         raise DataError(f"{path}: file not found")
     if file.stat().st_size == 0:
         raise DataError(f"{path}: file is empty")
+    check_header(file)
     try:
         loaded = datasets.load_dataset(_LOADERS[file.suffix.lower()], data_files=str(file), split="train")
     except (datasets.exceptions.DatasetGenerationError, ValueError, OSError) as exc:
@@ -71,6 +77,34 @@ def load_file(path: str) -> datasets.Dataset:
     if len(loaded) == 0:
         raise DataError(f"{path}: no rows")
     return loaded
+
+
+def check_header(file: Path) -> None:
+    """A column named twice is refused: pandas would silently rename the second one (`text.1`) and the run would
+    train on whichever it picked. Read from the csv header, the parquet schema, or a jsonl file's first object."""
+    try:
+        names, where = _column_names(file)
+    except (OSError, ValueError, csv.Error, pyarrow.ArrowException):
+        return  # unreadable here: load_file's parser says why, in its own words
+    for name in dict.fromkeys(names):
+        if names.count(name) > 1:
+            raise DataError(
+                f"{file}: column {name!r} is named {names.count(name)} times in its {where}; rename or drop the "
+                "extra ones, so that it is clear which column to read"
+            )
+
+
+def _column_names(file: Path) -> tuple[list[str], str]:
+    suffix = file.suffix.lower()
+    if suffix == ".csv":
+        with open(file, newline="", encoding="utf-8", errors="replace") as fh:
+            return next(csv.reader(fh), []), "header"
+    if suffix == ".parquet":
+        return pyarrow.parquet.read_schema(file).names, "schema"
+    with open(file, encoding="utf-8", errors="replace") as fh:  # jsonl: keys of the first object, duplicates kept
+        first = fh.readline()
+    pairs = json.loads(first, object_pairs_hook=list) if first.lstrip().startswith("{") else []
+    return [key for key, _ in pairs], "first object"
 
 
 def load_hub(name: str) -> datasets.DatasetDict:
@@ -202,6 +236,8 @@ def _subsample(ds: datasets.Dataset, n: int | None, seed: int) -> datasets.Datas
 
 def load_splits(cfg: TrainConfig) -> Splits:
     """Train / validation / test from the Hub or local files, validated, labels as ids."""
+    files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
+    sources = {split: {"file": path} for split, path in files.items() if path}
     if cfg.train_file:
         train_source, train = cfg.train_file, load_file(cfg.train_file)
         hub_test = None
@@ -211,6 +247,8 @@ def load_splits(cfg: TrainConfig) -> Splits:
             raise DataError(f"dataset {cfg.dataset_name!r}: no 'train' split (found: {', '.join(hub)})")
         train_source, train = f"{cfg.dataset_name}[train]", hub["train"]
         hub_test = ("test", hub["test"]) if "test" in hub else None
+        for split in ["train", *(["test"] if hub_test and not cfg.test_file else [])]:
+            sources[split] = {"dataset": cfg.dataset_name, "split": split, "fingerprint": hub[split]._fingerprint}
     require_columns(train, train_source, [*text_columns(cfg), cfg.label_column])
     labels = LabelSpace.of_training_data(train, train_source, cfg.label_column, cfg.label_names)
     # every split is checked before any is transformed: a bad test file fails in seconds, not after training
@@ -235,6 +273,7 @@ def load_splits(cfg: TrainConfig) -> Splits:
         test=_subsample(test, cfg.num_samples, cfg.seed) if test is not None else None,
         labels=labels,
         calibration=calibration_sample(train, cfg.seed),
+        sources=sources,
     )
 
 
@@ -261,6 +300,7 @@ def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tra
         test=tokenize(splits.test, tokenizer, cfg.max_length, "test") if splits.test is not None else None,
         labels=splits.labels,
         calibration=splits.calibration,
+        sources=splits.sources,
     )
 
 

@@ -203,6 +203,34 @@ def test_empty_missing_and_unparsable_files(tmp_path):
         assert path.name in str(info.value)
 
 
+def duplicate_text_column(path):
+    """Two columns named `text`: the first holds the real texts, the second something else."""
+    rows = [("real news text number " + str(i), "other", i % 2) for i in range(20)]
+    if path.suffix == ".csv":
+        path.write_text("text,text,label\n" + "".join(f"{a},{b},{c}\n" for a, b, c in rows))
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(f'{{"text": "{a}", "text": "{b}", "label": {c}}}\n' for a, b, c in rows))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        columns = [pa.array([r[i] for r in rows]) for i in range(3)]
+        pq.write_table(pa.Table.from_arrays(columns, names=["text", "text", "label"]), path)
+    return path
+
+
+@pytest.mark.parametrize(("suffix", "where"), [(".csv", "header"), (".jsonl", "first object"), (".parquet", "schema")])
+def test_a_column_named_twice_is_one_line_naming_it(tmp_path, suffix, where):
+    """pandas would have read the csv's second `text` as `text.1` and trained on the first without a word."""
+    path = duplicate_text_column(tmp_path / f"train{suffix}")
+    with pytest.raises(DataError) as info:
+        load_splits(config(path))
+    assert str(info.value) == (
+        f"{path}: column 'text' is named 2 times in its {where}; rename or drop the extra ones, so that it is clear "
+        "which column to read"
+    )
+
+
 def test_tokenized_batches_are_padded_to_the_longest_or_its_multiple_of_8(tmp_path, smoke_dir):
     train = write_rows(tmp_path / "t.csv", rows(64))
     cfg = config(
