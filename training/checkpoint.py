@@ -39,7 +39,7 @@ from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as transformers_logging
 
 from inference import files
-from training import model_card, reports
+from training import model_card, provenance, reports
 from training.atomic import atomic_write, replace_dir, write_json
 from training.push import push as push_folder
 
@@ -68,6 +68,10 @@ class Progress:
     """Every logged training loss (mean over ranks): step, loss, learning rate."""
     layout: dict[str, Any] = field(default_factory=dict)
     """World size, batch size, accumulation, seed: what fixes the order of the batches."""
+    provenance: dict[str, Any] = field(default_factory=dict)
+    """Data fingerprints, model, labels and result-changing settings of the run (training/provenance.py)."""
+    inexact_resumes: list[dict[str, Any]] = field(default_factory=list)
+    """Resumes with --allow_inexact_resume whose provenance differed: the step and each changed value, both sides."""
 
 
 class ResumeError(RuntimeError):
@@ -242,6 +246,27 @@ def check_layout(state_folder: Path, progress: Progress, layout: dict[str, Any])
         )
 
 
+def check_provenance(state_folder: Path, progress: Progress, current: dict[str, Any], allow_inexact: bool) -> None:
+    """A state continues only the run that saved it: other data, model, labels or result-changing settings are
+    refused, naming each change, unless `allow_inexact` (a warning, and the change recorded in the progress)."""
+    changed = provenance.changes(progress.provenance, current)
+    if not changed:
+        return
+    if not allow_inexact:
+        raise ResumeError(
+            f"{state_folder} was saved by a run with other data or settings ({provenance.describe(changed)}): "
+            "resuming would mix two runs. Resume with the same ones, pass --allow_inexact_resume to continue anyway "
+            f"(metrics.json then records both), or start a new run from its best model: --model_name_or_path "
+            f"{state_folder.parent.parent}"
+        )
+    logger.warning(
+        "Resuming from %s although %s (--allow_inexact_resume); metrics.json records both",
+        state_folder,
+        provenance.describe(changed),
+    )
+    progress.inexact_resumes.append({"step": progress.global_step, "changed": changed})
+
+
 def write_state(accelerator: Accelerator, folder: Path) -> None:
     """accelerator.save_state into `folder` (every rank writes its RNG state; the main process the rest)."""
     accelerator.save_state(str(folder))
@@ -334,20 +359,20 @@ class OutputDir:
             for _, folder in complete_states(self.root)[: -self.keep_states]:
                 shutil.rmtree(folder)
 
-    def resume(
-        self, spec: str | None, layout: dict[str, Any], allow_inexact: bool = False
-    ) -> tuple[Path, Progress] | None:
-        """Restore model, optimizer, scheduler and RNG states from `spec` ('latest' or a state folder);
-        (folder, where training stood), or None when there is nothing to resume."""
+    def resume(self, spec: str | None, current: Progress, allow_inexact: bool = False) -> tuple[Path, Progress] | None:
+        """Restore model, optimizer, scheduler and RNG states from `spec` ('latest' or a state folder) when it was
+        saved by this run (`current`'s layout and provenance); (folder, where training stood), or None when there is
+        nothing to resume."""
         if not spec:
             return None
         folder = self._pick_on_main(spec, allow_inexact)
         if folder is None:
             return None
         progress = read_progress(folder)
-        check_layout(folder, progress, layout)
+        check_layout(folder, progress, current.layout)
+        check_provenance(folder, progress, current.provenance, allow_inexact)
         self.accelerator.load_state(str(folder))
-        progress.layout = layout
+        progress.layout, progress.provenance = current.layout, current.provenance
         return folder, progress
 
     def _pick_on_main(self, spec: str, allow_inexact: bool) -> Path | None:

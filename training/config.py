@@ -209,8 +209,11 @@ class EvaluationConfig(_Group):
     resume_from_checkpoint: str | None = None
     """'latest' (newest state under output_dir/state, by recorded step) or a path to a state/step_N folder."""
     allow_inexact_resume: bool = False
-    """Resume from a state whose RNG files are missing or unreadable (the run continues, but not bitwise as if never
-    stopped); without it such a state is refused ('latest' falls back to an earlier complete one)."""
+    """Resume although the run would not continue exactly: the state's RNG files are missing or unreadable, or it
+    was saved with other data (files' size and SHA-256, a Hub dataset's fingerprint), another model or label mapping,
+    or other settings that change the result (max_length, learning rate and schedule, precision, ...); metrics.json
+    then records both values of each change. Without it such a state is refused with one line naming what changed
+    ('latest' falls back to an earlier complete state for missing RNG files)."""
     push_to_hub: bool = False
     """Upload the best model (Hugging Face format, state_dict, tokenizer, card, reports) to --hub_model_id at the end,
     from the main process."""

@@ -343,4 +343,6 @@ def run_summary(run: Run, test_metrics: dict | None = None, runtime_s: float | N
         },
         "label_names": splits.label_names,
         "label_values": splits.labels.values,  # the training data's value of each class id
+        "provenance": progress.provenance,  # data fingerprints, model and settings (training/provenance.py)
+        "inexact_resumes": progress.inexact_resumes,  # what changed at a resume with --allow_inexact_resume
     }

@@ -36,7 +36,7 @@ from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwar
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from inference import files, precision
-from training import cpu_speed
+from training import cpu_speed, provenance
 from training.checkpoint import OutputDir, Progress, ResumeError, SaveError, load_weights
 from training.claim import OutputDirError, claim_output_dir
 from training.config import ConfigError, TrainConfig, load_config
@@ -197,6 +197,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
         throughput=Throughput(accelerator.device),
         guard=StopGuard(accelerator, cfg.max_nonfinite_steps),
     )
+    run.progress.provenance = provenance.record(cfg, splits, accelerator, learning_rate, total_steps)
     resume(run)
     if splits.calibration:
         run.out.write_json(files.CALIBRATION, {"texts": splits.calibration, "source": "a seeded sample of train"})
@@ -216,9 +217,8 @@ def layout_of(cfg: TrainConfig, accelerator: Accelerator) -> dict:
 
 def resume(run: Run) -> None:
     """Continue from --resume_from_checkpoint ('latest' or a state folder) when there is one."""
-    layout = layout_of(run.cfg, run.accelerator)
-    run.progress.layout = layout
-    resumed = run.out.resume(run.cfg.resume_from_checkpoint, layout, run.cfg.allow_inexact_resume)
+    run.progress.layout = layout_of(run.cfg, run.accelerator)
+    resumed = run.out.resume(run.cfg.resume_from_checkpoint, run.progress, run.cfg.allow_inexact_resume)
     if resumed is None:
         if run.cfg.resume_from_checkpoint:
             logger.info("No resumable state under %s; starting from scratch.", run.out.path(files.STATE_DIR))

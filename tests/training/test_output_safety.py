@@ -1,5 +1,6 @@
 """The output folder under faults: unwritable, claimed by two runs, a full disk mid-save, damaged states, a
-layout change on resume. Each fault ends with one line naming what and why (exit 1), or recovers and says so.
+layout change on resume, a resume with other data, model or settings. Each fault ends with one line naming what and
+why (exit 1), or recovers and says so.
 
 Real processes throughout (1 process unless the property is about ranks); a full disk is an ENOSPC injected at
 the write call (tests/helpers/faults/), as a test cannot count on making a small full filesystem here.
@@ -7,6 +8,7 @@ the write call (tests/helpers/faults/), as a test cannot count on making a small
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -168,6 +170,56 @@ def test_a_different_layout_on_resume_is_refused_with_one_line(copy_of):
     [line] = errors(result)
     assert "was saved with a different layout (per_device_train_batch_size 16 -> 8)" in line
     assert f"--model_name_or_path {copy_of}" in line and "Traceback" not in result.stderr
+
+
+def replaced_training_file(smoke_dir: Path, folder: Path) -> Path:
+    """The smoke training data at another path with twice the rows and every label shifted by one class."""
+    lines = (smoke_dir / "train.csv").read_text().splitlines()
+    shifted = [f"{line.rpartition(',')[0]},{(int(line.rpartition(',')[2]) + 1) % 4}" for line in lines[1:]]
+    path = folder / "train.csv"
+    path.write_text("\n".join([lines[0], *shifted, *shifted]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ("data", ["data.train.bytes", "data.train.sha256"]),
+        ("settings", ["settings.learning_rate 0.002 -> 0.001", "settings.max_length 64 -> 32"]),
+        ("model", ["settings.model_name_or_path"]),
+    ],
+)
+def test_a_resume_with_other_data_model_or_settings_is_refused_naming_each_change(
+    copy_of, smoke_dir, tmp_path, change, named
+):
+    """Before, it continued silently from the state's weights and metrics.json described the run as if it had used
+    the last invocation's values throughout."""
+    extra = {
+        "data": ["--train_file", str(replaced_training_file(smoke_dir, tmp_path))],
+        "settings": ["--max_length", "32", "--learning_rate", "1e-3"],
+        "model": ["--model_name_or_path", str(shutil.copytree(smoke_dir / "model", tmp_path / "same_model_elsewhere"))],
+    }[change]
+    before = (copy_of / files.WEIGHTS).read_bytes()
+    result, _ = run_train([*SMOKE, "--output_dir", str(copy_of), "--resume_from_checkpoint", "latest", *extra])
+    assert result.returncode == 1, describe(result)
+    [line] = errors(result)
+    assert f"{copy_of / files.STATE_DIR / 'step_168'} was saved by a run with other data or settings" in line
+    assert all(name in line for name in named) and "--allow_inexact_resume" in line, line
+    assert "Traceback" not in result.stderr and (copy_of / files.WEIGHTS).read_bytes() == before
+
+
+def test_an_inexact_resume_goes_on_with_a_warning_and_metrics_json_records_both_values(copy_of):
+    state = copy_of / files.STATE_DIR / "step_84"
+    args = [*SMOKE, "--output_dir", str(copy_of), "--resume_from_checkpoint", str(state), "--max_length", "32"]
+    result, _ = run_train([*args, "--allow_inexact_resume"])
+    assert result.returncode == 0, describe(result)
+    warning = [line for line in result.stderr.splitlines() if "WARNING" in line and "allow_inexact_resume" in line]
+    assert len(warning) == 1 and f"Resuming from {state} although settings.max_length 64 -> 32" in warning[0]
+    metrics = json.loads((copy_of / files.METRICS).read_text())
+    assert metrics["inexact_resumes"] == [{"step": 84, "changed": {"settings.max_length": {"saved": 64, "now": 32}}}]
+    assert metrics["provenance"]["settings"]["max_length"] == 32 == metrics["config"]["max_length"]
+    progress = json.loads((copy_of / files.STATE_DIR / "step_168" / files.PROGRESS).read_text())
+    assert progress["inexact_resumes"] == metrics["inexact_resumes"]  # a later resume keeps the record
 
 
 def test_on_two_ranks_the_main_process_picks_the_state_and_every_rank_stops_on_its_refusal(copy_of):
