@@ -7,8 +7,10 @@
 
 Each rank scores its shard; `gather_for_metrics` drops the duplicates accelerate adds to even out the last
 batch, so the counts are exact with any number of processes. The main process prints a per-class table and
-writes, beside the checkpoint, `eval_results.json` (metrics, per-class precision/recall/F1, confusion matrix),
-`confusion_matrix.png` and `misclassified.csv` (training/reports.py). `evaluate()` is also what training calls.
+writes, beside the checkpoint, `eval_results.json` (the weights' SHA-256 and training step it describes, metrics,
+per-class precision/recall/F1, confusion matrix), `confusion_matrix.png` and `misclassified.csv`
+(training/reports.py), unless the weights file changed while it was scored. `evaluate()` is also what training
+calls.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
+from accelerate.utils import broadcast_object_list
 
 from inference import files, precision
-from inference.loading import CheckpointError, LoadedModel, load_model
+from inference.loading import CheckpointError, LoadedModel, file_sha256, load_model
 from training import reports
 from training.atomic import write_json
 from training.config import TrainConfig, presets
@@ -212,6 +215,7 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> dict:
     report = classification_report(scored.probabilities.argmax(dim=1), scored.labels, saved.loaded.labels)
     evaluation = {
         "checkpoint_dir": str(root),
+        "model": described_model(saved),
         "data": source,
         "world_size": accelerator.num_processes,
         "max_length": cfg.max_length,
@@ -228,9 +232,39 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> dict:
         reports.report_table(report["per_class"], results),
         main_process_only=True,
     )
+    unchanged(accelerator, saved.loaded)
     if accelerator.is_main_process:
         write_evaluation(root, evaluation, texts, scored, saved.loaded.labels)
     return evaluation
+
+
+def described_model(saved: SavedModel) -> dict:
+    """Which model the results describe: the weights file and the SHA-256 of the bytes scored, and where its training
+    run stood (eval_results.json can then be checked against the folder's weights)."""
+    recorded = saved.loaded.metrics or {}
+    return {
+        "weights_file": saved.loaded.weights_file,
+        "sha256": saved.loaded.sha256,
+        "best_step": recorded.get("best_step"),
+        "global_step": recorded.get("global_step"),
+    }
+
+
+def unchanged(accelerator: Accelerator, loaded: LoadedModel) -> None:
+    """The weights file still holds the bytes that were scored (a training run may save a new best model into the
+    folder meanwhile); otherwise nothing is written. Decided on the main process, raised on every rank alike."""
+    problem = None
+    if accelerator.is_main_process:
+        path = Path(loaded.weights_file)
+        now = file_sha256(path) if path.is_file() else "missing"
+        if now != loaded.sha256:
+            problem = (
+                f"{path} changed while it was evaluated (sha256 {loaded.sha256[:12]} -> {now[:12]}): results not "
+                "written; evaluate again once the training run writing the folder has finished"
+            )
+    [problem] = broadcast_object_list([problem])
+    if problem:
+        raise CheckpointError(problem)
 
 
 def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, label_names: list[str]) -> None:

@@ -9,7 +9,9 @@ Python objects) in chunks of --chunk_size rows. Rank r of N scores chunks r, r+N
 length into batches, as the service does) and writes each chunk's predictions to a part file; then the main
 process streams the input and the parts, chunk by chunk and in order, into the output, whose format follows its
 extension: the input's columns, `predicted_label`, `predicted_score` and one `score_<label>` per class. The
-output is written under a temporary name and renamed, so it is complete or absent. Memory stays bounded by the
+output is written under a temporary name of this run and renamed, so it is complete or absent, and two runs never
+share their staging files. Nothing is destroyed: an output that is the input is refused, and so is an input that
+already has prediction columns, unless --overwrite_prediction_columns replaces them. Memory stays bounded by the
 chunk size, whatever the size of the file. The model is this project's checkpoint folder or any
 save_pretrained folder (inference/loading.py reads both), served at the precision the service would use.
 """
@@ -20,8 +22,10 @@ import argparse
 import json
 import logging
 import os
+import secrets
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -32,6 +36,7 @@ import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
+from accelerate.utils import broadcast_object_list
 from tqdm.auto import tqdm
 
 from inference import precision
@@ -56,6 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--output_file", required=True, help=f"{', '.join(OUTPUT_SUFFIXES)}: the format follows the extension"
     )
     add_data_arguments(parser)
+    parser.add_argument(
+        "--overwrite_prediction_columns",
+        action="store_true",
+        help="replace the input's own predicted_label / predicted_score / score_<label> columns (default: refuse)",
+    )
     parser.add_argument("--per_device_batch_size", type=int, default=64, help="texts per forward pass (default: 64)")
     parser.add_argument("--chunk_size", type=int, default=4096, help="rows read, scored and written at a time")
     parser.add_argument(
@@ -76,7 +86,7 @@ class Reader:
     """The input file and how its texts are read; a chunk is a range of rows."""
 
     def __init__(self, ds: datasets.Dataset, args: argparse.Namespace, trained_with: dict):
-        self.ds = ds
+        self.ds, self.source = ds, args.input_file
         self.columns = args.text_column_names or trained_with.get("text_column_names") or ["text"]
         self.delimiter = args.text_column_delimiter or trained_with.get("text_column_delimiter", " ")
         self.pair_column = args.text_pair_column or trained_with.get("text_pair_column")
@@ -143,6 +153,10 @@ def score_my_chunks(
     bar.close()
 
 
+def prediction_names(labels: list[str]) -> list[str]:
+    return ["predicted_label", "predicted_score", *(f"score_{label}" for label in labels)]
+
+
 def prediction_columns(probabilities: pa.Table, labels: list[str]) -> dict[str, pa.Array]:
     values = probabilities.column("probabilities").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     scores = torch.tensor(values).reshape(-1, len(labels))
@@ -178,50 +192,83 @@ class Writer:
             self.sink.close()
 
 
-def assemble(reader: Reader, parts: Path, labels: list[str], output: Path) -> None:
-    """Input columns + predictions, chunk by chunk in input order, into a temporary file renamed into place."""
-    tmp = output.with_name(f".{output.name}.tmp")
-    writer = Writer(tmp, output.suffix)
+def assemble(reader: Reader, parts: Path, labels: list[str], output: Path, staged: Path) -> None:
+    """Input columns (less any prediction columns being replaced) + predictions, chunk by chunk in input order, into
+    `staged`, renamed to `output` once complete."""
+    writer = Writer(staged, output.suffix)
+    replaced = [name for name in prediction_names(labels) if name in reader.ds.column_names]
     try:
         arrow = reader.ds.with_format("arrow")
         for chunk in range(reader.num_chunks):
             rows = reader.rows(chunk)
-            table = arrow[rows.start : rows.stop]
+            table = arrow[rows.start : rows.stop].drop_columns(replaced)
             for name, column in prediction_columns(pyarrow.parquet.read_table(part_path(parts, chunk)), labels).items():
                 table = table.append_column(name, column)
             writer.write(table)
     finally:
         writer.close()
-    os.replace(tmp, output)
+    os.replace(staged, output)
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Before any model is loaded: the output must not be the input, and its folder must exist."""
+    output, given = Path(args.output_file), Path(args.input_file)
+    if output.resolve() == given.resolve() or (output.exists() and given.exists() and output.samefile(given)):
+        raise DataError(f"--output_file {output} is the input file: it would be overwritten; write to another file")
+    if not output.parent.is_dir():
+        raise DataError(f"{output.parent}: output folder not found")
+
+
+def check_columns(reader: Reader, labels: list[str], overwrite: bool) -> None:
+    present = [name for name in prediction_names(labels) if name in reader.ds.column_names]
+    if present and not overwrite:
+        raise DataError(
+            f"{reader.source}: already has prediction columns ({', '.join(present)}); pass "
+            "--overwrite_prediction_columns to replace them, or rename them in the input"
+        )
+
+
+def on_main(accelerator: Accelerator, action: Callable[[], None], what: str) -> None:
+    """`action` on the main process; a file it cannot write is one DataError raised on every rank alike."""
+    problem = None
+    if accelerator.is_main_process:
+        try:
+            action()
+        except OSError as exc:
+            problem = f"cannot write {what}: {exc.strerror or exc} ({getattr(exc, 'filename', None) or what})"
+    [problem] = broadcast_object_list([problem])
+    if problem:
+        raise DataError(problem)
 
 
 def run(args: argparse.Namespace, accelerator: Accelerator) -> None:
+    check_paths(args)
     output = Path(args.output_file)
-    if not output.parent.is_dir():
-        raise DataError(f"{output.parent}: output folder not found")
     loaded = load_model(args.checkpoint_dir, device=str(accelerator.device), dtype=args.mixed_precision)
     trained_with = (loaded.metrics or {}).get("config", {})
     with accelerator.main_process_first():  # the main process converts the file to Arrow; the others reuse it
         reader = Reader(load_file(args.input_file), args, trained_with)
+    check_columns(reader, loaded.labels, args.overwrite_prediction_columns)
     max_length = args.max_length or trained_with.get("max_length") or loaded.max_length
-    parts = output.with_name(f".{output.name}.parts")
-    if accelerator.is_main_process:
-        shutil.rmtree(parts, ignore_errors=True)
-        parts.mkdir()
-    accelerator.wait_for_everyone()
-    score_my_chunks(accelerator, loaded, reader, parts, args, max_length)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        assemble(reader, parts, loaded.labels, output)
-        shutil.rmtree(parts, ignore_errors=True)
-        logger.info(
-            "Wrote %d rows to %s (%s, %d processes)",
-            len(reader.ds),
-            output,
-            loaded.precision,
-            accelerator.num_processes,
-        )
-    accelerator.wait_for_everyone()
+    [run_id] = broadcast_object_list([f"{os.getpid()}-{secrets.token_hex(3)}"])  # this run's staging names
+    parts, staged = (output.with_name(f".{output.name}.{kind}.{run_id}") for kind in ("parts", "tmp"))
+    on_main(accelerator, parts.mkdir, str(output.parent))
+    try:
+        score_my_chunks(accelerator, loaded, reader, parts, args, max_length)
+        accelerator.wait_for_everyone()
+        on_main(accelerator, lambda: assemble(reader, parts, loaded.labels, output, staged), str(output))
+    finally:  # a failed run leaves nothing behind
+        if accelerator.is_main_process:
+            shutil.rmtree(parts, ignore_errors=True)
+            staged.unlink(missing_ok=True)
+    logger.info(
+        "Wrote %d rows to %s (%s, %d processes)",
+        len(reader.ds),
+        output,
+        loaded.precision,
+        accelerator.num_processes,
+        main_process_only=True,
+    )
 
 
 def cli(argv: list[str] | None = None) -> int:

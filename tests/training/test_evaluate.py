@@ -1,13 +1,16 @@
-"""`python -m training.evaluate`: one saved model scored with 1, 2 and 3 processes gives identical metrics."""
+"""`python -m training.evaluate`: one saved model scored with 1, 2 and 3 processes gives identical metrics; the
+results name the weights they describe, and weights replaced mid-evaluation write none."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from inference import files
 from tests.conftest import describe, launch
@@ -113,3 +116,36 @@ def test_reports_per_class_confusion_matrix_and_misclassified_rows(trained, smok
     assert "precision    recall        f1   support" in table
     for name in labels:
         assert f"{one['per_class'][name]['f1']:.4f}" in table
+
+
+def test_eval_results_name_the_weights_they_describe(trained, evaluations):
+    described = evaluations[1]["model"]
+    recorded = json.loads((trained / files.METRICS).read_text())
+    assert described == {
+        "weights_file": str(trained / files.WEIGHTS),
+        "sha256": hashlib.sha256((trained / files.WEIGHTS).read_bytes()).hexdigest(),
+        "best_step": recorded["best_step"],
+        "global_step": recorded["global_step"],
+    }
+
+
+def test_weights_replaced_while_they_are_scored_write_no_results(smoke_model, tmp_path, monkeypatch, caplog):
+    """A training run saving a new best model into the folder mid-evaluation: the results would describe neither
+    model, so nothing is written and the error says why."""
+    from training import evaluate
+
+    out = Path(shutil.copytree(smoke_model, tmp_path / "out"))
+    real_score = evaluate.score
+
+    def score_then_training_saves(*args, **kwargs):
+        scored = real_score(*args, **kwargs)
+        weights = torch.load(out / files.WEIGHTS, weights_only=True)
+        weights["classifier.bias"] += 1.0
+        torch.save(weights, out / files.WEIGHTS)
+        return scored
+
+    monkeypatch.setattr(evaluate, "score", score_then_training_saves)
+    assert evaluate.cli(["--checkpoint_dir", str(out), "--preset", "smoke"]) == 1
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert f"{out / files.WEIGHTS} changed while it was evaluated" in error and "results not written" in error
+    assert not (out / files.EVAL_RESULTS).exists() and not (out / files.MISCLASSIFIED_CSV).exists()

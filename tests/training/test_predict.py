@@ -16,7 +16,7 @@ import torch
 
 from inference import files
 from inference.loading import load_model
-from tests.conftest import ROOT, cli_env, describe, launch, write_rows
+from tests.conftest import ROOT, cli_env, describe, launch, read_only, write_rows
 
 pytestmark = pytest.mark.slow
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -182,12 +182,28 @@ def test_memory_stays_bounded_on_200000_rows(model_dir, tmp_path):
             "missing column 'body'",
         ),
         (["--input_file", "{src}", "--output_file", "{tmp}/no/such/dir/o.csv"], 1, "output folder not found"),
+        (["--input_file", "{src}", "--output_file", "{src}"], 1, "in.csv is the input file: it would be overwritten"),
+        (["--input_file", "{src}", "--output_file", "{tmp}/../{tmp.name}/in.csv"], 1, "is the input file"),
+        (
+            ["--input_file", "{tmp}/labelled.csv", "--output_file", "{tmp}/again.csv"],
+            1,
+            "labelled.csv: already has prediction columns (predicted_label, score_World); pass "
+            "--overwrite_prediction_columns",
+        ),
+        (
+            ["--input_file", "{tmp}/twice.csv", "--output_file", "{tmp}/x.csv"],
+            1,
+            "twice.csv: column 'text' is named 2 times in its header",
+        ),
     ],
 )
 def test_errors_are_one_line_and_write_nothing(model_dir, tmp_path, args, code, words, capsys, caplog):
     from training.predict import cli
 
     src = write_rows(tmp_path / "in.csv", [{"text": t} for t in sentences(5)])
+    write_rows(tmp_path / "labelled.csv", [{"text": "x", "predicted_label": "World", "score_World": 0.9}])
+    (tmp_path / "twice.csv").write_text("text,text\na,b\n")
+    inputs = {p: p.read_bytes() for p in tmp_path.iterdir()}
     argv = ["--checkpoint_dir", str(model_dir), *(a.format(tmp=tmp_path, src=src) for a in args)]
     try:
         returned = cli(argv)
@@ -195,4 +211,71 @@ def test_errors_are_one_line_and_write_nothing(model_dir, tmp_path, args, code, 
         returned = exc.code
     assert returned == code
     assert words in capsys.readouterr().err + caplog.text
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]
+    assert {p: p.read_bytes() for p in tmp_path.iterdir()} == inputs  # nothing written, nothing changed
+
+
+def test_prediction_columns_are_replaced_only_when_asked_and_stay_unique(model_dir, tmp_path):
+    """An input that is an earlier output: with --overwrite_prediction_columns its prediction columns are replaced
+    (before, the parquet output had duplicate names and pyarrow could not read it)."""
+    rows = [{"id": i, "text": t} for i, t in enumerate(sentences(30, seed=4))]
+    first, second = tmp_path / "first.parquet", tmp_path / "second.parquet"
+    args = ["--checkpoint_dir", str(model_dir), "--mixed_precision", "fp32"]
+    assert predict(*args, "--input_file", str(write_rows(tmp_path / "in.csv", rows)), "--output_file", str(first))
+    stale = pd.read_parquet(first)
+    stale["predicted_label"] = "stale"
+    stale.to_parquet(first)
+    result = predict(*args, "--input_file", str(first), "--output_file", str(second), "--overwrite_prediction_columns")
+    assert result.returncode == 0, describe(result)
+    table = pd.read_parquet(second)  # pyarrow reads it: every name once
+    assert list(table.columns) == ["id", "text", "predicted_label", "predicted_score", *(f"score_{x}" for x in LABELS)]
+    assert "stale" not in set(table["predicted_label"]) and table["id"].tolist() == list(range(30))
+
+
+def test_two_runs_writing_one_output_stage_apart_and_leave_a_whole_file(model_dir, tmp_path):
+    """Two runs with one --output_file at once: each stages under its own name (before, they shared one staging
+    folder and one removed the other's parts); the output is one run's whole answer and nothing else is left."""
+    texts = sentences(3000, seed=5)
+    source = write_rows(tmp_path / "in.csv", [{"text": t} for t in texts])
+    out = tmp_path / "out.csv"
+    args = ["--checkpoint_dir", str(model_dir), "--input_file", str(source), "--output_file", str(out)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "training.predict", *args, "--chunk_size", "256"],
+            cwd=ROOT,
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    written = pd.read_csv(out)
+    assert written["text"].tolist() == texts and written["predicted_label"].notna().all()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", "out.csv"]
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_read_only_output_folder_is_one_line_and_exit_1(model_dir, tmp_path, processes):
+    """The main process finds out; every rank stops on its broadcast answer (none left waiting at a barrier)."""
+    source = write_rows(tmp_path / "in.csv", [{"text": t} for t in sentences(20)])
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    with read_only(folder):
+        result = predict(
+            "--checkpoint_dir",
+            str(model_dir),
+            "--input_file",
+            str(source),
+            "--output_file",
+            str(folder / "o.csv"),
+            processes=processes,
+        )
+    assert result.returncode == 1, describe(result)
+    assert "[rank0]: Traceback" not in result.stderr and "[rank1]: Traceback" not in result.stderr
+    if processes == 1:
+        assert "Traceback" not in result.stderr  # with 2, accelerate's launcher prints its own on a failed child
+    lines = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(lines) == 1 and f"cannot write {folder}: Operation not permitted" in lines[0], describe(result)
+    assert list(folder.iterdir()) == []
