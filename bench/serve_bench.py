@@ -2,6 +2,7 @@
 
     python bench/serve_bench.py --baseline b31fa5a   # DistilBERT-base architecture, random weights, ~6 minutes
     python bench/serve_bench.py --duration 20        # longer windows per measurement; no --baseline: 2 servers
+    python bench/serve_bench.py --checkpoint DIR --pretrained-folder   # + the same weights as a save_pretrained folder
 
 Not a test: it prints figures to record in docs/benchmarks.md. What it does, in one run on one machine:
 1. writes a checkpoint in our format with the DistilBERT-base architecture (`DistilBertConfig()`, random weights:
@@ -439,10 +440,23 @@ def checkout(ref: str, into: Path) -> Path:
     return into
 
 
+def write_pretrained_folder(checkpoint: Path, folder: Path) -> Path:
+    """The checkpoint's weights as a plain save_pretrained folder (model.safetensors, config.json, tokenizer files):
+    what a model from elsewhere looks like, with no calibration_texts.json and no conversion beside it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(checkpoint))
+    model.load_state_dict(torch.load(checkpoint / files.WEIGHTS, weights_only=True))
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(checkpoint / files.TOKENIZER_DIR).save_pretrained(folder)
+    return folder
+
+
 def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, list[str], Path]]:
     """name -> (url, command, working folder). The service's flags are the ones both versions accept."""
 
-    def service(folder: Path) -> tuple[str, list[str], Path]:
+    def service(folder: Path, model: Path = checkpoint) -> tuple[str, list[str], Path]:
         port = free_port()
         return (
             f"http://127.0.0.1:{port}",
@@ -451,7 +465,7 @@ def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, 
                 "-m",
                 "inference",
                 "--checkpoint_dir",
-                str(checkpoint),
+                str(model),
                 "--port",
                 str(port),
                 "--precision",
@@ -464,6 +478,8 @@ def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, 
 
     peer_port = free_port()
     servers = {"ours": service(ROOT)}
+    if args.pretrained_folder:  # converted at its start (RUNTIME_CACHE), on the shipped English sample
+        servers["ours-folder"] = service(ROOT, write_pretrained_folder(checkpoint, work / "pretrained_folder"))
     if args.baseline:
         servers["previous"] = service(checkout(args.baseline, work / "previous"))
     servers["peer"] = (
@@ -538,6 +554,12 @@ def main() -> None:
         metavar="DIR",
         help="a trained DistilBERT checkpoint in our format to serve instead of random weights (its int8 answers "
         "can then be compared with fp32: train it on other texts than the benchmark's)",
+    )
+    parser.add_argument(
+        "--pretrained-folder",
+        action="store_true",
+        help="also serve the same weights as a plain save_pretrained folder (no recorded calibration texts): "
+        "ours / ours-folder shows what a model trained elsewhere gets",
     )
     parser.add_argument("--serve-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-openvino-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
