@@ -74,6 +74,18 @@ def assert_matches(answer: list[dict], expected: dict[str, float], tolerance: fl
     assert all(abs(p["score"] - expected[p["label"]]) < tolerance for p in answer), (answer, expected)
 
 
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m inference ARGS` run to its end (a start-up refusal), output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "inference", *args],
+        cwd=ROOT,
+        env=env or cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 class Server:
     """`python -m inference` as a real process on 127.0.0.1. With `model=None` no flag is added: the model and
     the port come from the environment (MODEL_ID, PORT)."""

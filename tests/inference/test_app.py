@@ -18,8 +18,8 @@ from inference import files
 from inference.app import create_app
 from inference.loading import CheckpointError, load_model
 from inference.settings import Settings, SettingsError, from_env
-from tests.conftest import ROOT, cli_env
-from tests.inference.conftest import assert_matches, wait_for
+from tests.conftest import ROOT
+from tests.inference.conftest import assert_matches, run_cli, wait_for
 
 TEXTS = [
     "Shares of oracle rose in early trading after the earnings report.",
@@ -140,14 +140,7 @@ def test_a_client_batch_larger_than_the_concurrency_limit_is_refused_at_start(sm
     """A batch between the two limits could never be admitted: every retry would get 429 with nothing in flight."""
     with pytest.raises(SettingsError, match=r"MAX_CLIENT_BATCH_SIZE: 64 is above MAX_CONCURRENT_REQUESTS \(8\)"):
         from_env(model_id=str(smoke_checkpoint), max_concurrent_requests=8, max_client_batch_size=64)
-    result = subprocess.run(
-        [sys.executable, "-m", "inference", "--model_id", str(smoke_checkpoint), "--max_concurrent_requests", "8"],
-        cwd=ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli("--model_id", str(smoke_checkpoint), "--max_concurrent_requests", "8")
     assert result.returncode == 2 and result.stdout == "", result
     assert result.stderr.splitlines() == [
         "inference: error: MAX_CLIENT_BATCH_SIZE: 32 is above MAX_CONCURRENT_REQUESTS (8): a batch that large "
@@ -346,14 +339,7 @@ def test_checkpoints_that_are_not_plain_tensors_are_refused(checkpoint_copy, tmp
 def test_a_broken_checkpoint_stops_the_command_with_one_line(checkpoint_copy):
     weights = checkpoint_copy / files.WEIGHTS
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated
-    result = subprocess.run(
-        [sys.executable, "-m", "inference", "--model_id", str(checkpoint_copy)],
-        cwd=ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli("--model_id", str(checkpoint_copy))
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(weights) in lines[0] and lines[0].startswith("inference: error:")

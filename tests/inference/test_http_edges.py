@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
@@ -17,7 +15,8 @@ import pytest
 from inference import files, routes
 from inference.app import create_app
 from inference.settings import Settings, SettingsError, from_env
-from tests.conftest import ROOT, cli_env
+from tests.conftest import cli_env
+from tests.inference.conftest import run_cli
 from tests.inference.test_app import TEXTS, make_client
 
 
@@ -78,14 +77,7 @@ def test_a_non_ascii_or_spaced_api_key_is_refused_at_start_without_echoing_it(ke
 
 
 def test_api_key_from_the_environment_refused_by_the_real_command():
-    result = subprocess.run(
-        [sys.executable, "-m", "inference"],
-        cwd=ROOT,
-        env=cli_env(API_KEY="cl\u00e9"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli(env=cli_env(API_KEY="cl\u00e9"))
     assert result.returncode == 2 and result.stderr.startswith("inference: error: API_KEY: must be printable ASCII")
     assert len(result.stderr.splitlines()) == 1 and "cl\u00e9" not in result.stderr
 
@@ -141,14 +133,7 @@ def test_an_id2label_of_another_size_than_the_head_is_one_line_for_every_format(
     if weights == "safetensors":
         (checkpoint_copy / files.WEIGHTS).unlink()
     mislabel(checkpoint_copy)
-    result = subprocess.run(
-        [sys.executable, "-m", "inference", "--model_id", str(checkpoint_copy), "--backend", "torch"],
-        cwd=ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli("--model_id", str(checkpoint_copy), "--backend", "torch")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("inference: error:") and f"does not match {files.CONFIG}: classifier." in line

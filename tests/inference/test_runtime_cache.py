@@ -22,8 +22,8 @@ import torch
 from inference import files, runtimes
 from inference.runtime_cache import Cache
 from inference.settings import SettingsError
-from tests.conftest import ROOT, cli_env, read_only
-from tests.inference.conftest import Reference, Server, wait_for
+from tests.conftest import cli_env, read_only
+from tests.inference.conftest import Reference, Server, run_cli, wait_for
 from tests.inference.test_app import TEXTS, make_client
 from tests.inference.test_runtimes import runtime_log, serve, served_logits, smoke_texts, torch_fp32_logits
 
@@ -138,13 +138,8 @@ def test_when_nothing_can_be_written_a_needed_conversion_is_one_line_naming_runt
     with read_only(checkpoint_copy, runtime_cache):
         with pytest.raises(SettingsError, match=r"^RUNTIME_CACHE: cannot write .* nor .*runtime_cache"):
             serve(checkpoint_copy, runtime_cache=str(runtime_cache), **FP32)
-        result = subprocess.run(
-            [sys.executable, "-m", "inference", "--model_id", str(checkpoint_copy), "--backend", "openvino"],
-            cwd=ROOT,
-            env=cli_env(RUNTIME_CACHE=str(runtime_cache)),
-            capture_output=True,
-            text=True,
-            timeout=120,
+        result = run_cli(
+            "--model_id", str(checkpoint_copy), "--backend", "openvino", env=cli_env(RUNTIME_CACHE=str(runtime_cache))
         )
     assert result.returncode == 2, result
     [line] = [line for line in result.stderr.splitlines() if "error" in line.lower()]
@@ -269,3 +264,20 @@ def test_the_watcher_survives_a_reload_failing_with_an_optimized_runtimes_own_ex
         logging.getLogger("inference.reload").removeHandler(handler)
     [refused] = [r.getMessage() for r in records]
     assert "Refused the new checkpoint" in refused and "InvalidProtobuf" in refused
+
+
+@pytest.mark.slow  # converts a model
+def test_damage_found_at_a_reload_is_named_and_the_reloaded_model_is_verified(checkpoint_copy):
+    """Hot reload runs the same check: the files changed (config.json touched) while the conversion beside them was
+    damaged; the reload names the damaged file, converts again, and serves a verified model."""
+    with runtime_log() as lines, make_client(checkpoint_copy, reload_interval_s=0.05, **FP32) as c:
+        before = c.post("/predict", json={"inputs": TEXTS[2]}).json()
+        loaded = serve(checkpoint_copy, **FP32)
+        cache = cache_of(checkpoint_copy, loaded)
+        damaged = truncate(cache, served_folder(loaded, cache))
+        config = checkpoint_copy / files.CONFIG
+        config.write_text(config.read_text() + " ")
+        wait_for(lambda: c.get("/metrics").text, lambda m: 'te_model_reloads{result="ok"} 1.0' in m)
+        assert c.post("/predict", json={"inputs": TEXTS[2]}).json() == before
+    assert any(str(damaged) in line and line.endswith("not served") for line in lines), lines
+    assert cache.damage(served_folder(loaded, cache)) is None

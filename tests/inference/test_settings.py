@@ -12,7 +12,7 @@ from pydantic_settings import CliApp
 
 from inference.settings import Settings, SettingsError, from_env
 from tests.conftest import ROOT, cli_env, free_port
-from tests.inference.conftest import Server
+from tests.inference.conftest import Server, run_cli
 
 TEI_ENVIRONMENT = {
     "MODEL_ID": "/models/topics",
@@ -29,17 +29,6 @@ TEI_ENVIRONMENT = {
     "JSON_OUTPUT": "true",
     "CORS_ALLOW_ORIGIN": "https://a.example,https://b.example",
 }
-
-
-def run_cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "inference", *args],
-        cwd=ROOT,
-        env=env or cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_tei_environment_variable_names_are_read(monkeypatch):

@@ -262,16 +262,9 @@ def test_a_read_only_output_folder_is_one_line_and_exit_1(model_dir, tmp_path, p
     source = write_rows(tmp_path / "in.csv", [{"text": t} for t in sentences(20)])
     folder = tmp_path / "read_only"
     folder.mkdir()
+    paths = {"--checkpoint_dir": model_dir, "--input_file": source, "--output_file": folder / "o.csv"}
     with read_only(folder):
-        result = predict(
-            "--checkpoint_dir",
-            str(model_dir),
-            "--input_file",
-            str(source),
-            "--output_file",
-            str(folder / "o.csv"),
-            processes=processes,
-        )
+        result = predict(*(str(part) for pair in paths.items() for part in pair), processes=processes)
     assert result.returncode == 1, describe(result)
     assert "[rank0]: Traceback" not in result.stderr and "[rank1]: Traceback" not in result.stderr
     if processes == 1:
