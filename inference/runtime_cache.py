@@ -14,6 +14,7 @@ died mid-write left behind (staging names carry their writer's PID and host).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -134,13 +135,13 @@ class Cache:
             entries = list(self.folder.iterdir())
         except OSError:
             return
-        for entry in entries:
-            if _stale(entry.name):
-                logger.info("Runtime: removing %s, left by a process that stopped while writing it", entry)
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
+        for entry in filter(lambda e: _stale(e.name), entries):
+            logger.info("Runtime: removing %s, left by a process that stopped while writing it", entry)
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):  # a read-only folder keeps it; it is never read
+                    entry.unlink()
 
 
 def _model_folders(report: dict) -> set[str]:
