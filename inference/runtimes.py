@@ -9,9 +9,11 @@ converted model, produced once per weights hash.
                        runtime that agrees with fp32; PyTorch alone, said in one log line, when none is installed
 
 Agreement: each candidate's argmax is compared with the PyTorch fp32 model's on held-out calibration texts (every
-third text; the others calibrate int8) and must reach AGREEMENT_BOUND; candidates in fp32, the reference precision,
-need no texts and are never refused. Speed: texts/s over the first batches of those texts, after every batch shape
-has run once, best of two rounds with the candidates' order reversed between them. Calibration texts come from
+third text; the others calibrate int8) and must reach AGREEMENT_BOUND; texts whose fp32 top two probabilities are
+within TIE_MARGIN are ties, left out (any rounding may turn them), and at least MIN_HELD_OUT decided texts are
+needed. Candidates in fp32, the reference precision, need no texts and are never refused. Speed: texts/s over
+the first batches of those texts, after every batch shape has run once, best of two rounds with the candidates'
+order reversed between them. Calibration texts come from
 CALIBRATION_FILE, else the checkpoint's calibration_texts.json (training records a sample of its training split),
 else the English sample shipped in inference/texts/ (any save_pretrained folder or Hub model); /info names them.
 
@@ -63,6 +65,7 @@ _NEEDS = {OPENVINO: ("openvino", "nncf"), ONNXRUNTIME: ("onnxruntime", "onnx", "
 _MODEL_FILE = {OPENVINO: files.RUNTIME_MODEL, ONNXRUNTIME: files.RUNTIME_ONNX}
 AGREEMENT_BOUND = 0.995
 MIN_HELD_OUT = 50  # fewer held-out texts cannot show 99.5 %
+TIE_MARGIN = 0.02  # fp32's top two probabilities closer than this: a tie, whose label any rounding may flip
 MAX_CALIBRATION, MAX_HELD_OUT, BATCH = 300, 200, 32
 TIMED_BATCHES = 4  # the speed race: 128 held-out texts per round
 INSTALL_HINT = "pip install 'distilbert-agnews[openvino]' or '[onnxruntime]'"
@@ -229,7 +232,8 @@ def choose(measured: list[dict], race: bool) -> str:
     chosen = max(agreeing, key=lambda m: m["texts_per_s"]) if race else agreeing[0]
     for m in measured:
         mark = "*" if m is chosen else " "
-        detail = f"agreement {_percent(m['agreement'])}, {m['texts_per_s']:.1f} texts/s"
+        ties = f" ({m['ties']} ties left out)" if m.get("ties") else ""
+        detail = f"agreement {_percent(m['agreement'])}{ties}, {m['texts_per_s']:.1f} texts/s"
         detail = f"{m['refused']} ({m['texts_per_s']:.1f} texts/s)" if m["refused"] else detail
         logger.info("Runtime %s %-14s %s", mark, m["name"], detail)
     return chosen["name"]
@@ -314,6 +318,7 @@ def _cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], 
         "options": [c.name for c in options],
         "cpu": cpu_name(),
         "threads": threads,
+        "guard": f"argmax agreement on texts fp32 decides by {TIE_MARGIN} or more",  # how agreement is measured
         **{b: _module(b).version() for b in backends},
         "torch": torch.__version__,
     }
@@ -342,8 +347,7 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
             continue
         # every batch shape once (first-shape set-up is not speed), and the answers; torch fp32 gave them already
         outputs = reference if run is fp32 else [run(b) for b in batches]
-        same = sum(int((o.argmax(-1) == r.argmax(-1)).sum()) for o, r in zip(outputs, reference))
-        results[candidate] = _verdict(candidate, same / sum(len(r) for r in reference) if real else None, 0.0)
+        results[candidate] = _verdict(candidate, *(agreement(outputs, reference) if real else (None, 0)))
         if candidate.backend != TORCH:
             results[candidate]["ir"] = _ir_folder(candidate, calibration)
         runners[candidate] = run
@@ -377,11 +381,28 @@ def _cannot_check(candidate: Candidate, held: list[str], calibration: list[str])
     )
 
 
-def _verdict(candidate: Candidate, agreement: float | None, speed: float) -> dict:
+def agreement(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> tuple[float | None, int]:
+    """(share of the texts fp32 decides on which the candidate gives fp32's label, number of ties). A text whose fp32
+    top two probabilities are within TIE_MARGIN is a tie: fp32 itself is a coin flip there (a padding change can turn
+    it), so a candidate is neither blamed nor credited for it. None when fewer than MIN_HELD_OUT texts are decided."""
+    out, ref = torch.cat(outputs), torch.cat(reference)
+    decided = torch.ones(len(ref), dtype=torch.bool)
+    if ref.shape[-1] > 1:
+        top = ref.softmax(-1).topk(2, dim=-1).values
+        decided = top[:, 0] - top[:, 1] >= TIE_MARGIN
+    same = (out.argmax(-1) == ref.argmax(-1))[decided]
+    ties = len(ref) - int(decided.sum())
+    return (same.float().mean().item() if len(same) >= MIN_HELD_OUT else None), ties
+
+
+def _verdict(candidate: Candidate, share: float | None, ties: int) -> dict:
     refused = None  # fp32 is the reference precision: its agreement is reported, never refused
-    if agreement is not None and agreement < AGREEMENT_BOUND and candidate.precision != precision.FP32:
-        refused = f"refused: agreement {_percent(agreement)} < {_percent(AGREEMENT_BOUND)} with fp32"
-    return {"name": candidate.name, "refused": refused, "agreement": agreement, "texts_per_s": speed}
+    if candidate.precision != precision.FP32:
+        if share is None:
+            refused = f"refused: only {MIN_HELD_OUT - 1} or fewer held-out texts decided by fp32 ({ties} ties)"
+        elif share < AGREEMENT_BOUND:
+            refused = f"refused: agreement {_percent(share)} < {_percent(AGREEMENT_BOUND)} with fp32"
+    return {"name": candidate.name, "refused": refused, "agreement": share, "ties": ties, "texts_per_s": 0.0}
 
 
 def _batches(loaded: LoadedModel, texts: list[str]) -> list[dict]:
