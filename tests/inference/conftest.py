@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import httpx
@@ -103,6 +104,7 @@ class Server:
         flags = ["--model_id", str(model), "--port", str(self.port)] if model is not None else []
         # Output goes to a file: a pipe nobody reads fills up with access-log lines and blocks the server.
         self.log = tempfile.TemporaryFile(mode="w+")
+        weakref.finalize(self, self.log.close)  # closed with this object, not left to the file's own (warning) GC
         self.process = subprocess.Popen(
             [python, "-m", "inference", *flags, *args],
             cwd=ROOT,

@@ -185,6 +185,7 @@ def test_a_conversion_killed_by_sigterm_leaves_a_staging_folder_that_the_next_st
     )
     server.process.send_signal(signal.SIGTERM)
     assert server.exit_code(30) is not None
+    server.stop()
     assert all(p.exists() for p in staging), "the killed conversion left its staging folder"
     with runtime_log() as lines:
         loaded = serve(checkpoint_copy, backend="openvino", dtype="int8")
