@@ -12,6 +12,7 @@ side because `inference/` imports nothing of `training/`, while training may imp
     README.md                   the model card
     training_curves.json/.png   loss, validation metrics and learning rate per step
     eval_results.json, confusion_matrix.png, misclassified.csv     written by python -m training.evaluate
+    residuals.png, largest_errors.csv                              (regression models)
     calibration_texts.json      a sample of training texts: int8 calibration and the agreement check when serving
     runtime/<sha>/              the model converted for an optimized runtime (OpenVINO IR, fp32 or int8) and
                                 runtime.json (what was measured and chosen), per weights hash: inference/runtimes.py
@@ -36,6 +37,8 @@ CURVES_PNG = "training_curves.png"
 EVAL_RESULTS = "eval_results.json"
 CONFUSION_PNG = "confusion_matrix.png"
 MISCLASSIFIED_CSV = "misclassified.csv"
+RESIDUALS_PNG = "residuals.png"  # regression
+LARGEST_ERRORS_CSV = "largest_errors.csv"  # regression
 
 CALIBRATION = "calibration_texts.json"
 RUNTIME_DIR = "runtime"

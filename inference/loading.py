@@ -34,6 +34,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from inference import files, precision
 from inference.hub import hub_reachable, hub_url, is_offline
 from inference.logs import quiet
+from inference.task import SINGLE, Task, TaskError
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class LoadedModel:
     backend: str = "torch"  # or openvino: inference/runtimes.py
     runner: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None  # batch -> logits, instead of `model`
     runtime: dict | None = None  # what inference/runtimes.py measured and chose, for /info
+    task: Task = field(default_factory=lambda: Task(SINGLE, 2))  # problem type and thresholds: inference/task.py
 
     @property
     def id2label(self) -> dict[str, str]:
@@ -104,6 +106,10 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     tokenizer = _read_tokenizer(folder)
     config = model.config
     labels = [config.id2label[i] for i in range(config.num_labels)]
+    try:
+        model_task = Task.of(config)
+    except TaskError as exc:
+        raise CheckpointError(f"{folder}: {exc}") from None
     max_length = min(tokenizer.model_max_length, getattr(config, "max_position_embeddings", 512))
     # reduced precision: cast the weights once (autocast would re-cast them on every call)
     model = model.eval().to(device=target, dtype=precision.torch_dtype(resolved))
@@ -121,6 +127,7 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
         model_sha=model_sha,
         metrics=_read_metrics(folder),
         signature=before,
+        task=model_task,
     )
 
 

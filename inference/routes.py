@@ -20,8 +20,10 @@ from starlette.requests import ClientDisconnect
 from inference import errors, precision
 from inference.engine import Answer, InputTooLong, Overloaded
 from inference.errors import ServiceError
+from inference.loading import LoadedModel
 from inference.schemas import ErrorBody, Info, PredictRequest, PredictResponse
 from inference.service import Service
+from inference.task import SIGMOID, SOFTMAX
 
 VERSION = "0.1.0"
 CHARS_PER_TOKEN_LIMIT = 250  # TEI's MAX_CHAR_MULTIPLIER: longer inputs are cut (truncate) or refused, untokenized
@@ -66,7 +68,7 @@ async def predict(request: Request) -> Response:
         body = parse(await request.body())
         state.metrics.request_count.labels("batch" if body.is_batch else "single").inc()
         await drop_if_gone(request)  # a client already gone before its request is queued: no tokenizing, no forward
-        answer, labels = await unless_gone(request, classify(state, body))
+        answer, served = await unless_gone(request, classify(state, body))
     except ServiceError as exc:
         state.metrics.request_failure.labels(exc.reason).inc()
         raise
@@ -75,7 +77,7 @@ async def predict(request: Request) -> Response:
     state.metrics.request_success.labels(method).inc()
     state.metrics.predict_success.inc(len(answer.logits))
     observe(state, answer, time.perf_counter() - started)
-    ranked = [rank(row, labels, body.k(), body.scoring()) for row in answer.logits]
+    ranked = [rank(row, served, body.k(), body.scoring()) for row in answer.logits]
     headers = tei_headers(
         answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started, state.engine.current.device.type
     )
@@ -124,7 +126,7 @@ def parse(raw: bytes) -> PredictRequest:
         raise ServiceError(errors.VALIDATION, errors.describe_validation(problems)) from None
 
 
-async def classify(state: Service, body: PredictRequest) -> tuple[Answer, list[str]]:
+async def classify(state: Service, body: PredictRequest) -> tuple[Answer, LoadedModel]:
     settings, sequences = state.settings, body.sequences()
     if body.is_batch and len(sequences) > settings.max_client_batch_size:
         raise ServiceError(
@@ -140,7 +142,7 @@ async def classify(state: Service, body: PredictRequest) -> tuple[Answer, list[s
     sequences = limit_characters(sequences, engine.current.max_length * CHARS_PER_TOKEN_LIMIT, truncate, body.left)
     state.metrics.predict_count.inc(len(sequences))  # TEI: one per input handed to the model (core/src/infer.rs)
     try:
-        return await engine.predict(sequences, truncate, body.left), engine.current.labels
+        return await engine.predict(sequences, truncate, body.left), engine.current
     except Overloaded as exc:
         raise ServiceError(errors.OVERLOADED, str(exc)) from None
     except InputTooLong as exc:
@@ -166,15 +168,16 @@ def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) ->
     return out
 
 
-def rank(logits: list[float], labels: list[str], top_k: int | None, scoring: str) -> list[dict]:
-    """Labels with scores, best first; softmax (sigmoid for a one-label model, as TEI), sigmoid, or the logits."""
-    values = torch.tensor(logits)
-    if scoring == "sigmoid" or (scoring == "softmax" and len(logits) == 1):
-        values = torch.sigmoid(values)
-    elif scoring == "softmax":
-        values = torch.softmax(values, dim=-1)
+def rank(logits: list[float], served: LoadedModel, top_k: int | None, scoring: str | None) -> list[dict]:
+    """Labels with scores, best first. Scored by the model's task unless the request asks (inference/task.py: softmax
+    for single-label, sigmoid for multi-label and one-logit models, the raw value for regression); softmax asked of a
+    one-output model is a sigmoid, as TEI does."""
+    function = scoring or served.task.function
+    if function == SOFTMAX and len(logits) == 1:
+        function = SIGMOID
+    values = served.task.scores(torch.tensor([logits]), function)[0]
     ranked = sorted(
-        ({"score": s, "label": label} for label, s in zip(labels, values.tolist())), key=lambda p: -p["score"]
+        ({"score": s, "label": label} for label, s in zip(served.labels, values.tolist())), key=lambda p: -p["score"]
     )
     return ranked[:top_k] if top_k else ranked
 

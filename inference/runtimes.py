@@ -8,12 +8,13 @@ converted model, produced once per weights hash.
     BACKEND=auto       on a GPU, torch; on a CPU, the fastest candidate of PyTorch and every installed optimized
                        runtime that agrees with fp32; PyTorch alone, said in one log line, when none is installed
 
-Agreement: each candidate's argmax is compared with the PyTorch fp32 model's on held-out calibration texts (every
-third text; the others calibrate int8) and must reach AGREEMENT_BOUND; texts whose fp32 top two probabilities are
-within TIE_MARGIN are ties, left out (any rounding may turn them), and at least MIN_HELD_OUT decided texts are
-needed. Candidates in fp32, the reference precision, need no texts and are never refused. Speed: texts/s over
-the first batches of those texts, after every batch shape has run once, best of two rounds with the candidates'
-order reversed between them. Calibration texts come from
+Agreement: each candidate's decisions are compared with the PyTorch fp32 model's on held-out calibration texts
+(every third text; the others calibrate int8) and must reach AGREEMENT_BOUND: by the model's problem type
+(`agreement`), the argmax (single-label), each label's thresholded decision (multi-label and one-logit models), or
+the value within a bound relative to the outputs' spread (regression); fp32's near-ties are left out (any rounding
+may turn them), and at least MIN_HELD_OUT decisions are needed. Candidates in fp32, the reference precision, need no
+texts and are never refused. Speed: texts/s over the first batches of those texts, after every batch shape has run
+once, best of two rounds with the candidates' order reversed between them. Calibration texts come from
 CALIBRATION_FILE, else the checkpoint's calibration_texts.json (training records a sample of its training split),
 else the English sample shipped in inference/texts/ (any save_pretrained folder or Hub model); /info names them.
 
@@ -56,6 +57,7 @@ from inference.engine import collate, encode
 from inference.loading import LoadedModel, load_model
 from inference.runtime_cache import Cache
 from inference.settings import BACKENDS, SettingsError, from_env
+from inference.task import MULTI, REGRESSION, Task
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ _MODEL_FILE = {OPENVINO: files.RUNTIME_MODEL, ONNXRUNTIME: files.RUNTIME_ONNX}
 AGREEMENT_BOUND = 0.995
 MIN_HELD_OUT = 50  # fewer held-out texts cannot show 99.5 %
 TIE_MARGIN = 0.02  # fp32's top two probabilities closer than this: a tie, whose label any rounding may flip
+REGRESSION_TOLERANCE = 0.1  # a regression value agrees within this many standard deviations of fp32's outputs
 MAX_CALIBRATION, MAX_HELD_OUT, BATCH = 300, 200, 32
 TIMED_BATCHES = 4  # the speed race: 128 held-out texts per round
 INSTALL_HINT = "pip install 'distilbert-agnews[openvino]' or '[onnxruntime]'"
@@ -318,7 +321,7 @@ def _cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], 
         "options": [c.name for c in options],
         "cpu": cpu_name(),
         "threads": threads,
-        "guard": f"argmax agreement on texts fp32 decides by {TIE_MARGIN} or more",  # how agreement is measured
+        "guard": guard_description(loaded.task),  # how agreement is measured
         **{b: _module(b).version() for b in backends},
         "torch": torch.__version__,
     }
@@ -347,7 +350,7 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
             continue
         # every batch shape once (first-shape set-up is not speed), and the answers; torch fp32 gave them already
         outputs = reference if run is fp32 else [run(b) for b in batches]
-        results[candidate] = _verdict(candidate, *(agreement(outputs, reference) if real else (None, 0)))
+        results[candidate] = _verdict(candidate, *(agreement(outputs, reference, loaded.task) if real else (None, 0)))
         if candidate.backend != TORCH:
             results[candidate]["ir"] = _ir_folder(candidate, calibration)
         runners[candidate] = run
@@ -381,18 +384,40 @@ def _cannot_check(candidate: Candidate, held: list[str], calibration: list[str])
     )
 
 
-def agreement(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> tuple[float | None, int]:
-    """(share of the texts fp32 decides on which the candidate gives fp32's label, number of ties). A text whose fp32
-    top two probabilities are within TIE_MARGIN is a tie: fp32 itself is a coin flip there (a padding change can turn
-    it), so a candidate is neither blamed nor credited for it. None when fewer than MIN_HELD_OUT texts are decided."""
-    out, ref = torch.cat(outputs), torch.cat(reference)
-    decided = torch.ones(len(ref), dtype=torch.bool)
-    if ref.shape[-1] > 1:
+def agreement(outputs: list[torch.Tensor], reference: list[torch.Tensor], model_task: Task) -> tuple[float | None, int]:
+    """(share of fp32's decisions the candidate keeps, number of ties left out), by problem type (inference/task.py):
+    - single-label: the argmax; a text whose fp32 top two probabilities are within TIE_MARGIN is a tie (fp32 itself
+      is a coin flip there: a padding change can turn it), neither blamed nor credited;
+    - multi-label (and one-logit models): every label's thresholded decision; a score within TIE_MARGIN of its
+      threshold is a tie;
+    - regression: a text agrees when the value is within REGRESSION_TOLERANCE standard deviations of fp32's outputs
+      (the target's spread as the model sees it) of fp32's value.
+    None when fewer than MIN_HELD_OUT decisions are left."""
+    out, ref = torch.cat(outputs).float(), torch.cat(reference).float()
+    if model_task.problem_type == REGRESSION:
+        bound = REGRESSION_TOLERANCE * ref[:, 0].std().clamp(min=1e-6)
+        same, ties = (out[:, 0] - ref[:, 0]).abs() <= bound, 0
+    elif model_task.problem_type == MULTI:
+        thresholds = torch.tensor(model_task.thresholds)
+        expected, got = ref.sigmoid(), out.sigmoid()
+        decided = (expected - thresholds).abs() >= TIE_MARGIN
+        same = ((got >= thresholds) == (expected >= thresholds))[decided]
+        ties = int((~decided).sum())
+    else:
         top = ref.softmax(-1).topk(2, dim=-1).values
         decided = top[:, 0] - top[:, 1] >= TIE_MARGIN
-    same = (out.argmax(-1) == ref.argmax(-1))[decided]
-    ties = len(ref) - int(decided.sum())
+        same = (out.argmax(-1) == ref.argmax(-1))[decided]
+        ties = len(ref) - int(decided.sum())
     return (same.float().mean().item() if len(same) >= MIN_HELD_OUT else None), ties
+
+
+def guard_description(model_task: Task) -> str:
+    """How agreement is measured for this task: part of the cache key, so a changed rule measures again."""
+    if model_task.problem_type == REGRESSION:
+        return f"regression values within {REGRESSION_TOLERANCE} standard deviations of fp32's"
+    if model_task.problem_type == MULTI:
+        return f"per-label decisions at thresholds {list(model_task.thresholds)}, ties within {TIE_MARGIN} left out"
+    return f"argmax agreement on texts fp32 decides by {TIE_MARGIN} or more"
 
 
 def _verdict(candidate: Candidate, share: float | None, ties: int) -> dict:

@@ -30,7 +30,9 @@ class PredictParameters(BaseModel):
     model_config = ConfigDict(extra="ignore")
     top_k: StrictInt | None = Field(None, ge=1, description="Return only the k best labels.")
     function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
-        None, description="Scores from logits: softmax (default), sigmoid, or none (the logits)."
+        None,
+        description="Scores from logits: softmax, sigmoid, or none (the logits). Default: the model's problem type "
+        "(softmax for single-label, sigmoid for multi-label and one-output models, none for regression).",
     )
 
 
@@ -60,7 +62,7 @@ class PredictRequest(BaseModel):
     truncation_direction: Literal["Right", "Left", "right", "left"] = Field(
         "Right", description="Right keeps the start of a long input, Left keeps its end."
     )
-    raw_scores: StrictBool = Field(False, description="Return logits instead of softmax probabilities.")
+    raw_scores: StrictBool = Field(False, description="Return logits instead of scores.")
     top_k: StrictInt | None = Field(None, ge=1, description="Return only the k best labels (an extension of TEI).")
     parameters: PredictParameters | None = Field(
         None, description="Inference API parameters: top_k, function_to_apply."
@@ -101,11 +103,12 @@ class PredictRequest(BaseModel):
     def k(self) -> int | None:
         return self.top_k or (self.parameters.top_k if self.parameters else None)
 
-    def scoring(self) -> str:
-        """softmax, sigmoid or none: raw_scores means none; parameters.function_to_apply when given."""
+    def scoring(self) -> str | None:
+        """softmax, sigmoid or none: raw_scores means none; parameters.function_to_apply when given; None leaves it
+        to the model's problem type (inference/task.py)."""
         if self.raw_scores:
             return "none"
-        return (self.parameters.function_to_apply if self.parameters else None) or "softmax"
+        return self.parameters.function_to_apply if self.parameters else None
 
 
 class Prediction(BaseModel):

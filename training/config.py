@@ -25,7 +25,6 @@ from training.smoke import LABELS as SMOKE_LABELS
 from training.smoke import smoke_dir
 
 SUPPORTED_DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet")
-METRICS = ("accuracy", "macro_f1")
 RENAMED = {"text_column": "text_column_names"}  # older field names, still accepted
 TRACKERS = (
     "none",
@@ -44,6 +43,15 @@ TRACKERS = (
 
 class ConfigError(ValueError):
     """A configuration value is unknown, mistyped or impossible; the message names the field."""
+
+
+def class_weight_values(spec: str) -> list[float] | None:
+    """--class_weights as numbers ('1,20' -> [1.0, 20.0]), or None when it is not a list of positive numbers."""
+    try:
+        values = [float(part) for part in spec.split(",")]
+    except ValueError:
+        return None
+    return values if all(v > 0 and v == v and v != float("inf") for v in values) else None
 
 
 # ------------------------------------------------------------------------------------- value checks
@@ -112,11 +120,25 @@ class ModelConfig(_Group):
     on GPU."""
     fused_optimizer: bool = True
     """Fused AdamW kernel (CPU and CUDA): one kernel for all parameters (docs/benchmarks.md)."""
+    model_revision: str = "main"
+    """The Hub revision (branch, tag or commit) of model_name_or_path and the tokenizer."""
+    trust_remote_code: bool = False
+    """Run the model repository's own code (a custom architecture); only for repositories you trust."""
+    ignore_mismatched_sizes: bool = False
+    """Load a checkpoint whose classification head has another number of labels: the head starts fresh."""
 
 
 class DataConfig(_Group):
     dataset_name: str = "ag_news"
     """Hub dataset with train/test splits; ignored when --train_file is given."""
+    dataset_config_name: str | None = None
+    """The Hub dataset's configuration (subset) name, e.g. 'cola' of 'glue'."""
+    train_split_name: str = "train"
+    """The Hub dataset's training split."""
+    validation_split_name: str | None = None
+    """The Hub dataset's validation split (default: a seeded slice of the training split, see validation_split)."""
+    test_split_name: str = "test"
+    """The Hub dataset's test split, scored at the end when the dataset has it."""
     train_file: str | None = None
     """Local training data (.csv, .jsonl/.json or .parquet) with a text and a label column."""
     validation_file: str | None = None
@@ -133,7 +155,20 @@ class DataConfig(_Group):
     """Name of the label column (any name, e.g. "Class Index")."""
     label_names: Names | None = None
     """Class names, one per distinct training label value in sorted order (integers numerically, strings as strings),
-    comma-separated. Default: a Hub dataset's ClassLabel names, else the values themselves."""
+    comma-separated. Default: a Hub dataset's ClassLabel names, else the values themselves. Regression: one name for
+    the output (default: the label column's name)."""
+    label_delimiter: str | None = None
+    """Multi-label from a string column: the separator of a row's labels (e.g. '|' for 'sports|business'). A column of
+    lists (jsonl / parquet, a Hub Sequence of ClassLabel) is multi-label without it."""
+    do_regression: bool | None = None
+    """Regression (one output, MSE loss). Default: a float label column is regression (run_classification.py's rule),
+    anything else classification; false keeps whole-number floats as classes."""
+    remove_columns: Names | None = None
+    """Columns to drop from every split before anything else (comma-separated)."""
+    shuffle_train_dataset: bool = False
+    """Shuffle the training rows (seeded) once after loading, before the validation slice and --num_samples."""
+    preprocessing_num_workers: AtLeast1 | None = None
+    """Processes for tokenizing (datasets.map num_proc); default: one."""
     validation_split: Annotated[float, _bound(">", 0), _bound("<", 1)] = 0.05
     """Fraction of the training data held out (seeded, deterministic) when no validation file is given."""
     num_samples: AtLeast1 | None = None
@@ -175,6 +210,11 @@ class OptimizationConfig(_Group):
     polynomial, constant or constant_with_warmup."""
     max_grad_norm: Annotated[float, _bound(">=", 0)] = 1.0
     """Clip the gradient norm to this value (0 disables clipping)."""
+    class_weights: str = "none"
+    """Weight the loss per class: 'none', 'balanced' (n / (classes x count), as scikit-learn; multi-label: each
+    label's negatives / positives as BCE's pos_weight) or one weight per class in id order, comma-separated."""
+    label_smoothing_factor: Fraction = 0.0
+    """Label smoothing of the classification targets (single- and multi-label); 0 turns it off."""
     mixed_precision: Annotated[str, BeforeValidator(_precision)] = precision.AUTO
     """auto, no/fp32, fp16 or bf16 (inference/precision.py, the same names as evaluation, prediction and serving).
     auto: the accelerate config's fp16/bf16 if it sets one, else bf16 where the hardware has native bf16 (bf16 GPUs;
@@ -186,8 +226,16 @@ class OptimizationConfig(_Group):
 class EvaluationConfig(_Group):
     eval_steps: AtLeast1 | None = None
     """Also evaluate every N optimizer steps (always at the end of each epoch)."""
-    metric_for_best_model: Literal["accuracy", "macro_f1"] = "accuracy"
-    """Validation metric that picks the best model: 'accuracy' or 'macro_f1'."""
+    metric_for_best_model: str | None = None
+    """Validation metric that picks the best model: any reported name (accuracy, macro_f1, recall_<label>, micro_f1,
+    mse, pearson, loss, an --extra_metrics key, ...). Default: accuracy (single-label), micro_f1 (multi-label), mse
+    (regression)."""
+    greater_is_better: bool | None = None
+    """Whether a larger metric_for_best_model is better. Default: by the metric's nature (loss, mse, mae and names
+    ending in _loss or error: lower is better; anything else: higher)."""
+    threshold_strategy: Literal["fixed", "per_label"] = "fixed"
+    """Multi-label decision thresholds: 'fixed' 0.5 for every label, or 'per_label': the threshold maximising each
+    label's F1 on the validation data. Written to config.json; evaluation, prediction and the service use it."""
     early_stopping_patience: AtLeast1 | None = None
     """Stop after N evaluations without improvement of metric_for_best_model."""
     extra_metrics: Names | None = None
@@ -224,8 +272,9 @@ class EvaluationConfig(_Group):
 
 
 class RunConfig(_Group):
-    preset: Literal["smoke"] | None = None
-    """'smoke': offline synthetic news data, a tokenizer trained on it and a tiny DistilBERT (CPU, < 1 min)."""
+    preset: Literal["smoke", "smoke-multi-label", "smoke-regression"] | None = None
+    """'smoke': offline synthetic news data, a tokenizer trained on it and a tiny DistilBERT (CPU, < 1 min).
+    'smoke-multi-label' and 'smoke-regression': the same on the generator's multi-label topics and scored stories."""
     logging_steps: AtLeast1 = 50
     """Log the loss (mean over all ranks) every N optimizer steps."""
     report_to: str = "none"
@@ -276,7 +325,7 @@ class TrainConfig(RunConfig, EvaluationConfig, OptimizationConfig, DataConfig, M
 def presets() -> dict[str, dict[str, Any]]:
     """Named bundles of defaults; explicit YAML and CLI values still win."""
     root = smoke_dir()
-    return {
+    bundles = {
         "smoke": {
             "model_name_or_path": str(root / "model"),
             "from_scratch": True,
@@ -294,6 +343,13 @@ def presets() -> dict[str, dict[str, Any]]:
             "mixed_precision": "fp32",  # the same numbers on every CPU, AMX or not
         }
     }
+    for name, task_files in {"multi-label": ("multi_label", "jsonl"), "regression": ("regression", "csv")}.items():
+        stem, suffix = task_files
+        bundle = {k: v for k, v in bundles["smoke"].items() if k != "label_names"}
+        bundle.update(train_file=str(root / f"{stem}_train.{suffix}"), test_file=str(root / f"{stem}_test.{suffix}"))
+        bundle["label_column"] = "labels" if name == "multi-label" else "score"
+        bundles[f"smoke-{name}"] = bundle
+    return bundles
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -333,10 +389,16 @@ def check(cfg: TrainConfig) -> None:
     missing = [t for t in trackers if t not in ("none", "all") and not getattr(accelerate.utils, f"is_{t}_available")()]
     need(not missing, "report_to", f"tracker {missing[0] if missing else ''!r} is not installed (pip install it)")
     need(
-        not cfg.label_names or len(set(cfg.label_names)) == len(cfg.label_names) >= 2,
+        not cfg.label_names or len(set(cfg.label_names)) == len(cfg.label_names),
         "label_names",
-        "needs two or more distinct names",
+        "needs distinct names",
     )
+    need(
+        class_weight_values(cfg.class_weights) is not None or cfg.class_weights in ("none", "balanced"),
+        "class_weights",
+        "must be 'none', 'balanced' or positive numbers, comma-separated",
+    )
+    need(cfg.label_delimiter != "", "label_delimiter", "must not be empty")
     for name in ("train_file", "validation_file", "test_file"):
         path = getattr(cfg, name)
         need(

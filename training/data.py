@@ -1,8 +1,9 @@
 """Data: load (Hub or local csv/jsonl/parquet) -> validate -> split -> tokenize (cached) -> batches.
 
 The pieces, in the order train.py calls them:
-- `load_splits`      train/validation/test as `text` (text columns joined; `text_pair` for pair tasks) and an
-                     integer `labels` column; the label space (run_classification.py's convention).
+- `load_splits`      train/validation/test as `text` (text columns joined; `text_pair` for pair tasks) and a
+                     `labels` column (class ids, multi-hot vectors or regression targets); the label space and problem
+                     type (run_classification.py's convention).
 - `tokenize_splits`  `datasets.map` (cached on disk) adding input ids and each text's token count.
 - `make_dataloaders` a length-grouped batch sampler for training, length-sorted batches for evaluation,
                      dynamic padding to the longest text in the batch (multiple of 8).
@@ -25,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
+from inference import task
 from training.config import TrainConfig
 from training.hub import explain_missing
 
@@ -107,11 +109,25 @@ def _column_names(file: Path) -> tuple[list[str], str]:
     return [key for key, _ in pairs], "first object"
 
 
-def load_hub(name: str) -> datasets.DatasetDict:
+def load_hub(name: str, config_name: str | None = None) -> datasets.DatasetDict:
     try:
-        return datasets.load_dataset(name)
+        return datasets.load_dataset(name, config_name)
     except (ConnectionError, FileNotFoundError, OSError) as exc:
         raise explain_missing(f"dataset {name!r}", exc) from None
+
+
+def hub_split(hub: datasets.DatasetDict, name: str, split: str) -> datasets.Dataset:
+    if split not in hub:
+        raise DataError(f"dataset {name!r}: no {split!r} split (found: {', '.join(hub)})")
+    return hub[split]
+
+
+def without_columns(ds: datasets.Dataset, source: str, columns: Sequence[str] | None) -> datasets.Dataset:
+    """--remove_columns: dropped from every split before anything reads them; a name no split has is an error."""
+    if not columns:
+        return ds
+    require_columns(ds, source, columns)
+    return ds.remove_columns(list(columns))
 
 
 def require_columns(ds: datasets.Dataset, source: str, columns: Sequence[str]) -> None:
@@ -173,25 +189,69 @@ def _label_value(value, source: str, row: int):
     raise DataError(f"{source}: row {row}: label {value!r} is not a class (expected an integer or a string)")
 
 
+def _target(value, source: str, row: int) -> float:
+    """A regression target: a finite number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DataError(f"{source}: row {row}: target {value!r} is not a finite number (regression)")
+    return float(value)
+
+
+def _is_list_feature(feature) -> bool:
+    return isinstance(feature, (datasets.Sequence, datasets.List, datasets.LargeList))
+
+
+def _problem_type(feature, values: list, delimiter: str | None, regression: bool | None) -> str:
+    """run_classification.py's rule: list labels (or --label_delimiter) are multi-label, a float column (or
+    --do_regression) is regression, anything else is single-label; --do_regression false keeps floats as classes. A
+    column of whole numbers with missing values (pandas reads it as floats) stays classes, so the gap is reported."""
+    if regression:
+        return task.REGRESSION
+    if delimiter is not None or _is_list_feature(feature) or any(isinstance(v, list) for v in values):
+        return task.MULTI
+    if regression is False:
+        return task.SINGLE
+    present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    fractions = any(isinstance(v, float) and not v.is_integer() for v in present)
+    floats = isinstance(feature, datasets.Value) and feature.dtype.startswith("float")
+    # a float column of whole numbers with gaps is an integer column with missing labels (pandas reads it as float)
+    return task.REGRESSION if fractions or (floats and len(present) == len(values)) else task.SINGLE
+
+
 @dataclass
 class LabelSpace:
-    """Class ids as `run_classification.py` gives them: the training data's distinct label values, sorted
-    (integers numerically, strings as strings), are ids 0..N-1; names are those values as strings unless
-    --label_names renames them in that order; a Hub ClassLabel keeps its names (and its ids)."""
+    """Labels as `run_classification.py` reads them. Classes (single- and multi-label): the training data's distinct
+    label values, sorted (integers numerically, strings as strings), are ids 0..N-1; names are those values as strings
+    unless --label_names renames them in that order; a Hub ClassLabel keeps its names (and its ids). A multi-label row
+    becomes a multi-hot vector over those ids; a regression target stays a number (one output, named by
+    --label_names or after the label column)."""
 
-    values: list  # the label value of each id, as found in the data
+    values: list  # the label value of each id, as found in the data ([] for regression)
     names: list[str]
     source: str  # where the values were found, for error messages
+    problem_type: str = task.SINGLE
+    delimiter: str | None = None  # --label_delimiter: a multi-label string column's separator
 
     @classmethod
-    def of_training_data(
-        cls, ds: datasets.Dataset, source: str, column: str, names: Sequence[str] | None = None
-    ) -> LabelSpace:
-        feature = ds.features[column]
-        if isinstance(feature, datasets.ClassLabel):
-            values, found = list(range(feature.num_classes)), list(feature.names)
+    def of_training_data(cls, ds: datasets.Dataset, source: str, column: str, cfg: TrainConfig) -> LabelSpace:
+        feature, raw = ds.features[column], ds[column]
+        kind = _problem_type(feature, raw, cfg.label_delimiter, cfg.do_regression)
+        names = cfg.label_names
+        if kind == task.REGRESSION:
+            for row, value in enumerate(raw, start=1):
+                _target(value, source, row)
+            if names and len(names) != 1:
+                raise DataError(f"label_names: a regression model has one output; give one name (got {len(names)})")
+            return cls(values=[], names=list(names or [column]), source=source, problem_type=kind)
+        space = cls(values=[], names=[], source=source, problem_type=kind, delimiter=cfg.label_delimiter)
+        inner = getattr(feature, "feature", feature)
+        if isinstance(inner, datasets.ClassLabel):
+            values, found = list(range(inner.num_classes)), list(inner.names)
         else:
-            seen = {_label_value(v, source, row) for row, v in enumerate(ds[column], start=1)}
+            rows = enumerate(raw, start=1)
+            if kind == task.MULTI:
+                seen = {value for row, labels in rows for value in space.row_values(labels, row)}
+            else:
+                seen = {_label_value(value, source, row) for row, value in rows}
             if len({type(v) for v in seen}) > 1:
                 raise DataError(f"{source}: column {column!r} mixes label types ({sorted(map(repr, seen))[:6]})")
             values = sorted(seen)
@@ -205,62 +265,94 @@ class LabelSpace:
                 f"label_names: {len(names)} names for the {len(values)} label values of {source} "
                 f"({', '.join(map(str, values))}, in id order)"
             )
-        return cls(values=values, names=list(names or found), source=source)
+        space.values, space.names = values, list(names or found)
+        return space
 
-    def ids(self, ds: datasets.Dataset, source: str, column: str) -> list[int]:
-        """The id of every row's label; a value the training data never had is an error naming it and the row."""
+    @property
+    def task(self) -> task.Task:
+        """The model's task (inference/task.py); multi-label starts at the default threshold for every label."""
+        thresholds = (task.DEFAULT_THRESHOLD,) * len(self.names) if self.problem_type == task.MULTI else ()
+        return task.Task(self.problem_type, len(self.names), thresholds)
+
+    def row_values(self, labels, row: int, source: str | None = None) -> list:
+        """A multi-label row's label values (a list, or a delimited string); an empty one is an error."""
+        source = source or self.source
+        if self.delimiter is not None and isinstance(labels, str):
+            labels = [part.strip() for part in labels.split(self.delimiter) if part.strip()]
+        if not isinstance(labels, list):
+            raise DataError(f"{source}: row {row}: labels {labels!r} are not a list (multi-label)")
+        if not labels:
+            raise DataError(f"{source}: row {row}: no labels; every multi-label example needs one or more")
+        return [_label_value(value, source, row) for value in labels]
+
+    def encode(self, ds: datasets.Dataset, source: str, column: str) -> list:
+        """Every row's label as the model's target: a class id, a multi-hot list, or a float. A class the training
+        data never had is an error naming it and the row."""
+        raw = ds[column]
+        if self.problem_type == task.REGRESSION:
+            return [_target(value, source, row) for row, value in enumerate(raw, start=1)]
         by_value = {v: i for i, v in enumerate(self.values)}
-        ids = []
-        for row, value in enumerate(ds[column], start=1):
+
+        def class_id(value, row: int) -> int:
             key = _label_value(value, source, row)
             if key not in by_value or isinstance(key, bool) != isinstance(self.values[0], bool):
                 raise DataError(
                     f"{source}: row {row}: label {value!r} never appears in the training data "
                     f"({self.source}: {', '.join(map(str, self.values))})"
                 )
-            ids.append(by_value[key])
-        return ids
+            return by_value[key]
+
+        if self.problem_type == task.SINGLE:
+            return [class_id(value, row) for row, value in enumerate(raw, start=1)]
+        hot = []
+        for row, labels in enumerate(raw, start=1):
+            vector = [0.0] * len(self.values)
+            for value in self.row_values(labels, row, source):
+                vector[class_id(value, row)] = 1.0
+            hot.append(vector)
+        return hot
 
 
 def labelled(ds: datasets.Dataset, source: str, cfg: TrainConfig, labels: LabelSpace) -> datasets.Dataset:
     """Validated texts and labels: `text` (+ `text_pair`) and an integer `labels` column."""
     require_columns(ds, source, [cfg.label_column])
     check_texts(ds, source, cfg)
-    ids = labels.ids(ds, source, cfg.label_column)
-    return with_texts(ds, cfg).add_column("labels", ids)
+    return with_texts(ds, cfg).add_column("labels", labels.encode(ds, source, cfg.label_column))
 
 
 def _subsample(ds: datasets.Dataset, n: int | None, seed: int) -> datasets.Dataset:
     return ds if n is None or n >= len(ds) else ds.shuffle(seed=seed).select(range(n))
 
 
-def load_splits(cfg: TrainConfig) -> Splits:
-    """Train / validation / test from the Hub or local files, validated, labels as ids."""
+def _read_sources(cfg: TrainConfig) -> tuple[dict[str, tuple[str, datasets.Dataset]], dict[str, dict]]:
+    """{split: (source, dataset)} from local files or the Hub (train first), and where each was read."""
     files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
     sources = {split: {"file": path} for split, path in files.items() if path}
-    if cfg.train_file:
-        train_source, train = cfg.train_file, load_file(cfg.train_file)
-        hub_test = None
-    else:
-        hub = load_hub(cfg.dataset_name)
-        if "train" not in hub:
-            raise DataError(f"dataset {cfg.dataset_name!r}: no 'train' split (found: {', '.join(hub)})")
-        train_source, train = f"{cfg.dataset_name}[train]", hub["train"]
-        hub_test = ("test", hub["test"]) if "test" in hub else None
-        for split in ["train", *(["test"] if hub_test and not cfg.test_file else [])]:
-            sources[split] = {"dataset": cfg.dataset_name, "split": split, "fingerprint": hub[split]._fingerprint}
+    read = {split: (path, load_file(path)) for split, path in files.items() if path}
+    if not cfg.train_file:
+        name, hub = cfg.dataset_name, load_hub(cfg.dataset_name, cfg.dataset_config_name)
+        wanted = {"train": cfg.train_split_name, "validation": cfg.validation_split_name, "test": cfg.test_split_name}
+        for split, hub_name in wanted.items():
+            if split in read or hub_name is None or (split == "test" and hub_name not in hub):
+                continue  # a local file wins; the Hub test split is optional
+            read[split] = (f"{name}[{hub_name}]", hub_split(hub, name, hub_name))
+            sources[split] = {"dataset": name, "config": cfg.dataset_config_name, "split": hub_name}
+            sources[split]["fingerprint"] = read[split][1]._fingerprint
+    read = {split: (source, without_columns(ds, source, cfg.remove_columns)) for split, (source, ds) in read.items()}
+    return {split: read[split] for split in ("train", "validation", "test") if split in read}, sources
+
+
+def load_splits(cfg: TrainConfig) -> Splits:
+    """Train / validation / test from the Hub or local files, validated, labels encoded for the problem type."""
+    read, sources = _read_sources(cfg)
+    train_source, train = read.pop("train")
     require_columns(train, train_source, [*text_columns(cfg), cfg.label_column])
-    labels = LabelSpace.of_training_data(train, train_source, cfg.label_column, cfg.label_names)
+    labels = LabelSpace.of_training_data(train, train_source, cfg.label_column, cfg)
     # every split is checked before any is transformed: a bad test file fails in seconds, not after training
-    others = {}
-    if cfg.validation_file:
-        others["validation"] = (cfg.validation_file, load_file(cfg.validation_file))
-    if cfg.test_file:
-        others["test"] = (cfg.test_file, load_file(cfg.test_file))
-    elif hub_test is not None:
-        others["test"] = (f"{cfg.dataset_name}[test]", hub_test[1])
     train = labelled(train, train_source, cfg, labels)
-    others = {name: labelled(ds, source, cfg, labels) for name, (source, ds) in others.items()}
+    others = {name: labelled(ds, source, cfg, labels) for name, (source, ds) in read.items()}
+    if cfg.shuffle_train_dataset:
+        train = train.shuffle(seed=cfg.seed)
     if "validation" in others:
         validation = others["validation"]
     else:  # a seeded slice of train, identical on every rank and every run with the same seed
@@ -295,16 +387,20 @@ def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tra
     a second run (or the other ranks, which wait under `main_process_first`) reads it from disk.
     """
     return Splits(
-        train=tokenize(splits.train, tokenizer, cfg.max_length, "train"),
-        validation=tokenize(splits.validation, tokenizer, cfg.max_length, "validation"),
-        test=tokenize(splits.test, tokenizer, cfg.max_length, "test") if splits.test is not None else None,
+        train=tokenize(splits.train, tokenizer, cfg.max_length, "train", cfg.preprocessing_num_workers),
+        validation=tokenize(splits.validation, tokenizer, cfg.max_length, "validation", cfg.preprocessing_num_workers),
+        test=tokenize(splits.test, tokenizer, cfg.max_length, "test", cfg.preprocessing_num_workers)
+        if splits.test is not None
+        else None,
         labels=splits.labels,
         calibration=splits.calibration,
         sources=splits.sources,
     )
 
 
-def tokenize(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int, name: str) -> datasets.Dataset:
+def tokenize(
+    ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int, name: str, num_proc: int | None = None
+) -> datasets.Dataset:
     """One split's `text` (and `text_pair`): input ids (unpadded) plus `length`, cached by `datasets.map`."""
     pairs = "text_pair" in ds.column_names
 
@@ -316,7 +412,7 @@ def tokenize(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_lengt
         return encoded
 
     raw = [c for c in ("text", "text_pair") if c in ds.column_names]
-    return ds.map(encode, batched=True, remove_columns=raw, desc=f"Tokenizing {name}")
+    return ds.map(encode, batched=True, remove_columns=raw, desc=f"Tokenizing {name}", num_proc=num_proc)
 
 
 # ------------------------------------------------------------------------------------------- batching

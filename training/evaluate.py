@@ -8,9 +8,10 @@
 Each rank scores its shard; `gather_for_metrics` drops the duplicates accelerate adds to even out the last
 batch, so the counts are exact with any number of processes. The main process prints a per-class table and
 writes, beside the checkpoint, `eval_results.json` (the weights' SHA-256 and training step it describes, metrics,
-per-class precision/recall/F1, confusion matrix), `confusion_matrix.png` and `misclassified.csv`
-(training/reports.py), unless the weights file changed while it was scored. `evaluate()` is also what training
-calls.
+per-class precision/recall/F1) and, by problem type (training/reports.py): single-label `confusion_matrix.png`
+and `misclassified.csv`; multi-label `misclassified.csv` (rows whose label set is wrong); regression
+`residuals.png` and `largest_errors.csv`; unless the weights file changed while it was scored. `evaluate()` is
+also what training calls.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import broadcast_object_list
 
-from inference import files, precision
+from inference import files, precision, task
 from inference.loading import CheckpointError, LoadedModel, file_sha256, load_model
 from training import reports
 from training.atomic import write_json
@@ -37,6 +38,7 @@ from training.data import (
     DataError,
     LabelSpace,
     eval_order,
+    hub_split,
     labelled,
     load_file,
     load_hub,
@@ -45,40 +47,50 @@ from training.data import (
     tokenize,
 )
 from training.hub import HubUnavailableError, ensure_hub_or_offline
-from training.metrics import MetricError, MetricSuite, classification_report
+from training.metrics import MetricError, MetricSuite, fit_thresholds
+from training.objective import Objective
 from training.smoke import ensure_smoke_assets
 
 logger = get_logger(__name__)
+FIT = "fit"  # score(thresholds=FIT): fit multi-label thresholds on the split scored (validation)
 
 
 @dataclass
 class Scored:
-    """Per-example results in the split's row order, gathered from every rank (CPU tensors)."""
+    """Per-example results in the split's row order, gathered from every rank (CPU tensors): targets (class ids,
+    multi-hot rows or values), scores by the task's function (inference/task.py) and unweighted losses."""
 
     labels: torch.Tensor
-    probabilities: torch.Tensor
+    scores: torch.Tensor
     losses: torch.Tensor
 
 
 @torch.no_grad()
-def score(accelerator: Accelerator, model, loader, metrics: MetricSuite) -> tuple[Scored, dict]:
-    """Every rank scores its shard; gather_for_metrics drops the padding duplicates of the last batch, and every
-    rank adds each gathered batch to the metrics, so all compute the same figures. The loader is not shuffled
-    and accelerate hands out whole batches round-robin, so each gathered step is the next slice of the loader's
-    dataset: results come back in the loader's order."""
+def score(accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None) -> tuple[Scored, dict, dict]:
+    """(scored examples, metrics, per-class report). Every rank scores its shard; gather_for_metrics drops the
+    padding duplicates of the last batch, so every rank computes the same figures from the same whole split. The
+    loader is not shuffled and accelerate hands out whole batches round-robin, so each gathered step is the next
+    slice of the loader's dataset: results come back in the loader's order. Multi-label decisions use `thresholds`
+    (default: the task's); FIT fits one per label on this split first, reported as `thresholds`."""
     was_training = model.training
     model.eval()
-    labels, probabilities, losses = [], [], []
+    objective = Objective(metrics.task.problem_type)
+    labels, scores, losses = [], [], []
     for batch in loader:
-        logits = model(**batch).logits.float()
-        loss = torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="none")
-        gathered = accelerator.gather_for_metrics((batch["labels"], logits.softmax(dim=-1), loss))
-        metrics.add_batch(predictions=gathered[1].argmax(dim=-1), references=gathered[0])
-        for kept, value in zip((labels, probabilities, losses), gathered):
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
+        loss = objective.per_example(logits, batch["labels"])
+        gathered = accelerator.gather_for_metrics((batch["labels"], metrics.task.scores(logits), loss))
+        for kept, value in zip((labels, scores, losses), gathered):
             kept.append(value)
     model.train(was_training)
-    scored = Scored(torch.cat(labels).cpu(), torch.cat(probabilities).cpu(), torch.cat(losses).cpu())
-    return scored, {**metrics.compute(), "num_examples": len(scored.labels), "loss": scored.losses.mean().item()}
+    scored = Scored(torch.cat(labels).cpu(), torch.cat(scores).cpu(), torch.cat(losses).cpu())
+    if thresholds == FIT:
+        thresholds = fit_thresholds(scored.scores, scored.labels)
+    results, report = metrics.compute(scored.scores, scored.labels, thresholds or ())
+    results.update(num_examples=len(scored.labels), loss=scored.losses.mean().item())
+    if metrics.task.problem_type == task.MULTI:
+        results["thresholds"] = list(thresholds or metrics.task.thresholds)
+    return scored, results, report
 
 
 def in_row_order(scored: Scored, order: list[int]) -> Scored:
@@ -90,13 +102,13 @@ def in_row_order(scored: Scored, order: list[int]) -> Scored:
         rows[index] = values
         return rows
 
-    return Scored(unsort(scored.labels), unsort(scored.probabilities), unsort(scored.losses))
+    return Scored(unsort(scored.labels), unsort(scored.scores), unsort(scored.losses))
 
 
-def evaluate(accelerator: Accelerator, model, loader, metrics: MetricSuite) -> dict:
-    """Accuracy, macro-F1, the extra metrics, number of examples and mean loss over the whole split, scored by
-    every rank (every rank gets the same)."""
-    return score(accelerator, model, loader, metrics)[1]
+def evaluate(accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None) -> dict:
+    """The problem type's metrics, the extra metrics, number of examples and mean loss over the whole split, scored
+    by every rank (every rank gets the same)."""
+    return score(accelerator, model, loader, metrics, thresholds)[1]
 
 
 # ------------------------------------------------------------------------------- python -m training.evaluate
@@ -112,7 +124,14 @@ class SavedModel:
 
     def data_config(self, args: argparse.Namespace) -> TrainConfig:
         """Text and label columns: the command line's, else the training run's, else the defaults."""
-        fields = ("text_column_names", "text_column_delimiter", "text_pair_column", "label_column", "max_length")
+        fields = (
+            "text_column_names",
+            "text_column_delimiter",
+            "text_pair_column",
+            "label_column",
+            "label_delimiter",
+            "max_length",
+        )
         values = {name: self.trained_with[name] for name in fields if name in self.trained_with}
         values.update({name: getattr(args, name) for name in fields if getattr(args, name, None) is not None})
         return TrainConfig(**values)
@@ -120,12 +139,21 @@ class SavedModel:
     def labels_for(self, ds: datasets.Dataset, column: str) -> LabelSpace:
         """The training run's values, else (a folder from elsewhere) class ids when the data has integers,
         else the class names."""
-        names = self.loaded.labels
+        names, kind = self.loaded.labels, self.loaded.task.problem_type
         values = self.label_values
-        if values is None:
+        if kind == task.REGRESSION:
+            values = []
+        elif values is None:
             first = ds[0][column] if len(ds) else None
+            first = first[0] if isinstance(first, list) and first else first
             values = list(range(len(names))) if isinstance(first, int) else names
-        return LabelSpace(values=values, names=names, source=f"the labels of {self.loaded.model_id}")
+        return LabelSpace(
+            values=values,
+            names=names,
+            source=f"the labels of {self.loaded.model_id}",
+            problem_type=kind,
+            delimiter=self.trained_with.get("label_delimiter"),
+        )
 
 
 def load_saved(checkpoint_dir: str) -> SavedModel:
@@ -145,7 +173,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--test_file", help="csv/jsonl/parquet with text and label columns")
     source.add_argument("--dataset_name", help="a Hub dataset (default when no file is given: ag_news)")
-    source.add_argument("--preset", choices=["smoke"], help="the smoke preset's test.csv (offline)")
+    source.add_argument("--preset", choices=list(presets()), help="a smoke preset's test file (offline)")
+    parser.add_argument("--dataset_config_name", help="the Hub dataset's configuration (subset) name")
     parser.add_argument("--split", default="test", help="Hub split (default: test)")
     add_data_arguments(parser)
     parser.add_argument("--label_column", help="default: the training run's, else label")
@@ -180,17 +209,14 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_split(args: argparse.Namespace, saved: SavedModel, cfg: TrainConfig) -> tuple[datasets.Dataset, str]:
-    if args.preset == "smoke":
+    if args.preset:
         ensure_smoke_assets()  # the preset's test_file, built on first use
     if args.test_file:
         ds, source = load_file(args.test_file), args.test_file
     else:
         name = args.dataset_name or "ag_news"
         ensure_hub_or_offline(needs_hub=True)
-        hub = load_hub(name)
-        if args.split not in hub:
-            raise DataError(f"dataset {name!r}: no {args.split!r} split (found: {', '.join(hub)})")
-        ds, source = hub[args.split], f"{name}[{args.split}]"
+        ds, source = hub_split(load_hub(name, args.dataset_config_name), name, args.split), f"{name}[{args.split}]"
     require_columns(ds, source, [cfg.label_column])
     return labelled(ds, source, cfg, saved.labels_for(ds, cfg.label_column)), source
 
@@ -199,42 +225,46 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> dict:
     root = Path(args.checkpoint_dir)
     saved = load_saved(str(root))
     cfg = saved.data_config(args)
-    metrics = MetricSuite(args.extra_metrics, num_labels=len(saved.loaded.labels))
+    metrics = MetricSuite(saved.loaded.task, saved.loaded.labels, args.extra_metrics)
     tokenizer = saved.loaded.tokenizer
     with accelerator.main_process_first():  # the main process tokenizes and caches; the others read it
         split, source = load_split(args, saved, cfg)
-        texts = split["text"]  # for misclassified.csv: tokenizing drops the column
+        texts = split["text"]  # for the reports: tokenizing drops the column
         split = tokenize(split, tokenizer, cfg.max_length, "evaluation")
     model, loader = accelerator.prepare(
         saved.loaded.model, make_eval_loader(split, tokenizer, args.per_device_eval_batch_size)
     )
-    scored, results = score(accelerator, model, loader, metrics)
+    scored, results, report = score(accelerator, model, loader, metrics)
     scored = in_row_order(scored, eval_order(split))
-    if not torch.equal(scored.labels, torch.tensor(split["labels"])):  # misclassified.csv depends on it
-        raise RuntimeError("gathered results are not in the split's row order")
-    report = classification_report(scored.probabilities.argmax(dim=1), scored.labels, saved.loaded.labels)
+    if not torch.equal(scored.labels, torch.tensor(split["labels"], dtype=scored.labels.dtype)):
+        raise RuntimeError("gathered results are not in the split's row order")  # the reports depend on it
     evaluation = {
         "checkpoint_dir": str(root),
         "model": described_model(saved),
         "data": source,
+        "problem_type": saved.loaded.task.problem_type,
         "world_size": accelerator.num_processes,
         "max_length": cfg.max_length,
         "metrics": results,
-        "per_class": report["per_class"],
-        "confusion_matrix": {"labels": saved.loaded.labels, "rows_true_columns_predicted": report["confusion_matrix"]},
-        "files": [files.EVAL_RESULTS, files.CONFUSION_PNG, files.MISCLASSIFIED_CSV],
+        **({"per_class": report["per_class"]} if "per_class" in report else {}),
+        "files": [files.EVAL_RESULTS, *reports.written_for(saved.loaded.task.problem_type)],
     }
+    if "confusion_matrix" in report:
+        evaluation["confusion_matrix"] = {
+            "labels": saved.loaded.labels,
+            "rows_true_columns_predicted": report["confusion_matrix"],
+        }
     logger.info(
         "%s on %s (%d processes):\n%s",
         root,
         source,
         accelerator.num_processes,
-        reports.report_table(report["per_class"], results),
+        reports.report_table(report.get("per_class", {}), results),
         main_process_only=True,
     )
     unchanged(accelerator, saved.loaded)
     if accelerator.is_main_process:
-        write_evaluation(root, evaluation, texts, scored, saved.loaded.labels)
+        write_evaluation(root, evaluation, texts, scored, saved.loaded)
     return evaluation
 
 
@@ -267,26 +297,24 @@ def unchanged(accelerator: Accelerator, loaded: LoadedModel) -> None:
         raise CheckpointError(problem)
 
 
-def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, label_names: list[str]) -> None:
+def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, loaded: LoadedModel) -> None:
+    """eval_results.json and the problem type's pictures and tables (training/reports.py)."""
     write_json(root / files.EVAL_RESULTS, evaluation)
-    confusion = torch.tensor(evaluation["confusion_matrix"]["rows_true_columns_predicted"])
-    reports.write_confusion_matrix(
-        root / files.CONFUSION_PNG,
-        confusion,
-        label_names,
-        f"{evaluation['data']}: accuracy {evaluation['metrics']['accuracy']:.4f}",
+    title = f"{evaluation['data']}: " + "  ".join(
+        f"{k} {evaluation['metrics'][k]:.4f}" for k in ("accuracy", "micro_f1", "r2") if k in evaluation["metrics"]
     )
-    wrong = reports.write_misclassified(
-        root / files.MISCLASSIFIED_CSV, texts, scored.labels, scored.probabilities, label_names
-    )
-    logger.info(
-        "Wrote %s, %s, %s (%d misclassified) in %s",
-        files.EVAL_RESULTS,
-        files.CONFUSION_PNG,
-        files.MISCLASSIFIED_CSV,
-        wrong,
-        root,
-    )
+    kind, names = loaded.task.problem_type, loaded.labels
+    if kind == task.SINGLE:
+        confusion = torch.tensor(evaluation["confusion_matrix"]["rows_true_columns_predicted"])
+        reports.write_confusion_matrix(root / files.CONFUSION_PNG, confusion, names, title)
+        wrong = reports.write_misclassified(root / files.MISCLASSIFIED_CSV, texts, scored.labels, scored.scores, names)
+    elif kind == task.MULTI:
+        decided = loaded.task.decisions(scored.scores)
+        wrong = reports.write_wrong_label_sets(root / files.MISCLASSIFIED_CSV, texts, scored, decided, names)
+    else:
+        reports.write_residuals(root / files.RESIDUALS_PNG, scored.scores[:, 0], scored.labels, title)
+        wrong = reports.write_largest_errors(root / files.LARGEST_ERRORS_CSV, texts, scored.scores[:, 0], scored.labels)
+    logger.info("Wrote %s in %s (%d rows in its error table)", ", ".join(evaluation["files"]), root, wrong)
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -19,13 +19,14 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from inference import files
+from inference import files, task
 from training.checkpoint import OutputDir, Progress
 from training.config import TrainConfig
 from training.data import Splits
-from training.evaluate import evaluate
+from training.evaluate import FIT, evaluate
 from training.guards import StopGuard, TrainingDiverged
 from training.metrics import MetricSuite
+from training.objective import Objective
 from training.throughput import Throughput, peak_memory_mb
 
 logger = get_logger(__name__)
@@ -58,6 +59,7 @@ class Run:
     num_epochs: int
     throughput: Throughput
     guard: StopGuard
+    objective: Objective  # the loss for the problem type, with class weights and smoothing (training/objective.py)
 
 
 class Outcome(enum.Enum):
@@ -96,18 +98,18 @@ def plan_step(cfg: TrainConfig, step: int, batches_done: int, batches_per_epoch:
     return StepPlan(every(step, cfg.logging_steps), evaluate_now, save_now, check)
 
 
-def improved(value: float, best: float | None) -> bool:
-    return best is None or value > best
+def improved(value: float, best: float | None, greater_is_better: bool = True) -> bool:
+    return best is None or (value > best if greater_is_better else value < best)
 
 
 def patience_spent(evals_since_best: int, patience: int | None) -> bool:
     return bool(patience) and evals_since_best >= patience
 
 
-def record_evaluation(progress: Progress, results: dict[str, Any], metric: str) -> bool:
+def record_evaluation(progress: Progress, results: dict[str, Any], metric: str, greater_is_better: bool = True) -> bool:
     """Add an evaluation to the history and the best-so-far bookkeeping; True when it is a new best."""
     progress.history.append({"step": progress.global_step, "epoch": progress.epoch, **results})
-    if not improved(results[metric], progress.best_metric):
+    if not improved(results[metric], progress.best_metric, greater_is_better):
         progress.evals_since_best += 1
         return False
     progress.best_metric, progress.best_step, progress.best_validation = results[metric], progress.global_step, results
@@ -151,7 +153,8 @@ class LossMeter:
 
 
 def forward_loss(run: Run, batch: dict) -> torch.Tensor:
-    return run.model(**batch).loss
+    logits = run.model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    return run.objective(logits, batch["labels"])
 
 
 def train_step(run: Run, batch: dict) -> torch.Tensor:
@@ -193,8 +196,10 @@ def save_state(run: Run) -> None:
 def validate_and_save(run: Run) -> bool:
     """Evaluate on every rank, save the model if it improved; True when early stopping fires (on all ranks)."""
     with run.throughput.paused():
-        results = evaluate(run.accelerator, run.model, run.loaders.validation, run.metrics)
-        best = record_evaluation(run.progress, results, run.cfg.metric_for_best_model)
+        cfg = run.cfg
+        fit = cfg.threshold_strategy == "per_label" and run.metrics.task.problem_type == task.MULTI
+        results = evaluate(run.accelerator, run.model, run.loaders.validation, run.metrics, FIT if fit else None)
+        best = record_evaluation(run.progress, results, cfg.metric_for_best_model, cfg.greater_is_better)
         run.accelerator.log(
             {f"eval/{k}": v for k, v in results.items() if isinstance(v, (int, float))}, step=run.progress.global_step
         )
@@ -205,6 +210,8 @@ def validate_and_save(run: Run) -> bool:
             " (best so far, saved)" if best else "",
         )
         if best:
+            if "thresholds" in results:  # multi-label: the thresholds go with the model (config.json)
+                setattr(run.accelerator.unwrap_model(run.model).config, task.THRESHOLDS, results["thresholds"])
             run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
             run.out.write_json(files.METRICS, run_summary(run))
             run.out.write_curves(run.progress, plot=False)  # the PNG is drawn once, at the end
@@ -242,7 +249,11 @@ def train_epoch(run: Run, epoch: int, bar: tqdm, losses: LossMeter) -> Outcome:
     """The batches of one epoch (the rest of it, after a mid-epoch resume)."""
     progress, accelerator = run.progress, run.accelerator
     progress.epoch = epoch
-    run.loaders.sampler.set_epoch(epoch)  # reshuffle: same permutation on every rank, different each epoch
+    # Reshuffle: the same permutation on every rank, another each epoch. Through the prepared loader: it sets its own
+    # epoch counter too, which its __iter__ hands to the sampler; a resumed run that skipped into the middle of an
+    # epoch would otherwise replay epoch 0's order in the next one (a 1-process run resumed across an epoch end).
+    run.loaders.sampler.set_epoch(epoch)
+    run.loaders.train.set_epoch(epoch)
     batches = run.loaders.train
     if progress.batches_done:
         batches = accelerator.skip_first_batches(batches, progress.batches_done)
@@ -314,8 +325,12 @@ def fit(run: Run) -> bool:
 # -------------------------------------------------------------------------------------------- reporting
 
 
+PER_CLASS = ("precision_", "recall_", "f1_")  # per-class metrics: in metrics.json and the trackers, not the log line
+
+
 def format_metrics(metrics: dict) -> str:
-    return "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+    shown = {k: v for k, v in metrics.items() if not k.startswith(PER_CLASS)}
+    return "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
 
 
 def run_summary(run: Run, test_metrics: dict | None = None, runtime_s: float | None = None) -> dict:
@@ -342,6 +357,7 @@ def run_summary(run: Run, test_metrics: dict | None = None, runtime_s: float | N
             "test": len(splits.test) if splits.test is not None else 0,
         },
         "label_names": splits.label_names,
+        "problem_type": splits.labels.problem_type,
         "label_values": splits.labels.values,  # the training data's value of each class id
         "provenance": progress.provenance,  # data fingerprints, model and settings (training/provenance.py)
         "inexact_resumes": progress.inexact_resumes,  # what changed at a resume with --allow_inexact_resume

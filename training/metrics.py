@@ -1,9 +1,11 @@
-"""Classification metrics through Hugging Face `evaluate`, the way the no_trainer examples use it: every rank
-adds the batches `gather_for_metrics` returns (`add_batch`), then computes (`compute`) the same numbers.
+"""Metrics through Hugging Face `evaluate`: every rank gathers a split's scores (`gather_for_metrics`), then
+computes the same numbers from them.
 
 The project's own metrics are `evaluate` modules in training/metric_modules/, loaded from their local path,
-so everything works offline: `accuracy`, `macro_f1` (scikit-learn's definition) and `classification_report`
-(per-class precision / recall / F1 / support and the confusion matrix). `--extra_metrics` adds any `evaluate`
+so everything works offline, one set per problem type (inference/task.py): single-label `accuracy`, `macro_f1`
+(scikit-learn's definition) and `classification_report` (per-class precision / recall / F1 / support and the
+confusion matrix); multi-label `multilabel` (micro- and macro-F1, subset accuracy, per-label table); regression
+`regression` (MSE, MAE, R², Pearson, Spearman). `--extra_metrics` adds any `evaluate`
 metric by Hub name or local path; each is loaded and tried on a tiny input at start, so a metric that cannot
 load (offline) or cannot score this task fails before training, not after.
 """
@@ -11,14 +13,18 @@ load (offline) or cannot score this task fails before training, not after.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import torch
+
+from inference import task
 
 if TYPE_CHECKING:
     import evaluate
 
 MODULES = Path(__file__).with_name("metric_modules")
-SELECTION = ("accuracy", "macro_f1")  # what picks the best model: always computed
 
 
 class MetricError(RuntimeError):
@@ -45,40 +51,101 @@ def _scalar(value):
     return value.item() if hasattr(value, "item") else value
 
 
+def greater_is_better(metric: str, given: bool | None = None) -> bool:
+    """--greater_is_better when given, else by the metric's nature: losses and errors are better lower."""
+    if given is not None:
+        return given
+    lower = metric in ("loss", "mse", "mae", "rmse") or metric.endswith(("_loss", "error", "_mse", "_mae"))
+    return not lower
+
+
+HEADLINE = {  # the metrics a card, a curve plot or a summary shows first, by problem type
+    task.SINGLE: ("accuracy", "macro_f1"),
+    task.MULTI: ("micro_f1", "macro_f1", "subset_accuracy"),
+    task.REGRESSION: ("mse", "pearson", "spearman"),
+}
+DEFAULT_SELECTION = {task.SINGLE: "accuracy", task.MULTI: "micro_f1", task.REGRESSION: "mse"}
+_OWN = {
+    task.SINGLE: ("accuracy", "macro_f1", "classification_report"),
+    task.MULTI: ("multilabel",),
+    task.REGRESSION: ("regression",),
+}
+THRESHOLD_GRID = [round(0.05 * i, 2) for i in range(1, 20)]  # per-label thresholds are fitted on these
+
+
+def fit_thresholds(scores: torch.Tensor, references: torch.Tensor) -> list[float]:
+    """Each label's threshold from THRESHOLD_GRID that maximises its F1 on these texts (the lowest on a tie)."""
+    grid = torch.tensor(THRESHOLD_GRID, dtype=scores.dtype)
+    predicted = (scores[None] >= grid[:, None, None]).double()  # grid x texts x labels
+    actual = references.double()[None]
+    f1 = 2 * (predicted * actual).sum(1) / (predicted.sum(1) + actual.sum(1)).clamp(min=1)
+    return [THRESHOLD_GRID[i] for i in f1.argmax(dim=0).tolist()]
+
+
 class MetricSuite:
-    """accuracy and macro_f1, plus the extra metrics, fed batch by batch and computed together."""
+    """The problem type's own metrics (training/metric_modules) plus the extra metrics, computed together from a
+    whole split's gathered scores (identical on every rank)."""
 
-    def __init__(self, extra: Sequence[str] = (), num_labels: int = 2):
-        self.modules = {name: load_module(str(MODULES / name)) for name in SELECTION}
-        for name in extra:
-            self.modules[name] = _load_extra(name)
-            self._try(name, num_labels)
+    def __init__(self, labels_task: task.Task, label_names: Sequence[str], extra: Sequence[str] = ()):
+        self.task, self.label_names = labels_task, list(label_names)
+        self.modules = {name: load_module(str(MODULES / name)) for name in _OWN[labels_task.problem_type]}
+        self.extra = {name: _load_extra(name) for name in extra}
+        for name in self.extra:
+            self._try(name)
 
-    def _try(self, name: str, num_labels: int) -> None:
-        ids = list(range(num_labels))
+    def _example(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A tiny split with every kind of answer: scores and references."""
+        count = len(self.label_names)
+        if self.task.problem_type == task.REGRESSION:
+            return torch.tensor([[0.0], [1.0], [3.0]]), torch.tensor([0.5, 1.0, 2.0])
+        if self.task.problem_type == task.MULTI:
+            hot = torch.eye(count)
+            return hot * 0.9 + 0.05, hot
+        return torch.eye(count), torch.arange(count)
+
+    def _try(self, name: str) -> None:
+        predictions, references = self._inputs(*self._example(), self.task.thresholds)
         try:
-            self.modules[name].compute(predictions=ids, references=ids)
+            self.extra[name].compute(predictions=predictions, references=references)
         except Exception as exc:  # noqa: BLE001 - any failure of a third-party metric is reported the same way
             raise MetricError(
-                f"extra_metrics: {name!r} cannot score {num_labels}-class predictions "
+                f"extra_metrics: {name!r} cannot score {self.task.problem_type} predictions "
                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
             ) from None
 
-    def add_batch(self, predictions, references) -> None:
-        for module in self.modules.values():
-            module.add_batch(predictions=predictions, references=references)
+    def _inputs(self, scores: torch.Tensor, references: torch.Tensor, thresholds) -> tuple[list, list]:
+        """What the modules are given: class ids, 0/1 lists per text, or values."""
+        decided = replace(self.task, thresholds=tuple(thresholds)).decisions(scores)
+        if self.task.problem_type == task.MULTI:
+            return decided.long().tolist(), references.long().tolist()
+        return decided.tolist(), references.tolist()
 
-    def compute(self) -> dict:
-        """Every metric's result; the project's own names win over an extra metric's same key."""
+    def compute(self, scores: torch.Tensor, references: torch.Tensor, thresholds=()) -> tuple[dict, dict]:
+        """(flat metrics: the module results plus precision_/recall_/f1_<label> per class, the per-class report)."""
+        predictions, refs = self._inputs(scores, references, thresholds or self.task.thresholds)
         results: dict = {}
-        for module in self.modules.values():  # the project's own come first
-            for key, value in module.compute().items():
+        report: dict = {}
+        for name, module in self.modules.items():
+            extra_args = {"label_names": self.label_names} if name in ("classification_report", "multilabel") else {}
+            for key, value in module.compute(predictions=predictions, references=refs, **extra_args).items():
+                if key in ("per_class", "confusion_matrix"):
+                    report[key] = value
+                else:
+                    results[key] = _scalar(value)
+        for label, row in report.get("per_class", {}).items():
+            results.update({f"{measure}_{label}": row[measure] for measure in ("precision", "recall", "f1")})
+        for module in self.extra.values():  # the project's own names win over an extra metric's same key
+            for key, value in module.compute(predictions=predictions, references=refs).items():
                 results.setdefault(key, _scalar(value))
-        return results
+        return results, report
 
+    def names(self) -> list[str]:
+        """Every metric name compute() reports (a dry run on a tiny split), plus the mean loss."""
+        return [*self.compute(*self._example())[0], "loss"]
 
-def classification_report(predictions, references, label_names: Sequence[str]) -> dict:
-    """{"per_class": {name: {precision, recall, f1, support}}, "confusion_matrix": [[...]]}."""
-    return load_module(str(MODULES / "classification_report")).compute(
-        predictions=predictions, references=references, label_names=list(label_names)
-    )
+    def check_selection(self, metric: str) -> None:
+        if metric not in self.names():
+            raise MetricError(
+                f"metric_for_best_model: {metric!r} is not reported for {self.task.problem_type} "
+                f"(reported: {', '.join(self.names())})"
+            )

@@ -2,32 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
 from training.config import TrainConfig
+from training.data import LabelSpace
 from training.hub import explain_missing
+
+
+def hub_options(cfg: TrainConfig) -> dict:
+    """What every from_pretrained of the run is given (run_classification.py's --model_revision and
+    --trust_remote_code)."""
+    return {"revision": cfg.model_revision, "trust_remote_code": cfg.trust_remote_code}
 
 
 def load_tokenizer(cfg: TrainConfig):
     name = cfg.tokenizer_name or cfg.model_name_or_path
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(name, **hub_options(cfg))
     except OSError as exc:
         raise explain_missing(f"tokenizer {name!r}", exc) from None
 
 
-def build_model(cfg: TrainConfig, label_names: Sequence[str], attn_implementation: str = "sdpa") -> PreTrainedModel:
-    """A sequence classifier with one output per class; pretrained weights unless cfg.from_scratch."""
-    labels = dict(
-        num_labels=len(label_names),
-        id2label={i: name for i, name in enumerate(label_names)},
-        label2id={name: i for i, name in enumerate(label_names)},
+def build_model(cfg: TrainConfig, labels: LabelSpace, attn_implementation: str = "sdpa") -> PreTrainedModel:
+    """A sequence classifier with one output per class (one for regression) and the task in its config (inference/
+    task.py); pretrained weights unless cfg.from_scratch."""
+    names = labels.names
+    fields = dict(
+        num_labels=len(names),
+        id2label={i: name for i, name in enumerate(names)},
+        label2id={name: i for i, name in enumerate(names)},
+        **labels.task.config_fields(),
     )
     try:
-        config = AutoConfig.from_pretrained(cfg.model_name_or_path, **labels)
+        config = AutoConfig.from_pretrained(cfg.model_name_or_path, **fields, **hub_options(cfg))
         if cfg.dropout is not None:  # e.g. DistilBERT: dropout, attention_dropout, seq_classif_dropout
             for name, value in config.to_dict().items():
                 if "dropout" in name and isinstance(value, float):
@@ -35,7 +43,11 @@ def build_model(cfg: TrainConfig, label_names: Sequence[str], attn_implementatio
         if cfg.from_scratch:
             return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation)
         return AutoModelForSequenceClassification.from_pretrained(
-            cfg.model_name_or_path, config=config, attn_implementation=attn_implementation
+            cfg.model_name_or_path,
+            config=config,
+            attn_implementation=attn_implementation,
+            ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
+            **hub_options(cfg),
         )
     except OSError as exc:
         raise explain_missing(f"model {cfg.model_name_or_path!r}", exc) from None

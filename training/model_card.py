@@ -13,11 +13,12 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from inference import files
+from inference import files, task
 from inference.loading import HUB_ID
 from training.atomic import write_bytes
+from training.metrics import HEADLINE
 
-RESULT_METRICS = ("accuracy", "macro_f1")
+TASK_TAGS = {task.MULTI: "multi-label-classification", task.REGRESSION: "regression"}
 
 
 def hub_id_or_none(name: str | None) -> str | None:
@@ -30,7 +31,7 @@ def hub_id_or_none(name: str | None) -> str | None:
 def eval_results(summary: dict[str, Any], dataset: str) -> list[EvalResult]:
     results = []
     for split, name in (("validation", "validation (best model)"), ("test", "test")):
-        for metric in RESULT_METRICS:
+        for metric in HEADLINE[summary.get("problem_type", task.SINGLE)]:
             value = (summary.get(split) or {}).get(metric)
             if value is not None:
                 results.append(
@@ -55,7 +56,7 @@ def card_data(summary: dict[str, Any], repo_id: str | None = None) -> ModelCardD
         pipeline_tag="text-classification",
         base_model=None if cfg.get("from_scratch") else hub_id_or_none(cfg["model_name_or_path"]),
         datasets=[hub_dataset] if hub_dataset else None,
-        tags=["text-classification", "distilbert-agnews"],
+        tags=["text-classification", *filter(None, [TASK_TAGS.get(summary.get("problem_type"))]), "distilbert-agnews"],
         model_name=repo_id or Path(cfg["output_dir"]).name,
         eval_results=eval_results(summary, hub_dataset or "local") or None,
     )
@@ -78,16 +79,19 @@ def _data_line(cfg: dict, counts: dict) -> str:
 
 
 def _results_section(summary: dict) -> list[str]:
+    shown = HEADLINE[summary.get("problem_type", task.SINGLE)]
     rows = [
-        f"| {name} | {m['accuracy']:.4f} | {m['macro_f1']:.4f} | {m['loss']:.4f} | {m['num_examples']} |"
+        f"| {name} | " + " | ".join(f"{m[k]:.4f}" for k in (*shown, "loss")) + f" | {m['num_examples']} |"
         for name, m in (("validation (best)", summary.get("validation")), ("test", summary.get("test")))
         if m
     ]
     return [
         "## Results",
         "",
-        "| split | accuracy | macro-F1 | loss | examples |",
-        "|---|---|---|---|---|",
+        f"Problem type: `{summary.get('problem_type', task.SINGLE)}`.",
+        "",
+        "| split | " + " | ".join(shown) + " | loss | examples |",
+        "|---|" + "---|" * (len(shown) + 2),
         *rows,
         "",
         f"Curves: `{files.CURVES_PNG}` (raw series in `{files.CURVES_JSON}`); every number in `{files.METRICS}`.",

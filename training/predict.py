@@ -8,7 +8,10 @@ The input (csv, jsonl or parquet) is read through `datasets` (Arrow, memory-mapp
 Python objects) in chunks of --chunk_size rows. Rank r of N scores chunks r, r+N, ... (each chunk sorted by
 length into batches, as the service does) and writes each chunk's predictions to a part file; then the main
 process streams the input and the parts, chunk by chunk and in order, into the output, whose format follows its
-extension: the input's columns, `predicted_label`, `predicted_score` and one `score_<label>` per class. The
+extension: the input's columns and, by the model's problem type (inference/task.py, scored as the service scores
+it): `predicted_label`, `predicted_score` and one `score_<label>` per class (single-label); `predicted_labels` (the
+list of labels at or above their thresholds) and one `score_<label>` per label (multi-label); `predicted_value`
+(regression). The
 output is written under a temporary name of this run and renamed, so it is complete or absent, and two runs never
 share their staging files. Nothing is destroyed: an output that is the input is refused, and so is an input that
 already has prediction columns, unless --overwrite_prediction_columns replaces them. Memory stays bounded by the
@@ -39,7 +42,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import broadcast_object_list
 from tqdm.auto import tqdm
 
-from inference import precision
+from inference import precision, task
 from inference.engine import forward
 from inference.loading import CheckpointError, LoadedModel, load_model
 from training.data import DataError, join_texts, load_file, require_columns
@@ -64,7 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--overwrite_prediction_columns",
         action="store_true",
-        help="replace the input's own predicted_label / predicted_score / score_<label> columns (default: refuse)",
+        help="replace the input's own prediction columns (predicted_label(s), predicted_score, predicted_value, "
+        "score_<label>; default: refuse)",
     )
     parser.add_argument("--per_device_batch_size", type=int, default=64, help="texts per forward pass (default: 64)")
     parser.add_argument("--chunk_size", type=int, default=4096, help="rows read, scored and written at a time")
@@ -109,16 +113,17 @@ class Reader:
 def score_chunk(
     loaded: LoadedModel, texts: list[str], pairs: list[str] | None, batch_size: int, max_length: int
 ) -> torch.Tensor:
-    """Class probabilities (fp32) of each text, in input order; batches of similar lengths, as the service runs."""
+    """Scores (fp32) of each text by the model's task (inference/task.py: softmax, sigmoid or the raw value, as the
+    service scores it), in input order; batches of similar lengths, as the service runs."""
     encoded = loaded.tokenizer(texts, pairs, truncation=True, max_length=max_length, return_attention_mask=False)
     names = [name for name in ("input_ids", "token_type_ids") if name in encoded]
     features = [{name: encoded[name][i] for name in names} for i in range(len(texts))]
     order = sorted(range(len(texts)), key=lambda i: len(features[i]["input_ids"]))
-    probabilities = torch.empty(len(texts), len(loaded.labels))
+    scores = torch.empty(len(texts), len(loaded.labels))
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
-        probabilities[rows] = forward(loaded, [features[i] for i in rows]).softmax(dim=-1)
-    return probabilities
+        scores[rows] = loaded.task.scores(forward(loaded, [features[i] for i in rows]))
+    return scores
 
 
 def part_path(parts: Path, chunk: int) -> Path:
@@ -138,33 +143,39 @@ def score_my_chunks(
     )
     for chunk in mine:
         texts, pairs = reader.texts(chunk)
-        probabilities = score_chunk(loaded, texts, pairs, args.per_device_batch_size, max_length)
-        pyarrow.parquet.write_table(
-            pa.table(
-                {
-                    "probabilities": pa.FixedSizeListArray.from_arrays(
-                        pa.array(probabilities.flatten().numpy()), len(loaded.labels)
-                    )
-                }
-            ),
-            part_path(parts, chunk),
-        )
+        scores = score_chunk(loaded, texts, pairs, args.per_device_batch_size, max_length)
+        column = pa.FixedSizeListArray.from_arrays(pa.array(scores.flatten().numpy()), len(loaded.labels))
+        pyarrow.parquet.write_table(pa.table({"scores": column}), part_path(parts, chunk))
         bar.update(len(texts))
     bar.close()
 
 
-def prediction_names(labels: list[str]) -> list[str]:
-    return ["predicted_label", "predicted_score", *(f"score_{label}" for label in labels)]
+def prediction_names(loaded: LoadedModel) -> list[str]:
+    """The columns a prediction adds, by problem type: the label and its score (single-label), the list of labels
+    at or above their thresholds (multi-label), with one score column per label; the value (regression)."""
+    per_label = [f"score_{label}" for label in loaded.labels]
+    if loaded.task.problem_type == task.REGRESSION:
+        return ["predicted_value"]
+    if loaded.task.problem_type == task.MULTI:
+        return ["predicted_labels", *per_label]
+    return ["predicted_label", "predicted_score", *per_label]
 
 
-def prediction_columns(probabilities: pa.Table, labels: list[str]) -> dict[str, pa.Array]:
-    values = probabilities.column("probabilities").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+def prediction_columns(table: pa.Table, loaded: LoadedModel) -> dict[str, pa.Array]:
+    labels = loaded.labels
+    values = table.column("scores").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     scores = torch.tensor(values).reshape(-1, len(labels))
-    best = scores.argmax(dim=1)
-    columns = {
-        "predicted_label": pa.array([labels[i] for i in best.tolist()]),
-        "predicted_score": pa.array(scores.gather(1, best[:, None]).squeeze(1).numpy()),
-    }
+    decided = loaded.task.decisions(scores)
+    if loaded.task.problem_type == task.REGRESSION:
+        return {"predicted_value": pa.array(decided.numpy())}
+    if loaded.task.problem_type == task.MULTI:
+        chosen = [[labels[j] for j in row.nonzero().flatten().tolist()] for row in decided]
+        columns = {"predicted_labels": pa.array(chosen, type=pa.list_(pa.string()))}
+    else:
+        columns = {
+            "predicted_label": pa.array([labels[i] for i in decided.tolist()]),
+            "predicted_score": pa.array(scores.gather(1, decided[:, None]).squeeze(1).numpy()),
+        }
     columns.update({f"score_{label}": pa.array(scores[:, i].numpy()) for i, label in enumerate(labels)})
     return columns
 
@@ -192,17 +203,17 @@ class Writer:
             self.sink.close()
 
 
-def assemble(reader: Reader, parts: Path, labels: list[str], output: Path, staged: Path) -> None:
+def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, staged: Path) -> None:
     """Input columns (less any prediction columns being replaced) + predictions, chunk by chunk in input order, into
     `staged`, renamed to `output` once complete."""
     writer = Writer(staged, output.suffix)
-    replaced = [name for name in prediction_names(labels) if name in reader.ds.column_names]
+    replaced = [name for name in prediction_names(loaded) if name in reader.ds.column_names]
     try:
         arrow = reader.ds.with_format("arrow")
         for chunk in range(reader.num_chunks):
             rows = reader.rows(chunk)
             table = arrow[rows.start : rows.stop].drop_columns(replaced)
-            for name, column in prediction_columns(pyarrow.parquet.read_table(part_path(parts, chunk)), labels).items():
+            for name, column in prediction_columns(pyarrow.parquet.read_table(part_path(parts, chunk)), loaded).items():
                 table = table.append_column(name, column)
             writer.write(table)
     finally:
@@ -219,8 +230,8 @@ def check_paths(args: argparse.Namespace) -> None:
         raise DataError(f"{output.parent}: output folder not found")
 
 
-def check_columns(reader: Reader, labels: list[str], overwrite: bool) -> None:
-    present = [name for name in prediction_names(labels) if name in reader.ds.column_names]
+def check_columns(reader: Reader, loaded: LoadedModel, overwrite: bool) -> None:
+    present = [name for name in prediction_names(loaded) if name in reader.ds.column_names]
     if present and not overwrite:
         raise DataError(
             f"{reader.source}: already has prediction columns ({', '.join(present)}); pass "
@@ -248,7 +259,7 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> None:
     trained_with = (loaded.metrics or {}).get("config", {})
     with accelerator.main_process_first():  # the main process converts the file to Arrow; the others reuse it
         reader = Reader(load_file(args.input_file), args, trained_with)
-    check_columns(reader, loaded.labels, args.overwrite_prediction_columns)
+    check_columns(reader, loaded, args.overwrite_prediction_columns)
     max_length = args.max_length or trained_with.get("max_length") or loaded.max_length
     [run_id] = broadcast_object_list([f"{os.getpid()}-{secrets.token_hex(3)}"])  # this run's staging names
     parts, staged = (output.with_name(f".{output.name}.{kind}.{run_id}") for kind in ("parts", "tmp"))
@@ -256,7 +267,7 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> None:
     try:
         score_my_chunks(accelerator, loaded, reader, parts, args, max_length)
         accelerator.wait_for_everyone()
-        on_main(accelerator, lambda: assemble(reader, parts, loaded.labels, output, staged), str(output))
+        on_main(accelerator, lambda: assemble(reader, parts, loaded, output, staged), str(output))
     finally:  # a failed run leaves nothing behind
         if accelerator.is_main_process:
             shutil.rmtree(parts, ignore_errors=True)

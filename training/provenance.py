@@ -30,6 +30,15 @@ RESULT_SETTINGS = (
     "text_column_delimiter",
     "text_pair_column",
     "label_column",
+    "label_delimiter",
+    "do_regression",
+    "remove_columns",
+    "shuffle_train_dataset",
+    "dataset_config_name",
+    "train_split_name",
+    "validation_split_name",
+    "model_revision",
+    "ignore_mismatched_sizes",
     "validation_split",
     "num_samples",
     "max_length",
@@ -37,7 +46,11 @@ RESULT_SETTINGS = (
     "warmup_ratio",
     "lr_scheduler_type",
     "max_grad_norm",
+    "class_weights",
+    "label_smoothing_factor",
     "metric_for_best_model",
+    "greater_is_better",
+    "threshold_strategy",
 )
 _WHERE = "file"  # where a file was read: informative, not compared (the same bytes may move)
 
@@ -52,7 +65,11 @@ def record(cfg: TrainConfig, splits: Splits, accelerator: Accelerator, learning_
         )
         made = {
             "data": {split: _describe(source) for split, source in splits.sources.items()},
-            "labels": {"names": splits.label_names, "values": splits.labels.values},
+            "labels": {
+                "problem_type": splits.labels.problem_type,
+                "names": splits.label_names,
+                "values": splits.labels.values,
+            },
             "settings": settings,
         }
         outcome = [json.loads(json.dumps(made, default=str))]  # as progress.json will hold it

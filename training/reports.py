@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from inference import files
+from inference import files, task
 from training.atomic import write_bytes, write_json
+from training.metrics import HEADLINE
 
 if TYPE_CHECKING:
     from training.checkpoint import Progress
+    from training.evaluate import Scored
 
 
 def _png(figure) -> bytes:
@@ -31,8 +33,22 @@ def _png(figure) -> bytes:
 # ------------------------------------------------------------------------------------------- evaluation
 
 
+def written_for(problem_type: str) -> list[str]:
+    """The files python -m training.evaluate writes beside eval_results.json for this problem type."""
+    if problem_type == task.REGRESSION:
+        return [files.RESIDUALS_PNG, files.LARGEST_ERRORS_CSV]
+    if problem_type == task.MULTI:
+        return [files.MISCLASSIFIED_CSV]
+    return [files.CONFUSION_PNG, files.MISCLASSIFIED_CSV]
+
+
 def report_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]) -> str:
-    """The terminal summary: one row per class, then accuracy and the macro average."""
+    """The terminal summary: one row per class (or label), then accuracy and the macro average (single-label), the
+    micro and macro averages and subset accuracy (multi-label), or the regression metrics."""
+    if not per_class:
+        return "\n".join(f"{k:<12} {metrics[k]:>9.4f}" for k in ("mse", "mae", "r2", "pearson", "spearman", "loss"))
+    if "micro_f1" in metrics:
+        return _multi_label_table(per_class, metrics)
     width = max(12, *(len(name) for name in per_class))
     lines = [f"{'class':<{width}} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>9}"]
     for name, row in per_class.items():
@@ -47,6 +63,18 @@ def report_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]
     )
     lines.append(f"{'loss':<{width}} {metrics['loss']:>9.4f}")
     return "\n".join(lines)
+
+
+def _multi_label_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]) -> str:
+    width = max(16, *(len(name) for name in per_class))
+    lines = [f"{'label':<{width}} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>9}"]
+    for name, row in per_class.items():
+        lines.append(
+            f"{name:<{width}} {row['precision']:>9.4f} {row['recall']:>9.4f} {row['f1']:>9.4f} {row['support']:>9d}"
+        )
+    lines += [f"{key.replace('_', ' '):<{width}} {metrics[key]:>29.4f}" for key in ("micro_f1", "macro_f1")]
+    lines += [f"{'subset accuracy':<{width}} {metrics['subset_accuracy']:>29.4f} {metrics['num_examples']:>9d}"]
+    return "\n".join([*lines, f"{'loss':<{width}} {metrics['loss']:>9.4f}"])
 
 
 def write_confusion_matrix(path: Path, confusion: torch.Tensor, label_names: Sequence[str], title: str) -> None:
@@ -86,22 +114,77 @@ def write_misclassified(
     predictions = probabilities.argmax(dim=1)
     wrong = (predictions != labels).nonzero().flatten().tolist()
     wrong.sort(key=lambda i: (-probabilities[i, predictions[i]].item(), i))
+    rows = [
+        [
+            i,
+            texts[i],
+            label_names[labels[i]],
+            label_names[predictions[i]],
+            f"{probabilities[i, predictions[i]].item():.4f}",
+            f"{probabilities[i, labels[i]].item():.4f}",
+        ]
+        for i in wrong
+    ]
+    _write_csv(path, ["row", "text", "label", "predicted", "predicted_probability", "label_probability"], rows)
+    return len(wrong)
+
+
+def write_wrong_label_sets(
+    path: Path, texts: Sequence[str], scored: Scored, decided: torch.Tensor, label_names: Sequence[str]
+) -> int:
+    """Multi-label: every row whose predicted label set differs from its labels, most wrong decisions first."""
+    actual = scored.labels.bool()
+    misses = (decided != actual).sum(dim=1)
+    wrong = sorted(misses.nonzero().flatten().tolist(), key=lambda i: (-int(misses[i]), i))
+
+    def names(row: torch.Tensor) -> str:
+        return "|".join(label_names[j] for j in row.nonzero().flatten().tolist())
+
+    rows = [
+        [i, texts[i], names(actual[i]), names(decided[i]), " ".join(f"{v:.4f}" for v in scored.scores[i].tolist())]
+        for i in wrong
+    ]
+    _write_csv(path, ["row", "text", "labels", "predicted_labels", "scores"], rows)
+    return len(wrong)
+
+
+def write_residuals(path: Path, predicted: torch.Tensor, targets: torch.Tensor, title: str) -> None:
+    """Regression: predicted against true values (left) and the residuals against the prediction (right)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 4.2))
+    left, right = figure.subplots(1, 2)
+    low, high = min(predicted.min(), targets.min()).item(), max(predicted.max(), targets.max()).item()
+    left.scatter(targets.numpy(), predicted.numpy(), s=6, alpha=0.5)
+    left.plot([low, high], [low, high], color="grey", linewidth=1)
+    left.set_xlabel("true value")
+    left.set_ylabel("predicted value")
+    right.scatter(predicted.numpy(), (predicted - targets).numpy(), s=6, alpha=0.5)
+    right.axhline(0, color="grey", linewidth=1)
+    right.set_xlabel("predicted value")
+    right.set_ylabel("residual (predicted - true)")
+    figure.suptitle(title)
+    write_bytes(path, _png(figure))
+
+
+def write_largest_errors(path: Path, texts: Sequence[str], predicted: torch.Tensor, targets: torch.Tensor) -> int:
+    """Regression: every row, largest absolute error first."""
+    errors = (predicted - targets).abs()
+    order = sorted(range(len(errors)), key=lambda i: (-errors[i].item(), i))
+    rows = [
+        [i, texts[i], f"{targets[i].item():.4f}", f"{predicted[i].item():.4f}", f"{errors[i].item():.4f}"]
+        for i in order
+    ]
+    _write_csv(path, ["row", "text", "target", "predicted", "absolute_error"], rows)
+    return len(rows)
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["row", "text", "label", "predicted", "predicted_probability", "label_probability"])
-    for i in wrong:
-        writer.writerow(
-            [
-                i,
-                texts[i],
-                label_names[labels[i]],
-                label_names[predictions[i]],
-                f"{probabilities[i, predictions[i]].item():.4f}",
-                f"{probabilities[i, labels[i]].item():.4f}",
-            ]
-        )
+    writer.writerow(header)
+    writer.writerows(rows)
     write_bytes(path, buffer.getvalue().encode("utf-8"))
-    return len(wrong)
 
 
 # --------------------------------------------------------------------------------------------- training
@@ -115,6 +198,12 @@ def write_training_curves(output_dir: Path, progress: Progress, plot: bool = Tru
     write_json(output_dir / files.CURVES_JSON, series)
     if plot:
         write_bytes(output_dir / files.CURVES_PNG, _png(_curves_figure(progress)))
+
+
+def headline(results: dict) -> tuple[str, ...]:
+    """The headline metric names of a results dict, by the problem type its keys show."""
+    kind = task.MULTI if "micro_f1" in results else task.REGRESSION if "mse" in results else task.SINGLE
+    return HEADLINE[kind]
 
 
 def _curves_figure(progress: Progress):
@@ -131,7 +220,7 @@ def _curves_figure(progress: Progress):
         label="validation",
     )
     loss_ax.set(title="loss", xlabel="optimizer step")
-    for metric in ("accuracy", "macro_f1"):
+    for metric in [m for m in headline(progress.history[0]) if m in progress.history[0]] if progress.history else []:
         eval_ax.plot(
             [row["step"] for row in progress.history],
             [row[metric] for row in progress.history],

@@ -5,12 +5,17 @@ from a seed, so `--preset smoke` needs no network, no GPU and no download. The a
 cache folder (atomically: built in a temporary folder, then renamed) and reused by later runs and tests:
 
     <smoke_dir>/train.csv, test.csv     columns text,label (label = class id 0..3; names: LABELS)
+    <smoke_dir>/multi_label_{train,test}.jsonl   text + labels: the list of topics a story mixes (1 to 3 of LABELS)
+    <smoke_dir>/regression_{train,test}.csv      text, score: the text's Sports sentences minus half its World
+                                                 sentences (a float); sentence1, sentence2, pair_score: 1 for a
+                                                 Sports first sentence plus 0.5 for a World second one (pair scoring)
     <smoke_dir>/model/                  config.json (tiny DistilBERT) + tokenizer files
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import random
 import shutil
@@ -20,7 +25,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import DistilBertConfig, PreTrainedTokenizerFast
 
-SMOKE_VERSION = 4
+SMOKE_VERSION = 6
 LABELS = ("World", "Sports", "Business", "Sci/Tech")
 NUM_TRAIN, NUM_TEST = 3000, 600
 LABEL_NOISE = 0.02  # a few wrong labels keep the task from being trivially perfect
@@ -222,6 +227,44 @@ def make_split(num: int, seed: int) -> list[tuple[str, int]]:
     return rows
 
 
+def make_multi_label(num: int, seed: int) -> list[dict]:
+    """Stories that mix 1 to 3 topics, one sentence each, with the sorted list of their topics."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num):
+        topics = rng.sample(LABELS, rng.choice([1, 1, 2, 2, 3]))
+        sentences = [_sentence(rng, topic) for topic in topics]
+        rng.shuffle(sentences)
+        rows.append({"text": " ".join(sentences), "labels": sorted(topics)})
+    return rows
+
+
+def make_regression(num: int, seed: int) -> list[dict]:
+    """Scored stories (a float target) and scored pairs (similar when on one topic), with Gaussian noise."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num):
+        topics = [rng.choice(LABELS) for _ in range(rng.choice([1, 2, 3, 4]))]
+        score = topics.count("Sports") - 0.5 * topics.count("World") + rng.gauss(0, 0.1)
+        first, second = rng.choice(LABELS), rng.choice(LABELS)
+        rows.append(
+            {
+                "text": " ".join(_sentence(rng, topic) for topic in topics),
+                "score": round(score, 3),
+                "sentence1": _sentence(rng, first),
+                "sentence2": _sentence(rng, second),
+                "pair_score": round((first == "Sports") + 0.5 * (second == "World") + rng.gauss(0, 0.05), 3),
+            }
+        )
+    return rows
+
+
+def _sentence(rng: random.Random, label: str) -> str:
+    words = _WORDS[label]
+    sentence = " ".join(rng.choice(words[slot]) for slot in ("subject", "verb", "object", "place"))
+    return sentence[0].upper() + sentence[1:] + "."
+
+
 def build_vocab(
     texts: list[str], normalizer: normalizers.Normalizer, pre_tokenizer: pre_tokenizers.PreTokenizer
 ) -> dict[str, int]:
@@ -279,6 +322,18 @@ def _write_csv(path: Path, rows: list[tuple[str, int]]) -> None:
         writer.writerows(rows)
 
 
+def _write_other_tasks(folder: Path) -> None:
+    """The multi-label and regression sets (their own seeds: the 4-class files stay what they were)."""
+    for split, (num, seed) in {"train": (NUM_TRAIN, 3), "test": (NUM_TEST, 4)}.items():
+        with open(folder / f"multi_label_{split}.jsonl", "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(row) + "\n" for row in make_multi_label(num, seed))
+        scored = make_regression(num, seed + 10)
+        with open(folder / f"regression_{split}.csv", "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(scored[0]))
+            writer.writeheader()
+            writer.writerows(scored)
+
+
 def ensure_smoke_assets(root: Path | None = None) -> Path:
     """Build the smoke data, tokenizer and model config once; return their folder. Safe to race."""
     root = Path(root or smoke_dir())
@@ -289,6 +344,7 @@ def ensure_smoke_assets(root: Path | None = None) -> Path:
     train = make_split(NUM_TRAIN, seed=1)
     _write_csv(staging / "train.csv", train)
     _write_csv(staging / "test.csv", make_split(NUM_TEST, seed=2))
+    _write_other_tasks(staging)
     tokenizer = train_tokenizer([text for text, _ in train])
     tokenizer.save_pretrained(staging / "model")
     tiny_distilbert_config(len(tokenizer), tokenizer.pad_token_id).save_pretrained(staging / "model")

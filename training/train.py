@@ -40,13 +40,22 @@ from training import cpu_speed, provenance
 from training.checkpoint import OutputDir, Progress, ResumeError, SaveError, load_weights
 from training.claim import OutputDirError, claim_output_dir
 from training.config import ConfigError, TrainConfig, load_config
-from training.data import DataError, load_splits, make_dataloaders, steps_per_epoch, tokenize_splits
+from training.data import (
+    DataError,
+    LabelSpace,
+    Splits,
+    load_splits,
+    make_dataloaders,
+    steps_per_epoch,
+    tokenize_splits,
+)
 from training.evaluate import evaluate
 from training.guards import LaunchError, StopGuard, TrainingDiverged, check_world_size
 from training.hub import HubUnavailableError, ensure_hub_or_offline
 from training.loop import Loaders, Run, fit, format_metrics, run_summary
-from training.metrics import MetricError, MetricSuite
+from training.metrics import DEFAULT_SELECTION, MetricError, MetricSuite, greater_is_better
 from training.model import build_model, build_optimizer, load_tokenizer
+from training.objective import objective_for
 from training.push import PushError, check_can_push
 from training.smoke import ensure_smoke_assets
 from training.throughput import Throughput
@@ -104,7 +113,7 @@ def prepare_data(cfg: TrainConfig, accelerator: Accelerator):
     read its cache."""
     local = [cfg.tokenizer_name or cfg.model_name_or_path, cfg.model_name_or_path, *(cfg.extra_metrics or [])]
     ensure_hub_or_offline(needs_hub=not cfg.train_file or not all(Path(p).is_dir() for p in local))
-    if cfg.preset == "smoke":
+    if cfg.preset:
         with accelerator.local_main_process_first():
             ensure_smoke_assets()
     failure = None
@@ -120,21 +129,22 @@ def prepare_data(cfg: TrainConfig, accelerator: Accelerator):
         splits, tokenizer, cfg, accelerator.num_processes, device_type=accelerator.device.type
     )
     logger.info(
-        "Examples: %d train, %d validation, %s test; %d classes: %s",
+        "Examples: %d train, %d validation, %s test; %s, %d output(s): %s",
         len(splits.train),
         len(splits.validation),
         len(splits.test) if splits.test is not None else "no",
+        splits.labels.problem_type,
         len(splits.label_names),
         ", ".join(splits.label_names),
     )
     return tokenizer, splits, Loaders(train, sampler, validation, test)
 
 
-def prepare_model(cfg: TrainConfig, accelerator: Accelerator, label_names: list[str]) -> torch.nn.Module:
+def prepare_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace) -> torch.nn.Module:
     """The classifier, with the CPU speed-ups (training/cpu_speed.py) switched on when training on CPU."""
     device = accelerator.device
     attention = cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, device)
-    model = build_model(cfg, label_names, attention)
+    model = build_model(cfg, labels, attention)
     swapped = cpu_speed.enable(model, cfg.fast_dropout, device)
     logger.info(
         "Model %s: %.1f M parameters, %s attention, %s AdamW%s",
@@ -147,11 +157,22 @@ def prepare_model(cfg: TrainConfig, accelerator: Accelerator, label_names: list[
     return model
 
 
+def choose_metrics(cfg: TrainConfig, splits: Splits) -> tuple[TrainConfig, MetricSuite]:
+    """The problem type's metrics (extras loaded and tried here, not after training) and the config with the metric
+    that picks the best model and its direction decided (metrics.json records them)."""
+    metrics = MetricSuite(splits.labels.task, splits.label_names, cfg.extra_metrics or [])
+    metric = cfg.metric_for_best_model or DEFAULT_SELECTION[splits.labels.problem_type]
+    metrics.check_selection(metric)
+    greater = greater_is_better(metric, cfg.greater_is_better)
+    return cfg.model_copy(update={"metric_for_best_model": metric, "greater_is_better": greater}), metrics
+
+
 def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     """Data, model, optimizer and schedule, prepared by the Accelerator; resumed when asked."""
     tokenizer, splits, loaders = prepare_data(cfg, accelerator)
-    metrics = MetricSuite(cfg.extra_metrics or [], num_labels=len(splits.label_names))  # extras fail here, not later
-    model = prepare_model(cfg, accelerator, splits.label_names)
+    cfg, metrics = choose_metrics(cfg, splits)
+    objective = objective_for(cfg, splits.labels, splits.train["labels"]).to(accelerator.device)
+    model = prepare_model(cfg, accelerator, splits.labels)
     world = accelerator.num_processes
     learning_rate = cfg.learning_rate * (world if cfg.scale_lr == "linear" else 1)
     optimizer = build_optimizer(model, cfg, learning_rate)
@@ -196,6 +217,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
         num_epochs=num_epochs,
         throughput=Throughput(accelerator.device),
         guard=StopGuard(accelerator, cfg.max_nonfinite_steps),
+        objective=objective,
     )
     run.progress.provenance = provenance.record(cfg, splits, accelerator, learning_rate, total_steps)
     resume(run)
@@ -239,7 +261,8 @@ def score_best_model(run: Run) -> dict | None:
         return None
     best = load_weights(run.out.path(files.WEIGHTS))
     run.accelerator.unwrap_model(run.model).load_state_dict(best)
-    results = evaluate(run.accelerator, run.model, run.loaders.test, run.metrics)
+    thresholds = (run.progress.best_validation or {}).get("thresholds")  # multi-label: the best model's
+    results = evaluate(run.accelerator, run.model, run.loaders.test, run.metrics, thresholds)
     logger.info("Test (best model, step %s): %s", run.progress.best_step, format_metrics(results))
     return results
 
@@ -271,6 +294,7 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
 
 def train_and_report(cfg: TrainConfig, accelerator: Accelerator, run: Run, started: float) -> dict | None:
     """Fit, then score the best model on the test split and write the final reports (and push)."""
+    cfg = run.cfg  # as set_up decided it: the metric that picks the best model and its direction
     if accelerator.log_with:
         accelerator.init_trackers("distilbert_agnews", config=tracker_config(cfg))
 

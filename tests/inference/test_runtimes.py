@@ -22,6 +22,7 @@ from inference import files, precision, runtimes
 from inference.engine import encode, forward
 from inference.service import load_configured
 from inference.settings import SettingsError, from_env
+from inference.task import MULTI, REGRESSION, SINGLE, Task
 from tests.conftest import ROOT
 from tests.inference.conftest import Reference
 from tests.inference.test_app import TEXTS, make_client
@@ -172,7 +173,7 @@ def test_int8_on_real_news_serves_only_if_it_keeps_the_fp32_labels(checkpoint_co
     assert int8["refused"] is None and loaded.precision == "int8"
     _, held = runtimes.split(texts)  # the texts the guard held out
     reference = torch_fp32_logits(Reference(checkpoint_copy), held)
-    share, ties = runtimes.agreement([served_logits(loaded, held)], [reference])
+    share, ties = runtimes.agreement([served_logits(loaded, held)], [reference], loaded.task)
     assert share >= runtimes.AGREEMENT_BOUND and share == pytest.approx(int8["agreement"], abs=0.01)
     assert ties == pytest.approx(int8["ties"], abs=2)
 
@@ -198,9 +199,12 @@ def test_a_save_pretrained_folder_without_recorded_texts_gets_int8_measured_on_t
     loaded = serve(folder, backend="openvino", dtype="int8")
     _, held = runtimes.split(runtimes.sample_texts())
     reference = torch_fp32_logits(Reference.from_pretrained(folder), held)  # transformers' own reading of the folder
-    share, _ = runtimes.agreement([served_logits(loaded, held)], [reference])
+    share, _ = runtimes.agreement([served_logits(loaded, held)], [reference], loaded.task)
     assert int8["agreement"] >= runtimes.AGREEMENT_BOUND and runtime["precision"] == "int8"
     assert share == pytest.approx(int8["agreement"], abs=0.01)
+
+
+THREE = Task(SINGLE, 3)
 
 
 def test_the_guard_leaves_out_fp32_ties_and_counts_every_decided_flip():
@@ -210,13 +214,29 @@ def test_the_guard_leaves_out_fp32_ties_and_counts_every_decided_flip():
     tie = torch.tensor([[1.0, 1.0 - 0.01, 0.0]])  # probabilities 0.42 / 0.42: within 0.02
     reference = torch.cat([decided, tie])
     turned_tie = torch.cat([decided, tie[:, [1, 0, 2]]])
-    assert runtimes.agreement([turned_tie], [reference]) == (1.0, 1)
+    assert runtimes.agreement([turned_tie], [reference], THREE) == (1.0, 1)
     turned_decided = torch.cat([decided[:98], decided[:1, [1, 0, 2]], tie])
-    assert runtimes.agreement([turned_decided], [reference]) == (pytest.approx(98 / 99), 1)
+    assert runtimes.agreement([turned_decided], [reference], THREE) == (pytest.approx(98 / 99), 1)
     ties_only = torch.cat([tie] * 60 + [decided[:49]])
-    assert runtimes.agreement([ties_only], [ties_only]) == (None, 60)
-    one_output = torch.randn(60, 1)  # a one-logit model: every text counts
-    assert runtimes.agreement([one_output], [one_output]) == (1.0, 0)
+    assert runtimes.agreement([ties_only], [ties_only], THREE) == (None, 60)
+
+
+def test_a_one_output_model_is_guarded_by_its_decisions_not_by_an_argmax_that_is_always_0():
+    """The argmax of one output is always 0, so it never showed a difference: a one-logit classifier is checked on
+    its thresholded sigmoid (near-threshold ties left out), a regression model on its values."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(200, 1, generator=gen) * 3
+    one_logit = Task(MULTI, 1, (0.5,))
+    share, ties = runtimes.agreement([-logits], [logits], one_logit)  # every decision flips
+    assert share == 0.0 and ties == int(((logits.sigmoid() - 0.5).abs() < runtimes.TIE_MARGIN).sum())
+    assert runtimes.agreement([logits], [logits], one_logit)[0] == 1.0
+    values = torch.randn(200, 1, generator=gen) * 4 + 10
+    regression = Task(REGRESSION, 1)
+    close = values + 0.05 * values.std() * torch.randn(200, 1, generator=gen).clamp(-1, 1)
+    assert runtimes.agreement([close], [values], regression) == (1.0, 0)
+    off = values.clone()
+    off[:3] += values.std()  # three texts off by one standard deviation
+    assert runtimes.agreement([off], [values], regression) == (pytest.approx(197 / 200), 0)
 
 
 def test_the_shipped_sample_is_varied_english_and_every_sentence_is_used():

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import torch
 
+from inference.task import MULTI, REGRESSION, Task
 from training.config import load_config
+from training.data import LabelSpace
 from training.model import build_model, build_optimizer
+
+
+def labels(*names: str, problem_type: str = "single_label_classification") -> LabelSpace:
+    return LabelSpace(values=list(range(len(names))), names=list(names), source="test", problem_type=problem_type)
 
 
 def test_tiny_model_from_config_and_no_decay_on_bias_and_layernorm(smoke_dir):
     cfg = load_config(["--preset", "smoke", "--weight_decay", "0.05"])
-    model = build_model(cfg, ["World", "Sports", "Business", "Sci/Tech"])
+    model = build_model(cfg, labels("World", "Sports", "Business", "Sci/Tech"))
     assert model.config.num_labels == 4 and model.config.id2label[3] == "Sci/Tech"
+    assert Task.of(model.config) == Task("single_label_classification", 4)
     optimizer = build_optimizer(model, cfg, learning_rate=1e-3)
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
@@ -33,10 +40,10 @@ def test_tiny_model_from_config_and_no_decay_on_bias_and_layernorm(smoke_dir):
 
 
 def test_dropout_override_reaches_every_dropout_of_the_config(smoke_dir):
-    model = build_model(load_config(["--preset", "smoke", "--dropout", "0"]), ["a", "b"])
+    model = build_model(load_config(["--preset", "smoke", "--dropout", "0"]), labels("a", "b"))
     config = model.config
     assert config.dropout == config.attention_dropout == config.seq_classif_dropout == 0.0
-    default = build_model(load_config(["--preset", "smoke"]), ["a", "b"]).config
+    default = build_model(load_config(["--preset", "smoke"]), labels("a", "b")).config
     assert default.dropout == 0.1
 
 
@@ -62,7 +69,7 @@ def test_fast_dropout_keeps_1_minus_p_and_preserves_the_expected_value():
 def test_use_fast_dropout_swaps_every_dropout_module_and_leaves_eval_outputs_unchanged(smoke_dir):
     from training.cpu_speed import FastDropout, use_fast_dropout
 
-    model = build_model(load_config(["--preset", "smoke"]), ["a", "b", "c", "d"]).eval()
+    model = build_model(load_config(["--preset", "smoke"]), labels("a", "b", "c", "d")).eval()
     ids = torch.randint(5, 100, (2, 9))
     before = model(input_ids=ids).logits
     count = sum(type(m) is torch.nn.Dropout for m in model.modules())
@@ -81,8 +88,8 @@ def test_cpu_training_attention_equals_eager_without_dropout_and_is_the_cpu_defa
     assert attention_for(None, True, torch.device("cuda")) == "sdpa"
     assert attention_for("sdpa", True, torch.device("cpu")) == "sdpa"
     torch.manual_seed(0)
-    eager = build_model(cfg, ["a", "b", "c", "d"], "eager").eval()
-    ours = build_model(cfg, ["a", "b", "c", "d"], CPU_TRAINING_ATTENTION).eval()
+    eager = build_model(cfg, labels("a", "b", "c", "d"), "eager").eval()
+    ours = build_model(cfg, labels("a", "b", "c", "d"), CPU_TRAINING_ATTENTION).eval()
     ours.load_state_dict(eager.state_dict())
     ids = torch.randint(5, 100, (3, 9))
     mask = torch.ones_like(ids)
@@ -96,10 +103,18 @@ def test_fast_dropout_is_switched_on_only_on_cpu_and_only_when_asked(smoke_dir):
     from training.cpu_speed import FastDropout, enable
 
     def fresh():
-        return build_model(load_config(["--preset", "smoke"]), ["a", "b"])
+        return build_model(load_config(["--preset", "smoke"]), labels("a", "b"))
 
     assert enable(fresh(), fast_dropout_on=True, device=torch.device("cuda")) == 0
     assert enable(fresh(), fast_dropout_on=False, device=torch.device("cpu")) == 0
     model = fresh()
     assert enable(model, fast_dropout_on=True, device=torch.device("cpu")) > 0
     assert any(isinstance(m, FastDropout) for m in model.modules())
+
+
+def test_the_task_is_written_into_the_model_config(smoke_dir):
+    cfg = load_config(["--preset", "smoke"])
+    tags = build_model(cfg, labels("a", "b", "c", problem_type=MULTI)).config
+    assert tags.problem_type == MULTI and Task.of(tags).thresholds == (0.5, 0.5, 0.5)
+    score = build_model(cfg, LabelSpace(values=[], names=["rating"], source="t", problem_type=REGRESSION)).config
+    assert score.num_labels == 1 and score.id2label == {0: "rating"} and Task.of(score).function == "none"

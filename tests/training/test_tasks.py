@@ -1,0 +1,207 @@
+"""Multi-label and regression, end to end and exact, on the smoke generator's offline data: train -> checkpoint (the
+state_dict contract and the Hugging Face export, which transformers' pipeline scores the same way) -> evaluate ->
+predict on 1 and 2 processes (identical) -> serve over real HTTP to the real InferenceClient; a mid-epoch resume
+continues bitwise; the model card names the task. One training run per task, shared by the module."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+import torch
+import transformers
+from huggingface_hub import InferenceClient
+from safetensors.torch import load_file
+
+from inference import files, task
+from inference.loading import load_model
+from tests.conftest import describe, launch, run_train
+from tests.inference.conftest import Server
+from training.checkpoint import load_weights
+from training.metrics import THRESHOLD_GRID
+
+pytestmark = pytest.mark.slow
+RESUME_FROM = 300  # a mid-epoch state (168 optimizer steps per epoch)
+LAST_STATE = 500
+PAIR_ARGS = ["--text_column_names", "sentence1", "--text_pair_column", "sentence2", "--label_column", "pair_score"]
+FP32 = ["--mixed_precision", "fp32"]  # answers comparable to 1e-5 on any CPU
+TASKS = {
+    "multi-label": ["--preset", "smoke-multi-label", "--threshold_strategy", "per_label"],
+    "regression": ["--preset", "smoke-regression", *PAIR_ARGS],  # sentence-pair scoring
+}
+
+
+def train(out: Path, args: list[str]) -> None:
+    result, _ = run_train([*args, "--output_dir", str(out), "--checkpointing_steps", "100"])
+    assert result.returncode == 0, describe(result)
+
+
+RESUMED = {**TASKS, "single-label": ["--preset", "smoke"]}  # one process: resumed across an epoch's end
+
+
+@pytest.fixture(scope="module")
+def runs(smoke_dir, tmp_path_factory) -> dict[str, Path]:
+    folders = {}
+    for name, args in RESUMED.items():
+        folders[name] = tmp_path_factory.mktemp(name) / "out"
+        train(folders[name], args)
+    return folders
+
+
+def test_files_carry_the_task_and_the_card_names_it(runs):
+    multi = json.loads((runs["multi-label"] / files.CONFIG).read_text())
+    assert multi["problem_type"] == task.MULTI
+    assert list(multi["id2label"].values()) == ["Business", "Sci/Tech", "Sports", "World"]  # the sorted union
+    fitted = multi[task.THRESHOLDS]
+    assert len(fitted) == 4 and set(fitted) <= set(THRESHOLD_GRID)
+    summary = json.loads((runs["multi-label"] / files.METRICS).read_text())
+    assert summary["metric_for_best_model"] == "micro_f1" and summary["config"]["greater_is_better"] is True
+    assert summary["validation"]["thresholds"] == fitted == summary["test"]["thresholds"]
+    assert summary["test"]["micro_f1"] > 0.75, summary["test"]
+    assert "multi-label-classification" in (runs["multi-label"] / files.MODEL_CARD).read_text()
+
+    scored = json.loads((runs["regression"] / files.CONFIG).read_text())
+    assert scored["problem_type"] == task.REGRESSION and scored["id2label"] == {"0": "pair_score"}
+    summary = json.loads((runs["regression"] / files.METRICS).read_text())
+    assert summary["metric_for_best_model"] == "mse" and summary["config"]["greater_is_better"] is False
+    assert summary["test"]["pearson"] > 0.8 and summary["test"]["mse"] < 0.1, summary["test"]
+    card = (runs["regression"] / files.MODEL_CARD).read_text()
+    assert "tags:\n- text-classification\n- regression" in card and "| pearson |" in card
+
+
+def examples(name: str, smoke_dir: Path, n: int = 12) -> list[tuple[str, str | None]]:
+    if name == "multi-label":
+        rows = [json.loads(line) for line in (smoke_dir / "multi_label_test.jsonl").read_text().splitlines()[:n]]
+        return [(row["text"], None) for row in rows]
+    rows = pd.read_csv(smoke_dir / "regression_test.csv").head(n)
+    return list(zip(rows["sentence1"], rows["sentence2"]))
+
+
+@torch.no_grad()
+def our_scores(out: Path, pairs: list[tuple[str, str | None]]) -> torch.Tensor:
+    """The state_dict contract read by the service's loader, scored by the task (sigmoid / raw value)."""
+    loaded = load_model(str(out), device="cpu", dtype="fp32")
+    logits = torch.cat([loaded.model(**loaded.tokenizer(a, b, return_tensors="pt")).logits for a, b in pairs])
+    return loaded.task.scores(logits.float())
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_the_pipeline_scores_the_export_as_we_score_the_state_dict(runs, smoke_dir, name):
+    pairs = examples(name, smoke_dir)
+    classify = transformers.pipeline("text-classification", model=str(runs[name]), device="cpu", top_k=None)
+    expected = our_scores(runs[name], pairs)
+    labels = classify.model.config.id2label
+    for (text, pair), row in zip(pairs, expected):
+        got = classify({"text": text, "text_pair": pair} if pair else [text])
+        got = got[0] if isinstance(got[0], list) else got  # a list of inputs: one list of scores each
+        assert {p["label"]: p["score"] for p in got} == pytest.approx(
+            {labels[i]: v for i, v in enumerate(row.tolist())}, abs=1e-5
+        )
+
+
+def evaluate_copy(out: Path, tmp_path: Path, preset: str) -> tuple[Path, dict]:
+    copy = tmp_path / "model"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(files.STATE_DIR))
+    result, _ = launch(["-m", "training.evaluate", "--checkpoint_dir", str(copy), "--preset", preset])
+    assert result.returncode == 0, describe(result)
+    return copy, json.loads((copy / files.EVAL_RESULTS).read_text())
+
+
+def test_evaluate_reports_per_label_for_multi_label(runs, tmp_path):
+    copy, results = evaluate_copy(runs["multi-label"], tmp_path, "smoke-multi-label")
+    trained = json.loads((copy / files.METRICS).read_text())["test"]
+    assert results["problem_type"] == task.MULTI and "confusion_matrix" not in results
+    assert set(results["per_class"]) == {"Business", "Sci/Tech", "Sports", "World"}
+    for key in ("micro_f1", "macro_f1", "subset_accuracy", "loss"):  # the same model on the same test file
+        assert results["metrics"][key] == pytest.approx(trained[key], abs=1e-5)
+    assert results["files"] == [files.EVAL_RESULTS, files.MISCLASSIFIED_CSV]
+    wrong = pd.read_csv(copy / files.MISCLASSIFIED_CSV)
+    assert len(wrong) == round((1 - results["metrics"]["subset_accuracy"]) * results["metrics"]["num_examples"])
+    assert not (copy / files.CONFUSION_PNG).exists()
+
+
+def test_evaluate_reports_residuals_for_regression(runs, tmp_path):
+    copy, results = evaluate_copy(runs["regression"], tmp_path, "smoke-regression")
+    trained = json.loads((copy / files.METRICS).read_text())["test"]
+    assert results["problem_type"] == task.REGRESSION and "per_class" not in results
+    assert {k: results["metrics"][k] for k in ("mse", "pearson")} == pytest.approx(
+        {k: trained[k] for k in ("mse", "pearson")}, abs=1e-5
+    )
+    assert (copy / files.RESIDUALS_PNG).read_bytes()[:4] == b"\x89PNG"
+    errors = pd.read_csv(copy / files.LARGEST_ERRORS_CSV)
+    assert len(errors) == results["metrics"]["num_examples"] and errors["absolute_error"].is_monotonic_decreasing
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_predict_writes_the_tasks_columns_identically_on_one_and_two_processes(runs, smoke_dir, tmp_path, name):
+    source = smoke_dir / ("multi_label_test.jsonl" if name == "multi-label" else "regression_test.csv")
+    frames = []
+    for processes in (1, 2):
+        output = tmp_path / f"out{processes}.parquet"
+        args = ["--checkpoint_dir", str(runs[name]), "--input_file", str(source), "--output_file", str(output)]
+        result, _ = launch(["-m", "training.predict", *args, *FP32, "--chunk_size", "150"], processes=processes)
+        assert result.returncode == 0, describe(result)
+        frames.append(pd.read_parquet(output))
+    pd.testing.assert_frame_equal(frames[0], frames[1])
+    frame = frames[0]
+    pairs = examples(name, smoke_dir, n=len(frame))
+    expected = our_scores(runs[name], pairs[:20])
+    if name == "multi-label":
+        names = ["Business", "Sci/Tech", "Sports", "World"]
+        scores = torch.tensor(frame[[f"score_{n}" for n in names]].to_numpy())
+        thresholds = json.loads((runs[name] / files.CONFIG).read_text())[task.THRESHOLDS]
+        chosen = [[n for n, s, t in zip(names, row, thresholds) if s >= t] for row in scores.tolist()]
+        assert [list(labels) for labels in frame["predicted_labels"]] == chosen
+    else:
+        assert "predicted_label" not in frame and "score_pair_score" not in frame
+        scores = torch.tensor(frame["predicted_value"].to_numpy())[:, None]
+    assert torch.allclose(scores[:20].float(), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_the_service_scores_by_the_task_for_the_real_client(runs, smoke_dir, name):
+    pairs = examples(name, smoke_dir, n=4)
+    expected = our_scores(runs[name], pairs)
+    server = Server(runs[name], "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
+    try:
+        client = InferenceClient(base_url=server.url)
+        text, pair = pairs[0]
+        if pair is None:  # multi-label: the client returns the best label, with its sigmoid score
+            best = client.text_classification(text)
+            assert best.score == pytest.approx(expected[0].max().item(), abs=1e-5)
+        batch = httpx.post(f"{server.url}/predict", json={"inputs": [[a, b] if b else [a] for a, b in pairs]}).json()
+        labels = json.loads((runs[name] / files.CONFIG).read_text())["id2label"]
+        for answer, row in zip(batch, expected):
+            assert {p["label"]: p["score"] for p in answer} == pytest.approx(
+                {labels[str(i)]: v for i, v in enumerate(row.tolist())}, abs=1e-5
+            )
+        raw = httpx.post(
+            f"{server.url}/predict", json={"inputs": [[text, pair] if pair else [text]], "raw_scores": True}
+        )
+        info = httpx.get(f"{server.url}/info").json()
+        assert list(info["model_type"]["classifier"]["id2label"].values()) == list(labels.values())
+    finally:
+        server.stop()
+    assert raw.status_code == 200 and len(raw.json()[0]) == len(labels)
+
+
+@pytest.mark.parametrize("name", RESUMED)
+def test_a_mid_epoch_resume_continues_bitwise(runs, tmp_path, name):
+    """A copy of the run holding only its state at step RESUME_FROM (mid-epoch 2), resumed with the same settings,
+    ends with the very weights the uninterrupted run ended with: the epoch after the resumed one gets its own order
+    (the prepared loader's epoch counter once replayed epoch 0's on one process)."""
+    original = runs[name]
+    resumed = tmp_path / "out"
+    shutil.copytree(
+        original / files.STATE_DIR / f"step_{RESUME_FROM}", resumed / files.STATE_DIR / f"step_{RESUME_FROM}"
+    )
+    train(resumed, [*RESUMED[name], "--resume_from_checkpoint", "latest"])
+    last = f"{files.STATE_DIR}/step_{LAST_STATE}/model.safetensors"
+    a, b = load_file(original / last), load_file(resumed / last)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    best, again = load_weights(original / files.WEIGHTS), load_weights(resumed / files.WEIGHTS)
+    assert all(torch.equal(best[k], again[k]) for k in best)

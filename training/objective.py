@@ -1,0 +1,78 @@
+"""The training loss for each problem type (inference/task.py), with class weights and label smoothing.
+
+    single-label   cross-entropy; class weights scale each example's loss by its class's weight
+    multi-label    binary cross-entropy per label; class weights are BCE's pos_weight (a label's positives count
+                   that many times); smoothing moves the targets towards 1/2
+    regression     mean squared error
+
+Weighted losses are the plain mean of the weighted per-example losses, not divided by the batch's sum of weights:
+that mean does not depend on how a global batch is split over processes and accumulation steps, so 1 x 16 and
+2 x 8 still train alike (tests/training/test_equivalence.py). `balanced` weights (n / (classes x count), as
+scikit-learn) average 1 over the training data, so the learning rate keeps its meaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from inference import task
+from training.config import TrainConfig, class_weight_values
+from training.data import DataError, LabelSpace
+
+
+@dataclass
+class Objective:
+    problem_type: str
+    weights: torch.Tensor | None = None  # per class (single-label) or per label (multi-label pos_weight)
+    label_smoothing: float = 0.0
+
+    def to(self, device: torch.device) -> Objective:
+        weights = self.weights.to(device) if self.weights is not None else None
+        return Objective(self.problem_type, weights, self.label_smoothing)
+
+    def per_example(self, logits: torch.Tensor, labels: torch.Tensor, weighted: bool = False) -> torch.Tensor:
+        """Each example's loss (fp32); unweighted unless asked (evaluation reports the plain loss)."""
+        logits = logits.float()
+        weights = self.weights if weighted else None
+        if self.problem_type == task.REGRESSION:
+            return F.mse_loss(logits.squeeze(-1), labels.float(), reduction="none")
+        if self.problem_type == task.MULTI:
+            targets = labels.float() * (1 - self.label_smoothing) + self.label_smoothing / 2
+            losses = F.binary_cross_entropy_with_logits(logits, targets, pos_weight=weights, reduction="none")
+            return losses.mean(dim=-1)
+        losses = F.cross_entropy(logits, labels, reduction="none", label_smoothing=self.label_smoothing)
+        return losses * weights[labels] if weights is not None else losses
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The batch's training loss."""
+        if self.weights is None and self.problem_type == task.SINGLE:  # transformers' own loss, exactly
+            return F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
+        return self.per_example(logits, labels, weighted=True).mean()
+
+
+def class_weights(spec: str, labels: LabelSpace, targets: list) -> torch.Tensor | None:
+    """--class_weights for the training targets: None, balanced, or the given numbers (one per class)."""
+    if spec == "none":
+        return None
+    if labels.problem_type == task.REGRESSION:
+        raise DataError("class_weights: a regression model has no classes; leave it at 'none'")
+    count = len(labels.names)
+    if spec == "balanced":
+        if labels.problem_type == task.MULTI:
+            positives = torch.tensor(targets, dtype=torch.float64).sum(dim=0)
+            return ((len(targets) - positives) / positives.clamp(min=1)).float()
+        counts = torch.bincount(torch.tensor(targets), minlength=count).double()
+        return (len(targets) / (count * counts.clamp(min=1))).float()
+    values = class_weight_values(spec) or []
+    if len(values) != count:
+        raise DataError(f"class_weights: {len(values)} weights for {count} classes ({', '.join(labels.names)})")
+    return torch.tensor(values)
+
+
+def objective_for(cfg: TrainConfig, labels: LabelSpace, targets: list) -> Objective:
+    if labels.problem_type == task.REGRESSION and cfg.label_smoothing_factor:
+        raise DataError("label_smoothing_factor: a regression target cannot be smoothed; leave it at 0")
+    return Objective(labels.problem_type, class_weights(cfg.class_weights, labels, targets), cfg.label_smoothing_factor)
