@@ -465,7 +465,7 @@ def _flag_kwargs(field) -> dict[str, Any]:
     doc = " ".join((field.description or "").split()).replace("%", "%%")  # argparse formats help with %
     kwargs: dict[str, Any] = {"help": f"{doc} (default: {field.default})"}
     shown = repr(field.annotation)
-    if field.annotation is bool:
+    if field.annotation in (bool, bool | None):
         kwargs.update(nargs="?", const="true", metavar="{true,false}")
     elif "list" in shown:
         kwargs.update(nargs="+", metavar="NAME")

@@ -9,7 +9,7 @@ import torch
 
 from tests.conftest import write_rows
 from training.config import load_config
-from training.data import DataError, load_splits, make_dataloaders, tokenize_splits
+from training.data import DataError, LabelSpace, load_splits, make_dataloaders, tokenize_splits
 from training.model import load_tokenizer
 
 NAMES = ["World", "Sports", "Business", "Sci/Tech"]
@@ -260,3 +260,99 @@ def test_tokenized_batches_are_padded_to_the_longest_or_its_multiple_of_8(tmp_pa
     again = tokenize_splits(load_splits(cfg), tokenizer, cfg)
     assert again.train._fingerprint == splits.train._fingerprint
     assert again.train.cache_files == splits.train.cache_files
+
+
+# ----------------------------------------------------------------------------------- other problem types
+
+
+def tagged_rows(n: int = 40) -> list[dict]:
+    tags = [["sports"], ["business", "world"], ["world"], ["sports", "tech", "world"]]
+    return [{"text": f"{TEXTS[i % len(TEXTS)]} number {i}", "labels": tags[i % len(tags)]} for i in range(n)]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_list_labels_are_multi_label_with_the_sorted_union_as_classes(tmp_path, suffix):
+    train = write_rows(tmp_path / f"tags{suffix}", tagged_rows())
+    splits = load_splits(config(train, "--label_column", "labels"))
+    assert splits.labels.problem_type == "multi_label_classification"
+    assert splits.label_names == ["business", "sports", "tech", "world"]
+    by_text = {r["text"]: r["labels"] for r in tagged_rows()}
+    for text, hot in zip(splits.train["text"], splits.train["labels"]):
+        assert [name for name, on in zip(splits.label_names, hot) if on] == sorted(by_text[text])
+
+
+def test_a_delimited_string_column_is_multi_label_with_label_delimiter(tmp_path):
+    rows = [{"text": r["text"], "tags": "|".join(r["labels"])} for r in tagged_rows()]
+    train = write_rows(tmp_path / "tags.csv", rows)
+    splits = load_splits(config(train, "--label_column", "tags", "--label_delimiter", "|"))
+    assert splits.labels.problem_type == "multi_label_classification" and len(splits.label_names) == 4
+    single = load_splits(config(train, "--label_column", "tags"))  # without it: each string is one class
+    assert single.labels.problem_type == "single_label_classification"
+
+
+def test_a_hub_sequence_of_class_labels_keeps_its_names():
+    names = ["toxic", "obscene", "threat"]
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "labels": datasets.List(datasets.ClassLabel(names=names))}
+    )
+    ds = datasets.Dataset.from_dict({"text": ["a", "b"], "labels": [[0, 2], [1]]}, features=features)
+    cfg = load_config(["--label_column", "labels"])
+    space = LabelSpace.of_training_data(ds, "hub[train]", "labels", cfg)
+    assert space.problem_type == "multi_label_classification" and space.names == names
+    assert space.encode(ds, "hub[train]", "labels") == [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
+
+
+def test_float_labels_are_regression_unless_told_otherwise(tmp_path):
+    rows = [{"text": f"{TEXTS[i % 6]} {i}", "score": [0.5, 1.0, 2.25, 4.0][i % 4]} for i in range(40)]
+    train = write_rows(tmp_path / "scores.csv", rows)
+    splits = load_splits(config(train, "--label_column", "score"))
+    assert splits.labels.problem_type == "regression" and splits.label_names == ["score"]
+    assert sorted(set(splits.train["labels"]) | set(splits.validation["labels"])) == [0.5, 1.0, 2.25, 4.0]
+    whole = write_rows(tmp_path / "whole.csv", [{**r, "score": float(i % 3)} for i, r in enumerate(rows)])
+    assert load_splits(config(whole, "--label_column", "score")).labels.problem_type == "regression"
+    classes = load_splits(config(whole, "--label_column", "score", "--do_regression", "false"))
+    assert classes.labels.problem_type == "single_label_classification" and classes.label_names == ["0", "1", "2"]
+    forced = load_splits(config(write_rows(tmp_path / "ints.csv", rows_with_ints()), "--do_regression"))
+    assert forced.labels.problem_type == "regression"
+
+
+def rows_with_ints() -> list[dict]:
+    return [{"text": f"{TEXTS[i % 6]} {i}", "label": i % 5} for i in range(40)]
+
+
+@pytest.mark.parametrize(
+    "suffix,rows,column,message",
+    [
+        (".jsonl", [{"text": "a", "labels": ["x"]}, {"text": "b", "labels": []}], "labels", "row 2: no labels"),
+        (".jsonl", [{"text": "a", "labels": ["x", 1]}, {"text": "b", "labels": ["y"]}], "labels", "mixes label types"),
+        (".jsonl", [{"text": "a", "labels": ["x"]}, {"text": "b", "labels": "y"}], "labels", "row 2: labels 'y' are"),
+        (
+            ".csv",
+            [{"text": "a", "score": 0.5}, {"text": "b", "score": float("nan")}],
+            "score",
+            "row 2: target (nan|None)",
+        ),
+        (".csv", [{"text": "a", "score": 1.5}, {"text": "b", "score": None}], "score", "row 2: target (nan|None)"),
+    ],
+)
+def test_bad_labels_of_other_problem_types_name_the_row(tmp_path, suffix, rows, column, message):
+    train = write_rows(tmp_path / f"bad{suffix}", rows * 10)
+    with pytest.raises(DataError, match=message):
+        load_splits(config(train, "--label_column", column))
+
+
+def test_a_multi_label_validation_label_never_seen_in_training_is_named(tmp_path):
+    train = write_rows(tmp_path / "train.jsonl", tagged_rows())
+    validation = write_rows(tmp_path / "validation.jsonl", [{"text": "x", "labels": ["sports", "opinion"]}])
+    with pytest.raises(DataError, match=r"validation.jsonl: row 1: label 'opinion' never appears in the training"):
+        load_splits(config(train, "--label_column", "labels", "--validation_file", str(validation)))
+
+
+def test_remove_columns_and_a_seeded_shuffle(tmp_path):
+    rows = [{**r, "note": "x"} for r in rows_with_ints()]
+    train = write_rows(tmp_path / "train.csv", rows)
+    with pytest.raises(DataError, match=r"missing column 'text'"):
+        load_splits(config(train, "--remove_columns", "text"))
+    kept = load_splits(config(train, "--remove_columns", "note", "--shuffle_train_dataset"))
+    again = load_splits(config(train, "--remove_columns", "note", "--shuffle_train_dataset"))
+    assert kept.train["text"] == again.train["text"] != load_splits(config(train)).train["text"]

@@ -15,19 +15,22 @@ from tests.conftest import describe, run_train
 
 pytestmark = pytest.mark.slow
 STEPS = 40
-LAYOUTS = {  # name: (processes, per-device batch, accumulation) -> 16 examples per optimizer step
-    "1x16": (1, 16, 1),
-    "2x8": (2, 8, 1),
-    "1x8 accumulate 2": (1, 8, 2),
-    "2x4 accumulate 2": (2, 4, 2),
-    "control 1x8": (1, 8, 1),  # a different global batch (8): must NOT match, or the comparison proves nothing
+WEIGHTED = ("--class_weights", "1,3,0.5,2", "--label_smoothing_factor", "0.1")
+LAYOUTS = {  # name: (processes, per-device batch, accumulation, more flags) -> 16 examples per optimizer step
+    "1x16": (1, 16, 1, ()),
+    "2x8": (2, 8, 1, ()),
+    "1x8 accumulate 2": (1, 8, 2, ()),
+    "2x4 accumulate 2": (2, 4, 2, ()),
+    "control 1x8": (1, 8, 1, ()),  # a different global batch (8): must NOT match, or the comparison proves nothing
+    "1x16 weighted": (1, 16, 1, WEIGHTED),  # class weights and label smoothing: the loss is still a plain mean
+    "2x8 weighted": (2, 8, 1, WEIGHTED),
 }
 
 
 @pytest.fixture(scope="module")
 def runs(smoke_dir, tmp_path_factory):
     results = {}
-    for name, (processes, batch, accumulation) in LAYOUTS.items():
+    for name, (processes, batch, accumulation, extra) in LAYOUTS.items():
         out = tmp_path_factory.mktemp("equiv") / "out"
         result, _ = run_train(
             [
@@ -51,6 +54,7 @@ def runs(smoke_dir, tmp_path_factory):
                 str(batch),
                 "--gradient_accumulation_steps",
                 str(accumulation),
+                *extra,
             ],
             processes=processes,
         )
@@ -65,9 +69,9 @@ def max_difference(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-@pytest.mark.parametrize("name", [n for n in LAYOUTS if n not in ("1x16", "control 1x8")])
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n not in ("1x16", "control 1x8", "1x16 weighted")])
 def test_parameters_and_loss_curve_match_one_process(runs, name):
-    reference_weights, reference_metrics = runs["1x16"]
+    reference_weights, reference_metrics = runs["1x16 weighted" if "weighted" in name else "1x16"]
     weights, metrics = runs[name]
     worst = max_difference(weights, reference_weights)
     print(f"{name}: max parameter difference {worst:.2e} after {STEPS} steps")
@@ -79,6 +83,8 @@ def test_parameters_and_loss_curve_match_one_process(runs, name):
 
 
 def test_a_different_global_batch_is_detected(runs):
-    """The negative control: the same comparison must fail when the global batch differs."""
+    """The negative controls: the same comparison must fail when the global batch or the loss differs."""
     difference = max_difference(runs["control 1x8"][0], runs["1x16"][0])
     assert difference > 1e-3, f"a global batch of 8 ended only {difference:.2e} away from one of 16"
+    weighted = max_difference(runs["1x16 weighted"][0], runs["1x16"][0])
+    assert weighted > 1e-3, f"class weights and smoothing changed the parameters by only {weighted:.2e}"
