@@ -180,6 +180,18 @@ def prediction_columns(table: pa.Table, loaded: LoadedModel) -> dict[str, pa.Arr
     return columns
 
 
+CSV_LIST_DELIMITER = "|"  # a list cell (predicted_labels, a multi-label input column) in a csv output: "a|b"
+
+
+def lists_joined(table: pa.Table) -> pa.Table:
+    """CSV has no lists: every list column as one string per row, its items joined by CSV_LIST_DELIMITER."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_list(field.type) or pa.types.is_large_list(field.type):
+            joined = [None if v is None else CSV_LIST_DELIMITER.join(map(str, v)) for v in table.column(i).to_pylist()]
+            table = table.set_column(i, field.name, pa.array(joined, type=pa.string()))
+    return table
+
+
 class Writer:
     """Appends tables to a csv, jsonl or parquet file, whose schema the first table fixes."""
 
@@ -191,6 +203,7 @@ class Writer:
             self.sink = self.sink or pyarrow.parquet.ParquetWriter(self.path, table.schema)
             self.sink.write_table(table)
         elif self.kind == ".csv":
+            table = lists_joined(table)
             self.sink = self.sink or pyarrow.csv.CSVWriter(self.path, table.schema)
             self.sink.write_table(table)
         else:  # jsonl: one object per line, chunk by chunk

@@ -103,10 +103,11 @@ def test_the_pipeline_scores_the_export_as_we_score_the_state_dict(runs, smoke_d
         )
 
 
-def evaluate_copy(out: Path, tmp_path: Path, preset: str) -> tuple[Path, dict]:
-    copy = tmp_path / "model"
+def evaluate_copy(out: Path, tmp_path: Path, preset: str, processes: int = 1) -> tuple[Path, dict]:
+    copy = tmp_path / f"model{processes}"
     shutil.copytree(out, copy, ignore=shutil.ignore_patterns(files.STATE_DIR))
-    result, _ = launch(["-m", "training.evaluate", "--checkpoint_dir", str(copy), "--preset", preset])
+    args = ["-m", "training.evaluate", "--checkpoint_dir", str(copy), "--preset", preset]
+    result, _ = launch(args, processes=processes)
     assert result.returncode == 0, describe(result)
     return copy, json.loads((copy / files.EVAL_RESULTS).read_text())
 
@@ -122,6 +123,9 @@ def test_evaluate_reports_per_label_for_multi_label(runs, tmp_path):
     wrong = pd.read_csv(copy / files.MISCLASSIFIED_CSV)
     assert len(wrong) == round((1 - results["metrics"]["subset_accuracy"]) * results["metrics"]["num_examples"])
     assert not (copy / files.CONFUSION_PNG).exists()
+    two, on_two = evaluate_copy(runs["multi-label"], tmp_path, "smoke-multi-label", processes=2)
+    assert on_two["metrics"] == results["metrics"] and on_two["per_class"] == results["per_class"]
+    assert (two / files.MISCLASSIFIED_CSV).read_text() == (copy / files.MISCLASSIFIED_CSV).read_text()
 
 
 def test_evaluate_reports_residuals_for_regression(runs, tmp_path):
@@ -204,3 +208,79 @@ def test_a_mid_epoch_resume_continues_bitwise(runs, tmp_path, name):
     assert all(torch.equal(a[k], b[k]) for k in a)
     best, again = load_weights(original / files.WEIGHTS), load_weights(resumed / files.WEIGHTS)
     assert all(torch.equal(best[k], again[k]) for k in best)
+
+
+def one_output_folder(runs: dict, tmp_path: Path, variant: str) -> Path:
+    """The regression model as served (no states, no conversions); 'one-logit': as a model from elsewhere would come,
+    one output and no problem_type, which transformers' pipeline and the service read as a one-logit classifier."""
+    folder = tmp_path / variant
+    shutil.copytree(runs["regression"], folder, ignore=shutil.ignore_patterns(files.STATE_DIR, files.RUNTIME_DIR))
+    if variant == "one-logit":
+        config = json.loads((folder / files.CONFIG).read_text())
+        del config["problem_type"]
+        (folder / files.CONFIG).write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("variant", ["regression", "one-logit"])
+def test_an_int8_runtime_is_guarded_by_what_a_one_output_model_decides(runs, tmp_path, variant):
+    """The argmax of one output is always 0; the guard compares the value (regression) or the thresholded sigmoid
+    (one-logit pair model) with PyTorch fp32, and its figure is what those rules give on the held-out texts."""
+    from inference import runtimes
+    from inference.engine import encode, forward
+    from inference.service import load_configured
+    from inference.settings import from_env
+
+    folder = one_output_folder(runs, tmp_path, variant)
+    settings = from_env(model_id=str(folder), device="cpu", reload_interval_s=0, backend="onnxruntime", dtype="int8")
+    loaded = load_configured(settings)
+    expected_type = task.REGRESSION if variant == "regression" else task.MULTI
+    assert loaded.task.problem_type == expected_type
+    int8 = loaded.runtime["candidates"][0]
+    print(f"{variant}: {int8}")
+    assert int8["name"] == "onnxruntime int8" and int8["agreement"] is not None
+    _, held = runtimes.split(runtimes.sample_texts())  # a pair task records no calibration texts: the shipped sample
+    fp32 = load_model(str(folder), device="cpu", dtype="fp32")
+
+    def logits(model) -> torch.Tensor:
+        chunks = [held[i : i + 32] for i in range(0, len(held), 32)]
+        return torch.cat([forward(model, encode(model, [(t, None) for t in chunk], True, False)) for chunk in chunks])
+
+    quantized = (
+        loaded
+        if loaded.precision == "int8"
+        else load_configured(from_env(**{**settings.model_dump(), "dtype": "int8"}))
+    )
+    share, _ = runtimes.agreement([logits(quantized)], [logits(fp32)], fp32.task)
+    if loaded.precision == "int8":
+        assert share == pytest.approx(int8["agreement"], abs=0.01) and share >= runtimes.AGREEMENT_BOUND
+    else:
+        assert int8["refused"].startswith("refused: agreement") and int8["agreement"] < runtimes.AGREEMENT_BOUND
+
+
+def test_predict_scores_a_one_logit_model_as_the_service_does(runs, smoke_dir, tmp_path):
+    """A one-output model without problem_type: a sigmoid score per row and the label when it reaches 0.5, not the
+    1.0 a softmax over one logit gives."""
+    folder = one_output_folder(runs, tmp_path, "one-logit")
+    output = tmp_path / "out.csv"
+    args = ["--checkpoint_dir", str(folder), "--input_file", str(smoke_dir / "regression_test.csv")]
+    result, _ = launch(["-m", "training.predict", *args, "--output_file", str(output), *FP32])
+    assert result.returncode == 0, describe(result)
+    frame = pd.read_csv(output).head(20)
+    expected = our_scores(folder, examples("regression", smoke_dir, n=20))[:, 0]
+    assert torch.allclose(torch.tensor(frame["score_pair_score"].to_numpy()).float(), expected, atol=1e-5)
+    assert ((0 < expected) & (expected < 0.99)).all() and expected.std() > 0  # a sigmoid, not a softmax of one
+    assert [text == "pair_score" for text in frame["predicted_labels"]] == (expected >= 0.5).tolist()  # "a|b" in csv
+
+
+def test_bad_multi_label_data_stops_at_start_with_one_line_and_writes_nothing(smoke_dir, tmp_path):
+    rows = [json.loads(line) for line in (smoke_dir / "multi_label_train.jsonl").read_text().splitlines()[:200]]
+    rows[57]["labels"] = []
+    train = tmp_path / "tags.jsonl"
+    train.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    result, _ = run_train(["--preset", "smoke-multi-label", "--train_file", str(train), "--output_dir", str(out)])
+    assert result.returncode == 1, describe(result)
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "tags.jsonl: row 58: no labels" in errors[0] and "Traceback" not in result.stderr
+    assert not out.exists()
