@@ -234,6 +234,7 @@ async def info(request: Request) -> Info:
         distilbert_agnews={
             "device": str(served.device),
             "runtime": served.runtime,
+            "task": {"problem_type": served.task.problem_type, "decision_thresholds": list(served.task.thresholds)},
             "torch_threads": torch.get_num_threads(),
             "max_wait_ms": settings.max_wait_ms,
             "checkpoint": {

@@ -154,4 +154,6 @@ class Info(BaseModel):
     version: str
     sha: str | None = None
     docker_label: str | None = None
-    distilbert_agnews: dict = Field(description="Checkpoint file and SHA-256, training metrics, reloads, device.")
+    distilbert_agnews: dict = Field(
+        description="Checkpoint file and SHA-256, training metrics, reloads, device, runtime, problem type."
+    )

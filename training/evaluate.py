@@ -215,7 +215,7 @@ def load_split(args: argparse.Namespace, saved: SavedModel, cfg: TrainConfig) ->
         ds, source = load_file(args.test_file), args.test_file
     else:
         name = args.dataset_name or "ag_news"
-        ensure_hub_or_offline(needs_hub=True)
+        ensure_hub_or_offline(needs_hub=not Path(name).is_dir())
         ds, source = hub_split(load_hub(name, args.dataset_config_name), name, args.split), f"{name}[{args.split}]"
     require_columns(ds, source, [cfg.label_column])
     return labelled(ds, source, cfg, saved.labels_for(ds, cfg.label_column)), source

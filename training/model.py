@@ -10,6 +10,10 @@ from training.data import LabelSpace
 from training.hub import explain_missing
 
 
+class ModelSizeError(ValueError):
+    """The starting model's classification head does not fit the labels (and --ignore_mismatched_sizes is off)."""
+
+
 def hub_options(cfg: TrainConfig) -> dict:
     """What every from_pretrained of the run is given (run_classification.py's --model_revision and
     --trust_remote_code)."""
@@ -51,6 +55,13 @@ def build_model(cfg: TrainConfig, labels: LabelSpace, attn_implementation: str =
         )
     except OSError as exc:
         raise explain_missing(f"model {cfg.model_name_or_path!r}", exc) from None
+    except RuntimeError as exc:
+        if "ignore_mismatched_sizes" not in str(exc):  # transformers' words for a head of another size
+            raise
+        raise ModelSizeError(
+            f"model {cfg.model_name_or_path!r}: its classification head has another number of outputs than the "
+            f"{len(names)} of this data; pass --ignore_mismatched_sizes to start that head fresh"
+        ) from None
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, learning_rate: float) -> torch.optim.AdamW:

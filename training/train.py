@@ -54,7 +54,7 @@ from training.guards import LaunchError, StopGuard, TrainingDiverged, check_worl
 from training.hub import HubUnavailableError, ensure_hub_or_offline
 from training.loop import Loaders, Run, fit, format_metrics, run_summary
 from training.metrics import DEFAULT_SELECTION, MetricError, MetricSuite, greater_is_better
-from training.model import build_model, build_optimizer, load_tokenizer
+from training.model import ModelSizeError, build_model, build_optimizer, load_tokenizer
 from training.objective import objective_for
 from training.push import PushError, check_can_push
 from training.smoke import ensure_smoke_assets
@@ -112,7 +112,8 @@ def prepare_data(cfg: TrainConfig, accelerator: Accelerator):
     """Tokenizer, tokenized splits and loaders; the main process downloads and tokenizes first, the others
     read its cache."""
     local = [cfg.tokenizer_name or cfg.model_name_or_path, cfg.model_name_or_path, *(cfg.extra_metrics or [])]
-    ensure_hub_or_offline(needs_hub=not cfg.train_file or not all(Path(p).is_dir() for p in local))
+    local_data = cfg.train_file or Path(cfg.dataset_name).is_dir()  # files, or a dataset folder datasets reads
+    ensure_hub_or_offline(needs_hub=not local_data or not all(Path(p).is_dir() for p in local))
     if cfg.preset:
         with accelerator.local_main_process_first():
             ensure_smoke_assets()
@@ -340,6 +341,7 @@ def cli(argv: list[str] | None = None) -> int:
         DataError,
         HubUnavailableError,
         MetricError,
+        ModelSizeError,
         OutputDirError,
         PushError,
         ResumeError,

@@ -16,7 +16,7 @@ from inference import files
 from inference.app import create_app
 from inference.settings import Settings
 from tests.conftest import cli_env, describe, run_train, write_rows
-from training.smoke import LABELS, make_example
+from training.smoke import LABELS, make_example, make_split
 
 pytestmark = pytest.mark.slow
 
@@ -170,3 +170,31 @@ def test_a_pair_task_trains_on_pairs_and_the_service_answers_pairs_the_same_way(
     with TestClient(create_app(Settings(model_id=str(out), reload_interval_s=0, dtype="fp32"))) as client:
         answer = client.post("/predict", json={"inputs": [row["premise"], row["hypothesis"]]}).json()
     assert {p["label"]: pytest.approx(p["score"], abs=1e-5) for p in answer} == expected
+
+
+def test_run_classification_flags_a_dataset_config_its_split_names_and_a_head_of_another_size(smoke_model, tmp_path):
+    """A dataset folder read by `datasets` (no Hub: its README names a config and three splits with names of its
+    own), a column dropped, and a start from a 4-class model for a 2-class task: refused in one line, then trained
+    with --ignore_mismatched_sizes."""
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    for split, seed, n in (("fit", 21, 400), ("holdout", 22, 80), ("exam", 23, 80)):
+        rows = [
+            {"text": t, "label": "sports" if y == 1 else "other", "source": "smoke"} for t, y in make_split(n, seed)
+        ]
+        write_rows(folder / f"{split}.csv", rows)
+    splits = "".join(f"  - split: {s}\n    path: {s}.csv\n" for s in ("fit", "holdout", "exam"))
+    (folder / "README.md").write_text(f"---\nconfigs:\n- config_name: tiny\n  data_files:\n{splits}---\n")
+    args = ["--preset", "smoke", "--train_file", "none", "--test_file", "none", "--dataset_name", str(folder)]
+    args += ["--dataset_config_name", "tiny", "--train_split_name", "fit", "--validation_split_name", "holdout"]
+    args += ["--test_split_name", "exam", "--remove_columns", "source", "--label_names", "other,sports"]
+    args += ["--model_name_or_path", str(smoke_model), "--from_scratch", "false", "--num_train_epochs", "1"]
+    args += ["--checkpointing_steps", "none", "--output_dir", str(tmp_path / "out")]
+    refused, _ = run_train(args)
+    assert refused.returncode == 1, describe(refused)
+    assert "pass --ignore_mismatched_sizes" in refused.stderr and "Traceback" not in refused.stderr
+    result, _ = run_train([*args, "--ignore_mismatched_sizes"])
+    assert result.returncode == 0, describe(result)
+    metrics = json.loads((tmp_path / "out" / files.METRICS).read_text())
+    assert metrics["num_examples"] == {"train": 400, "validation": 80, "test": 80}
+    assert metrics["provenance"]["data"]["validation"]["split"] == "holdout" and metrics["test"]["accuracy"] > 0.8

@@ -174,9 +174,12 @@ def test_the_service_scores_by_the_task_for_the_real_client(runs, smoke_dir, nam
     try:
         client = InferenceClient(base_url=server.url)
         text, pair = pairs[0]
-        if pair is None:  # multi-label: the client returns the best label, with its sigmoid score
-            best = client.text_classification(text)
+        best = client.text_classification(text)  # one text: the client returns the best label
+        if pair is None:  # multi-label: with its sigmoid score
             assert best.score == pytest.approx(expected[0].max().item(), abs=1e-5)
+        else:  # the pair model asked about its first text alone: the raw value of its one output
+            assert best.label == "pair_score"
+            assert best.score == pytest.approx(our_scores(runs[name], [(text, None)])[0, 0].item(), abs=1e-5)
         batch = httpx.post(f"{server.url}/predict", json={"inputs": [[a, b] if b else [a] for a, b in pairs]}).json()
         labels = json.loads((runs[name] / files.CONFIG).read_text())["id2label"]
         for answer, row in zip(batch, expected):
@@ -188,6 +191,8 @@ def test_the_service_scores_by_the_task_for_the_real_client(runs, smoke_dir, nam
         )
         info = httpx.get(f"{server.url}/info").json()
         assert list(info["model_type"]["classifier"]["id2label"].values()) == list(labels.values())
+        served_task = info["distilbert_agnews"]["task"]
+        assert served_task["problem_type"] == (task.MULTI if pair is None else task.REGRESSION)
     finally:
         server.stop()
     assert raw.status_code == 200 and len(raw.json()[0]) == len(labels)
