@@ -25,8 +25,9 @@ from training.checkpoint import load_weights
 from training.metrics import THRESHOLD_GRID
 
 pytestmark = pytest.mark.slow
-RESUME_FROM = 300  # a mid-epoch state (168 optimizer steps per epoch)
-LAST_STATE = 500
+EPOCHS = ["--num_train_epochs", "2"]  # 336 optimizer steps, 168 per epoch
+RESUME_FROM = 200  # a state in the middle of the second epoch
+LAST_STATE = 300
 PAIR_ARGS = ["--text_column_names", "sentence1", "--text_pair_column", "sentence2", "--label_column", "pair_score"]
 FP32 = ["--mixed_precision", "fp32"]  # answers comparable to 1e-5 on any CPU
 TASKS = {
@@ -36,7 +37,7 @@ TASKS = {
 
 
 def train(out: Path, args: list[str]) -> None:
-    result, _ = run_train([*args, "--output_dir", str(out), "--checkpointing_steps", "100"])
+    result, _ = run_train([*args, *EPOCHS, "--output_dir", str(out), "--checkpointing_steps", "100"])
     assert result.returncode == 0, describe(result)
 
 
@@ -170,7 +171,7 @@ def test_predict_writes_the_tasks_columns_identically_on_one_and_two_processes(r
 def test_the_service_scores_by_the_task_for_the_real_client(runs, smoke_dir, name):
     pairs = examples(name, smoke_dir, n=4)
     expected = our_scores(runs[name], pairs)
-    server = Server(runs[name], "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
+    server = Server(runs[name], "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
     try:
         client = InferenceClient(base_url=server.url)
         text, pair = pairs[0]
