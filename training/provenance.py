@@ -85,15 +85,20 @@ def _describe(source: dict) -> dict:
 
 def changes(saved: dict, current: dict) -> dict[str, dict[str, Any]]:
     """{"settings.max_length": {"saved": 128, "now": 64}, ...} for every value that differs; {} for a state saved
-    before runs recorded this."""
+    before runs recorded this; settings recorded only since the state was saved are left out."""
     if not saved:
         return {}
     before, after = _flat(saved), _flat(current)
     return {
         key: {"saved": before.get(key), "now": after.get(key)}
         for key in sorted(set(before) | set(after))
-        if before.get(key) != after.get(key) and not key.endswith(f".{_WHERE}")
+        if before.get(key) != after.get(key) and not key.endswith(f".{_WHERE}") and not _added_since(key, before)
     }
+
+
+def _added_since(key: str, before: dict) -> bool:
+    """A setting (or the problem type) this version records and the saved state's version did not: not compared."""
+    return key not in before and (key.startswith("settings.") or key == "labels.problem_type")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
