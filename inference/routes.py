@@ -23,7 +23,6 @@ from inference.errors import ServiceError
 from inference.loading import LoadedModel
 from inference.schemas import ErrorBody, Info, PredictRequest, PredictResponse
 from inference.service import Service
-from inference.task import SIGMOID, SOFTMAX
 
 VERSION = "0.1.0"
 CHARS_PER_TOKEN_LIMIT = 250  # TEI's MAX_CHAR_MULTIPLIER: longer inputs are cut (truncate) or refused, untokenized
@@ -170,12 +169,8 @@ def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) ->
 
 def rank(logits: list[float], served: LoadedModel, top_k: int | None, scoring: str | None) -> list[dict]:
     """Labels with scores, best first. Scored by the model's task unless the request asks (inference/task.py: softmax
-    for single-label, sigmoid for multi-label and one-logit models, the raw value for regression); softmax asked of a
-    one-output model is a sigmoid, as TEI does."""
-    function = scoring or served.task.function
-    if function == SOFTMAX and len(logits) == 1:
-        function = SIGMOID
-    values = served.task.scores(torch.tensor([logits]), function)[0]
+    for single-label, sigmoid for multi-label and one-logit models, the raw value for regression)."""
+    values = served.task.scores(torch.tensor([logits]), scoring)[0]
     ranked = sorted(
         ({"score": s, "label": label} for label, s in zip(served.labels, values.tolist())), key=lambda p: -p["score"]
     )

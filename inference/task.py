@@ -40,7 +40,11 @@ class TaskError(ValueError):
 class Task:
     problem_type: str
     num_labels: int
-    thresholds: tuple[float, ...] = ()  # multi-label only: one per label
+    thresholds: tuple[float, ...] = ()  # multi-label only: one per label; DEFAULT_THRESHOLD each when not given
+
+    def __post_init__(self) -> None:
+        if self.problem_type == MULTI and not self.thresholds:
+            object.__setattr__(self, "thresholds", (DEFAULT_THRESHOLD,) * self.num_labels)
 
     @classmethod
     def of(cls, config: Any) -> Task:
@@ -51,13 +55,10 @@ class Task:
             raise TaskError(f"config.json: problem_type {kind!r} is not one of {', '.join(PROBLEM_TYPES)}")
         if kind == SINGLE and num < 2:
             raise TaskError(f"config.json: a {SINGLE} model needs two or more labels (has {num})")
-        thresholds: tuple[float, ...] = ()
-        if kind == MULTI:
-            given = getattr(config, THRESHOLDS, None) or [DEFAULT_THRESHOLD] * num
-            if len(given) != num or not all(isinstance(t, (int, float)) and 0 <= t <= 1 for t in given):
-                raise TaskError(f"config.json: {THRESHOLDS} must hold {num} numbers in [0, 1] (got {given!r})")
-            thresholds = tuple(float(t) for t in given)
-        return cls(kind, num, thresholds)
+        given = (getattr(config, THRESHOLDS, None) or ()) if kind == MULTI else ()
+        if given and (len(given) != num or not all(isinstance(t, (int, float)) and 0 <= t <= 1 for t in given)):
+            raise TaskError(f"config.json: {THRESHOLDS} must hold {num} numbers in [0, 1] (got {given!r})")
+        return cls(kind, num, tuple(float(t) for t in given))
 
     @property
     def function(self) -> str:
@@ -65,9 +66,10 @@ class Task:
         return {REGRESSION: NONE, MULTI: SIGMOID}.get(self.problem_type, SOFTMAX)
 
     def scores(self, logits: torch.Tensor, function: str | None = None) -> torch.Tensor:
-        """Scores from fp32 logits (texts x outputs) by `function`, this task's default when None."""
+        """Scores from fp32 logits (texts x outputs) by `function`, this task's default when None. A softmax over one
+        output (always 1) is a sigmoid, as TEI scores it."""
         function = function or self.function
-        if function == SIGMOID:
+        if function == SIGMOID or (function == SOFTMAX and logits.shape[-1] == 1):
             return logits.sigmoid()
         if function == SOFTMAX:
             return logits.softmax(dim=-1)

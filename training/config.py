@@ -10,6 +10,7 @@ reported in one line (`learning_rate: must be > 0 (got -1.0)`, exit code 2) befo
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import typing
 from pathlib import Path
@@ -51,7 +52,7 @@ def class_weight_values(spec: str) -> list[float] | None:
         values = [float(part) for part in spec.split(",")]
     except ValueError:
         return None
-    return values if all(v > 0 and v == v and v != float("inf") for v in values) else None
+    return values if all(v > 0 and math.isfinite(v) for v in values) else None
 
 
 # ------------------------------------------------------------------------------------- value checks

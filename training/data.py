@@ -271,8 +271,7 @@ class LabelSpace:
     @property
     def task(self) -> task.Task:
         """The model's task (inference/task.py); multi-label starts at the default threshold for every label."""
-        thresholds = (task.DEFAULT_THRESHOLD,) * len(self.names) if self.problem_type == task.MULTI else ()
-        return task.Task(self.problem_type, len(self.names), thresholds)
+        return task.Task(self.problem_type, len(self.names))
 
     def row_values(self, labels, row: int, source: str | None = None) -> list:
         """A multi-label row's label values (a list, or a delimited string); an empty one is an error."""

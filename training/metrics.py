@@ -144,8 +144,9 @@ class MetricSuite:
         return [*self.compute(*self._example())[0], "loss"]
 
     def check_selection(self, metric: str) -> None:
-        if metric not in self.names():
+        reported = self.names()
+        if metric not in reported:
             raise MetricError(
                 f"metric_for_best_model: {metric!r} is not reported for {self.task.problem_type} "
-                f"(reported: {', '.join(self.names())})"
+                f"(reported: {', '.join(reported)})"
             )

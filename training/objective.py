@@ -13,7 +13,7 @@ scikit-learn) average 1 over the training data, so the learning rate keeps its m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +30,7 @@ class Objective:
     label_smoothing: float = 0.0
 
     def to(self, device: torch.device) -> Objective:
-        weights = self.weights.to(device) if self.weights is not None else None
-        return Objective(self.problem_type, weights, self.label_smoothing)
+        return replace(self, weights=self.weights.to(device) if self.weights is not None else None)
 
     def per_example(self, logits: torch.Tensor, labels: torch.Tensor, weighted: bool = False) -> torch.Tensor:
         """Each example's loss (fp32); unweighted unless asked (evaluation reports the plain loss)."""

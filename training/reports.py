@@ -47,34 +47,26 @@ def report_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]
     micro and macro averages and subset accuracy (multi-label), or the regression metrics."""
     if not per_class:
         return "\n".join(f"{k:<12} {metrics[k]:>9.4f}" for k in ("mse", "mae", "r2", "pearson", "spearman", "loss"))
-    if "micro_f1" in metrics:
-        return _multi_label_table(per_class, metrics)
-    width = max(12, *(len(name) for name in per_class))
-    lines = [f"{'class':<{width}} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>9}"]
+    multi = "micro_f1" in metrics
+    width = max(16 if multi else 12, *(len(name) for name in per_class))
+    lines = [f"{'label' if multi else 'class':<{width}} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>9}"]
     for name, row in per_class.items():
         lines.append(
             f"{name:<{width}} {row['precision']:>9.4f} {row['recall']:>9.4f} {row['f1']:>9.4f} {row['support']:>9d}"
         )
     n = metrics["num_examples"]
-    mean = {k: sum(row[k] for row in per_class.values()) / len(per_class) for k in ("precision", "recall")}
-    lines.append(f"{'accuracy':<{width}} {'':>9} {'':>9} {metrics['accuracy']:>9.4f} {n:>9d}")
-    lines.append(
-        f"{'macro avg':<{width}} {mean['precision']:>9.4f} {mean['recall']:>9.4f} {metrics['macro_f1']:>9.4f} {n:>9d}"
-    )
+    if multi:
+        lines += [f"{key.replace('_', ' '):<{width}} {metrics[key]:>29.4f}" for key in ("micro_f1", "macro_f1")]
+        lines.append(f"{'subset accuracy':<{width}} {metrics['subset_accuracy']:>29.4f} {n:>9d}")
+    else:
+        mean = {k: sum(row[k] for row in per_class.values()) / len(per_class) for k in ("precision", "recall")}
+        lines.append(f"{'accuracy':<{width}} {'':>9} {'':>9} {metrics['accuracy']:>9.4f} {n:>9d}")
+        lines.append(
+            f"{'macro avg':<{width}} {mean['precision']:>9.4f} {mean['recall']:>9.4f} {metrics['macro_f1']:>9.4f} "
+            f"{n:>9d}"
+        )
     lines.append(f"{'loss':<{width}} {metrics['loss']:>9.4f}")
     return "\n".join(lines)
-
-
-def _multi_label_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]) -> str:
-    width = max(16, *(len(name) for name in per_class))
-    lines = [f"{'label':<{width}} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>9}"]
-    for name, row in per_class.items():
-        lines.append(
-            f"{name:<{width}} {row['precision']:>9.4f} {row['recall']:>9.4f} {row['f1']:>9.4f} {row['support']:>9d}"
-        )
-    lines += [f"{key.replace('_', ' '):<{width}} {metrics[key]:>29.4f}" for key in ("micro_f1", "macro_f1")]
-    lines += [f"{'subset accuracy':<{width}} {metrics['subset_accuracy']:>29.4f} {metrics['num_examples']:>9d}"]
-    return "\n".join([*lines, f"{'loss':<{width}} {metrics['loss']:>9.4f}"])
 
 
 def write_confusion_matrix(path: Path, confusion: torch.Tensor, label_names: Sequence[str], title: str) -> None:

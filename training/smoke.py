@@ -204,14 +204,22 @@ def smoke_dir() -> Path:
 
 def make_example(rng: random.Random, label: str) -> str:
     """One headline + description in the AG News shape, e.g. 'Nasa launched the spacecraft in orbit ...'."""
-    words = _WORDS[label]
     sentences = []
     for _ in range(rng.choice([1, 1, 2, 2, 3])):  # vary the length like real news snippets
-        sentence = " ".join(rng.choice(words[slot]) for slot in ("subject", "verb", "object", "place"))
+        sentence = _words(rng, label)
         if rng.random() < 0.5:
             sentence += ", " + rng.choice(_FILLER)
-        sentences.append(sentence[0].upper() + sentence[1:] + ".")
+        sentences.append(_capitalized(sentence))
     return " ".join(sentences)
+
+
+def _words(rng: random.Random, label: str) -> str:
+    """subject verb object place, drawn from the label's word lists."""
+    return " ".join(rng.choice(_WORDS[label][slot]) for slot in ("subject", "verb", "object", "place"))
+
+
+def _capitalized(sentence: str) -> str:
+    return sentence[0].upper() + sentence[1:] + "."
 
 
 def make_split(num: int, seed: int) -> list[tuple[str, int]]:
@@ -260,9 +268,7 @@ def make_regression(num: int, seed: int) -> list[dict]:
 
 
 def _sentence(rng: random.Random, label: str) -> str:
-    words = _WORDS[label]
-    sentence = " ".join(rng.choice(words[slot]) for slot in ("subject", "verb", "object", "place"))
-    return sentence[0].upper() + sentence[1:] + "."
+    return _capitalized(_words(rng, label))
 
 
 def build_vocab(
