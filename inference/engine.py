@@ -3,13 +3,16 @@
 A request puts a job (its inputs: texts or text pairs, and an asyncio future) on a queue. The worker, which
 alone touches the model and the tokenizer (`Engine.run`: on a thread of its own after `start()`, or on the
 process's main thread: see inference/__main__.py):
-1. takes a job and tokenizes it (a job whose client already went away is dropped first);
+1. takes a job and tokenizes it (a job whose client already went away is dropped first): one window per input, or,
+   for a job that chunks long texts, every window of each (inference/long_text.py), at most `max_chunks` per input;
 2. gathers more jobs, waiting up to `max_wait` only while requests keep arriving together, until the
    micro-batch holds `max_batch_requests` inputs or `max_batch_tokens` tokens (a job that would pass either
    starts the next micro-batch);
 3. sorts the inputs by length and runs them in forward passes of similar lengths, each bounded by
    `max_batch_requests` inputs and `max_batch_tokens` padded tokens, so long inputs cannot blow up memory;
-4. hands each job exactly its own rows back on its event loop, with its token count and timings.
+4. pools each chunked input's windows' logits, and hands each job exactly its own rows back on its event loop, with
+   its token count (every window's) and timings.
+Windows count as inputs everywhere (`max_batch_requests`, `max_batch_tokens`), so a long text cannot blow up memory.
 The model is read once per micro-batch, so a reload swaps models between batches. In-flight inputs are
 bounded by `max_concurrent_requests` (Overloaded beyond it: 429).
 """
@@ -21,11 +24,12 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from inference.loading import LoadedModel
+from inference.long_text import CHUNK, LongTextError, TooManyWindows
 from inference.metrics import Metrics
 from inference.schemas import Sequence
 
@@ -54,6 +58,7 @@ class Limits:
     max_batch_tokens: int = 16384
     max_concurrent_requests: int = 512
     max_wait_ms: float = 5.0
+    max_chunks: int = 16  # windows per input when a job chunks long texts
 
 
 @dataclass
@@ -72,10 +77,12 @@ class _Job:
     sequences: list[Sequence]
     truncate: bool
     left: bool
+    chunk: bool
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     enqueued: float = field(default_factory=time.perf_counter)
-    features: list[dict] = field(default_factory=list)  # one tokenized input each: input_ids (+ token_type_ids)
+    features: list[dict] = field(default_factory=list)  # one tokenized window each: input_ids (+ token_type_ids)
+    owner: list[int] = field(default_factory=list)  # the input of each window
     tokenized_by: LoadedModel | None = None
     tokenization_s: float = 0.0
 
@@ -122,8 +129,12 @@ class Engine:
     def swap(self, loaded: LoadedModel) -> None:
         self.current = loaded  # one reference assignment: atomic; the worker reads it per micro-batch
 
-    async def predict(self, sequences: list[Sequence], truncate: bool, left: bool = False) -> Answer:
-        """Logits for each input, in order. Raises Overloaded, InputTooLong, or what the forward pass raised."""
+    async def predict(
+        self, sequences: list[Sequence], truncate: bool, left: bool = False, chunk: bool = False
+    ) -> Answer:
+        """Logits for each input, in order (`chunk`: pooled from every window of a long input). Raises Overloaded,
+        InputTooLong, TooManyWindows, LongTextError (a pair that cannot be windowed), or what the forward pass
+        raised."""
         with self._lock:
             if self._in_flight + len(sequences) > self.limits.max_concurrent_requests:
                 raise Overloaded(
@@ -133,7 +144,7 @@ class Engine:
             self._in_flight += len(sequences)
         try:
             loop = asyncio.get_running_loop()
-            job = _Job(sequences, truncate, left, loop, loop.create_future())
+            job = _Job(sequences, truncate, left, chunk, loop, loop.create_future())
             self.metrics.queue_size.inc(len(sequences))
             self._queue.put(job)
             return await job.future
@@ -170,7 +181,7 @@ class Engine:
                 continue  # the client went away: no tokenizing, no forward pass
             try:
                 self._tokenize(job, self.current)
-            except InputTooLong as exc:
+            except (InputTooLong, TooManyWindows, LongTextError) as exc:
                 _resolve(job, exc=exc)
                 continue
             return job
@@ -202,7 +213,11 @@ class Engine:
 
     def _tokenize(self, job: _Job, loaded: LoadedModel) -> None:
         started = time.perf_counter()
-        job.features = encode(loaded, job.sequences, job.truncate, job.left)
+        if job.chunk:
+            job.features, job.owner = windows(loaded, job.sequences, self.limits.max_chunks)
+        else:
+            job.features = encode(loaded, job.sequences, job.truncate, job.left)
+            job.owner = list(range(len(job.features)))
         job.tokenized_by = loaded
         job.tokenization_s += time.perf_counter() - started
         for feature in job.features:
@@ -235,12 +250,9 @@ class Engine:
         inference_s = time.perf_counter() - started
         for j, job in enumerate(jobs):
             queue_s = max(0.0, started - job.enqueued - job.tokenization_s)
-            _resolve(
-                job,
-                value=Answer(
-                    [rows[j, i] for i in range(len(job.features))], job.tokens, job.tokenization_s, queue_s, inference_s
-                ),
-            )
+            logits = torch.tensor([rows[j, i] for i in range(len(job.features))])
+            pooled = loaded.long_text.pool(logits, job.owner, len(job.sequences)).tolist()
+            _resolve(job, value=Answer(pooled, job.tokens, job.tokenization_s, queue_s, inference_s))
 
 
 def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
@@ -268,6 +280,29 @@ def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left:
     if longest > loaded.max_length:
         raise InputTooLong(longest, loaded.max_length)
     return features
+
+
+def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> tuple[list[dict], list[int]]:
+    """(every window of each input, the input of each window), texts and pairs alike, windowed as the model's
+    config.json says (inference/long_text.py); TooManyWindows beyond `max_chunks` windows for one input."""
+    chunking = replace(loaded.long_text, mode=CHUNK)
+    loaded.tokenizer.truncation_side = "right"  # the worker alone uses the tokenizer
+    per_input: list[list[dict]] = [[] for _ in sequences]
+    for is_pair in (False, True):
+        where = [i for i, (_, pair) in enumerate(sequences) if (pair is not None) == is_pair]
+        if not where:
+            continue
+        pairs = [sequences[i][1] for i in where] if is_pair else None
+        texts = [sequences[i][0] for i in where]
+        found = chunking.encode(loaded.tokenizer, texts, pairs, window_length(loaded), max_chunks)
+        for feature, k in zip(found.features, found.owner):
+            per_input[where[k]].append(feature)
+    return [f for found in per_input for f in found], [i for i, found in enumerate(per_input) for _ in found]
+
+
+def window_length(loaded: LoadedModel) -> int:
+    """Tokens per window when chunking: as in training (config.json), at most the model's maximum."""
+    return min(loaded.long_text.window or loaded.max_length, loaded.max_length)
 
 
 def _padded(length: int) -> int:

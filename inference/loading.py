@@ -34,6 +34,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from inference import files, precision
 from inference.hub import hub_reachable, hub_url, is_offline
 from inference.logs import quiet
+from inference.long_text import LongText, LongTextError
 from inference.task import SINGLE, Task, TaskError
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class LoadedModel:
     runner: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None  # batch -> logits, instead of `model`
     runtime: dict | None = None  # what inference/runtimes.py measured and chose, for /info
     task: Task = field(default_factory=lambda: Task(SINGLE, 2))  # problem type and thresholds: inference/task.py
+    long_text: LongText = field(default_factory=LongText)  # windowing and pooling of long texts: inference/long_text.py
 
     @property
     def id2label(self) -> dict[str, str]:
@@ -107,8 +109,8 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     config = model.config
     labels = [config.id2label[i] for i in range(config.num_labels)]
     try:
-        model_task = Task.of(config)
-    except TaskError as exc:
+        model_task, long_text = Task.of(config), LongText.of(config)
+    except (TaskError, LongTextError) as exc:
         raise CheckpointError(f"{folder}: {exc}") from None
     max_length = min(tokenizer.model_max_length, getattr(config, "max_position_embeddings", 512))
     # reduced precision: cast the weights once (autocast would re-cast them on every call)
@@ -128,6 +130,7 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
         metrics=_read_metrics(folder),
         signature=before,
         task=model_task,
+        long_text=long_text,
     )
 
 

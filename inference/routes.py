@@ -18,11 +18,12 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from inference import errors, precision
-from inference.engine import Answer, InputTooLong, Overloaded
+from inference.engine import Answer, InputTooLong, Overloaded, window_length
 from inference.errors import ServiceError
 from inference.loading import LoadedModel
+from inference.long_text import CHUNK, TRUNCATE, LongTextError, TooManyWindows
 from inference.schemas import ErrorBody, Info, PredictRequest, PredictResponse
-from inference.service import Service
+from inference.service import Service, chunks_long_texts
 
 VERSION = "0.1.0"
 CHARS_PER_TOKEN_LIMIT = 250  # TEI's MAX_CHAR_MULTIPLIER: longer inputs are cut (truncate) or refused, untokenized
@@ -137,17 +138,39 @@ async def classify(state: Service, body: PredictRequest) -> tuple[Answer, Loaded
         if not text and not pair:  # TEI: only a zero-length input is empty; whitespace is classified
             raise ServiceError(errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if body.is_batch else ""))
     engine = state.live_engine()
+    served = engine.current
+    # LONG_TEXT=chunk windows every long input unless the request asks for TEI's truncation (`truncate: true`)
+    chunk = chunks_long_texts(settings, served) and body.truncate is not True
     truncate = settings.auto_truncate if body.truncate is None else body.truncate
-    sequences = limit_characters(sequences, engine.current.max_length * CHARS_PER_TOKEN_LIMIT, truncate, body.left)
+    if chunk:
+        check_characters(sequences, window_length(served) * settings.max_chunks * CHARS_PER_TOKEN_LIMIT)
+    else:
+        sequences = limit_characters(sequences, served.max_length * CHARS_PER_TOKEN_LIMIT, truncate, body.left)
     state.metrics.predict_count.inc(len(sequences))  # TEI: one per input handed to the model (core/src/infer.rs)
     try:
-        return await engine.predict(sequences, truncate, body.left), engine.current
+        return await engine.predict(sequences, truncate, body.left, chunk), served
     except Overloaded as exc:
         raise ServiceError(errors.OVERLOADED, str(exc)) from None
-    except InputTooLong as exc:
+    except (InputTooLong, LongTextError) as exc:
         raise ServiceError(errors.VALIDATION, str(exc)) from None
+    except TooManyWindows as exc:
+        raise ServiceError(errors.VALIDATION, str(exc), status=413, reason="too_many_windows") from None
     except Exception as exc:  # noqa: BLE001 - the forward pass failed: TEI answers 424 Backend
         raise ServiceError(errors.BACKEND, f"inference failed ({type(exc).__name__}: {exc})") from None
+
+
+def check_characters(sequences: list, limit: int) -> None:
+    """Chunking: an input too long for MAX_CHUNKS windows even at CHARS_PER_TOKEN_LIMIT characters per token is
+    refused before it is tokenized."""
+    for text, pair in sequences:
+        chars = len(text) + len(pair or "")
+        if chars > limit:
+            raise ServiceError(
+                errors.VALIDATION,
+                f"an input of {chars} characters is more than MAX_CHUNKS windows can hold (at most {limit})",
+                status=413,
+                reason="too_many_windows",
+            )
 
 
 def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) -> list:
@@ -230,6 +253,12 @@ async def info(request: Request) -> Info:
             "device": str(served.device),
             "runtime": served.runtime,
             "task": {"problem_type": served.task.problem_type, "decision_thresholds": list(served.task.thresholds)},
+            "long_text": {
+                **served.long_text.config_fields(),
+                "long_text": CHUNK if chunks_long_texts(settings, served) else TRUNCATE,
+                "chunk_max_length": window_length(served),
+                "max_chunks": settings.max_chunks,
+            },
             "torch_threads": torch.get_num_threads(),
             "max_wait_ms": settings.max_wait_ms,
             "checkpoint": {

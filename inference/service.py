@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -11,8 +12,9 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
 from inference import errors, logs, memory, metrics, precision, runtimes
-from inference.engine import Engine, Limits, warm_up
+from inference.engine import Engine, Limits, warm_up, window_length
 from inference.loading import CheckpointError, LoadedModel, load_model
+from inference.long_text import CHUNK, LongTextError
 from inference.metrics import Metrics
 from inference.reload import CheckpointWatcher
 from inference.settings import Settings, SettingsError
@@ -71,6 +73,21 @@ def load_configured(settings: Settings) -> LoadedModel:
     return runtimes.prepare(loaded, settings)
 
 
+def chunks_long_texts(settings: Settings, loaded: LoadedModel) -> bool:
+    """LONG_TEXT, else what the model's config.json records (inference/long_text.py)."""
+    return (settings.long_text or loaded.long_text.mode) == CHUNK
+
+
+def check_chunking(settings: Settings, loaded: LoadedModel) -> None:
+    """A model served with chunking can window its inputs (a fast tokenizer, a stride below the window)."""
+    if not chunks_long_texts(settings, loaded):
+        return
+    try:
+        replace(loaded.long_text, mode=CHUNK).check(loaded.tokenizer, window_length(loaded))
+    except LongTextError as exc:
+        raise SettingsError(f"LONG_TEXT=chunk cannot serve {loaded.model_id}: {exc}") from None
+
+
 def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metrics) -> Engine:
     """Torch threads set, the limits checked against the model, the model warmed up, and an Engine over it."""
     if settings.max_batch_tokens < loaded.max_length:
@@ -78,6 +95,7 @@ def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metri
             f"MAX_BATCH_TOKENS: must be at least the model's maximum input length "
             f"({loaded.max_length}), got {settings.max_batch_tokens}"
         )
+    check_chunking(settings, loaded)
     torch.set_num_threads(settings.torch_threads)
     memory.keep_large_blocks_off_the_heap()  # RSS stays flat under varied batch shapes (inference/memory.py)
     warm_up(loaded)
@@ -86,6 +104,7 @@ def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metri
         max_batch_tokens=settings.max_batch_tokens,
         max_concurrent_requests=settings.max_concurrent_requests,
         max_wait_ms=settings.max_wait_ms,
+        max_chunks=settings.max_chunks,
     )
     return Engine(loaded, limits, service_metrics)
 

@@ -9,6 +9,7 @@ A bad value stops start-up with one line naming the setting (`SettingsError`, ex
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -102,6 +103,20 @@ class Settings(BaseSettings):
             "Truncate inputs longer than the model's maximum when a request does not say (`truncate` absent or "
             "null) [AUTO_TRUNCATE]"
         ),
+    )
+    long_text: Literal["truncate", "chunk"] | None = Field(
+        None,
+        description=(
+            "Inputs longer than the model's window: truncate (TEI's behaviour: `truncate` and AUTO_TRUNCATE decide "
+            "between cutting and refusing) or chunk: overlapping windows, each scored, their logits pooled as "
+            "config.json's chunk_pooling says; a request's `truncate: true` still truncates. Default: the model's "
+            "config.json long_text, else truncate [LONG_TEXT]"
+        ),
+    )
+    max_chunks: int = Field(
+        16,
+        ge=1,
+        description="With chunking, the most windows one input may need; beyond it 413 [MAX_CHUNKS]",
     )
     dtype: str = Field(
         "auto",

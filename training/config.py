@@ -22,6 +22,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Val
 from pydantic_core import PydanticCustomError
 
 from inference import precision
+from inference.long_text import DEFAULT_STRIDE, LongText
 from training.smoke import LABELS as SMOKE_LABELS
 from training.smoke import smoke_dir
 
@@ -127,6 +128,9 @@ class ModelConfig(_Group):
     """Run the model repository's own code (a custom architecture); only for repositories you trust."""
     ignore_mismatched_sizes: bool = False
     """Load a checkpoint whose classification head has another number of labels: the head starts fresh."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass instead of keeping them: much less memory for long
+    --max_length (and large batches), about a third more compute per step (docs/benchmarks.md)."""
 
 
 class DataConfig(_Group):
@@ -175,7 +179,17 @@ class DataConfig(_Group):
     num_samples: AtLeast1 | None = None
     """Use only N examples of each split (seeded shuffle), for quick runs."""
     max_length: Annotated[int, _bound(">=", 8)] = 128
-    """Truncate texts to this many tokens."""
+    """Tokens per window: longer texts are truncated to it, or cut into windows of it with --long_text chunk."""
+    long_text: Literal["truncate", "chunk"] = "truncate"
+    """Texts longer than max_length: 'truncate' (cut off) or 'chunk': overlapping windows of max_length tokens, each a
+    training example with its text's label; evaluation, prediction and the service score every window and pool their
+    logits per text (inference/long_text.py). Recorded in config.json."""
+    chunk_stride: Annotated[int, _bound(">=", 0)] = DEFAULT_STRIDE
+    """--long_text chunk: tokens shared by consecutive windows; below a window's text tokens (max_length less the
+    special tokens)."""
+    chunk_pooling: Literal["mean", "max"] = "mean"
+    """--long_text chunk: a text's logits are the mean (or element-wise max) of its windows' logits. Recorded in
+    config.json, so evaluation, prediction and the service pool the same way."""
     pad_to_multiple_of: AtLeast1 | None = None
     """Pad each batch to a multiple of this many tokens. Default: 8 on GPU (tensor-core shapes), 1 on CPU (no rounding,
     faster there)."""
@@ -273,9 +287,10 @@ class EvaluationConfig(_Group):
 
 
 class RunConfig(_Group):
-    preset: Literal["smoke", "smoke-multi-label", "smoke-regression"] | None = None
+    preset: Literal["smoke", "smoke-multi-label", "smoke-regression", "smoke-long"] | None = None
     """'smoke': offline synthetic news data, a tokenizer trained on it and a tiny DistilBERT (CPU, < 1 min).
-    'smoke-multi-label' and 'smoke-regression': the same on the generator's multi-label topics and scored stories."""
+    'smoke-multi-label' and 'smoke-regression': the same on the generator's multi-label topics and scored stories;
+    'smoke-long': long stories whose label sits past the first window, with --long_text chunk and 48-token windows."""
     logging_steps: AtLeast1 = 50
     """Log the loss (mean over all ranks) every N optimizer steps."""
     report_to: str = "none"
@@ -312,6 +327,10 @@ class TrainConfig(RunConfig, EvaluationConfig, OptimizationConfig, DataConfig, M
     def effective_batch_size(self, num_processes: int) -> int:
         """Examples per optimizer step across all ranks."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps * num_processes
+
+    def windowing(self) -> LongText:
+        """How long texts are windowed and pooled (inference/long_text.py), as config.json records it."""
+        return LongText(self.long_text, self.chunk_stride, self.chunk_pooling, self.max_length)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat field: value (metrics.json, trackers)."""
@@ -350,6 +369,14 @@ def presets() -> dict[str, dict[str, Any]]:
         bundle.update(train_file=str(root / f"{stem}_train.{suffix}"), test_file=str(root / f"{stem}_test.{suffix}"))
         bundle["label_column"] = "labels" if name == "multi-label" else "score"
         bundles[f"smoke-{name}"] = bundle
+    bundles["smoke-long"] = {
+        **bundles["smoke"],
+        "train_file": str(root / "long_train.csv"),
+        "test_file": str(root / "long_test.csv"),
+        "max_length": 48,  # the label's sentence starts past the first window
+        "long_text": "chunk",
+        "chunk_stride": 8,
+    }
     return bundles
 
 
@@ -400,6 +427,11 @@ def check(cfg: TrainConfig) -> None:
         "must be 'none', 'balanced' or positive numbers, comma-separated",
     )
     need(cfg.label_delimiter != "", "label_delimiter", "must not be empty")
+    need(  # the exact bound (less the tokenizer's special tokens) is checked once the tokenizer is loaded
+        cfg.long_text == "truncate" or cfg.chunk_stride < cfg.max_length,
+        "chunk_stride",
+        f"must be smaller than max_length ({cfg.max_length})",
+    )
     for name in ("train_file", "validation_file", "test_file"):
         path = getattr(cfg, name)
         need(

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from inference import task
+from inference.long_text import LongText
 from training.config import TrainConfig
 from training.hub import explain_missing
 
@@ -54,6 +55,9 @@ class Splits:
     @property
     def label_names(self) -> list[str]:
         return self.labels.names
+
+    def named(self) -> dict[str, datasets.Dataset | None]:
+        return {"train": self.train, "validation": self.validation, "test": self.test}
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -380,17 +384,21 @@ def calibration_sample(train: datasets.Dataset, seed: int, n: int = CALIBRATION_
 
 
 def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig) -> Splits:
-    """Tokenize without padding (the collator pads per batch); store each text's token count as `length`.
+    """Tokenize without padding (the collator pads per batch): one row per window (inference/long_text.py; one per
+    text unless --long_text chunk), with its token count (`length`) and its text's row (`document`).
 
     `datasets.map` caches the result next to the source data, keyed by the data and this function, so
     a second run (or the other ranks, which wait under `main_process_first`) reads it from disk.
     """
+    windowing, workers = cfg.windowing(), cfg.preprocessing_num_workers
+
+    def split(ds: datasets.Dataset | None, name: str) -> datasets.Dataset | None:
+        return None if ds is None else tokenize(ds, tokenizer, cfg.max_length, name, workers, windowing)
+
     return Splits(
-        train=tokenize(splits.train, tokenizer, cfg.max_length, "train", cfg.preprocessing_num_workers),
-        validation=tokenize(splits.validation, tokenizer, cfg.max_length, "validation", cfg.preprocessing_num_workers),
-        test=tokenize(splits.test, tokenizer, cfg.max_length, "test", cfg.preprocessing_num_workers)
-        if splits.test is not None
-        else None,
+        train=split(splits.train, "train"),
+        validation=split(splits.validation, "validation"),
+        test=split(splits.test, "test"),
         labels=splits.labels,
         calibration=splits.calibration,
         sources=splits.sources,
@@ -398,20 +406,38 @@ def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tra
 
 
 def tokenize(
-    ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int, name: str, num_proc: int | None = None
+    ds: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    name: str,
+    num_proc: int | None = None,
+    windowing: LongText | None = None,
 ) -> datasets.Dataset:
-    """One split's `text` (and `text_pair`): input ids (unpadded) plus `length`, cached by `datasets.map`."""
+    """One split's `text` (and `text_pair`) as windows (unpadded input ids), each with its text's other columns
+    (labels), its `length` and its text's row number, `document`; cached by `datasets.map`."""
+    windowing = windowing or LongText()
     pairs = "text_pair" in ds.column_names
+    windowing.check(tokenizer, max_length, pairs)  # before the tokenizer could abort the process on a bad stride
 
-    def encode(batch):
-        encoded = tokenizer(
-            batch["text"], batch["text_pair"] if pairs else None, truncation=True, max_length=max_length
-        )
-        encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
-        return encoded
+    def encode(batch, rows):
+        windows = windowing.encode(tokenizer, batch["text"], batch["text_pair"] if pairs else None, max_length)
+        out = {key: [feature[key] for feature in windows.features] for key in windows.features[0]}
+        out["length"] = [len(feature["input_ids"]) for feature in windows.features]
+        out["document"] = [rows[i] for i in windows.owner]
+        for column in kept:
+            out[column] = [batch[column][i] for i in windows.owner]
+        return out
 
     raw = [c for c in ("text", "text_pair") if c in ds.column_names]
-    return ds.map(encode, batched=True, remove_columns=raw, desc=f"Tokenizing {name}", num_proc=num_proc)
+    kept = [c for c in ds.column_names if c not in raw]
+    return ds.map(
+        encode,
+        batched=True,
+        with_indices=True,
+        remove_columns=ds.column_names,
+        desc=f"Tokenizing {name}",
+        num_proc=num_proc,
+    )
 
 
 # ------------------------------------------------------------------------------------------- batching
@@ -487,14 +513,26 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
             yield from step
 
 
-def _model_columns(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase) -> datasets.Dataset:
-    keep = [c for c in (*tokenizer.model_input_names, "labels") if c in ds.column_names]
+def _model_columns(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, *extra: str) -> datasets.Dataset:
+    keep = [c for c in (*tokenizer.model_input_names, "labels", *extra) if c in ds.column_names]
     return ds.select_columns(keep)
+
+
+NOT_MODEL_INPUTS = ("labels", "document")  # batch keys the model is not called with
+
+
+def model_inputs(batch: dict) -> dict:
+    return {key: value for key, value in batch.items() if key not in NOT_MODEL_INPUTS}
 
 
 def pad_multiple(cfg: TrainConfig, device_type: str) -> int:
     """--pad_to_multiple_of, else 8 on GPU (tensor cores want multiples of 8) and 1 on CPU (measured faster)."""
     return cfg.pad_to_multiple_of or (8 if device_type == "cuda" else 1)
+
+
+def num_texts(split: datasets.Dataset | None) -> int:
+    """Texts (rows of the data) in a tokenized split; len(split) counts windows."""
+    return 0 if split is None else len(set(split["document"]))
 
 
 def make_dataloaders(
@@ -528,19 +566,17 @@ def make_dataloaders(
     return train_loader, sampler, eval_loader(splits.validation), test_loader
 
 
-def eval_order(ds: datasets.Dataset) -> list[int]:
-    """The row order of make_eval_loader: shortest texts first, ties in row order."""
-    lengths = list(ds["length"])
-    return sorted(range(len(ds)), key=lengths.__getitem__)
-
-
 def make_eval_loader(
     ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int, loader_kwargs: dict | None = None
 ) -> DataLoader:
-    """Rows in eval_order (by length), so consecutive batches need little padding."""
+    """Windows shortest first (ties in row order), so consecutive batches need little padding; each keeps its text's
+    row (`document`), by which evaluation puts the results back in row order and pools a text's windows."""
     loader_kwargs = loader_kwargs or {"collate_fn": DataCollatorWithPadding(tokenizer)}
-    by_length = ds.select(eval_order(ds))
-    return DataLoader(_model_columns(by_length, tokenizer), batch_size=batch_size, shuffle=False, **loader_kwargs)
+    lengths = list(ds["length"])
+    by_length = ds.select(sorted(range(len(ds)), key=lengths.__getitem__))
+    return DataLoader(
+        _model_columns(by_length, tokenizer, "document"), batch_size=batch_size, shuffle=False, **loader_kwargs
+    )
 
 
 def steps_per_epoch(train_loader_len: int, accumulation: int) -> int:

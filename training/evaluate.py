@@ -17,6 +17,7 @@ also what training calls.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from dataclasses import dataclass
@@ -31,18 +32,19 @@ from accelerate.utils import broadcast_object_list
 
 from inference import files, precision, task
 from inference.loading import CheckpointError, LoadedModel, file_sha256, load_model
+from inference.long_text import MODES, LongText, LongTextError
 from training import reports
 from training.atomic import write_json
 from training.config import TrainConfig, presets
 from training.data import (
     DataError,
     LabelSpace,
-    eval_order,
     hub_split,
     labelled,
     load_file,
     load_hub,
     make_eval_loader,
+    model_inputs,
     require_columns,
     tokenize,
 )
@@ -57,58 +59,63 @@ FIT = "fit"  # score(thresholds=FIT): fit multi-label thresholds on the split sc
 
 @dataclass
 class Scored:
-    """Per-example results in the split's row order, gathered from every rank (CPU tensors): targets (class ids,
-    multi-hot rows or values), scores by the task's function (inference/task.py) and unweighted losses."""
+    """Per-text results in the split's row order, gathered from every rank (CPU tensors): targets (class ids,
+    multi-hot rows or values), scores by the task's function (inference/task.py) of the text's pooled logits, unweighted
+    losses, and how many windows each text was scored in (inference/long_text.py; 1 unless --long_text chunk)."""
 
     labels: torch.Tensor
     scores: torch.Tensor
     losses: torch.Tensor
+    windows: torch.Tensor
 
 
 @torch.no_grad()
-def score(accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None) -> tuple[Scored, dict, dict]:
-    """(scored examples, metrics, per-class report). Every rank scores its shard; gather_for_metrics drops the
-    padding duplicates of the last batch, so every rank computes the same figures from the same whole split. The
-    loader is not shuffled and accelerate hands out whole batches round-robin, so each gathered step is the next
-    slice of the loader's dataset: results come back in the loader's order. Multi-label decisions use `thresholds`
-    (default: the task's); FIT fits one per label on this split first, reported as `thresholds`."""
+def gather_windows(accelerator: Accelerator, model, loader) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(labels, fp32 logits, text row) of every window of the split, from every rank. gather_for_metrics drops the
+    padding duplicates of the last batch, so every rank gets each window exactly once, whichever rank scored it."""
     was_training = model.training
     model.eval()
-    objective = Objective(metrics.task.problem_type)
-    labels, scores, losses = [], [], []
+    kept: list[list[torch.Tensor]] = [[], [], []]
     for batch in loader:
-        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
-        loss = objective.per_example(logits, batch["labels"])
-        gathered = accelerator.gather_for_metrics((batch["labels"], metrics.task.scores(logits), loss))
-        for kept, value in zip((labels, scores, losses), gathered):
-            kept.append(value)
+        logits = model(**model_inputs(batch)).logits.float()
+        for values, gathered in zip(kept, accelerator.gather_for_metrics((batch["labels"], logits, batch["document"]))):
+            values.append(gathered.cpu())
     model.train(was_training)
-    scored = Scored(torch.cat(labels).cpu(), torch.cat(scores).cpu(), torch.cat(losses).cpu())
+    return tuple(torch.cat(values) for values in kept)
+
+
+def score(
+    accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None, windowing: LongText | None = None
+) -> tuple[Scored, dict, dict]:
+    """(scored texts, metrics, per-class report). Every rank scores its shard of the windows; each text's windows are
+    pooled once all are gathered (`windowing`'s pooling), so the figures are exact and the same on every rank with
+    any number of processes, wherever a text's windows were scored. Multi-label decisions use `thresholds` (default:
+    the task's); FIT fits one per label on this split first, reported as `thresholds`."""
+    labels, logits, documents = gather_windows(accelerator, model, loader)
+    texts = int(documents.max()) + 1
+    pooled = (windowing or LongText()).pool(logits, documents, texts)
+    text_labels = torch.empty((texts, *labels.shape[1:]), dtype=labels.dtype)
+    text_labels[documents] = labels  # every window carries its text's label
+    losses = Objective(metrics.task.problem_type).per_example(pooled, text_labels)
+    windows = torch.bincount(documents, minlength=texts)
+    scored = Scored(text_labels, metrics.task.scores(pooled), losses, windows)
     if thresholds == FIT:
         thresholds = fit_thresholds(scored.scores, scored.labels)
     results, report = metrics.compute(scored.scores, scored.labels, thresholds or ())
-    results.update(num_examples=len(scored.labels), loss=scored.losses.mean().item())
+    results.update(num_examples=texts, loss=scored.losses.mean().item())
+    if windowing is not None and windowing.chunked:
+        results["num_windows"] = len(documents)
     if metrics.task.problem_type == task.MULTI:
         results["thresholds"] = list(thresholds or metrics.task.thresholds)
     return scored, results, report
 
 
-def in_row_order(scored: Scored, order: list[int]) -> Scored:
-    """Undo the loader's row order: scored row k is split row order[k]."""
-    index = torch.tensor(order)
-
-    def unsort(values: torch.Tensor) -> torch.Tensor:
-        rows = torch.empty_like(values)
-        rows[index] = values
-        return rows
-
-    return Scored(unsort(scored.labels), unsort(scored.scores), unsort(scored.losses))
-
-
-def evaluate(accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None) -> dict:
-    """The problem type's metrics, the extra metrics, number of examples and mean loss over the whole split, scored
-    by every rank (every rank gets the same)."""
-    return score(accelerator, model, loader, metrics, thresholds)[1]
+def evaluate(
+    accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None, windowing: LongText | None = None
+) -> dict:
+    """The problem type's metrics, the extra metrics, number of texts (and windows) and mean loss over the whole
+    split, scored by every rank (every rank gets the same)."""
+    return score(accelerator, model, loader, metrics, thresholds, windowing)[1]
 
 
 # ------------------------------------------------------------------------------- python -m training.evaluate
@@ -206,6 +213,25 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text_column_delimiter", help="joins several text columns (default: a space)")
     parser.add_argument("--text_pair_column", help="the second text of sentence-pair tasks")
     parser.add_argument("--max_length", type=int, help="default: the training run's max_length, else 128")
+    parser.add_argument(
+        "--long_text",
+        choices=MODES,
+        help="texts longer than max_length: truncate, or chunk (every window scored, logits pooled as config.json's "
+        "chunk_pooling says); default: the model's config.json, else truncate",
+    )
+    parser.add_argument(
+        "--chunk_stride",
+        type=int,
+        help="tokens shared by consecutive windows (default: the model's config.json, else 32)",
+    )
+
+
+def windowing_for(loaded: LoadedModel, args: argparse.Namespace) -> LongText:
+    """How long texts are read (inference/long_text.py): the model's config.json, --long_text and --chunk_stride
+    overriding it; the pooling is always the model's."""
+    recorded = loaded.long_text
+    stride = recorded.stride if args.chunk_stride is None else args.chunk_stride
+    return dataclasses.replace(recorded, mode=args.long_text or recorded.mode, stride=stride)
 
 
 def load_split(args: argparse.Namespace, saved: SavedModel, cfg: TrainConfig) -> tuple[datasets.Dataset, str]:
@@ -227,16 +253,16 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> dict:
     cfg = saved.data_config(args)
     metrics = MetricSuite(saved.loaded.task, saved.loaded.labels, args.extra_metrics)
     tokenizer = saved.loaded.tokenizer
+    windowing = windowing_for(saved.loaded, args)
     with accelerator.main_process_first():  # the main process tokenizes and caches; the others read it
         split, source = load_split(args, saved, cfg)
-        texts = split["text"]  # for the reports: tokenizing drops the column
-        split = tokenize(split, tokenizer, cfg.max_length, "evaluation")
+        texts, labels = split["text"], split["labels"]  # for the reports: tokenizing drops the text
+        split = tokenize(split, tokenizer, cfg.max_length, "evaluation", windowing=windowing)
     model, loader = accelerator.prepare(
         saved.loaded.model, make_eval_loader(split, tokenizer, args.per_device_eval_batch_size)
     )
-    scored, results, report = score(accelerator, model, loader, metrics)
-    scored = in_row_order(scored, eval_order(split))
-    if not torch.equal(scored.labels, torch.tensor(split["labels"], dtype=scored.labels.dtype)):
+    scored, results, report = score(accelerator, model, loader, metrics, windowing=windowing)
+    if not torch.equal(scored.labels, torch.tensor(labels, dtype=scored.labels.dtype)):
         raise RuntimeError("gathered results are not in the split's row order")  # the reports depend on it
     evaluation = {
         "checkpoint_dir": str(root),
@@ -245,6 +271,7 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> dict:
         "problem_type": saved.loaded.task.problem_type,
         "world_size": accelerator.num_processes,
         "max_length": cfg.max_length,
+        "long_text": windowing.config_fields(),
         "metrics": results,
         **({"per_class": report["per_class"]} if "per_class" in report else {}),
         "files": [files.EVAL_RESULTS, *reports.written_for(saved.loaded.task.problem_type)],
@@ -332,7 +359,7 @@ def cli(argv: list[str] | None = None) -> int:
         transformers.utils.logging.set_verbosity_error()
     try:
         run(args, accelerator)
-    except (CheckpointError, DataError, HubUnavailableError, MetricError) as exc:
+    except (CheckpointError, DataError, HubUnavailableError, LongTextError, MetricError) as exc:
         logger.error("%s", exc)
         return 1
     finally:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from inference import files, task
 from training.checkpoint import OutputDir, Progress
 from training.config import TrainConfig
-from training.data import Splits
+from training.data import Splits, model_inputs, num_texts
 from training.evaluate import FIT, evaluate
 from training.guards import StopGuard, TrainingDiverged
 from training.metrics import MetricSuite
@@ -153,7 +153,7 @@ class LossMeter:
 
 
 def forward_loss(run: Run, batch: dict) -> torch.Tensor:
-    logits = run.model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    logits = run.model(**model_inputs(batch)).logits
     return run.objective(logits, batch["labels"])
 
 
@@ -198,7 +198,8 @@ def validate_and_save(run: Run) -> bool:
     with run.throughput.paused():
         cfg = run.cfg
         fit = cfg.threshold_strategy == "per_label" and run.metrics.task.problem_type == task.MULTI
-        results = evaluate(run.accelerator, run.model, run.loaders.validation, run.metrics, FIT if fit else None)
+        thresholds = FIT if fit else None
+        results = evaluate(run.accelerator, run.model, run.loaders.validation, run.metrics, thresholds, cfg.windowing())
         best = record_evaluation(run.progress, results, cfg.metric_for_best_model, cfg.greater_is_better)
         run.accelerator.log(
             {f"eval/{k}": v for k, v in results.items() if isinstance(v, (int, float))}, step=run.progress.global_step
@@ -336,6 +337,7 @@ def format_metrics(metrics: dict) -> str:
 def run_summary(run: Run, test_metrics: dict | None = None, runtime_s: float | None = None) -> dict:
     """metrics.json: the best validation, the test metrics, the history, the config, versions."""
     cfg, progress, splits, world = run.cfg, run.progress, run.splits, run.accelerator.num_processes
+    chunked = cfg.windowing().chunked
     return {
         "validation": progress.best_validation,
         "test": test_metrics,
@@ -351,11 +353,8 @@ def run_summary(run: Run, test_metrics: dict | None = None, runtime_s: float | N
         "config": cfg.to_dict(),
         "versions": {name: version(name) for name in ("torch", "accelerate", "transformers", "datasets", "tokenizers")},
         "train_runtime_s": runtime_s,
-        "num_examples": {
-            "train": len(splits.train),
-            "validation": len(splits.validation),
-            "test": len(splits.test) if splits.test is not None else 0,
-        },
+        "num_examples": {name: num_texts(split) for name, split in splits.named().items()},
+        **({"num_windows": {name: len(split or ()) for name, split in splits.named().items()}} if chunked else {}),
         "label_names": splits.label_names,
         "problem_type": splits.labels.problem_type,
         "label_values": splits.labels.values,  # the training data's value of each class id

@@ -29,8 +29,18 @@ def load_tokenizer(cfg: TrainConfig):
 
 
 def build_model(cfg: TrainConfig, labels: LabelSpace, attn_implementation: str = "sdpa") -> PreTrainedModel:
-    """A sequence classifier with one output per class (one for regression) and the task in its config (inference/
-    task.py); pretrained weights unless cfg.from_scratch."""
+    """A sequence classifier with one output per class (one for regression), the task and the long-text windowing in
+    its config (inference/task.py, inference/long_text.py); pretrained weights unless cfg.from_scratch; activations
+    recomputed in the backward pass with --gradient_checkpointing."""
+    model = _pretrained_or_new(cfg, labels, attn_implementation)
+    if cfg.gradient_checkpointing:
+        # non-reentrant: works with DDP and with inputs that need no gradient; the RNG state is replayed, so dropout
+        # draws the same masks in the recomputation
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation: str) -> PreTrainedModel:
     names = labels.names
     fields = dict(
         num_labels=len(names),
@@ -40,6 +50,8 @@ def build_model(cfg: TrainConfig, labels: LabelSpace, attn_implementation: str =
     )
     try:
         config = AutoConfig.from_pretrained(cfg.model_name_or_path, **fields, **hub_options(cfg))
+        for name, value in cfg.windowing().config_fields().items():  # fields of ours: from_pretrained drops them
+            setattr(config, name, value)
         if cfg.dropout is not None:  # e.g. DistilBERT: dropout, attention_dropout, seq_classif_dropout
             for name, value in config.to_dict().items():
                 if "dropout" in name and isinstance(value, float):

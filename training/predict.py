@@ -45,8 +45,9 @@ from tqdm.auto import tqdm
 from inference import precision, task
 from inference.engine import forward
 from inference.loading import CheckpointError, LoadedModel, load_model
+from inference.long_text import LongText, LongTextError
 from training.data import DataError, join_texts, load_file, require_columns
-from training.evaluate import add_data_arguments
+from training.evaluate import add_data_arguments, windowing_for
 
 logger = get_logger(__name__)
 OUTPUT_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
@@ -89,8 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class Reader:
     """The input file and how its texts are read; a chunk is a range of rows."""
 
-    def __init__(self, ds: datasets.Dataset, args: argparse.Namespace, trained_with: dict):
-        self.ds, self.source = ds, args.input_file
+    def __init__(self, ds: datasets.Dataset, args: argparse.Namespace, trained_with: dict, windowing: LongText):
+        self.ds, self.source, self.windowing = ds, args.input_file, windowing
         self.columns = args.text_column_names or trained_with.get("text_column_names") or ["text"]
         self.delimiter = args.text_column_delimiter or trained_with.get("text_column_delimiter", " ")
         self.pair_column = args.text_pair_column or trained_with.get("text_pair_column")
@@ -111,19 +112,25 @@ class Reader:
 
 
 def score_chunk(
-    loaded: LoadedModel, texts: list[str], pairs: list[str] | None, batch_size: int, max_length: int
-) -> torch.Tensor:
-    """Scores (fp32) of each text by the model's task (inference/task.py: softmax, sigmoid or the raw value, as the
-    service scores it), in input order; batches of similar lengths, as the service runs."""
-    encoded = loaded.tokenizer(texts, pairs, truncation=True, max_length=max_length, return_attention_mask=False)
-    names = [name for name in ("input_ids", "token_type_ids") if name in encoded]
-    features = [{name: encoded[name][i] for name in names} for i in range(len(texts))]
-    order = sorted(range(len(texts)), key=lambda i: len(features[i]["input_ids"]))
-    scores = torch.empty(len(texts), len(loaded.labels))
+    loaded: LoadedModel,
+    texts: list[str],
+    pairs: list[str] | None,
+    batch_size: int,
+    max_length: int,
+    windowing: LongText,
+) -> tuple[torch.Tensor, list[int]]:
+    """(scores (fp32) of each text by the model's task (inference/task.py: softmax, sigmoid or the raw value, as the
+    service scores it), windows per text), in input order. Windows (inference/long_text.py: one per text unless
+    chunked) run in batches of similar lengths, as the service runs them; a text's windows' logits are pooled."""
+    windows = windowing.encode(loaded.tokenizer, texts, pairs, max_length)
+    features = windows.features
+    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+    logits = torch.empty(len(features), len(loaded.labels))
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
-        scores[rows] = loaded.task.scores(forward(loaded, [features[i] for i in rows]))
-    return scores
+        logits[rows] = forward(loaded, [features[i] for i in rows])
+    pooled = windowing.pool(logits, windows.owner, len(texts))
+    return loaded.task.scores(pooled), windows.counts(len(texts))
 
 
 def part_path(parts: Path, chunk: int) -> Path:
@@ -133,7 +140,7 @@ def part_path(parts: Path, chunk: int) -> Path:
 def score_my_chunks(
     accelerator: Accelerator, loaded: LoadedModel, reader: Reader, parts: Path, args, max_length: int
 ) -> None:
-    """This rank's chunks (r, r + N, ...), each one's probabilities into its own part file."""
+    """This rank's chunks (r, r + N, ...), each one's scores and window counts into its own part file."""
     mine = range(accelerator.process_index, reader.num_chunks, accelerator.num_processes)
     bar = tqdm(
         total=sum(len(reader.rows(c)) for c in mine),
@@ -143,25 +150,38 @@ def score_my_chunks(
     )
     for chunk in mine:
         texts, pairs = reader.texts(chunk)
-        scores = score_chunk(loaded, texts, pairs, args.per_device_batch_size, max_length)
+        scores, windows = score_chunk(loaded, texts, pairs, args.per_device_batch_size, max_length, reader.windowing)
         column = pa.FixedSizeListArray.from_arrays(pa.array(scores.flatten().numpy()), len(loaded.labels))
-        pyarrow.parquet.write_table(pa.table({"scores": column}), part_path(parts, chunk))
+        table = pa.table({"scores": column, "windows": pa.array(windows, type=pa.int32())})
+        pyarrow.parquet.write_table(table, part_path(parts, chunk))
         bar.update(len(texts))
     bar.close()
 
 
-def prediction_names(loaded: LoadedModel) -> list[str]:
+WINDOWS_COLUMN = "num_windows"  # --long_text chunk: the windows each row was scored in
+
+
+def prediction_names(loaded: LoadedModel, windowing: LongText) -> list[str]:
     """The columns a prediction adds, by problem type: the label and its score (single-label), the list of labels
-    at or above their thresholds (multi-label), with one score column per label; the value (regression)."""
+    at or above their thresholds (multi-label), with one score column per label; the value (regression); and, when
+    long texts are chunked, the number of windows of each row."""
     per_label = [f"score_{label}" for label in loaded.labels]
+    windows = [WINDOWS_COLUMN] if windowing.chunked else []
     if loaded.task.problem_type == task.REGRESSION:
-        return ["predicted_value"]
+        return ["predicted_value", *windows]
     if loaded.task.problem_type == task.MULTI:
-        return ["predicted_labels", *per_label]
-    return ["predicted_label", "predicted_score", *per_label]
+        return ["predicted_labels", *per_label, *windows]
+    return ["predicted_label", "predicted_score", *per_label, *windows]
 
 
-def prediction_columns(table: pa.Table, loaded: LoadedModel) -> dict[str, pa.Array]:
+def prediction_columns(table: pa.Table, loaded: LoadedModel, windowing: LongText) -> dict[str, pa.Array]:
+    columns = _decided(table, loaded)
+    if windowing.chunked:
+        columns[WINDOWS_COLUMN] = table.column("windows").combine_chunks()
+    return columns
+
+
+def _decided(table: pa.Table, loaded: LoadedModel) -> dict[str, pa.Array]:
     labels = loaded.labels
     values = table.column("scores").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     scores = torch.tensor(values).reshape(-1, len(labels))
@@ -220,13 +240,14 @@ def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, sta
     """Input columns (less any prediction columns being replaced) + predictions, chunk by chunk in input order, into
     `staged`, renamed to `output` once complete."""
     writer = Writer(staged, output.suffix)
-    replaced = [name for name in prediction_names(loaded) if name in reader.ds.column_names]
+    replaced = [name for name in prediction_names(loaded, reader.windowing) if name in reader.ds.column_names]
     try:
         arrow = reader.ds.with_format("arrow")
         for chunk in range(reader.num_chunks):
             rows = reader.rows(chunk)
             table = arrow[rows.start : rows.stop].drop_columns(replaced)
-            for name, column in prediction_columns(pyarrow.parquet.read_table(part_path(parts, chunk)), loaded).items():
+            predicted = pyarrow.parquet.read_table(part_path(parts, chunk))
+            for name, column in prediction_columns(predicted, loaded, reader.windowing).items():
                 table = table.append_column(name, column)
             writer.write(table)
     finally:
@@ -244,7 +265,7 @@ def check_paths(args: argparse.Namespace) -> None:
 
 
 def check_columns(reader: Reader, loaded: LoadedModel, overwrite: bool) -> None:
-    present = [name for name in prediction_names(loaded) if name in reader.ds.column_names]
+    present = [name for name in prediction_names(loaded, reader.windowing) if name in reader.ds.column_names]
     if present and not overwrite:
         raise DataError(
             f"{reader.source}: already has prediction columns ({', '.join(present)}); pass "
@@ -271,9 +292,10 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> None:
     loaded = load_model(args.checkpoint_dir, device=str(accelerator.device), dtype=args.mixed_precision)
     trained_with = (loaded.metrics or {}).get("config", {})
     with accelerator.main_process_first():  # the main process converts the file to Arrow; the others reuse it
-        reader = Reader(load_file(args.input_file), args, trained_with)
+        reader = Reader(load_file(args.input_file), args, trained_with, windowing_for(loaded, args))
     check_columns(reader, loaded, args.overwrite_prediction_columns)
     max_length = args.max_length or trained_with.get("max_length") or loaded.max_length
+    reader.windowing.check(loaded.tokenizer, max_length, reader.pair_column is not None)
     [run_id] = broadcast_object_list([f"{os.getpid()}-{secrets.token_hex(3)}"])  # this run's staging names
     parts, staged = (output.with_name(f".{output.name}.{kind}.{run_id}") for kind in ("parts", "tmp"))
     on_main(accelerator, parts.mkdir, str(output.parent))
@@ -306,7 +328,7 @@ def cli(argv: list[str] | None = None) -> int:
         transformers.utils.logging.set_verbosity_error()
     try:
         run(args, accelerator)
-    except (CheckpointError, DataError) as exc:
+    except (CheckpointError, DataError, LongTextError) as exc:
         logger.error("%s", exc)
         return 1
     finally:

@@ -51,6 +51,9 @@ RESULT_SETTINGS = (
     "metric_for_best_model",
     "greater_is_better",
     "threshold_strategy",
+    "long_text",
+    "chunk_stride",
+    "chunk_pooling",
 )
 _WHERE = "file"  # where a file was read: informative, not compared (the same bytes may move)
 

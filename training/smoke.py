@@ -9,6 +9,9 @@ cache folder (atomically: built in a temporary folder, then renamed) and reused 
     <smoke_dir>/regression_{train,test}.csv      text, score: the text's Sports sentences minus half its World
                                                  sentences (a float); sentence1, sentence2, pair_score: 1 for a
                                                  Sports first sentence plus 0.5 for a World second one (pair scoring)
+    <smoke_dir>/long_{train,test}.csv   text,label: long stories (about 100 tokens) of neutral filler sentences with the
+                                        label's one sentence past the first 60 tokens (--long_text chunk finds it,
+                                        truncation to a shorter window cannot)
     <smoke_dir>/model/                  config.json (tiny DistilBERT) + tokenizer files
 """
 
@@ -25,9 +28,10 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import DistilBertConfig, PreTrainedTokenizerFast
 
-SMOKE_VERSION = 6
+SMOKE_VERSION = 7
 LABELS = ("World", "Sports", "Business", "Sci/Tech")
 NUM_TRAIN, NUM_TEST = 3000, 600
+NUM_LONG_TRAIN, NUM_LONG_TEST = 1200, 200
 LABEL_NOISE = 0.02  # a few wrong labels keep the task from being trivially perfect
 
 _WORDS = {
@@ -267,6 +271,22 @@ def make_regression(num: int, seed: int) -> list[dict]:
     return rows
 
 
+LONG_SENTENCES, LONG_EVIDENCE_AFTER = 11, 7  # filler sentences per long story; the label's sentence never before
+
+
+def make_long_documents(num: int, seed: int) -> list[tuple[str, int]]:
+    """(text, class id) rows: LONG_SENTENCES neutral sentences (two filler phrases each, ~10 tokens) with the label's
+    one sentence inserted at a random place after the first LONG_EVIDENCE_AFTER of them."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num):
+        label = rng.choice(LABELS)
+        sentences = [_capitalized(", ".join(rng.sample(_FILLER, 2))) for _ in range(LONG_SENTENCES)]
+        sentences.insert(rng.randint(LONG_EVIDENCE_AFTER, LONG_SENTENCES), _sentence(rng, label))
+        rows.append((" ".join(sentences), LABELS.index(label)))
+    return rows
+
+
 def _sentence(rng: random.Random, label: str) -> str:
     return _capitalized(_words(rng, label))
 
@@ -329,7 +349,9 @@ def _write_csv(path: Path, rows: list[tuple[str, int]]) -> None:
 
 
 def _write_other_tasks(folder: Path) -> None:
-    """The multi-label and regression sets (their own seeds: the 4-class files stay what they were)."""
+    """The multi-label, regression and long-document sets (their own seeds: the 4-class files stay what they were)."""
+    for split, (num, seed) in {"train": (NUM_LONG_TRAIN, 5), "test": (NUM_LONG_TEST, 6)}.items():
+        _write_csv(folder / f"long_{split}.csv", make_long_documents(num, seed))
     for split, (num, seed) in {"train": (NUM_TRAIN, 3), "test": (NUM_TEST, 4)}.items():
         with open(folder / f"multi_label_{split}.jsonl", "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(row) + "\n" for row in make_multi_label(num, seed))

@@ -46,6 +46,7 @@ from training.data import (
     Splits,
     load_splits,
     make_dataloaders,
+    num_texts,
     steps_per_epoch,
     tokenize_splits,
 )
@@ -130,15 +131,21 @@ def prepare_data(cfg: TrainConfig, accelerator: Accelerator):
         splits, tokenizer, cfg, accelerator.num_processes, device_type=accelerator.device.type
     )
     logger.info(
-        "Examples: %d train, %d validation, %s test; %s, %d output(s): %s",
-        len(splits.train),
-        len(splits.validation),
-        len(splits.test) if splits.test is not None else "no",
+        "Examples: %s train, %s validation, %s test; %s, %d output(s): %s",
+        windows_of(splits.train),
+        windows_of(splits.validation),
+        windows_of(splits.test) if splits.test is not None else "no",
         splits.labels.problem_type,
         len(splits.label_names),
         ", ".join(splits.label_names),
     )
     return tokenizer, splits, Loaders(train, sampler, validation, test)
+
+
+def windows_of(split: datasets.Dataset) -> str:
+    """'N' texts, or 'N (W windows)' when --long_text chunk cut some into several."""
+    texts = num_texts(split)
+    return str(texts) if texts == len(split) else f"{texts} ({len(split)} windows)"
 
 
 def prepare_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace) -> torch.nn.Module:
@@ -263,7 +270,7 @@ def score_best_model(run: Run) -> dict | None:
     best = load_weights(run.out.path(files.WEIGHTS))
     run.accelerator.unwrap_model(run.model).load_state_dict(best)
     thresholds = (run.progress.best_validation or {}).get("thresholds")  # multi-label: the best model's
-    results = evaluate(run.accelerator, run.model, run.loaders.test, run.metrics, thresholds)
+    results = evaluate(run.accelerator, run.model, run.loaders.test, run.metrics, thresholds, run.cfg.windowing())
     logger.info("Test (best model, step %s): %s", run.progress.best_step, format_metrics(results))
     return results
 

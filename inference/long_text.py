@@ -1,0 +1,177 @@
+"""Texts longer than the model's window: truncated to it, or cut into overlapping windows that are all scored and
+whose logits are pooled per text. The one contract that training, evaluation, batch prediction and the service share;
+`config.json` carries it in three fields of ours (FIELDS), so every reader windows and pools as training did:
+
+    long_text       truncate (the default: everything past max_length tokens is cut off) or chunk
+    chunk_stride    tokens shared by consecutive windows (the tokenizer's `stride`)
+    chunk_pooling   mean or max: how the windows' logits become the text's logits, which are then scored by the
+                    model's task (inference/task.py)
+    chunk_max_length  tokens per window: the training run's max_length (the service windows as training did)
+
+Windows are the tokenizer's own (`return_overflowing_tokens=True`): each holds the special tokens and at most
+max_length tokens. A text pair is windowed along its longer text (by characters); the shorter one is repeated whole in
+every window (the tokenizer's `only_first` / `only_second`: its `longest_first` would window both and pair every window
+of one with every window of the other).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+TRUNCATE, CHUNK = "truncate", "chunk"
+MODES = (TRUNCATE, CHUNK)
+MEAN, MAX = "mean", "max"
+POOLINGS = (MEAN, MAX)
+DEFAULT_STRIDE = 32
+FIELDS = ("long_text", "chunk_stride", "chunk_pooling", "chunk_max_length")  # config.json
+
+
+class LongTextError(ValueError):
+    """Settings that cannot window a text (or a config.json whose fields are not ours); one line naming the field."""
+
+
+class TooManyWindows(ValueError):
+    """An input that would need more windows than the service allows per input (MAX_CHUNKS)."""
+
+    def __init__(self, windows: int, limit: int, max_length: int):
+        super().__init__(
+            f"an input needs {windows} windows of {max_length} tokens; at most {limit} are allowed (MAX_CHUNKS): "
+            "send a shorter text, or `truncate: true` to classify its first window only"
+        )
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Tokenized windows in input order: `features[k]` (input_ids, and token_type_ids where the model takes them)
+    belongs to input `owner[k]`; every input has at least one."""
+
+    features: list[dict]
+    owner: list[int]
+
+    def counts(self, num_inputs: int) -> list[int]:
+        """Windows per input."""
+        counts = [0] * num_inputs
+        for i in self.owner:
+            counts[i] += 1
+        return counts
+
+
+@dataclass(frozen=True)
+class LongText:
+    mode: str = TRUNCATE
+    stride: int = DEFAULT_STRIDE
+    pooling: str = MEAN
+    window: int | None = None  # tokens per window, when recorded (else the reader's max_length)
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("long_text", self.mode, MODES), ("chunk_pooling", self.pooling, POOLINGS)):
+            if value not in allowed:
+                raise LongTextError(f"{name}: must be one of {', '.join(allowed)} (got {value!r})")
+        if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 0:
+            raise LongTextError(f"chunk_stride: must be a whole number >= 0 (got {self.stride!r})")
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)):
+            raise LongTextError(f"chunk_max_length: must be a whole number (got {self.window!r})")
+
+    @property
+    def chunked(self) -> bool:
+        return self.mode == CHUNK
+
+    @classmethod
+    def of(cls, config: Any) -> LongText:
+        """What a transformers config records (a model not trained here: truncate, with the defaults)."""
+        stride = getattr(config, "chunk_stride", None)
+        return cls(
+            getattr(config, "long_text", None) or TRUNCATE,
+            DEFAULT_STRIDE if stride is None else stride,
+            getattr(config, "chunk_pooling", None) or MEAN,
+            getattr(config, "chunk_max_length", None),
+        )
+
+    def config_fields(self) -> dict[str, Any]:
+        return dict(zip(FIELDS, (self.mode, self.stride, self.pooling, self.window)))
+
+    def check(self, tokenizer, max_length: int, pairs: bool = False) -> None:
+        """Chunking needs a fast tokenizer and a stride below the text tokens of a window (max_length less the special
+        tokens); checked before any text is tokenized (the tokenizer would abort the process on a bad stride)."""
+        if not self.chunked:
+            return
+        if not getattr(tokenizer, "is_fast", False):
+            raise LongTextError(f"long_text: chunk needs a fast tokenizer ({type(tokenizer).__name__} is not one)")
+        room = max_length - tokenizer.num_special_tokens_to_add(pair=pairs)
+        if self.stride >= room:
+            raise LongTextError(
+                f"chunk_stride: must be smaller than a window's {room} text tokens (max_length {max_length} less "
+                f"{max_length - room} special tokens; got {self.stride})"
+            )
+
+    def encode(
+        self, tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int, max_windows: int = 0
+    ) -> Windows:
+        """Every text's windows (chunk) or its first window (truncate); `max_windows` > 0 bounds the windows of one
+        input (TooManyWindows beyond it)."""
+        options = {"truncation": True, "max_length": max_length, "return_attention_mask": False}
+        if not self.chunked:
+            encoded = tokenizer(list(texts), list(pairs) if pairs is not None else None, **options)
+            return Windows(_features(encoded, range(len(texts))), list(range(len(texts))))
+        self.check(tokenizer, max_length, pairs is not None)
+        options.update(stride=self.stride, return_overflowing_tokens=True)
+        del options["truncation"]  # per group: _groups says which side of a pair is windowed
+        per_input: list[list[dict]] = [[] for _ in texts]
+        for where, kwargs in _groups(tokenizer, texts, pairs, max_length, self.stride):
+            encoded = tokenizer(**kwargs, **options)
+            owners = [where[k] for k in encoded["overflow_to_sample_mapping"]]
+            for owner, feature in zip(owners, _features(encoded, range(len(owners)))):
+                per_input[owner].append(feature)
+        if max_windows:
+            for windows in per_input:
+                if len(windows) > max_windows:
+                    raise TooManyWindows(len(windows), max_windows, max_length)
+        return Windows(
+            [feature for windows in per_input for feature in windows],
+            [i for i, windows in enumerate(per_input) for _ in windows],
+        )
+
+    def pool(self, logits: torch.Tensor, owner: Sequence[int] | torch.Tensor, num_inputs: int) -> torch.Tensor:
+        """Each input's logits from its windows' (windows x outputs): their mean or their element-wise maximum."""
+        index = torch.as_tensor(owner, dtype=torch.long)
+        if len(index) == num_inputs and torch.equal(index, torch.arange(num_inputs)):
+            return logits  # one window each, in order: nothing to pool
+        pooled = torch.zeros(num_inputs, *logits.shape[1:], dtype=logits.dtype)
+        spread = index.view(-1, *[1] * (logits.dim() - 1)).expand_as(logits)
+        return pooled.scatter_reduce_(0, spread, logits, "mean" if self.pooling == MEAN else "amax", include_self=False)
+
+
+def _features(encoded, rows) -> list[dict]:
+    names = [name for name in ("input_ids", "token_type_ids") if name in encoded]
+    return [{name: encoded[name][k] for name in names} for k in rows]
+
+
+def _groups(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int, stride: int):
+    """(input indices, tokenizer arguments) per call: single texts in one; pairs by which side is windowed."""
+    if pairs is None:
+        yield list(range(len(texts))), {"text": list(texts), "truncation": True}
+        return
+    room = max_length - tokenizer.num_special_tokens_to_add(pair=True)
+    for side in ("only_first", "only_second"):
+        where = [i for i in range(len(texts)) if (len(texts[i]) >= len(pairs[i])) == (side == "only_first")]
+        if not where:
+            continue
+        kept = [pairs[i] if side == "only_first" else texts[i] for i in where]
+        for i, length in zip(where, map(len, tokenizer(kept, add_special_tokens=False)["input_ids"])):
+            if room - length <= stride:
+                raise LongTextError(
+                    f"input {i}: the shorter text of a pair takes {length} of a window's {room} text tokens, leaving "
+                    f"no more than chunk_stride ({stride}) for the longer one; truncate it, or lower chunk_stride"
+                )
+        yield (
+            where,
+            {
+                "text": [texts[i] for i in where],
+                "text_pair": [pairs[i] for i in where],
+                "truncation": side,
+            },
+        )
