@@ -1,7 +1,8 @@
 """Errors answered as TEI answers them: `{"error": "...", "error_type": "..."}` with TEI's ErrorType names and
 statuses (router/src/lib.rs `ErrorType`, router/src/http/server.rs `From<&ErrorType> for StatusCode`):
 Empty 400, Validation 422, Tokenizer 422, Overloaded 429, Unhealthy 503, Backend 424. Ours beside them:
-Unauthorized 401, NotFound 404, MethodNotAllowed 405, Validation 413 (body over PAYLOAD_LIMIT, or an input needing more than MAX_CHUNKS windows).
+Unauthorized 401, NotFound 404, MethodNotAllowed 405, Validation 413 (body over PAYLOAD_LIMIT, or an input needing
+more than MAX_CHUNKS windows).
 """
 
 from __future__ import annotations

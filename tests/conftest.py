@@ -77,6 +77,20 @@ def smoke_model(smoke_dir, tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "smoke_model", train)
 
 
+# One model trained on the long-document preset (--long_text chunk, 48-token windows, 3 epochs of 202 steps), with
+# resumable states every 100 steps: the long-text tests of training, prediction and the service read it.
+SMOKE_LONG_ARGS = ["--preset", "smoke-long", "--checkpointing_steps", "100"]
+
+
+@pytest.fixture(scope="session")
+def smoke_long_model(smoke_dir, tmp_path_factory) -> Path:
+    def train(out: Path) -> None:
+        result, _ = run_train([*SMOKE_LONG_ARGS, "--output_dir", str(out)])
+        assert result.returncode == 0, describe(result)
+
+    return built_once(tmp_path_factory, "smoke_long_model", train)
+
+
 # One uninterrupted 2-process smoke run (84 batches per rank per epoch, 252 optimizer steps, a resumable state
 # every 21 steps, learning rate 2e-3 x 2 processes): the end-to-end checks read it, the kill/resume tests compare
 # against it.

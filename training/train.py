@@ -36,6 +36,7 @@ from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwar
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from inference import files, precision
+from inference.long_text import LongTextError
 from training import cpu_speed, provenance
 from training.checkpoint import OutputDir, Progress, ResumeError, SaveError, load_weights
 from training.claim import OutputDirError, claim_output_dir
@@ -123,7 +124,7 @@ def prepare_data(cfg: TrainConfig, accelerator: Accelerator):
         try:
             tokenizer = load_tokenizer(cfg)
             splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
-        except DataError as exc:
+        except (DataError, LongTextError) as exc:
             failure = exc  # raised past the barrier: the other ranks then meet the same error, none left waiting
     if failure is not None:
         raise failure
@@ -347,6 +348,7 @@ def cli(argv: list[str] | None = None) -> int:
     except (
         DataError,
         HubUnavailableError,
+        LongTextError,
         MetricError,
         ModelSizeError,
         OutputDirError,

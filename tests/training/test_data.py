@@ -244,7 +244,7 @@ def test_tokenized_batches_are_padded_to_the_longest_or_its_multiple_of_8(tmp_pa
     )
     tokenizer = load_tokenizer(cfg)
     splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
-    assert set(splits.train.column_names) == {"input_ids", "attention_mask", "labels", "length"}
+    assert set(splits.train.column_names) == {"input_ids", "labels", "length", "document"}  # the collator adds the mask
     assert max(splits.train["length"]) <= 12  # truncated to max_length
     train_loader, sampler, val_loader, _ = make_dataloaders(splits, tokenizer, cfg, num_processes=1)
     for batch in list(train_loader) + list(val_loader):  # CPU default: to the longest text, no rounding
