@@ -111,12 +111,19 @@ def _training_section(summary: dict) -> list[str]:
         ("world size", summary["world_size"]),
         ("effective batch", summary["effective_batch_size"]),
         ("max_length", cfg["max_length"]),
+        ("long texts", _long_text(cfg)),
         ("weight decay", cfg["weight_decay"]),
         ("mixed precision", summary["mixed_precision"]),
         ("seed", cfg["seed"]),
         ("best model", f"step {summary['best_step']} by validation {summary['metric_for_best_model']}"),
     ]
     return ["## Training", "", "| setting | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in settings], ""]
+
+
+def _long_text(cfg: dict) -> str:
+    if cfg.get("long_text") != "chunk":
+        return "truncated to max_length"
+    return f"windows of max_length tokens, stride {cfg['chunk_stride']}, logits pooled by {cfg['chunk_pooling']}"
 
 
 def _use_section(cfg: dict, where: str) -> list[str]:
