@@ -266,14 +266,8 @@ def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left:
         "return_attention_mask": False,
     }
     features: list[dict | None] = [None] * len(sequences)
-    for is_pair in (False, True):
-        where = [i for i, (_, pair) in enumerate(sequences) if (pair is not None) == is_pair]
-        if not where:
-            continue
-        texts = [sequences[i][0] for i in where]
-        encoded = (
-            tokenizer(texts, [sequences[i][1] for i in where], **options) if is_pair else tokenizer(texts, **options)
-        )
+    for where, texts, pairs in by_kind(sequences):
+        encoded = tokenizer(texts, pairs, **options)
         for k, i in enumerate(where):
             features[i] = {name: encoded[name][k] for name in ("input_ids", "token_type_ids") if name in encoded}
     longest = max(len(f["input_ids"]) for f in features)
@@ -288,16 +282,19 @@ def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> 
     chunking = replace(loaded.long_text, mode=CHUNK)
     loaded.tokenizer.truncation_side = "right"  # the worker alone uses the tokenizer
     per_input: list[list[dict]] = [[] for _ in sequences]
-    for is_pair in (False, True):
-        where = [i for i, (_, pair) in enumerate(sequences) if (pair is not None) == is_pair]
-        if not where:
-            continue
-        pairs = [sequences[i][1] for i in where] if is_pair else None
-        texts = [sequences[i][0] for i in where]
+    for where, texts, pairs in by_kind(sequences):
         found = chunking.encode(loaded.tokenizer, texts, pairs, window_length(loaded), max_chunks)
         for feature, k in zip(found.features, found.owner):
             per_input[where[k]].append(feature)
     return [f for found in per_input for f in found], [i for i, found in enumerate(per_input) for _ in found]
+
+
+def by_kind(sequences: list[Sequence]):
+    """(input indices, texts, pairs or None) for the single texts, then for the pairs: one tokenizer call each."""
+    for is_pair in (False, True):
+        where = [i for i, (_, pair) in enumerate(sequences) if (pair is not None) == is_pair]
+        if where:
+            yield where, [sequences[i][0] for i in where], [sequences[i][1] for i in where] if is_pair else None
 
 
 def window_length(loaded: LoadedModel) -> int:

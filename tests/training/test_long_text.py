@@ -18,7 +18,6 @@ from safetensors.torch import load_file
 
 from inference import files
 from inference.loading import load_model
-from inference.long_text import LongText
 from tests.conftest import ROOT, describe, launch, run_train
 from training.checkpoint import load_weights
 
@@ -105,9 +104,8 @@ def test_prediction_is_one_pooled_row_per_input_identically_on_one_and_two_proce
     pd.testing.assert_frame_equal(frames[0], frames[1])
     frame, given = frames[0], pd.read_csv(source)
     assert list(frame["text"]) == list(given["text"])  # one row per input, in input order
-    windows = LongText.of(load_model(str(smoke_long_model), device="cpu", dtype="fp32").model.config)
-    tokenizer = load_model(str(smoke_long_model), device="cpu", dtype="fp32").tokenizer
-    expected_windows = windows.encode(tokenizer, list(given["text"]), None, 48).counts(len(given))
+    loaded = load_model(str(smoke_long_model), device="cpu", dtype="fp32")
+    expected_windows = loaded.long_text.encode(loaded.tokenizer, list(given["text"]), None, 48).counts(len(given))
     assert list(frame["num_windows"]) == expected_windows and min(expected_windows) >= 3
     labels = ["World", "Sports", "Business", "Sci/Tech"]
     scores = torch.tensor(frame[[f"score_{name}" for name in labels]].to_numpy()).float()
