@@ -192,7 +192,11 @@ class DataConfig(_Group):
     config.json, so evaluation, prediction and the service pool the same way."""
     pad_to_multiple_of: AtLeast1 | None = None
     """Pad each batch to a multiple of this many tokens. Default: 8 on GPU (tensor-core shapes), 1 on CPU (no rounding,
-    faster there)."""
+    faster there). Used when --pad_buckets is off."""
+    pad_buckets: Annotated[int, _bound(">=", 0)] | None = None
+    """Pad every batch to the smallest of N fixed widths, evenly spaced up to max_length (multiples of 8), so a run
+    sees N shapes: what compiled and graph-captured steps need (inference/shapes.py). 0 pads each batch to its
+    longest text (--pad_to_multiple_of). Default: 4 on GPU and with --torch_compile on, else 0."""
     group_by_length: bool = True
     """Batch texts of similar length together (less padding); every rank still gets an equal, disjoint shard."""
     dataloader_num_workers: Annotated[int, _bound(">=", 0)] = 0
@@ -236,6 +240,11 @@ class OptimizationConfig(_Group):
     CPUs with AMX or AVX512-BF16), fp16 on other GPUs, else fp32."""
     seed: int = 42
     """Seed for model init, data order, dropout and the validation split."""
+    torch_compile: Literal["auto", "none", "default", "reduce-overhead"] = "auto"
+    """Compile the training step with torch.compile (training/capture.py): the forward and backward pass (one graph
+    per --pad_buckets width) and the optimizer step (fused AdamW with a tensor learning rate, capturable on GPU).
+    'reduce-overhead' also captures CUDA graphs; 'auto' is reduce-overhead on GPU for runs of at least 1000 optimizer
+    steps (compilation costs minutes at start: docs/launching.md) and none otherwise, on CPU always."""
 
 
 class EvaluationConfig(_Group):
@@ -427,11 +436,21 @@ def check(cfg: TrainConfig) -> None:
         "must be 'none', 'balanced' or positive numbers, comma-separated",
     )
     need(cfg.label_delimiter != "", "label_delimiter", "must not be empty")
+    need(
+        cfg.pad_buckets != 0 or cfg.torch_compile in ("auto", "none"),
+        "pad_buckets",
+        "must be at least 1 with --torch_compile: a compiled step needs fixed widths (each new one recompiles)",
+    )
     need(  # the exact bound (less the tokenizer's special tokens) is checked once the tokenizer is loaded
         cfg.long_text == "truncate" or cfg.chunk_stride < cfg.max_length,
         "chunk_stride",
         f"must be smaller than max_length ({cfg.max_length})",
     )
+    _check_sources(cfg, need)
+
+
+def _check_sources(cfg: TrainConfig, need) -> None:
+    """The data files' suffixes, a dataset to read, and the state to resume from."""
     for name in ("train_file", "validation_file", "test_file"):
         path = getattr(cfg, name)
         need(

@@ -13,6 +13,8 @@ import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
+from training import capture
+
 CPU_TRAINING_ATTENTION = "eager_fast_dropout"
 
 
@@ -74,11 +76,11 @@ def register_attention() -> str:
 
 def attention_for(requested: str | None, fast_dropout_on: bool, device: torch.device) -> str:
     """The requested attention (sdpa or eager, --attn_implementation), else sdpa on GPU and on CPU eager (with
-    FastDropout unless it is off)."""
+    FastDropout unless it is off). SDPA is the sync-free registration of training/capture.py."""
+    if requested == "sdpa" or (not requested and device.type != "cpu"):
+        return capture.sync_free_sdpa()
     if requested:
         return requested
-    if device.type != "cpu":
-        return "sdpa"
     return register_attention() if fast_dropout_on else "eager"
 
 

@@ -6,7 +6,7 @@ The pieces, in the order train.py calls them:
                      type (run_classification.py's convention).
 - `tokenize_splits`  `datasets.map` (cached on disk) adding input ids and each text's token count.
 - `make_dataloaders` a length-grouped batch sampler for training, length-sorted batches for evaluation,
-                     dynamic padding to the longest text in the batch (multiple of 8).
+                     padding to a few fixed widths (--pad_buckets) or to the longest text in the batch.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ import pyarrow
 import pyarrow.parquet
 import torch
 from torch.utils.data import DataLoader, Sampler
-from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from inference import task
+from inference import shapes, task
 from inference.long_text import LongText
+from training import capture
 from training.config import TrainConfig
 from training.hub import explain_missing
 
@@ -527,7 +528,38 @@ def model_inputs(batch: dict) -> dict:
 
 def pad_multiple(cfg: TrainConfig, device_type: str) -> int:
     """--pad_to_multiple_of, else 8 on GPU (tensor cores want multiples of 8) and 1 on CPU (measured faster)."""
-    return cfg.pad_to_multiple_of or (8 if device_type == "cuda" else 1)
+    return cfg.pad_to_multiple_of or (shapes.GPU_MULTIPLE if device_type == "cuda" else 1)
+
+
+def pad_widths(cfg: TrainConfig, device_type: str) -> tuple[int, ...]:
+    """The fixed widths batches are padded to (--pad_buckets; training/capture.py decides the default), or ()."""
+    count = capture.bucket_count(cfg.pad_buckets, cfg.torch_compile, device_type)
+    return shapes.bucket_widths(cfg.max_length, count) if count else ()
+
+
+@dataclass(frozen=True)
+class Collator:
+    """A batch of tokenized windows: padded (inference/shapes.py) to the smallest of `widths` that holds the longest,
+    or without widths to the longest rounded up to `multiple`; with its labels and text rows as tensors."""
+
+    pad_token_id: int
+    left: bool = False
+    widths: tuple[int, ...] = ()
+    multiple: int = 1
+
+    @classmethod
+    def of(cls, tokenizer: PreTrainedTokenizerBase, widths: tuple[int, ...] = (), multiple: int = 1) -> Collator:
+        return cls(tokenizer.pad_token_id, tokenizer.padding_side == "left", widths, multiple)
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        longest = max(len(f["input_ids"]) for f in features)
+        batch = shapes.pad(
+            features, self.pad_token_id, shapes.width_for(longest, self.widths, self.multiple), self.left
+        )
+        for key in NOT_MODEL_INPUTS:
+            if key in features[0]:
+                batch[key] = torch.tensor([f[key] for f in features])  # ints: int64; floats, multi-hot: float32
+        return batch
 
 
 def num_texts(split: datasets.Dataset | None) -> int:
@@ -539,8 +571,7 @@ def make_dataloaders(
     splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig, num_processes: int, device_type: str = "cpu"
 ) -> tuple[DataLoader, LengthGroupedBatchSampler, DataLoader, DataLoader | None]:
     """Train loader (+ its sampler, whose epoch train.py sets) and evaluation loaders, not yet prepared."""
-    multiple = pad_multiple(cfg, device_type)
-    collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple if multiple > 1 else None)
+    collate = Collator.of(tokenizer, pad_widths(cfg, device_type), pad_multiple(cfg, device_type))
     sampler = LengthGroupedBatchSampler(
         list(splits.train["length"]),
         cfg.per_device_train_batch_size,
@@ -571,7 +602,7 @@ def make_eval_loader(
 ) -> DataLoader:
     """Windows shortest first (ties in row order), so consecutive batches need little padding; each keeps its text's
     row (`document`), by which evaluation puts the results back in row order and pools a text's windows."""
-    loader_kwargs = loader_kwargs or {"collate_fn": DataCollatorWithPadding(tokenizer)}
+    loader_kwargs = loader_kwargs or {"collate_fn": Collator.of(tokenizer)}
     lengths = list(ds["length"])
     by_length = ds.select(sorted(range(len(ds)), key=lengths.__getitem__))
     return DataLoader(

@@ -20,6 +20,7 @@ from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
 from inference import files, task
+from training.capture import CompileReport, eager
 from training.checkpoint import OutputDir, Progress
 from training.config import TrainConfig
 from training.data import Splits, model_inputs, num_texts
@@ -60,6 +61,7 @@ class Run:
     throughput: Throughput
     guard: StopGuard
     objective: Objective  # the loss for the problem type, with class weights and smoothing (training/objective.py)
+    compiled: CompileReport  # --torch_compile: the mode, and what compiling cost (training/capture.py)
 
 
 class Outcome(enum.Enum):
@@ -160,6 +162,7 @@ def forward_loss(run: Run, batch: dict) -> torch.Tensor:
 def train_step(run: Run, batch: dict) -> torch.Tensor:
     """Forward and backward one batch; the optimizer steps when the accumulation window is full."""
     accelerator, cfg = run.accelerator, run.cfg
+    run.compiled.before(batch)
     with accelerator.accumulate(run.model):
         loss = forward_loss(run, batch)
         accelerator.backward(loss)
@@ -167,6 +170,7 @@ def train_step(run: Run, batch: dict) -> torch.Tensor:
             accelerator.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm)
         run.optimizer.step()
         run.optimizer.zero_grad()
+    run.compiled.after()
     run.progress.batches_done += 1
     run.throughput.observe(batch)
     return loss
@@ -180,7 +184,7 @@ def after_optimizer_step(run: Run, bar: tqdm) -> None:
 
 
 def log_loss(run: Run, losses: LossMeter, epoch: int, bar: tqdm) -> None:
-    step, lr = run.progress.global_step, run.scheduler.get_last_lr()[0]
+    step, lr = run.progress.global_step, float(run.scheduler.get_last_lr()[0])  # a tensor when compiled
     mean_loss = losses.mean(run.accelerator)
     run.progress.train_loss.append({"step": step, "loss": mean_loss, "lr": lr})
     bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
@@ -199,7 +203,8 @@ def validate_and_save(run: Run) -> bool:
         cfg = run.cfg
         fit = cfg.threshold_strategy == "per_label" and run.metrics.task.problem_type == task.MULTI
         thresholds = FIT if fit else None
-        results = evaluate(run.accelerator, run.model, run.loaders.validation, run.metrics, thresholds, cfg.windowing())
+        model = eager(run.model)  # evaluation's shapes would only add graphs to a compiled model
+        results = evaluate(run.accelerator, model, run.loaders.validation, run.metrics, thresholds, cfg.windowing())
         best = record_evaluation(run.progress, results, cfg.metric_for_best_model, cfg.greater_is_better)
         run.accelerator.log(
             {f"eval/{k}": v for k, v in results.items() if isinstance(v, (int, float))}, step=run.progress.global_step
@@ -212,8 +217,12 @@ def validate_and_save(run: Run) -> bool:
         )
         if best:
             if "thresholds" in results:  # multi-label: the thresholds go with the model (config.json)
-                setattr(run.accelerator.unwrap_model(run.model).config, task.THRESHOLDS, results["thresholds"])
-            run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
+                setattr(
+                    run.accelerator.unwrap_model(run.model, keep_torch_compile=False).config,
+                    task.THRESHOLDS,
+                    results["thresholds"],
+                )
+            run.out.save_model(model, run.tokenizer, run.cfg.export_hf_format)
             run.out.write_json(files.METRICS, run_summary(run))
             run.out.write_curves(run.progress, plot=False)  # the PNG is drawn once, at the end
     if patience_spent(run.progress.evals_since_best, run.cfg.early_stopping_patience):

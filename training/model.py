@@ -76,8 +76,12 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
         ) from None
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, learning_rate: float) -> torch.optim.AdamW:
-    """AdamW with weight decay on weight matrices only: biases and LayerNorm weights are not decayed."""
+def build_optimizer(
+    model: torch.nn.Module, cfg: TrainConfig, learning_rate: float, capturable: bool = False
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on weight matrices only: biases and LayerNorm weights are not decayed. `capturable`: the
+    multi-tensor AdamW whose step torch.compile fuses and may capture in a CUDA graph (training/capture.py; the fused
+    kernel is opaque to the compiler), else the fused kernel (--fused_optimizer)."""
     no_decay = set()
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
@@ -88,4 +92,6 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, learning_rate: flo
         {"params": [p for p in params if p not in no_decay], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p in no_decay], "weight_decay": 0.0},
     ]
+    if capturable:
+        return torch.optim.AdamW(groups, lr=learning_rate, foreach=True, capturable=True)
     return torch.optim.AdamW(groups, lr=learning_rate, fused=cfg.fused_optimizer or None)

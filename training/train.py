@@ -32,12 +32,12 @@ import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, set_seed
+from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs, set_seed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from inference import files, precision
 from inference.long_text import LongTextError
-from training import cpu_speed, provenance
+from training import capture, cpu_speed, provenance
 from training.checkpoint import OutputDir, Progress, ResumeError, SaveError, load_weights
 from training.claim import OutputDirError, claim_output_dir
 from training.config import ConfigError, TrainConfig, load_config
@@ -48,6 +48,7 @@ from training.data import (
     load_splits,
     make_dataloaders,
     num_texts,
+    pad_widths,
     steps_per_epoch,
     tokenize_splits,
 )
@@ -90,6 +91,7 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         log_with=None if cfg.report_to == "none" else cfg.report_to.split(","),
         project_dir=cfg.output_dir,
+        dataloader_config=DataLoaderConfiguration(non_blocking=True),  # pinned batches copied while the GPU runs
         kwargs_handlers=[
             InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout)),
             DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters),
@@ -184,31 +186,24 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     model = prepare_model(cfg, accelerator, splits.labels)
     world = accelerator.num_processes
     learning_rate = cfg.learning_rate * (world if cfg.scale_lr == "linear" else 1)
-    optimizer = build_optimizer(model, cfg, learning_rate)
     epoch_steps = steps_per_epoch(len(loaders.sampler) // world, cfg.gradient_accumulation_steps)
     total_steps = cfg.max_train_steps or epoch_steps * cfg.num_train_epochs
     num_epochs = math.ceil(total_steps / epoch_steps)
-    scheduler = transformers.get_scheduler(
-        cfg.lr_scheduler_type,
-        optimizer,
-        num_training_steps=total_steps,
-        num_warmup_steps=round(cfg.warmup_ratio * total_steps),
-    )
+    optimizer, scheduler, compiled = optimization(cfg, accelerator, model, learning_rate, total_steps)
     model, optimizer, loaders.train, loaders.validation, loaders.test = accelerator.prepare(
         model, optimizer, loaders.train, loaders.validation, loaders.test
     )
+    if compiled != capture.NONE:
+        model = capture.compile_model(model, compiled, len(pad_widths(cfg, accelerator.device.type)))
     accelerator.register_for_checkpointing(scheduler)  # stepped by us once per optimizer step
     logger.info(
         "Effective batch size %d (%d per device x %d accumulation x %d processes); learning rate %g; "
-        "%d optimizer steps (%d per epoch, %d epochs)",
+        "%d optimizer steps (%d per epoch, %d epochs); batch widths %s; torch.compile %s",
         cfg.effective_batch_size(world),
-        cfg.per_device_train_batch_size,
-        cfg.gradient_accumulation_steps,
-        world,
-        learning_rate,
-        total_steps,
-        epoch_steps,
-        num_epochs,
+        *(cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, world, learning_rate),
+        *(total_steps, epoch_steps, num_epochs),
+        ", ".join(map(str, pad_widths(cfg, accelerator.device.type))) or "dynamic",
+        compiled,
     )
     run = Run(
         cfg,
@@ -227,12 +222,32 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
         throughput=Throughput(accelerator.device),
         guard=StopGuard(accelerator, cfg.max_nonfinite_steps),
         objective=objective,
+        compiled=capture.CompileReport(compiled),
     )
     run.progress.provenance = provenance.record(cfg, splits, accelerator, learning_rate, total_steps)
     resume(run)
     if splits.calibration:
         run.out.write_json(files.CALIBRATION, {"texts": splits.calibration, "source": "a seeded sample of train"})
     return run
+
+
+def optimization(
+    cfg: TrainConfig, accelerator: Accelerator, model: torch.nn.Module, learning_rate: float, total_steps: int
+):
+    """(AdamW, its schedule, the torch.compile mode): with compilation on (training/capture.py), a capturable AdamW
+    whose compiled step reads a tensor learning rate, except under fp16, where the GradScaler steps it eagerly."""
+    compiled = capture.resolve(cfg.torch_compile, accelerator.device.type, total_steps)
+    step_compiled = compiled != capture.NONE and accelerator.mixed_precision != "fp16"
+    optimizer = build_optimizer(model, cfg, learning_rate, capturable=step_compiled)
+    scheduler = transformers.get_scheduler(
+        cfg.lr_scheduler_type,
+        optimizer,
+        num_training_steps=total_steps,
+        num_warmup_steps=round(cfg.warmup_ratio * total_steps),
+    )
+    if step_compiled:
+        capture.compile_optimizer_step(optimizer, compiled, accelerator.device)
+    return optimizer, scheduler, compiled
 
 
 def layout_of(cfg: TrainConfig, accelerator: Accelerator) -> dict:
@@ -269,9 +284,11 @@ def score_best_model(run: Run) -> dict | None:
     if run.loaders.test is None:
         return None
     best = load_weights(run.out.path(files.WEIGHTS))
-    run.accelerator.unwrap_model(run.model).load_state_dict(best)
+    run.accelerator.unwrap_model(run.model, keep_torch_compile=False).load_state_dict(best)
     thresholds = (run.progress.best_validation or {}).get("thresholds")  # multi-label: the best model's
-    results = evaluate(run.accelerator, run.model, run.loaders.test, run.metrics, thresholds, run.cfg.windowing())
+    results = evaluate(
+        run.accelerator, capture.eager(run.model), run.loaders.test, run.metrics, thresholds, run.cfg.windowing()
+    )
     logger.info("Test (best model, step %s): %s", run.progress.best_step, format_metrics(results))
     return results
 
@@ -320,6 +337,7 @@ def train_and_report(cfg: TrainConfig, accelerator: Accelerator, run: Run, start
     )
     summary = run_summary(run, score_best_model(run), time.time() - started)
     summary["throughput"] = speed
+    summary["compilation"] = run.compiled.summary()
     run.out.write_final(summary, run.progress, cfg.hub_model_id)
     if cfg.export_runtime != "none":
         run.out.export_runtime(cfg.export_runtime)

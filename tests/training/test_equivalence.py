@@ -27,6 +27,7 @@ LAYOUTS = {  # name: (processes, per-device batch, accumulation, more flags) -> 
     "2x8 weighted": (2, 8, 1, WEIGHTED),
     "1x16 chunked": (1, 16, 1, CHUNKED),
     "2x8 chunked": (2, 8, 1, CHUNKED),
+    "2x8 compiled": (2, 8, 1, ("--torch_compile", "default")),  # DDP with compiled steps (4 fixed batch widths)
 }
 
 
@@ -74,7 +75,7 @@ def max_difference(a: dict, b: dict) -> float:
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.startswith(("1x16", "control"))])
 def test_parameters_and_loss_curve_match_one_process(runs, name):
-    variant = next((v for v in ("weighted", "chunked") if v in name), None)
+    variant = next((v for v in ("weighted", "chunked") if v in name), None)  # compiled: against eager 1x16
     reference_weights, reference_metrics = runs[f"1x16 {variant}" if variant else "1x16"]
     weights, metrics = runs[name]
     worst = max_difference(weights, reference_weights)

@@ -80,13 +80,14 @@ def test_use_fast_dropout_swaps_every_dropout_module_and_leaves_eval_outputs_unc
 
 
 def test_cpu_training_attention_equals_eager_without_dropout_and_is_the_cpu_default(smoke_dir):
+    from training.capture import SYNC_FREE_SDPA
     from training.cpu_speed import CPU_TRAINING_ATTENTION, attention_for
 
     cfg = load_config(["--preset", "smoke"])
     assert attention_for(None, True, torch.device("cpu")) == CPU_TRAINING_ATTENTION
     assert attention_for(None, False, torch.device("cpu")) == "eager"
-    assert attention_for(None, True, torch.device("cuda")) == "sdpa"
-    assert attention_for("sdpa", True, torch.device("cpu")) == "sdpa"
+    assert attention_for(None, True, torch.device("cuda")) == SYNC_FREE_SDPA  # SDPA, its mask always built
+    assert attention_for("sdpa", True, torch.device("cpu")) == SYNC_FREE_SDPA
     torch.manual_seed(0)
     eager = build_model(cfg, labels("a", "b", "c", "d"), "eager").eval()
     ours = build_model(cfg, labels("a", "b", "c", "d"), CPU_TRAINING_ATTENTION).eval()
@@ -118,3 +119,20 @@ def test_the_task_is_written_into_the_model_config(smoke_dir):
     assert tags.problem_type == MULTI and Task.of(tags).thresholds == (0.5, 0.5, 0.5)
     score = build_model(cfg, LabelSpace(values=[], names=["rating"], source="t", problem_type=REGRESSION)).config
     assert score.num_labels == 1 and score.id2label == {0: "rating"} and Task.of(score).function == "none"
+
+
+def test_sync_free_sdpa_gives_the_logits_of_sdpa_with_and_without_padding(smoke_dir):
+    from training.capture import sync_free_sdpa
+
+    cfg = load_config(["--preset", "smoke"])
+    torch.manual_seed(0)
+    plain = build_model(cfg, labels("a", "b", "c", "d"), "sdpa").eval()
+    ours = build_model(cfg, labels("a", "b", "c", "d"), sync_free_sdpa()).eval()
+    ours.load_state_dict(plain.state_dict())
+    ids = torch.randint(5, 100, (3, 9))
+    padded = torch.ones_like(ids)
+    padded[1, 6:] = 0
+    for mask in (torch.ones_like(ids), padded):  # no padding: sdpa skips the mask, ours builds an all-true one
+        assert torch.allclose(
+            ours(input_ids=ids, attention_mask=mask).logits, plain(input_ids=ids, attention_mask=mask).logits, atol=1e-6
+        )

@@ -1,0 +1,56 @@
+"""Batch shapes, one owner for training and serving: the widths batches are padded to, and the padding itself.
+
+A compiled or graph-captured forward pass is specialised to its input shapes: every new width would mean another
+compilation (or another CUDA graph). So batches can be padded to the smallest of a few fixed widths ("buckets")
+that holds their longest input, instead of to the longest input itself: a handful of shapes per run, at the cost
+of some extra padding (measured and reported by training/throughput.py and bench/train_bench.py).
+
+Without buckets a batch is padded to its longest input rounded up to a multiple (8 on GPU: tensor-core shapes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+GPU_MULTIPLE = 8  # tensor cores want multiples of 8
+DEFAULT_BUCKETS = 4  # widths per run when static shapes are on (docs/configuration.md: --pad_buckets)
+
+
+def bucket_widths(max_length: int, count: int, multiple: int = GPU_MULTIPLE) -> tuple[int, ...]:
+    """`count` widths evenly spaced up to `max_length`, each rounded up to `multiple`; the widest is max_length."""
+    if count < 1:
+        raise ValueError(f"bucket count must be at least 1 (got {count})")
+    widths = {min(max_length, round_up(-(-max_length * k // count), multiple)) for k in range(1, count + 1)}
+    return tuple(sorted(widths))
+
+
+def round_up(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
+
+
+def width_for(longest: int, widths: Sequence[int] = (), multiple: int = 1) -> int:
+    """The width for a batch whose longest input has `longest` tokens: the smallest bucket that holds it, or, without
+    buckets (or past the widest: an input the caller let through untruncated), `longest` rounded up to `multiple`."""
+    for width in widths:
+        if width >= longest:
+            return width
+    return round_up(longest, multiple)
+
+
+def pad(features: Sequence[dict], pad_token_id: int, width: int, left: bool = False) -> dict[str, torch.Tensor]:
+    """Token ids (and token type ids) of each input padded to `width`, with the attention mask: what `tokenizer.pad`
+    returns, in a fraction of its Python time. `left` pads in front (a tokenizer whose padding side is left)."""
+
+    def padded(values: list[int], fill: int) -> list[int]:
+        padding = [fill] * (width - len(values))
+        return padding + list(values) if left else list(values) + padding
+
+    batch = {
+        "input_ids": torch.tensor([padded(f["input_ids"], pad_token_id) for f in features]),
+        "attention_mask": torch.tensor([padded([1] * len(f["input_ids"]), 0) for f in features]),
+    }
+    if "token_type_ids" in features[0]:
+        batch["token_type_ids"] = torch.tensor([padded(f["token_type_ids"], 0) for f in features])
+    return batch

@@ -1,0 +1,162 @@
+"""The step the GPU need not wait for (training/capture.py), proven on CPU with real training runs:
+
+- no host-device sync inside a step (a dispatch-mode guard around every step: tests/helpers/guarded_train.py; the
+  same guard finds the `padding_mask.all()` of transformers' SDPA mask in the code before this change);
+- batches padded to a few fixed widths, every one holding its longest text;
+- --torch_compile: the same losses as eager for 50 steps (fp32, dropout 0), at most one graph per width plus the
+  optimizer's, a bitwise mid-epoch resume with compilation (and dropout) on; a compiled 2-process run is one of the
+  layouts of tests/training/test_equivalence.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from inference import files, shapes
+from tests.conftest import ROOT, cli_env, describe, run_train
+from training.config import load_config
+from training.data import Collator, load_splits, make_dataloaders, tokenize_splits
+from training.model import load_tokenizer
+
+STEPS = 50
+EXACT = ["--dropout", "0", "--mixed_precision", "no", "--pad_buckets", "4", "--learning_rate", "5e-4"]
+
+
+def guarded(tmp_path: Path, *args: str) -> dict:
+    report = tmp_path / "syncs.json"
+    command = [sys.executable, str(ROOT / "tests" / "helpers" / "guarded_train.py"), str(report), *args]
+    result = subprocess.run(command, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, describe(result)
+    return json.loads(report.read_text())
+
+
+@pytest.mark.slow
+def test_a_training_step_never_waits_for_the_device(smoke_dir, tmp_path):
+    """SDPA (the GPU default) in bf16 with gradient accumulation and clipping: 24 micro-batches, no sync in any of
+    them; logging, evaluation and the stop checks (every 5 steps) read the device outside the steps, as allowed."""
+    report = guarded(
+        tmp_path,
+        *("--preset", "smoke", "--output_dir", str(tmp_path / "out"), "--max_train_steps", "12"),
+        *("--attn_implementation", "sdpa", "--mixed_precision", "bf16", "--gradient_accumulation_steps", "2"),
+        *("--logging_steps", "5", "--stop_check_steps", "5", "--eval_steps", "6", "--max_grad_norm", "1"),
+    )
+    assert report["exit"] == 0 and report["ops"] > 5000  # the guard saw the steps' work
+    syncs = "\n".join(f"step {s['step']}: {s['op']} at {' <- '.join(reversed(s['stack']))}" for s in report["syncs"])
+    assert not report["syncs"], f"host-device syncs inside training steps:\n{syncs}"
+
+
+def test_bucket_widths_are_few_fixed_multiples_of_8_up_to_max_length():
+    assert shapes.bucket_widths(128, 4) == (32, 64, 96, 128)
+    assert shapes.bucket_widths(64, 4) == (16, 32, 48, 64)
+    assert shapes.bucket_widths(100, 3) == (40, 72, 100)  # rounded up to 8, the widest exactly max_length
+    assert shapes.bucket_widths(16, 8) == (8, 16)  # no more widths than multiples of 8
+    assert [shapes.width_for(n, (32, 64)) for n in (1, 32, 33, 64)] == [32, 32, 64, 64]
+    assert shapes.width_for(70, (32, 64), multiple=8) == 72  # past the widest: rounded, never cut
+    assert shapes.width_for(13) == 13 and shapes.width_for(13, multiple=8) == 16
+    with pytest.raises(ValueError):
+        shapes.bucket_widths(128, 0)
+
+
+def test_training_batches_take_the_smallest_width_that_holds_them_and_the_same_examples(smoke_dir):
+    def batches(*extra: str) -> list[dict]:
+        cfg = load_config(["--preset", "smoke", "--per_device_train_batch_size", "8", "--num_samples", "200", *extra])
+        tokenizer = load_tokenizer(cfg)
+        splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
+        train, _, validation, _ = make_dataloaders(splits, tokenizer, cfg, num_processes=1)
+        return list(train) + list(validation)
+
+    dynamic, bucketed = batches(), batches("--pad_buckets", "4")
+    widths = shapes.bucket_widths(64, 4)  # the smoke preset's max_length
+    assert {b["input_ids"].shape[1] for b in bucketed} <= set(widths)
+    for plain, padded in zip(dynamic, bucketed, strict=True):
+        longest = int(plain["attention_mask"].sum(1).max())
+        assert plain["input_ids"].shape[1] == longest  # CPU default: the longest text, no rounding
+        assert padded["input_ids"].shape[1] == shapes.width_for(longest, widths)
+        width = plain["input_ids"].shape[1]  # the same examples and labels, only more padding
+        assert torch.equal(padded["input_ids"][:, :width], plain["input_ids"])
+        assert torch.equal(padded["attention_mask"].sum(1), plain["attention_mask"].sum(1))
+        assert torch.equal(padded["labels"], plain["labels"])
+
+
+def test_the_collator_stacks_labels_as_the_loss_expects():
+    features = [{"input_ids": [1, 5, 2], "labels": [1.0, 0.0]}, {"input_ids": [1, 2], "labels": [0.0, 1.0]}]
+    batch = Collator(pad_token_id=0, widths=(4, 8))(features)
+    assert batch["input_ids"].tolist() == [[1, 5, 2, 0], [1, 2, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0]]
+    assert batch["labels"].dtype == torch.float32  # multi-hot; class ids stay int64
+    assert Collator(0)([{"input_ids": [3], "labels": 2}])["labels"].dtype == torch.long
+    left = Collator(pad_token_id=0, left=True)(features)
+    assert left["input_ids"].tolist() == [[1, 5, 2], [0, 1, 2]]
+
+
+def test_compiling_without_fixed_widths_is_refused_before_anything_loads(tmp_path):
+    args = ["--preset", "smoke", "--output_dir", str(tmp_path), "--torch_compile", "default", "--pad_buckets", "0"]
+    result, _ = run_train(args)
+    assert result.returncode == 2
+    assert "pad_buckets: must be at least 1 with --torch_compile" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------- compiled
+
+
+def train(out: Path, *extra: str) -> dict:
+    args = ["--preset", "smoke", "--output_dir", str(out), "--max_train_steps", str(STEPS), "--logging_steps", "1"]
+    result, _ = run_train([*args, "--checkpointing_steps", "25", "--eval_steps", "25", *extra])
+    assert result.returncode == 0, describe(result)
+    return json.loads((out / files.METRICS).read_text())
+
+
+@pytest.fixture(scope="module")
+def compiled_runs(smoke_dir, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    root = tmp_path_factory.mktemp("compiled")
+    runs = {
+        "eager": EXACT,
+        "compiled": [*EXACT, "--torch_compile", "default"],
+        "compiled dropout": ["--torch_compile", "default", "--mixed_precision", "no"],
+    }
+    return {name: (root / name, train(root / name, *args)) for name, args in runs.items()}
+
+
+@pytest.mark.slow
+def test_compiled_training_gives_the_losses_of_eager_training(compiled_runs):
+    eager, compiled = compiled_runs["eager"][1], compiled_runs["compiled"][1]
+    losses = [[entry["loss"] for entry in run["train_loss"]] for run in (eager, compiled)]
+    assert len(losses[0]) == len(losses[1]) == STEPS
+    worst = max(abs(a - b) / abs(a) for a, b in zip(*losses))
+    print(f"compiled vs eager: largest relative loss difference {worst:.2e} over {STEPS} steps")
+    assert worst <= 1e-4
+    assert eager["compilation"]["mode"] == "none" and compiled["compilation"]["mode"] == "default"
+
+
+@pytest.mark.slow
+def test_compilation_makes_one_graph_per_width_and_one_for_the_optimizer(compiled_runs):
+    for name in ("compiled", "compiled dropout"):
+        report = compiled_runs[name][1]["compilation"]
+        print(f"{name}: {report}")
+        assert set(report["widths"]) <= set(shapes.bucket_widths(64, 4)) and report["widths"]
+        assert report["graphs"] <= len(report["widths"]) + 1  # a recompilation past the widths would have failed
+        assert report["compile_seconds"] > 0
+
+
+@pytest.mark.slow
+def test_a_compiled_run_resumed_mid_epoch_finishes_bitwise_identical(compiled_runs, tmp_path):
+    """With dropout on: the compiled graphs draw their random numbers from the restored generator state."""
+    out, metrics = compiled_runs["compiled dropout"]
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out / files.STATE_DIR / "step_25", resumed / files.STATE_DIR / "step_25")
+    again = train(
+        resumed, "--torch_compile", "default", "--mixed_precision", "no", "--resume_from_checkpoint", "latest"
+    )
+    last = f"{files.STATE_DIR}/step_{STEPS}/model.safetensors"
+    a, b = load_file(out / last), load_file(resumed / last)
+    assert a.keys() == b.keys() and not [k for k in a if k.startswith(("_orig_mod.", "module."))]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert again["train_loss"][-1] == metrics["train_loss"][-1] and again["test"] == metrics["test"]
