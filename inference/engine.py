@@ -28,13 +28,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from inference import shapes
 from inference.loading import LoadedModel
 from inference.long_text import CHUNK, LongTextError, TooManyWindows
 from inference.metrics import Metrics
 from inference.schemas import Sequence
 
 logger = logging.getLogger(__name__)
-PAD_MULTIPLE = 8
+PAD_MULTIPLE = shapes.GPU_MULTIPLE
 # An idle worker wakes this often. On the main thread (`python -m inference`) that is what lets SIGTERM/SIGINT
 # work: the kernel may deliver a process's signal to any of its threads, and Python runs the handler only when
 # the main thread executes Python again, which a wait with no timeout would postpone until the next request.
@@ -303,7 +304,7 @@ def window_length(loaded: LoadedModel) -> int:
 
 
 def _padded(length: int) -> int:
-    return -(-length // PAD_MULTIPLE) * PAD_MULTIPLE
+    return shapes.round_up(length, PAD_MULTIPLE)
 
 
 def forward_buckets(items: list, max_inputs: int, max_tokens: int, ratio: float = 1.5, slack: int = 16) -> list[list]:
@@ -333,21 +334,10 @@ def warm_up(loaded: LoadedModel) -> None:
 
 
 def collate(features: list[dict], pad_token_id: int, left: bool = False) -> dict[str, torch.Tensor]:
-    """Pad token ids (and token type ids) to the longest input, rounded up to PAD_MULTIPLE, with the attention
-    mask: what `tokenizer.pad` returns, in a fraction of its Python time."""
-    width = _padded(max(len(f["input_ids"]) for f in features))
-
-    def padded(values: list[int], fill: int) -> list[int]:
-        padding = [fill] * (width - len(values))
-        return padding + values if left else values + padding
-
-    batch = {
-        "input_ids": torch.tensor([padded(f["input_ids"], pad_token_id) for f in features]),
-        "attention_mask": torch.tensor([padded([1] * len(f["input_ids"]), 0) for f in features]),
-    }
-    if "token_type_ids" in features[0]:
-        batch["token_type_ids"] = torch.tensor([padded(f["token_type_ids"], 0) for f in features])
-    return batch
+    """Token ids (and token type ids) padded to the longest input rounded up to PAD_MULTIPLE, with the attention
+    mask (inference/shapes.py pads for training and serving alike)."""
+    width = shapes.width_for(max(len(f["input_ids"]) for f in features), multiple=PAD_MULTIPLE)
+    return shapes.pad(features, pad_token_id, width, left)
 
 
 @torch.inference_mode()
