@@ -110,13 +110,14 @@ def stage_env(dry: bool, env: dict) -> str:
     n, dtype = (8192, torch.bfloat16) if cuda and not dry else (256, torch.float32)
     device = "cuda" if cuda else "cpu"
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(3):
         a @ b
-    torch.cuda.synchronize() if cuda else None
+    sync()
     started, repeats = time.perf_counter(), 10
     for _ in range(repeats):
         a @ b
-    torch.cuda.synchronize() if cuda else None
+    sync()
     tflops = 2 * n**3 * repeats / (time.perf_counter() - started) / 1e12
     code, output, _ = run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "-m", "training.check_env"], env, 300

@@ -17,7 +17,6 @@ Importing this module changes nothing; train.py calls it.
 
 from __future__ import annotations
 
-import logging
 import time
 
 import torch
@@ -27,9 +26,7 @@ from transformers.masking_utils import sdpa_mask
 
 from inference import shapes
 
-logger = logging.getLogger(__name__)
-
-AUTO, NONE, DEFAULT, REDUCE_OVERHEAD = "auto", "none", "default", "reduce-overhead"
+AUTO, NONE, REDUCE_OVERHEAD = "auto", "none", "reduce-overhead"
 AUTO_MIN_STEPS = 1000  # --torch_compile auto: shorter GPU runs would not repay the compilation (docs/launching.md)
 SYNC_FREE_SDPA = "sdpa_sync_free"
 
@@ -94,6 +91,8 @@ class CompileReport:
         self._width = 0
 
     def before(self, batch: dict) -> None:
+        if self.mode == NONE:
+            return
         self._width = batch["input_ids"].shape[1]
         self._started = time.perf_counter()
 

@@ -242,7 +242,8 @@ class OptimizationConfig(_Group):
     """Seed for model init, data order, dropout and the validation split."""
     torch_compile: Literal["auto", "none", "default", "reduce-overhead"] = "auto"
     """Compile the training step with torch.compile (training/capture.py): the forward and backward pass (one graph
-    per --pad_buckets width) and the optimizer step (fused AdamW with a tensor learning rate, capturable on GPU).
+    per --pad_buckets width) and the optimizer step (a capturable multi-tensor AdamW with a tensor learning rate;
+    under fp16 the fused AdamW, stepped eagerly by the GradScaler).
     'reduce-overhead' also captures CUDA graphs; 'auto' is reduce-overhead on GPU for runs of at least 1000 optimizer
     steps (compilation costs minutes at start: docs/launching.md) and none otherwise, on CPU always."""
 

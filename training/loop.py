@@ -217,11 +217,7 @@ def validate_and_save(run: Run) -> bool:
         )
         if best:
             if "thresholds" in results:  # multi-label: the thresholds go with the model (config.json)
-                setattr(
-                    run.accelerator.unwrap_model(run.model, keep_torch_compile=False).config,
-                    task.THRESHOLDS,
-                    results["thresholds"],
-                )
+                setattr(run.accelerator.unwrap_model(model).config, task.THRESHOLDS, results["thresholds"])
             run.out.save_model(model, run.tokenizer, run.cfg.export_hf_format)
             run.out.write_json(files.METRICS, run_summary(run))
             run.out.write_curves(run.progress, plot=False)  # the PNG is drawn once, at the end

@@ -193,8 +193,9 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     model, optimizer, loaders.train, loaders.validation, loaders.test = accelerator.prepare(
         model, optimizer, loaders.train, loaders.validation, loaders.test
     )
+    widths = pad_widths(cfg, accelerator.device.type)
     if compiled != capture.NONE:
-        model = capture.compile_model(model, compiled, len(pad_widths(cfg, accelerator.device.type)))
+        model = capture.compile_model(model, compiled, len(widths))
     accelerator.register_for_checkpointing(scheduler)  # stepped by us once per optimizer step
     logger.info(
         "Effective batch size %d (%d per device x %d accumulation x %d processes); learning rate %g; "
@@ -202,7 +203,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
         cfg.effective_batch_size(world),
         *(cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, world, learning_rate),
         *(total_steps, epoch_steps, num_epochs),
-        ", ".join(map(str, pad_widths(cfg, accelerator.device.type))) or "dynamic",
+        ", ".join(map(str, widths)) or "dynamic",
         compiled,
     )
     run = Run(
