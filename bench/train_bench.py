@@ -145,7 +145,7 @@ def run_ours(args, model_dir: Path, work: Path, out: Path, compiled: bool = Fals
         "--max_length",
         str(args.max_length),
         "--num_train_epochs",
-        "1",
+        str(args.num_train_epochs),
         "--learning_rate",
         str(args.learning_rate),
         "--warmup_ratio",
@@ -198,6 +198,7 @@ def run_trainer(args, model_dir: Path, work: Path, out: Path, strategy: str) -> 
         "out": str(out),
         "strategy": strategy,
         "batch_size": args.batch_size,
+        "epochs": args.num_train_epochs,
         "max_length": args.max_length,
         "learning_rate": args.learning_rate,
         "precision": args.precision,
@@ -260,7 +261,7 @@ def trainer_child(spec: dict) -> None:
         output_dir=spec["out"],
         per_device_train_batch_size=spec["batch_size"],
         per_device_eval_batch_size=64,
-        num_train_epochs=1,
+        num_train_epochs=spec.get("epochs", 1),
         learning_rate=spec["learning_rate"],
         warmup_steps=0.1,
         lr_scheduler_type="linear",
@@ -294,7 +295,8 @@ def trainer_child(spec: dict) -> None:
     for batch in trainer.get_train_dataloader():  # the same sampler and collator, after the timed run
         real += int(batch["attention_mask"].sum())
         slots += batch["attention_mask"].numel()
-    examples = len(data["train"])
+    epochs = spec.get("epochs", 1)  # one pass counted, every pass timed
+    examples, real, slots = len(data["train"]) * epochs, real * epochs, slots * epochs
     print(
         json.dumps(
             {
@@ -411,6 +413,7 @@ def main() -> None:
     parser.add_argument("--model", default="distilbert-base", help="distilbert-base, minilm, tiny, or a local folder")
     parser.add_argument("--num_examples", type=int, default=1024, help="training examples (one epoch)")
     parser.add_argument("--num_validation", type=int, default=1000)
+    parser.add_argument("--num_train_epochs", type=int, default=1, help="passes over the training examples")
     parser.add_argument("--batch_size", type=int, default=32, help="per device")
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--learning_rate", type=float, default=5e-5)
@@ -448,7 +451,8 @@ def main() -> None:
     print(f"device: {device}; torch {torch.__version__}; commit {commit}")
     print(
         f"model: {model_desc}; data: {source}, {args.num_examples} training / {args.num_validation} validation "
-        f"examples; batch {args.batch_size}, max_length {args.max_length}, precision {args.precision}, 1 epoch"
+        f"examples; batch {args.batch_size}, max_length {args.max_length}, precision {args.precision}, "
+        f"{args.num_train_epochs} epoch(s)"
     )
 
     results = run_rows(args, model_dir, work)
