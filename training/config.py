@@ -199,8 +199,9 @@ class DataConfig(_Group):
     longest text (--pad_to_multiple_of). Default: 4 on GPU and with --torch_compile on, else 0."""
     group_by_length: bool = True
     """Batch texts of similar length together (less padding); every rank still gets an equal, disjoint shard."""
-    dataloader_num_workers: Annotated[int, _bound(">=", 0)] = 0
-    """DataLoader worker processes per rank (0 = load in the training process)."""
+    dataloader_num_workers: Annotated[int, _bound(">=", 0)] | None = None
+    """DataLoader worker processes per rank (0 = load in the training process). Default: 2 on GPU (collating in the
+    training process holds up a captured step), 0 on CPU (the cores are busy with the matmuls)."""
 
 
 class OptimizationConfig(_Group):

@@ -38,6 +38,7 @@ _LOADERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parqu
 
 
 CALIBRATION_TEXTS = 600  # every third (200) held out for the int8 agreement check, 300 of the rest calibrate it
+GPU_LOADER_WORKERS = 2  # collation off the training thread: a captured step waits on it otherwise
 
 
 class DataError(ValueError):
@@ -537,6 +538,13 @@ def pad_widths(cfg: TrainConfig, device_type: str) -> tuple[int, ...]:
     return shapes.bucket_widths(cfg.max_length, count) if count else ()
 
 
+def loader_workers(cfg: TrainConfig, device_type: str) -> int:
+    """--dataloader_num_workers, else GPU_LOADER_WORKERS on GPU and 0 on CPU."""
+    if cfg.dataloader_num_workers is not None:
+        return cfg.dataloader_num_workers
+    return GPU_LOADER_WORKERS if device_type == "cuda" else 0
+
+
 @dataclass(frozen=True)
 class Collator:
     """A batch of tokenized windows: padded (inference/shapes.py) to the smallest of `widths` that holds the longest,
@@ -580,7 +588,10 @@ def make_dataloaders(
         group_by_length=cfg.group_by_length,
         accumulation=cfg.gradient_accumulation_steps,
     )
-    common = dict(collate_fn=collate, num_workers=cfg.dataloader_num_workers, pin_memory=device_type == "cuda")
+    workers = loader_workers(cfg, device_type)
+    common = dict(
+        collate_fn=collate, num_workers=workers, persistent_workers=workers > 0, pin_memory=device_type == "cuda"
+    )
     # Its own generator, so creating the loader iterator never draws from the global RNG (dropout): a
     # resumed run then sees exactly the random numbers the uninterrupted one saw.
     train_loader = DataLoader(

@@ -9,7 +9,15 @@ import torch
 
 from tests.conftest import write_rows
 from training.config import load_config
-from training.data import DataError, LabelSpace, load_splits, make_dataloaders, tokenize_splits
+from training.data import (
+    GPU_LOADER_WORKERS,
+    DataError,
+    LabelSpace,
+    load_splits,
+    loader_workers,
+    make_dataloaders,
+    tokenize_splits,
+)
 from training.model import load_tokenizer
 
 NAMES = ["World", "Sports", "Business", "Sci/Tech"]
@@ -256,6 +264,13 @@ def test_tokenized_batches_are_padded_to_the_longest_or_its_multiple_of_8(tmp_pa
         width = batch["input_ids"].shape[1]
         longest = int(batch["attention_mask"].sum(1).max())
         assert width % 8 == 0 and width - 8 < longest <= width
+    # loader workers (the GPU default: collation off the training thread) give the very same batches
+    assert loader_workers(cfg, "cuda") == GPU_LOADER_WORKERS and loader_workers(cfg, "cpu") == 0
+    cfg.dataloader_num_workers = 2
+    in_workers, _, _, _ = make_dataloaders(splits, tokenizer, cfg, num_processes=1)
+    assert in_workers.num_workers == 2 and loader_workers(cfg, "cpu") == 2
+    for ours, theirs in zip(list(in_workers), list(train_loader), strict=True):
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     # the second tokenization is read from the datasets cache: same fingerprint, no new cache file
     again = tokenize_splits(load_splits(cfg), tokenizer, cfg)
     assert again.train._fingerprint == splits.train._fingerprint
