@@ -30,12 +30,11 @@ def main() -> int:
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     prof = profile(activities=activities, schedule=schedule(wait=args.skip, warmup=2, active=args.steps))
-    step, seen, stamps = loop.train_step, [0], []
+    step, stamps = loop.train_step, []
 
     def profiled_step(run, batch):
         loss = step(run, batch)
         prof.step()
-        seen[0] += 1
         stamps.append(time.perf_counter())
         return loss
 

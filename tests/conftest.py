@@ -68,13 +68,19 @@ SMOKE_MODEL_ARGS = ["--preset", "smoke", "--checkpointing_steps", "84", "--num_t
 )
 
 
-@pytest.fixture(scope="session")
-def smoke_model(smoke_dir, tmp_path_factory) -> Path:
+def trained_once(tmp_path_factory, name: str, args: list[str]) -> Path:
+    """The output folder of one train.py run with `args`, trained once per test session (built_once)."""
+
     def train(out: Path) -> None:
-        result, _ = run_train([*SMOKE_MODEL_ARGS, "--output_dir", str(out)])
+        result, _ = run_train([*args, "--output_dir", str(out)])
         assert result.returncode == 0, describe(result)
 
-    return built_once(tmp_path_factory, "smoke_model", train)
+    return built_once(tmp_path_factory, name, train)
+
+
+@pytest.fixture(scope="session")
+def smoke_model(smoke_dir, tmp_path_factory) -> Path:
+    return trained_once(tmp_path_factory, "smoke_model", SMOKE_MODEL_ARGS)
 
 
 # One model trained on the long-document preset (--long_text chunk, 48-token windows, 3 epochs of 202 steps), with
@@ -84,11 +90,7 @@ SMOKE_LONG_ARGS = ["--preset", "smoke-long", "--checkpointing_steps", "100"]
 
 @pytest.fixture(scope="session")
 def smoke_long_model(smoke_dir, tmp_path_factory) -> Path:
-    def train(out: Path) -> None:
-        result, _ = run_train([*SMOKE_LONG_ARGS, "--output_dir", str(out)])
-        assert result.returncode == 0, describe(result)
-
-    return built_once(tmp_path_factory, "smoke_long_model", train)
+    return trained_once(tmp_path_factory, "smoke_long_model", SMOKE_LONG_ARGS)
 
 
 # One uninterrupted 2-process smoke run (84 batches per rank per epoch, 252 optimizer steps, a resumable state
