@@ -1,20 +1,22 @@
-"""Micro-batching: concurrent requests share forward passes, run by one worker off the event loop.
+"""Micro-batching: concurrent requests share forward passes, run off the event loop by two threads.
 
-A request puts a job (its inputs: texts or text pairs, and an asyncio future) on a queue. The worker, which
-alone touches the model and the tokenizer (`Engine.run`: on a thread of its own after `start()`, or on the
-process's main thread: see inference/__main__.py):
-1. takes a job and tokenizes it (a job whose client already went away is dropped first): one window per input, or,
-   for a job that chunks long texts, every window of each (inference/long_text.py), at most `max_chunks` per input;
-2. gathers more jobs, waiting up to `max_wait` only while requests keep arriving together, until the
-   micro-batch holds `max_batch_requests` inputs or `max_batch_tokens` tokens (a job that would pass either
-   starts the next micro-batch);
-3. sorts the inputs by length and runs them in forward passes of similar lengths, each bounded by
-   `max_batch_requests` inputs and `max_batch_tokens` padded tokens, so long inputs cannot blow up memory;
-4. pools each chunked input's windows' logits, and hands each job exactly its own rows back on its event loop, with
-   its token count (every window's) and timings.
-Windows count as inputs everywhere (`max_batch_requests`, `max_batch_tokens`), so a long text cannot blow up memory.
-The model is read once per micro-batch, so a reload swaps models between batches. In-flight inputs are
-bounded by `max_concurrent_requests` (Overloaded beyond it: 429).
+A request puts a job (its inputs: texts or text pairs, and an asyncio future) on a queue. Two threads serve it:
+- the tokenizer thread (started by `Engine.run`) gathers jobs, waiting up to `max_wait` only while requests keep
+  arriving together, until they hold `max_batch_requests` inputs (a job that would pass it starts the next
+  micro-batch; a job whose client already went away is dropped first), and tokenizes them together: one tokenizer
+  call for all the plain texts that share truncation settings (and one for the pairs), every window of each input
+  for a job that chunks long texts (inference/long_text.py, at most `max_chunks` per input). An input refused
+  (too long, too many windows) fails its own job only. It hands the micro-batch to the model thread through a
+  short bounded queue, so tokenizing the next batch overlaps the forward passes of this one;
+- the model thread (`Engine.run`: on a thread of its own after `start()`, or on the process's main thread: see
+  inference/__main__.py), which alone runs the model, sorts the inputs by length and runs them in forward passes of
+  similar lengths, each bounded by `max_batch_requests` inputs and `max_batch_tokens` padded tokens, so long
+  inputs cannot blow up memory; the logits stay on the device until the micro-batch is done (one copy back), then
+  it pools each chunked input's windows and hands each job exactly its own rows on its event loop, with its token
+  count (every window's) and timings.
+Windows count as inputs everywhere (`max_batch_requests`, `max_batch_tokens`). The model is read once per
+micro-batch, so a reload swaps models between batches (a batch tokenized for the old model is tokenized again). In-
+flight inputs are bounded by `max_concurrent_requests` (Overloaded beyond it: 429).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ PAD_MULTIPLE = shapes.GPU_MULTIPLE
 # work: the kernel may deliver a process's signal to any of its threads, and Python runs the handler only when
 # the main thread executes Python again, which a wait with no timeout would postpone until the next request.
 IDLE_WAKE_S = 0.25
+READY_BATCHES = 2  # tokenized micro-batches waiting for the model thread: enough to overlap, few to hold memory
 
 
 class Overloaded(RuntimeError):
@@ -86,6 +89,7 @@ class _Job:
     owner: list[int] = field(default_factory=list)  # the input of each window
     tokenized_by: LoadedModel | None = None
     tokenization_s: float = 0.0
+    queued: bool = True  # counted in the queue-size gauge until the model thread takes it (or it is dropped)
 
     @property
     def tokens(self) -> int:
@@ -104,7 +108,8 @@ class Engine:
         self.current = loaded
         self.limits = limits
         self.metrics = metrics
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue = queue.Queue()  # jobs, for the tokenizer thread
+        self._ready: queue.Queue = queue.Queue(maxsize=READY_BATCHES)  # tokenized micro-batches, for the model thread
         self._in_flight = 0
         self._lock = threading.Lock()
         self._carry = None
@@ -156,17 +161,38 @@ class Engine:
     # ---------------------------------------------------------------------------------- worker side
 
     def run(self) -> None:
-        """The worker loop, on the calling thread, until stop(): every queued job is answered first."""
+        """The model thread's loop, on the calling thread, until stop(): every queued job is answered first. It
+        starts the tokenizer thread that feeds it."""
         self._running.set()
+        threading.Thread(target=self._tokenize_loop, name="inference-tokenizer", daemon=True).start()
         try:
-            while (jobs := self._gather()) is not None:
+            while (jobs := self._next_batch()) is not None:
                 self._run_batch(jobs)
         finally:
             self._finished.set()
 
+    def _next_batch(self) -> list[_Job] | None:
+        """The next tokenized micro-batch (waiting in IDLE_WAKE_S slices), or None once the tokenizer thread ended."""
+        while True:
+            try:
+                jobs = self._ready.get(timeout=IDLE_WAKE_S)
+            except queue.Empty:
+                continue
+            return None if jobs is _STOP else jobs
+
+    # ------------------------------------------------------------------------------- tokenizer thread
+
+    def _tokenize_loop(self) -> None:
+        try:
+            while (jobs := self._gather()) is not None:
+                if tokenized := self._tokenize(jobs, self.current):
+                    self._ready.put(tokenized)
+        finally:
+            self._ready.put(_STOP)  # after the last batch: the model thread answers it, then ends
+
     def _next(self, deadline: float | None):
-        """The next tokenized job (blocking until `deadline`, forever when None, in IDLE_WAKE_S slices); None if
-        none came in time."""
+        """The next live job (blocking until `deadline`, forever when None, in IDLE_WAKE_S slices); None if none came
+        in time."""
         while True:
             timeout = IDLE_WAKE_S if deadline is None else max(0.0, deadline - time.monotonic())
             try:
@@ -177,58 +203,74 @@ class Engine:
                 return None
             if job is _STOP:
                 return job
+            if not job.abandoned:  # a client that went away costs no tokenizing and no forward pass
+                return job
+            self._leave_queue(job)
+
+    def _leave_queue(self, job: _Job) -> None:
+        if job.queued:
+            job.queued = False
             self.metrics.queue_size.dec(len(job.sequences))
-            if job.abandoned:
-                continue  # the client went away: no tokenizing, no forward pass
-            try:
-                self._tokenize(job, self.current)
-            except (InputTooLong, TooManyWindows, LongTextError) as exc:
-                _resolve(job, exc=exc)
-                continue
-            return job
 
     def _gather(self) -> list[_Job] | None:
-        """One micro-batch of tokenized jobs, or None once stop() was called and the queue is drained."""
+        """One micro-batch of jobs, or None once stop() was called and the queue is drained."""
         first, self._carry = self._carry or self._next(None), None
         if first is _STOP:
             return None
-        jobs, inputs, tokens = [first], len(first.features), first.tokens
+        jobs, inputs = [first], len(first.sequences)
         # Wait for company only under concurrent load (the last micro-batch merged several requests): a lone
         # client never pays the batching window, busy periods still fill batches.
         deadline = time.monotonic() + (self.limits.max_wait_ms / 1000 if self._last_jobs > 1 else 0.0)
-        while inputs < self.limits.max_batch_requests and tokens < self.limits.max_batch_tokens:
+        while inputs < self.limits.max_batch_requests:
             job = self._next(deadline)
             if job is None:
                 break
-            if (
-                job is _STOP
-                or inputs + len(job.features) > self.limits.max_batch_requests
-                or tokens + job.tokens > self.limits.max_batch_tokens
-            ):
+            if job is _STOP or inputs + len(job.sequences) > self.limits.max_batch_requests:
                 self._carry = job  # starts the next micro-batch
                 break
             jobs.append(job)
-            inputs, tokens = inputs + len(job.features), tokens + job.tokens
+            inputs += len(job.sequences)
         self._last_jobs = len(jobs)
         return jobs
 
-    def _tokenize(self, job: _Job, loaded: LoadedModel) -> None:
-        started = time.perf_counter()
-        if job.chunk:
-            job.features, job.owner = windows(loaded, job.sequences, self.limits.max_chunks)
-        else:
-            job.features = encode(loaded, job.sequences, job.truncate, job.left)
-            job.owner = list(range(len(job.features)))
-        job.tokenized_by = loaded
-        job.tokenization_s += time.perf_counter() - started
-        for feature in job.features:
-            self.metrics.input_length.observe(len(feature["input_ids"]))
+    def _tokenize(self, jobs: list[_Job], loaded: LoadedModel) -> list[_Job]:
+        """Tokenize the jobs for `loaded`, plain inputs together; the jobs whose inputs were refused are answered
+        with the reason and left out."""
+        started, kept = time.perf_counter(), []
+        for (truncate, left), group in _by_settings(job for job in jobs if not job.chunk):
+            found = encode_unchecked(loaded, [s for job in group for s in job.sequences], truncate, left)
+            for job in group:
+                job.features, found = found[: len(job.sequences)], found[len(job.sequences) :]
+                job.owner = list(range(len(job.features)))
+        for job in jobs:
+            try:
+                if job.chunk:
+                    job.features, job.owner = windows(loaded, job.sequences, self.limits.max_chunks)
+                elif (longest := max(len(f["input_ids"]) for f in job.features)) > loaded.max_length:
+                    raise InputTooLong(longest, loaded.max_length)
+            except (InputTooLong, TooManyWindows, LongTextError) as exc:
+                self._leave_queue(job)
+                _resolve(job, exc=exc)
+                continue
+            job.tokenized_by = loaded
+            kept.append(job)
+            for feature in job.features:
+                self.metrics.input_length.observe(len(feature["input_ids"]))
+        for job in jobs:
+            job.tokenization_s += time.perf_counter() - started  # the call all of them waited for
+        return kept
+
+    # ---------------------------------------------------------------------------------- model thread
 
     def _run_batch(self, jobs: list[_Job]) -> None:
-        loaded = self.current
         for job in jobs:
-            if job.tokenized_by is not loaded:  # a reload swapped the model after this job was tokenized
-                self._tokenize(job, loaded)
+            self._leave_queue(job)
+        jobs = [job for job in jobs if not job.abandoned]  # clients that left while it waited: not run
+        if not jobs:
+            return
+        loaded = self.current
+        if any(job.tokenized_by is not loaded for job in jobs):  # a reload swapped the model after tokenizing
+            jobs = self._tokenize(jobs, loaded)
         started = time.perf_counter()
         items = sorted(
             ((j, i, f) for j, job in enumerate(jobs) for i, f in enumerate(job.features)),
@@ -237,10 +279,9 @@ class Engine:
         self.metrics.batch_size.observe(len(items))
         self.metrics.batch_tokens.observe(sum(len(f["input_ids"]) for _, _, f in items))
         try:
-            rows = {}
-            for bucket in forward_buckets(items, self.limits.max_batch_requests, self.limits.max_batch_tokens):
-                for (j, i, _), row in zip(bucket, forward(loaded, [f for _, _, f in bucket]).tolist()):
-                    rows[j, i] = row
+            passes = forward_buckets(items, self.limits.max_batch_requests, self.limits.max_batch_tokens)
+            logits = [forward(loaded, [f for _, _, f in bucket]) for bucket in passes]  # left on the device
+            rows = dict(zip(((j, i) for j, i, _ in items), torch.cat(logits).float().cpu()))  # one copy back
         except Exception as exc:  # noqa: BLE001 - a failed forward answers its callers (424), the worker lives on
             logger.exception("inference failed for a micro-batch of %d requests", len(jobs))
             for job in jobs:
@@ -251,16 +292,34 @@ class Engine:
         inference_s = time.perf_counter() - started
         for j, job in enumerate(jobs):
             queue_s = max(0.0, started - job.enqueued - job.tokenization_s)
-            logits = torch.tensor([rows[j, i] for i in range(len(job.features))])
-            pooled = loaded.long_text.pool(logits, job.owner, len(job.sequences)).tolist()
+            job_logits = torch.stack([rows[j, i] for i in range(len(job.features))])
+            pooled = loaded.long_text.pool(job_logits, job.owner, len(job.sequences)).tolist()
             _resolve(job, value=Answer(pooled, job.tokens, job.tokenization_s, queue_s, inference_s))
+
+
+def _by_settings(jobs):
+    """(truncation settings, the jobs that share them), in first-seen order: one tokenizer call each."""
+    groups: dict[tuple[bool, bool], list[_Job]] = {}
+    for job in jobs:
+        groups.setdefault((job.truncate, job.left), []).append(job)
+    return groups.items()
 
 
 def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
     """Token ids (and token type ids where the model takes them) of each input, texts and pairs alike.
-    Truncation keeps the start (right) or the end (left) of a long input; pairs are cut longest first."""
+    Truncation keeps the start (right) or the end (left) of a long input; pairs are cut longest first.
+    InputTooLong when an input is longer than the model takes."""
+    features = encode_unchecked(loaded, sequences, truncate, left)
+    longest = max(len(f["input_ids"]) for f in features)
+    if longest > loaded.max_length:
+        raise InputTooLong(longest, loaded.max_length)
+    return features
+
+
+def encode_unchecked(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
+    """encode without the length check (the caller checks each job's inputs): one tokenizer call per kind."""
     tokenizer = loaded.tokenizer
-    tokenizer.truncation_side = "left" if left else "right"  # the worker alone uses the tokenizer
+    tokenizer.truncation_side = "left" if left else "right"  # the tokenizer thread alone uses it (and warm-up)
     options = {
         "truncation": truncate,
         "max_length": loaded.max_length if truncate else None,
@@ -271,9 +330,6 @@ def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left:
         encoded = tokenizer(texts, pairs, **options)
         for k, i in enumerate(where):
             features[i] = {name: encoded[name][k] for name in ("input_ids", "token_type_ids") if name in encoded}
-    longest = max(len(f["input_ids"]) for f in features)
-    if longest > loaded.max_length:
-        raise InputTooLong(longest, loaded.max_length)
     return features
 
 
@@ -281,7 +337,7 @@ def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> 
     """(every window of each input, the input of each window), texts and pairs alike, windowed as the model's
     config.json says (inference/long_text.py); TooManyWindows beyond `max_chunks` windows for one input."""
     chunking = replace(loaded.long_text, mode=CHUNK)
-    loaded.tokenizer.truncation_side = "right"  # the worker alone uses the tokenizer
+    loaded.tokenizer.truncation_side = "right"  # the tokenizer thread alone uses it
     per_input: list[list[dict]] = [[] for _ in sequences]
     for where, texts, pairs in by_kind(sequences):
         found = chunking.encode(loaded.tokenizer, texts, pairs, window_length(loaded), max_chunks)
@@ -342,11 +398,14 @@ def collate(features: list[dict], pad_token_id: int, left: bool = False) -> dict
 
 @torch.inference_mode()
 def forward(loaded: LoadedModel, features: list[dict]) -> torch.Tensor:
+    """The logits of one forward pass, left where the model ran (the caller copies a micro-batch's back at once)."""
     tokenizer = loaded.tokenizer
     batch = collate(features, tokenizer.pad_token_id, left=tokenizer.padding_side == "left")
     if loaded.runner is not None:
         return loaded.runner(batch)
-    return loaded.model(**{k: v.to(loaded.device) for k, v in batch.items()}).logits.float().cpu()
+    if loaded.device.type == "cuda":  # pinned, so the copy does not block the host
+        return loaded.model(**{k: v.pin_memory().to(loaded.device, non_blocking=True) for k, v in batch.items()}).logits
+    return loaded.model(**batch).logits
 
 
 def _resolve(job: _Job, value=None, exc: BaseException | None = None) -> None:

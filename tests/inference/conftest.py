@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import shutil
 import signal
 import subprocess
@@ -66,6 +67,17 @@ class Reference:
 @pytest.fixture(scope="session")
 def reference(smoke_checkpoint) -> Reference:
     return Reference(smoke_checkpoint)
+
+
+AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
+
+
+def ag_news_texts(n: int) -> list[str]:
+    """The first n texts of the shared AG News rows, read in place; the test is skipped, saying why, without them."""
+    if not AG_NEWS.is_file():
+        pytest.skip(f"the shared AG News data is not here ({AG_NEWS})")
+    with open(AG_NEWS, encoding="utf-8") as fh:
+        return [row["text"] for _, row in zip(range(n), csv.DictReader(fh))]
 
 
 def assert_matches(answer: list[dict], expected: dict[str, float], tolerance: float = 1e-5) -> None:

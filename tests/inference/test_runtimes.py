@@ -7,7 +7,6 @@ conversions."""
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import logging
 import os
@@ -23,27 +22,18 @@ from inference.engine import encode, forward
 from inference.service import load_configured
 from inference.settings import SettingsError, from_env
 from inference.task import MULTI, REGRESSION, SINGLE, Task
-from tests.conftest import ROOT
-from tests.inference.conftest import Reference
+from tests.inference.conftest import Reference, ag_news_texts
 from tests.inference.test_app import TEXTS, make_client
 from training.smoke import make_split
 
 pytestmark = pytest.mark.skipif(
     not runtimes.installed("openvino"), reason="OpenVINO is not installed here (pip install '.[openvino]')"
 )
-AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
 
 
 def smoke_texts() -> list[str]:
     """Texts of the smoke model's own distribution, none of them among its recorded calibration texts."""
     return [t for t, _ in make_split(600, seed=11)]
-
-
-def ag_news_texts(n: int) -> list[str]:
-    if not AG_NEWS.is_file():
-        pytest.skip(f"the shared AG News data is not here ({AG_NEWS})")
-    with open(AG_NEWS, encoding="utf-8") as fh:
-        return [row["text"] for _, row in zip(range(n), csv.DictReader(fh))]
 
 
 @contextlib.contextmanager

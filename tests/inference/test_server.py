@@ -233,8 +233,9 @@ def test_a_client_that_leaves_is_counted_499_without_a_traceback(server):
 
 
 def test_queued_requests_whose_clients_left_are_never_computed(slow_checkpoint):
-    """Ten clients queue behind a long batch and leave while it runs: their texts are neither tokenized nor run (the
-    batch-size histogram counts only the long batch's 8 texts), each is counted 499, the long batch is answered."""
+    """Ten clients queue behind a long batch and leave while it runs: their texts are not run (the batch-size
+    histogram counts only the long batch's 8 texts; the tokenizer thread may have tokenized the next micro-batches
+    ahead, no more), each is counted 499, the long batch is answered."""
     import socket
 
     server = Server(slow_checkpoint, "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0")
