@@ -113,6 +113,7 @@ class Engine:
         self._in_flight = 0
         self._lock = threading.Lock()
         self._carry = None
+        self._tokenizing = threading.Lock()  # the model thread tokenizes too, after a reload: one caller at a time
         self._last_jobs = 0
         self._running = threading.Event()
         self._finished = threading.Event()
@@ -236,6 +237,10 @@ class Engine:
     def _tokenize(self, jobs: list[_Job], loaded: LoadedModel) -> list[_Job]:
         """Tokenize the jobs for `loaded`, plain inputs together; the jobs whose inputs were refused are answered
         with the reason and left out."""
+        with self._tokenizing:
+            return self._tokenize_locked(jobs, loaded)
+
+    def _tokenize_locked(self, jobs: list[_Job], loaded: LoadedModel) -> list[_Job]:
         started, kept = time.perf_counter(), []
         for (truncate, left), group in _by_settings(job for job in jobs if not job.chunk):
             found = encode_unchecked(loaded, [s for job in group for s in job.sequences], truncate, left)
@@ -404,8 +409,10 @@ def forward(loaded: LoadedModel, features: list[dict]) -> torch.Tensor:
     if loaded.runner is not None:
         return loaded.runner(batch)
     if loaded.device.type == "cuda":  # pinned, so the copy does not block the host
-        return loaded.model(**{k: v.pin_memory().to(loaded.device, non_blocking=True) for k, v in batch.items()}).logits
-    return loaded.model(**batch).logits
+        return loaded.model(
+            **{k: v.pin_memory().to(loaded.device, non_blocking=True) for k, v in batch.items()}
+        ).logits.float()
+    return loaded.model(**batch).logits.float()
 
 
 def _resolve(job: _Job, value=None, exc: BaseException | None = None) -> None:
