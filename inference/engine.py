@@ -9,9 +9,12 @@ A request puts a job (its inputs: texts or text pairs, and an asyncio future) on
   (too long, too many windows) fails its own job only. It hands the micro-batch to the model thread through a
   short bounded queue, so tokenizing the next batch overlaps the forward passes of this one;
 - the model thread (`Engine.run`: on a thread of its own after `start()`, or on the process's main thread: see
-  inference/__main__.py), which alone runs the model, sorts the inputs by length and runs them in forward passes of
-  similar lengths, each bounded by `max_batch_requests` inputs and `max_batch_tokens` padded tokens, so long
-  inputs cannot blow up memory; the logits stay on the device until the micro-batch is done (one copy back), then
+  inference/__main__.py), which alone runs the model. It sorts the inputs by length and runs them in forward passes
+  bounded by `max_batch_requests` inputs and `max_batch_tokens` padded tokens, so long inputs cannot blow up
+  memory: with dynamic shapes (the CPU's default) passes of similar lengths, each padded to its own longest input;
+  with static shapes (`Limits.static_shapes`, CUDA's default) as few passes as fit, usually one, each padded to
+  the smallest of a few fixed (rows, width) shapes, whose forward passes are CUDA graphs captured at warm-up on
+  CUDA (inference/graphs.py). The logits stay on the device until the micro-batch is done (one copy back), then
   it pools each chunked input's windows and hands each job exactly its own rows on its event loop, with its token
   count (every window's) and timings.
 Windows count as inputs everywhere (`max_batch_requests`, `max_batch_tokens`). The model is read once per
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from inference import shapes
+from inference.graphs import CapturedForward, GraphsUnsupported
 from inference.loading import LoadedModel
 from inference.long_text import CHUNK, LongTextError, TooManyWindows
 from inference.metrics import Metrics
@@ -63,6 +67,7 @@ class Limits:
     max_concurrent_requests: int = 512
     max_wait_ms: float = 5.0
     max_chunks: int = 16  # windows per input when a job chunks long texts
+    static_shapes: bool = False  # forward passes padded to fixed (rows, width) buckets; on CUDA, CUDA graphs
 
 
 @dataclass
@@ -186,7 +191,7 @@ class Engine:
     def _tokenize_loop(self) -> None:
         try:
             while (jobs := self._gather()) is not None:
-                if tokenized := self._tokenize(jobs, self.current):
+                if tokenized := self._tokenize_or_fail(jobs, self.current):
                     self._ready.put(tokenized)
         finally:
             self._ready.put(_STOP)  # after the last batch: the model thread answers it, then ends
@@ -234,6 +239,18 @@ class Engine:
         self._last_jobs = len(jobs)
         return jobs
 
+    def _tokenize_or_fail(self, jobs: list[_Job], loaded: LoadedModel) -> list[_Job]:
+        """_tokenize; should the tokenizer itself fail, the jobs are answered with its error (424) and the thread
+        that called lives on: no request waits forever on a batch that will not come."""
+        try:
+            return self._tokenize(jobs, loaded)
+        except Exception as exc:  # noqa: BLE001 - answered to its callers, like a failed forward pass
+            logger.exception("tokenizing failed for a micro-batch of %d requests", len(jobs))
+            for job in jobs:
+                self._leave_queue(job)
+                _resolve(job, exc=exc)
+            return []
+
     def _tokenize(self, jobs: list[_Job], loaded: LoadedModel) -> list[_Job]:
         """Tokenize the jobs for `loaded`, plain inputs together; the jobs whose inputs were refused are answered
         with the reason and left out."""
@@ -275,7 +292,8 @@ class Engine:
             return
         loaded = self.current
         if any(job.tokenized_by is not loaded for job in jobs):  # a reload swapped the model after tokenizing
-            jobs = self._tokenize(jobs, loaded)
+            if not (jobs := self._tokenize_or_fail(jobs, loaded)):
+                return
         started = time.perf_counter()
         items = sorted(
             ((j, i, f) for j, job in enumerate(jobs) for i, f in enumerate(job.features)),
@@ -284,9 +302,9 @@ class Engine:
         self.metrics.batch_size.observe(len(items))
         self.metrics.batch_tokens.observe(sum(len(f["input_ids"]) for _, _, f in items))
         try:
-            passes = forward_buckets(items, self.limits.max_batch_requests, self.limits.max_batch_tokens)
-            logits = [forward(loaded, [f for _, _, f in bucket]) for bucket in passes]  # left on the device
-            rows = dict(zip(((j, i) for j, i, _ in items), torch.cat(logits).float().cpu()))  # one copy back
+            passes = self._passes(items, loaded)
+            logits = [forward(loaded, [f for _, _, f in part], rows, width) for part, rows, width in passes]
+            found = dict(zip(((j, i) for j, i, _ in items), torch.cat(logits).cpu()))  # left on the device until here
         except Exception as exc:  # noqa: BLE001 - a failed forward answers its callers (424), the worker lives on
             logger.exception("inference failed for a micro-batch of %d requests", len(jobs))
             for job in jobs:
@@ -295,9 +313,23 @@ class Engine:
         finally:
             self.metrics.record_process()
         inference_s = time.perf_counter() - started
+        self._answer(jobs, loaded, found, started, inference_s)
+
+    def _passes(self, items: list, loaded: LoadedModel) -> list[tuple[list, int | None, int | None]]:
+        """The forward passes of a micro-batch's length-sorted items: (items, rows, width) each; rows and width
+        None: padded to the pass's own size (dynamic shapes)."""
+        limits = self.limits
+        if limits.static_shapes:
+            rows, widths = shapes.serving_buckets(limits.max_batch_requests, loaded.max_length)
+            return static_passes(items, rows, widths, limits.max_batch_tokens)
+        passes = forward_buckets(items, limits.max_batch_requests, limits.max_batch_tokens)
+        return [(part, None, None) for part in passes]
+
+    def _answer(self, jobs: list[_Job], loaded: LoadedModel, found: dict, started: float, inference_s: float) -> None:
+        """Each job its own rows of `found` ((job, window) -> logits), pooled per input, with its timings."""
         for j, job in enumerate(jobs):
             queue_s = max(0.0, started - job.enqueued - job.tokenization_s)
-            job_logits = torch.stack([rows[j, i] for i in range(len(job.features))])
+            job_logits = torch.stack([found[j, i] for i in range(len(job.features))])
             pooled = loaded.long_text.pool(job_logits, job.owner, len(job.sequences)).tolist()
             _resolve(job, value=Answer(pooled, job.tokens, job.tokenization_s, queue_s, inference_s))
 
@@ -389,30 +421,69 @@ def forward_buckets(items: list, max_inputs: int, max_tokens: int, ratio: float 
     return buckets
 
 
-def warm_up(loaded: LoadedModel) -> None:
-    """One forward pass, so kernels are initialised before the first request."""
+def static_passes(items: list, rows: tuple[int, ...], widths: tuple[int, ...], max_tokens: int) -> list[tuple]:
+    """Length-sorted (job, input, features) items in as few forward passes as fit, each padded to the smallest
+    (rows, width) bucket that holds it (inference/shapes.py: `serving_buckets`) within max_tokens padded tokens:
+    (items, rows, width) per pass."""
+    passes: list[list] = []
+    for item in items:
+        width = shapes.width_for(len(item[2]["input_ids"]), widths)  # the longest so far: items are sorted
+        if passes and len(passes[-1]) < rows[-1] and shapes.width_for(len(passes[-1]) + 1, rows) * width <= max_tokens:
+            passes[-1].append(item)
+        else:
+            passes.append([item])
+    return [
+        (part, shapes.width_for(len(part), rows), shapes.width_for(len(part[-1][2]["input_ids"]), widths))
+        for part in passes
+    ]
+
+
+def graph_shapes(loaded: LoadedModel, limits: Limits) -> list[tuple[int, int]]:
+    """Every (rows, width) a static-shape forward pass may have: one CUDA graph each."""
+    rows, widths = shapes.serving_buckets(limits.max_batch_requests, loaded.max_length)
+    return [(r, w) for r in rows for w in widths if r * w <= limits.max_batch_tokens]
+
+
+def warm_up(loaded: LoadedModel, limits: Limits) -> None:
+    """One forward pass, so kernels are initialised before the first request. With static shapes on CUDA (the torch
+    runtime), every bucket's forward pass is captured as a CUDA graph first (inference/graphs.py), and replayed
+    from then on."""
+    if limits.static_shapes and loaded.device.type == "cuda" and loaded.runner is None:
+        try:
+            loaded.runner = CapturedForward(loaded.model, graph_shapes(loaded, limits), loaded.tokenizer)
+        except GraphsUnsupported as exc:
+            logger.warning("No CUDA graphs (static shapes, eager forward passes): %s", exc)
     forward(loaded, encode(loaded, [("warm up the kernels", None)], truncate=True, left=False))
 
 
-def collate(features: list[dict], pad_token_id: int, left: bool = False) -> dict[str, torch.Tensor]:
-    """Token ids (and token type ids) padded to the longest input rounded up to PAD_MULTIPLE, with the attention
-    mask (inference/shapes.py pads for training and serving alike)."""
-    width = shapes.width_for(max(len(f["input_ids"]) for f in features), multiple=PAD_MULTIPLE)
-    return shapes.pad(features, pad_token_id, width, left)
+def collate(
+    features: list[dict], pad_token_id: int, left: bool = False, rows: int | None = None, width: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Token ids (and token type ids) padded to `width` (default: the longest input rounded up to PAD_MULTIPLE),
+    with the attention mask, in `rows` rows (default: one per input; the rows past the inputs hold one padding token
+    each, a valid input whose logits nobody reads). inference/shapes.py pads for training and serving alike."""
+    width = width or shapes.width_for(max(len(f["input_ids"]) for f in features), multiple=PAD_MULTIPLE)
+    filler = {name: [pad_token_id if name == "input_ids" else 0] for name in features[0]}
+    return shapes.pad([*features, *[filler] * ((rows or len(features)) - len(features))], pad_token_id, width, left)
 
 
 @torch.inference_mode()
-def forward(loaded: LoadedModel, features: list[dict]) -> torch.Tensor:
-    """The logits of one forward pass, left where the model ran (the caller copies a micro-batch's back at once)."""
+def forward(
+    loaded: LoadedModel, features: list[dict], rows: int | None = None, width: int | None = None
+) -> torch.Tensor:
+    """The fp32 logits of one forward pass over `features` (padded as `collate` pads), left where the model ran:
+    the caller copies a micro-batch's back at once."""
     tokenizer = loaded.tokenizer
-    batch = collate(features, tokenizer.pad_token_id, left=tokenizer.padding_side == "left")
+    batch = collate(features, tokenizer.pad_token_id, tokenizer.padding_side == "left", rows, width)
     if loaded.runner is not None:
-        return loaded.runner(batch)
-    if loaded.device.type == "cuda":  # pinned, so the copy does not block the host
-        return loaded.model(
+        logits = loaded.runner(batch)
+    elif loaded.device.type == "cuda":  # pinned, so the copy does not block the host
+        logits = loaded.model(
             **{k: v.pin_memory().to(loaded.device, non_blocking=True) for k, v in batch.items()}
-        ).logits.float()
-    return loaded.model(**batch).logits.float()
+        ).logits
+    else:
+        logits = loaded.model(**batch).logits
+    return logits[: len(features)].float()
 
 
 def _resolve(job: _Job, value=None, exc: BaseException | None = None) -> None:

@@ -56,7 +56,7 @@ class Service:
 
     def swap_in(self, loaded: LoadedModel) -> None:
         """A reloaded model, warmed up, replaces the served one between micro-batches."""
-        warm_up(loaded)
+        warm_up(loaded, self.engine.limits)
         self.engine.swap(loaded)
         self.reloads += 1
         self.metrics.reloads.labels("ok").inc()
@@ -89,7 +89,8 @@ def check_chunking(settings: Settings, loaded: LoadedModel) -> None:
 
 
 def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metrics) -> Engine:
-    """Torch threads set, the limits checked against the model, the model warmed up, and an Engine over it."""
+    """Torch threads set, the limits checked against the model, the model warmed up (on CUDA: its CUDA graphs
+    captured), and an Engine over it."""
     if settings.max_batch_tokens < loaded.max_length:
         raise SettingsError(
             f"MAX_BATCH_TOKENS: must be at least the model's maximum input length "
@@ -98,14 +99,16 @@ def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metri
     check_chunking(settings, loaded)
     torch.set_num_threads(settings.torch_threads)
     memory.keep_large_blocks_off_the_heap()  # RSS stays flat under varied batch shapes (inference/memory.py)
-    warm_up(loaded)
+    static = settings.static_shapes if settings.static_shapes is not None else loaded.device.type == "cuda"
     limits = Limits(
         max_batch_requests=settings.max_batch_requests,
         max_batch_tokens=settings.max_batch_tokens,
         max_concurrent_requests=settings.max_concurrent_requests,
         max_wait_ms=settings.max_wait_ms,
         max_chunks=settings.max_chunks,
+        static_shapes=static,
     )
+    warm_up(loaded, limits)
     return Engine(loaded, limits, service_metrics)
 
 

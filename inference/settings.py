@@ -164,6 +164,14 @@ class Settings(BaseSettings):
         ge=0,
         description=("How long a micro-batch waits for company, only while requests arrive together [MAX_WAIT_MS]"),
     )
+    static_shapes: bool | None = Field(
+        None,
+        description=(
+            "Pad each forward pass to one of a few fixed (batch, width) shapes and, on CUDA with the torch runtime, "
+            "capture each shape's forward pass as a CUDA graph at start-up (and on reload). Default: on with CUDA, "
+            "off on the CPU, where padding costs compute [STATIC_SHAPES]"
+        ),
+    )
     torch_threads: int | None = Field(
         None, ge=1, description="Torch intra-op threads (default: the cores available) [TORCH_THREADS]"
     )

@@ -6,6 +6,9 @@ that holds their longest input, instead of to the longest input itself: a handfu
 of some extra padding (measured and reported by training/throughput.py and bench/train_bench.py).
 
 Without buckets a batch is padded to its longest input rounded up to a multiple (8 on GPU: tensor-core shapes).
+
+Serving pads the batch dimension too (`serving_buckets`): a CUDA graph is captured per (rows, width) shape, so both
+come from doublings, rows up to a micro-batch's inputs and widths from SMALLEST_WIDTH up to the model's maximum.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 
 GPU_MULTIPLE = 8  # tensor cores want multiples of 8
 DEFAULT_BUCKETS = 4  # widths per run when static shapes are on (docs/configuration.md: --pad_buckets)
+SMALLEST_WIDTH = 16  # serving's narrowest bucket: a short text pays for this many tokens at most
 
 
 def bucket_widths(max_length: int, count: int, multiple: int = GPU_MULTIPLE) -> tuple[int, ...]:
@@ -24,6 +28,21 @@ def bucket_widths(max_length: int, count: int, multiple: int = GPU_MULTIPLE) -> 
         raise ValueError(f"bucket count must be at least 1 (got {count})")
     widths = {min(max_length, round_up(-(-max_length * k // count), multiple)) for k in range(1, count + 1)}
     return tuple(sorted(widths))
+
+
+def doublings(smallest: int, largest: int) -> tuple[int, ...]:
+    """smallest, 2 x smallest, ... below largest, then largest itself (just largest when smallest >= largest)."""
+    found, value = [], smallest
+    while value < largest:
+        found.append(value)
+        value *= 2
+    return (*found, largest)
+
+
+def serving_buckets(max_rows: int, max_length: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(rows, widths): the batch sizes and widths a forward pass of the service is padded to. Every (rows, width)
+    pair within the service's token budget is a shape it may run (one CUDA graph each: inference/engine.py)."""
+    return doublings(1, max_rows), doublings(SMALLEST_WIDTH, max_length)
 
 
 def round_up(length: int, multiple: int) -> int:

@@ -1,15 +1,15 @@
 """A training step the GPU does not wait for: no host syncs inside it, static shapes, and compiled (--torch_compile).
 
-- No syncs: transformers' SDPA mask code asks the device whether a batch has any padding (`padding_mask.all()`, a
-  blocking device-to-host copy in every forward pass) so that it may skip the mask. `sync_free_sdpa` registers SDPA
-  under another name whose mask is always built (the same attention, the same numbers). The loss, the non-finite
+- No syncs: the model runs SDPA whose mask is always built (inference/attention.py: transformers' own SDPA asks the
+  device, in every forward pass, whether a batch has padding). The loss, the non-finite
   guard and the throughput counters stay on the device (training/loop.py, guards.py, throughput.py); the host reads
   them only on logging and stop-check steps.
 - Static shapes: batches are padded to a few fixed widths (--pad_buckets, inference/shapes.py).
 - Compiled: the model (forward and backward: one graph per width, enforced: a recompilation past the widths is an
-  error, not a silent slowdown) and the optimizer step (a capturable multi-tensor AdamW, which the compiler fuses,
-  reading its learning rate from a tensor that the schedule fills in place). Under fp16 the GradScaler steps the
-  (fused) optimizer eagerly: it decides on the host whether to skip a step. Evaluation runs the eager module: it is
+  error, not a silent slowdown) and the optimizer step with the gradient clipping before it (a capturable
+  multi-tensor AdamW, which the compiler fuses, reading its learning rate from a tensor that the schedule fills in
+  place). Under fp16 the GradScaler steps the (fused) optimizer eagerly, after accelerate's clipping: it decides on
+  the host whether to skip a step. Evaluation runs the eager module: it is
   not the hot path, and its own shapes would only add graphs.
 
 Importing this module changes nothing; train.py calls it.
@@ -20,15 +20,11 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import AttentionInterface, AttentionMaskInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import sdpa_mask
 
 from inference import shapes
 
 AUTO, NONE, REDUCE_OVERHEAD = "auto", "none", "reduce-overhead"
 AUTO_MIN_STEPS = 1000  # --torch_compile auto: shorter GPU runs would not repay the compilation (docs/launching.md)
-SYNC_FREE_SDPA = "sdpa_sync_free"
 
 
 def resolve(requested: str, device_type: str, total_steps: int) -> str:
@@ -45,26 +41,28 @@ def bucket_count(requested: int | None, torch_compile: str, device_type: str) ->
     return shapes.DEFAULT_BUCKETS if device_type == "cuda" or torch_compile not in (AUTO, NONE) else 0
 
 
-def _sdpa_mask_always(*args, **kwargs):
-    kwargs["allow_is_bidirectional_skip"] = False  # skipping needs the host to read the mask: a sync per forward
-    return sdpa_mask(*args, **kwargs)
+def steps_compiled(mode: str, mixed_precision: str) -> bool:
+    """Whether the optimizer step (and the clipping before it) is compiled: with compilation on, except under fp16."""
+    return mode != NONE and mixed_precision != "fp16"
 
 
-def sync_free_sdpa() -> str:
-    """Register SDPA with an always-built mask under SYNC_FREE_SDPA (idempotent); returns the name."""
-    AttentionInterface.register(SYNC_FREE_SDPA, sdpa_attention_forward)
-    AttentionMaskInterface.register(SYNC_FREE_SDPA, _sdpa_mask_always)
-    return SYNC_FREE_SDPA
-
-
-def compile_optimizer_step(optimizer: torch.optim.Optimizer, mode: str, device: torch.device) -> None:
-    """A capturable multi-tensor AdamW's step, compiled (PyTorch's recipe: one fused kernel per update). Its learning
-    rate becomes a tensor on `device` that the schedule fills in place (no recompilation, no stale value in a CUDA
-    graph). Call after the schedule is built: its base rates stay Python floats (a tensor base rate would make the
-    schedule read the device every step)."""
+def compile_optimizer_step(optimizer: torch.optim.Optimizer, mode: str, device: torch.device, max_norm: float) -> None:
+    """A capturable multi-tensor AdamW's step, compiled with the gradient clipping to `max_norm` before it (0: none)
+    in one graph (PyTorch's recipe: fused kernels per update, no eager norm). Its learning rate becomes a tensor on
+    `device` that the schedule fills in place (no recompilation, no stale value in a CUDA graph). Call after the
+    schedule is built: its base rates stay Python floats (a tensor base rate would make the schedule read the
+    device every step). The loop then clips no more (`CompileReport.clips_in_step`)."""
     for group in optimizer.param_groups:
         group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
-    optimizer.step = torch.compile(optimizer.step, mode=mode)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    step = optimizer.step
+
+    def clip_and_step(closure=None):
+        if max_norm > 0:  # every rank holds the all-reduced gradients here: the same norm everywhere
+            torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        return step(closure)
+
+    optimizer.step = torch.compile(clip_and_step, mode=mode)
 
 
 def compile_model(model: torch.nn.Module, mode: str, widths: int) -> torch.nn.Module:
@@ -84,8 +82,9 @@ class CompileReport:
     """What compilation cost: graphs compiled and the seconds of the steps that compiled them (first use of a width).
     Called around every step, it also marks each step's start for CUDA graphs (reduce-overhead)."""
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, clips_in_step: bool = False):
         self.mode = mode
+        self.clips_in_step = clips_in_step  # the compiled optimizer step clips the gradients (compile_optimizer_step)
         self.widths_seen: set[int] = set()
         self.compile_s = 0.0
         self._started = 0.0

@@ -166,7 +166,7 @@ def train_step(run: Run, batch: dict) -> torch.Tensor:
     with accelerator.accumulate(run.model):
         loss = forward_loss(run, batch)
         accelerator.backward(loss)
-        if accelerator.sync_gradients and cfg.max_grad_norm > 0:
+        if accelerator.sync_gradients and cfg.max_grad_norm > 0 and not run.compiled.clips_in_step:
             accelerator.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm)
         run.optimizer.step()
         run.optimizer.zero_grad()

@@ -223,7 +223,9 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
         throughput=Throughput(accelerator.device),
         guard=StopGuard(accelerator, cfg.max_nonfinite_steps),
         objective=objective,
-        compiled=capture.CompileReport(compiled),
+        compiled=capture.CompileReport(
+            compiled, clips_in_step=capture.steps_compiled(compiled, accelerator.mixed_precision)
+        ),
     )
     run.progress.provenance = provenance.record(cfg, splits, accelerator, learning_rate, total_steps)
     resume(run)
@@ -238,7 +240,7 @@ def optimization(
     """(AdamW, its schedule, the torch.compile mode): with compilation on (training/capture.py), a capturable AdamW
     whose compiled step reads a tensor learning rate, except under fp16, where the GradScaler steps it eagerly."""
     compiled = capture.resolve(cfg.torch_compile, accelerator.device.type, total_steps)
-    step_compiled = compiled != capture.NONE and accelerator.mixed_precision != "fp16"
+    step_compiled = capture.steps_compiled(compiled, accelerator.mixed_precision)
     optimizer = build_optimizer(model, cfg, learning_rate, capturable=step_compiled)
     scheduler = transformers.get_scheduler(
         cfg.lr_scheduler_type,
@@ -247,7 +249,7 @@ def optimization(
         num_warmup_steps=round(cfg.warmup_ratio * total_steps),
     )
     if step_compiled:
-        capture.compile_optimizer_step(optimizer, compiled, accelerator.device)
+        capture.compile_optimizer_step(optimizer, compiled, accelerator.device, cfg.max_grad_norm)
     return optimizer, scheduler, compiled
 
 

@@ -15,8 +15,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from inference import files
+from inference import files, shapes
 from inference.app import create_app
+from inference.engine import static_passes
 from inference.loading import CheckpointError, load_model
 from inference.settings import Settings, SettingsError, from_env
 from tests.conftest import ROOT
@@ -110,10 +111,10 @@ def model_busy(client: TestClient, inputs: list, headers: dict | None = None):
 
     entered, release, original, answer = threading.Event(), threading.Event(), inference.engine.forward, []
 
-    def held(loaded, features):
+    def held(*args):
         entered.set()
         release.wait(30)
-        return original(loaded, features)
+        return original(*args)
 
     inference.engine.forward = held
     poster = threading.Thread(target=lambda: answer.append(client.post("/predict", json=inputs, headers=headers)))
@@ -156,8 +157,8 @@ def test_micro_batches_are_bounded_by_tokens_and_inputs(smoke_checkpoint, refere
     sizes: list[tuple[int, int]] = []
     original = inference.engine.forward
 
-    def recording(loaded, features):
-        logits = original(loaded, features)
+    def recording(loaded, features, *shape):
+        logits = original(loaded, features, *shape)
         sizes.append((len(features), max(len(f["input_ids"]) for f in features)))
         return logits
 
@@ -174,11 +175,28 @@ def test_micro_batches_are_bounded_by_tokens_and_inputs(smoke_checkpoint, refere
         assert_matches(got, reference.probabilities(text), tolerance=1e-4)
 
 
-def test_two_thousand_real_texts_from_concurrent_clients_get_the_unbatched_models_answers(client, reference):
+@pytest.fixture(scope="module")
+def static_client(smoke_checkpoint):
+    """The service as on CUDA (the torch runtime, STATIC_SHAPES on) on the CPU, recording every forward pass's shape."""
+    with make_client(smoke_checkpoint, static_shapes=True, backend="torch") as c:
+        shapes_seen = []
+        c.app.state.service.engine.current.model.register_forward_pre_hook(
+            lambda module, args, kwargs: shapes_seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+        )
+        c.shapes_seen = shapes_seen
+        yield c
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic-shapes", "static-shapes"])
+def test_two_thousand_real_texts_from_concurrent_clients_get_the_unbatched_models_answers(
+    request, static, reference, smoke_checkpoint
+):
     """The engine's batching (inputs tokenized together off the model thread, forward passes shared by requests,
     one copy back per micro-batch) changes no answer: 2,000 AG News texts posted by 16 concurrent clients in
     requests of 1 to 8 texts each get the model's answer for that text alone (fp32: same best label, scores within
-    1e-4), while micro-batches really merge requests."""
+    1e-4), while micro-batches really merge requests. With static shapes every forward pass has one of the fixed
+    (rows, width) shapes, one pass per micro-batch: rows padded with filler inputs change no one's answer."""
+    client = request.getfixturevalue("static_client" if static else "client")
     texts = ag_news_texts(2000)
     requests, start = [], 0
     while start < len(texts):
@@ -200,6 +218,28 @@ def test_two_thousand_real_texts_from_concurrent_clients_get_the_unbatched_model
         before, "te_batch_next_size", above=8
     )
     assert merged > 0, "no micro-batch held more inputs than one request: nothing was batched"
+    if static:
+        loaded = client.app.state.service.engine.current
+        rows, widths = shapes.serving_buckets(32, loaded.max_length)  # MAX_BATCH_REQUESTS's default
+        assert set(client.shapes_seen) <= {(r, w) for r in rows for w in widths}, client.shapes_seen
+        exposition = client.get("/metrics").text
+        micro_batches = next(
+            float(r.split()[-1]) for r in exposition.splitlines() if r.startswith("te_batch_next_size_count")
+        )
+        assert len(client.shapes_seen) == micro_batches  # one forward pass each (warm-up ran before the hook)
+
+
+def test_static_shapes_pad_each_pass_to_the_smallest_fixed_shape_within_the_token_budget():
+    rows, widths = shapes.serving_buckets(32, 512)
+    assert rows == (1, 2, 4, 8, 16, 32) and widths == (16, 32, 64, 128, 256, 512)
+    assert shapes.serving_buckets(24, 100) == ((1, 2, 4, 8, 16, 24), (16, 32, 64, 100))  # the limits themselves last
+    items = [(0, i, {"input_ids": [1] * n}) for i, n in enumerate([5, 20, 40, 300])]  # sorted by length
+    assert [(len(p), r, w) for p, r, w in static_passes(items, rows, widths, 16384)] == [(4, 4, 512)]  # one pass
+    # 4 rows x 512 would pass a 1,024-token budget: the longest input gets a pass of its own
+    assert [(len(p), r, w) for p, r, w in static_passes(items, rows, widths, 1024)] == [(3, 4, 64), (1, 1, 512)]
+    # never more rows than the largest bucket
+    many = [(0, i, {"input_ids": [1] * 8}) for i in range(40)]
+    assert [(len(p), r, w) for p, r, w in static_passes(many, rows, widths, 16384)] == [(32, 32, 16), (8, 8, 16)]
 
 
 def histogram_count(exposition: str, name: str, above: float) -> float:
@@ -265,7 +305,7 @@ def test_docs_and_the_bearer_security_scheme(smoke_checkpoint):
 def test_an_inference_failure_is_424_backend_and_the_worker_lives_on(smoke_checkpoint, monkeypatch):
     import inference.engine
 
-    def broken(loaded, features):
+    def broken(*args):
         raise RuntimeError("forward failed")
 
     with make_client(smoke_checkpoint) as c:
@@ -276,6 +316,22 @@ def test_an_inference_failure_is_424_backend_and_the_worker_lives_on(smoke_check
         monkeypatch.undo()
         assert c.post("/predict", json={"inputs": "the worker survived"}).status_code == 200
         assert 'te_request_failure{err="backend"} 1' in c.get("/metrics").text
+
+
+def test_a_tokenizer_failure_is_424_and_the_engine_lives_on(client, monkeypatch):
+    """Should the tokenizer itself raise (not a refused input: a bug, a broken tokenizer), the requests of that
+    micro-batch get 424 at once instead of waiting forever, and the next request is served."""
+    import inference.engine
+
+    def broken(*args):
+        raise RuntimeError("tokenizer failed")
+
+    monkeypatch.setattr(inference.engine, "encode_unchecked", broken)
+    response = client.post("/predict", json={"inputs": "hello"})
+    assert response.status_code == 424
+    assert response.json() == {"error": "inference failed (RuntimeError: tokenizer failed)", "error_type": "Backend"}
+    monkeypatch.undo()
+    assert client.post("/predict", json={"inputs": "the engine survived"}).status_code == 200
 
 
 def test_api_key_protects_the_tei_routes_only(smoke_checkpoint):

@@ -137,12 +137,14 @@ def test_compiled_training_gives_the_losses_of_eager_training(compiled_runs):
 
 
 @pytest.mark.slow
-def test_compilation_makes_one_graph_per_width_and_one_for_the_optimizer(compiled_runs):
+def test_compilation_makes_one_graph_per_width_and_two_for_the_clipped_optimizer_step(compiled_runs):
     for name in ("compiled", "compiled dropout"):
         report = compiled_runs[name][1]["compilation"]
         print(f"{name}: {report}")
         assert set(report["widths"]) <= set(shapes.bucket_widths(64, 4)) and report["widths"]
-        assert report["graphs"] <= len(report["widths"]) + 1  # a recompilation past the widths would have failed
+        # + the clipping and the AdamW step (torch.optim breaks the graph between them); a recompilation past the
+        # widths would have failed the run
+        assert report["graphs"] <= len(report["widths"]) + 2
         assert report["compile_seconds"] > 0
 
 
