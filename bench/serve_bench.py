@@ -3,6 +3,7 @@
     python bench/serve_bench.py --baseline b31fa5a   # DistilBERT-base architecture, random weights, ~6 minutes
     python bench/serve_bench.py --duration 20        # longer windows per measurement; no --baseline: 2 servers
     python bench/serve_bench.py --checkpoint DIR --pretrained-folder   # + the same weights as a save_pretrained folder
+    python bench/serve_bench.py --workers 1 4 8 --null   # ours with 1, 4 and 8 worker processes, and the HTTP ceiling
 
 Not a test: it prints figures to record in docs/benchmarks.md. What it does, in one run on one machine:
 1. writes a checkpoint in our format with the DistilBERT-base architecture (`DistilBertConfig()`, random weights:
@@ -17,6 +18,9 @@ Not a test: it prints figures to record in docs/benchmarks.md. What it does, in 
    mean length) and our fraction of it; the in-process tokenize+forward time of one text (the floor for
    concurrency-1 latency); and how often bf16 keeps the fp32 argmax (on a checkpoint trained with the smoke
    preset, whose outputs are not near-uniform).
+With --workers, ours runs once per worker count ("ours-w4": `--workers 4`); with --null, a null model answers too
+("null", "null-w4"): FastAPI and uvicorn with the same worker counts returning a fixed TEI answer without running
+any model, the ceiling that HTTP and JSON alone allow on this machine.
 
 FLOPs per text (forward, L tokens, n layers, width d, FFN width f): each layer does 2·L·(4·d² + 2·d·f) in its
 linear layers and 2·2·L²·d in attention (QKᵀ and AV); the embedding lookups and the 4-way head are negligible.
@@ -123,6 +127,25 @@ def make_openvino_peer_app(checkpoint_dir: str):
 
 
 # ------------------------------------------------------------------------------------------- the checkpoint
+
+
+def make_null_app():
+    """The HTTP ceiling: FastAPI + uvicorn reading the request's JSON and answering a fixed TEI-shaped body, no
+    model (uvicorn builds it in each worker: `--serve-null`)."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    answer = [{"label": label, "score": 1 / len(LABELS)} for label in LABELS]
+
+    @app.post("/predict")
+    async def predict(body: dict):
+        return [answer] * len(body["inputs"]) if isinstance(body["inputs"], list) else answer
+
+    @app.get("/ready")
+    async def ready():
+        return {"status": "ready"}
+
+    return app
 
 
 def tokenizer_dir() -> Path:
@@ -373,36 +396,63 @@ def runtime_agreement(checkpoint: Path, texts: list[str]) -> None:
         )
 
 
-def bf16_agreement(texts: list[str]) -> tuple[float, int, str]:
-    """Share of texts where bf16 weights give the fp32 argmax, on the smoke-trained model."""
-    from inference.engine import encode, forward
-    from inference.loading import load_model
+def train_smoke(out: str) -> None:
+    """A smoke-preset model in `out`: trained, so its outputs are not near-uniform and argmax comparisons mean
+    something."""
+    command = [sys.executable, "training/train.py", "--preset", "smoke", "--output_dir", out]
+    subprocess.run(
+        [*command, "--checkpointing_steps", "none"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+
+
+def agreement_sample(texts: list[str]) -> list[str]:
     from training.smoke import make_split
 
-    with tempfile.TemporaryDirectory() as out:
-        subprocess.run(
-            [
-                sys.executable,
-                "training/train.py",
-                "--preset",
-                "smoke",
-                "--output_dir",
-                out,
-                "--checkpointing_steps",
-                "none",
-            ],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
-        fp32, bf16 = (load_model(out, device="cpu", dtype=dtype) for dtype in ("fp32", "bf16"))
-        sample = [t for t, _ in make_split(1000, seed=11)] + texts[:1000]
+    return [t for t, _ in make_split(1000, seed=11)] + texts[:1000]
+
+
+SAMPLE = "smoke-trained tiny DistilBERT, 1000 synthetic + 1000 benchmark texts"
+
+
+def bf16_agreement(model: str, sample: list[str]) -> float:
+    """Share of texts where bf16 weights give the fp32 argmax."""
+    from inference.engine import encode, forward
+    from inference.loading import load_model
+
+    fp32, bf16 = (load_model(model, device="cpu", dtype=dtype) for dtype in ("fp32", "bf16"))
+    agree = 0
+    for start_t in range(0, len(sample), 32):
+        features = encode(fp32, [(t, None) for t in sample[start_t : start_t + 32]], truncate=True, left=False)
+        agree += int((forward(fp32, features).argmax(-1) == forward(bf16, features).argmax(-1)).sum())
+    return agree / len(sample)
+
+
+def graph_agreement(model: str, sample: list[str]) -> str:
+    """CUDA: per precision, the share of texts where the captured static-shape forward passes (CUDA graphs, rows and
+    width padded to the service's buckets) give the argmax of eager passes padded to their own length."""
+    from inference import shapes
+    from inference.engine import Limits, encode, forward, warm_up
+    from inference.loading import load_model
+
+    found = []
+    for dtype in ("fp32", "bf16"):
+        eager, captured = (load_model(model, device="cuda", dtype=dtype) for _ in range(2))
+        limits = Limits(static_shapes=True)
+        warm_up(captured, limits)
+        rows, widths = shapes.serving_buckets(limits.max_batch_requests, captured.max_length)
         agree = 0
-        for start_t in range(0, len(sample), 32):
-            features = encode(fp32, [(t, None) for t in sample[start_t : start_t + 32]], truncate=True, left=False)
-            agree += int((forward(fp32, features).argmax(-1) == forward(bf16, features).argmax(-1)).sum())
-    return agree / len(sample), len(sample), "smoke-trained tiny DistilBERT, 1000 synthetic + 1000 benchmark texts"
+        for start_t in range(0, len(sample), limits.max_batch_requests):
+            part = [(t, None) for t in sample[start_t : start_t + limits.max_batch_requests]]
+            features = encode(eager, part, truncate=True, left=False)
+            width = shapes.width_for(max(len(f["input_ids"]) for f in features), widths)
+            graphs = forward(captured, features, shapes.width_for(len(features), rows), width)
+            agree += int((forward(eager, features).argmax(-1) == graphs.argmax(-1)).sum())
+        found.append(f"{dtype} {agree / len(sample):.2%}")
+    return ", ".join(found)
 
 
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
@@ -458,8 +508,9 @@ def write_pretrained_folder(checkpoint: Path, folder: Path) -> Path:
 def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, list[str], Path]]:
     """name -> (url, command, working folder). The service's flags are the ones both versions accept."""
 
-    def service(folder: Path, model: Path = checkpoint) -> tuple[str, list[str], Path]:
+    def service(folder: Path, model: Path = checkpoint, workers: int = 1) -> tuple[str, list[str], Path]:
         port = free_port()
+        extra = ["--workers", str(workers)] if workers > 1 else []  # a baseline may predate the flag
         return (
             f"http://127.0.0.1:{port}",
             [
@@ -474,12 +525,16 @@ def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, 
                 args.precision,
                 "--reload_interval_s",
                 "0",
+                *extra,
             ],
             folder,
         )
 
+    def suffix(workers: int) -> str:
+        return "" if workers == 1 else f"-w{workers}"
+
     peer_port = free_port()
-    servers = {"ours": service(ROOT)}
+    servers = {f"ours{suffix(w)}": service(ROOT, workers=w) for w in args.workers}
     if args.pretrained_folder:  # converted at its start (RUNTIME_CACHE), on the shipped English sample
         servers["ours-folder"] = service(ROOT, write_pretrained_folder(checkpoint, work / "pretrained_folder"))
     if args.baseline:
@@ -489,6 +544,13 @@ def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, 
         [sys.executable, __file__, "--serve-peer", str(checkpoint), "--port", str(peer_port)],
         ROOT,
     )
+    for workers in args.workers if args.null else []:
+        port = free_port()
+        servers[f"null{suffix(workers)}"] = (
+            f"http://127.0.0.1:{port}",
+            [sys.executable, __file__, "--serve-null", str(workers), "--port", str(port)],
+            ROOT,
+        )
     if importlib.util.find_spec("openvino") and bench_device() == "cpu":
         ov_port = free_port()
         servers["ov-int8-peer"] = (
@@ -563,10 +625,29 @@ def main() -> None:
         help="also serve the same weights as a plain save_pretrained folder (no recorded calibration texts): "
         "ours / ours-folder shows what a model trained elsewhere gets",
     )
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[1], help="run ours once per worker count (e.g. 1 4 8; 1 always)"
+    )
+    parser.add_argument("--null", action="store_true", help="also serve a null model (the HTTP ceiling)")
+    parser.add_argument("--serve-null", metavar="WORKERS", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-openvino-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.workers = sorted({1, *args.workers})  # "ours" (one worker) is what every ratio compares
+    if args.serve_null:  # child process: the null model, in as many uvicorn workers
+        import uvicorn
+
+        uvicorn.run(
+            "serve_bench:make_null_app",
+            factory=True,
+            app_dir=str(Path(__file__).parent),
+            host="127.0.0.1",
+            port=args.port,
+            workers=args.serve_null,
+            log_level="warning",
+        )
+        return
     if args.serve_peer or args.serve_openvino_peer:  # child process: run a peer
         import uvicorn
 
@@ -600,6 +681,9 @@ def main() -> None:
     table(results, list(servers), args.concurrency)
     runtime_lines = [line for line in (work / "ours.log").read_text().splitlines() if "Runtime" in line]
     print("\nours, what its runtime choice measured (inference/runtimes.py):", *runtime_lines, sep="\n  ")
+    for name in (n for n in servers if n.startswith("ours")):  # CUDA: what capture cost each worker process
+        graphs = [line for line in (work / f"{name}.log").read_text().splitlines() if "CUDA graphs" in line]
+        print(*(f"{name}: {line.split(' [-] ')[-1]}" for line in graphs), sep="\n", end="\n" if graphs else "")
 
     threads = available_cores()
     chosen = re.findall(r"Runtime: serving \w+ (\w+)", "\n".join(runtime_lines))
@@ -624,8 +708,14 @@ def main() -> None:
         print("agreement with PyTorch fp32 on the trained checkpoint:")
         runtime_agreement(checkpoint, texts)
     else:
-        agreement, n, what = bf16_agreement(texts)
-        print(f"bf16 vs fp32 argmax agreement: {agreement:.2%} of {n} texts ({what})")
+        with tempfile.TemporaryDirectory() as model:
+            train_smoke(model)
+            sample = agreement_sample(texts)
+            print(
+                f"bf16 vs fp32 argmax agreement: {bf16_agreement(model, sample):.2%} of {len(sample)} texts ({SAMPLE})"
+            )
+            if bench_device() == "cuda":
+                print(f"CUDA graphs vs eager argmax agreement: {graph_agreement(model, sample)} ({SAMPLE})")
 
 
 if __name__ == "__main__":
