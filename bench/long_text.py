@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification  # noqa: E402
 
-from inference import files  # noqa: E402
+from contract import files  # noqa: E402
+from contract.long_text import CHUNK, LongText  # noqa: E402
 from inference.loading import load_model  # noqa: E402
-from inference.long_text import CHUNK, LongText  # noqa: E402
 from training.predict import score_chunk  # noqa: E402
 from training.smoke import LABELS, ensure_smoke_assets, make_long_documents  # noqa: E402
 

@@ -90,7 +90,7 @@ def main() -> None:
 def _vocabulary(checkpoint: Path) -> list[str]:
     from transformers import AutoTokenizer
 
-    from inference import files
+    from contract import files
 
     return list(AutoTokenizer.from_pretrained(checkpoint / files.TOKENIZER_DIR).get_vocab())
 

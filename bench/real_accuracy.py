@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from train_bench import AG_NEWS, LABELS, prepare_model  # noqa: E402
 
-from inference import files  # noqa: E402
+from contract import files  # noqa: E402
 
 CPU_2PROC = ROOT / "accelerate_configs" / "cpu_2proc.yaml"
 
@@ -232,10 +232,10 @@ def main() -> None:
 
 
 def _auto_precision() -> str:
-    """`auto` as inference/precision.py resolves it on this machine (fp32, fp16 or bf16)."""
+    """`auto` as contract/precision.py resolves it on this machine (fp32, fp16 or bf16)."""
     import torch
 
-    from inference import precision
+    from contract import precision
 
     return precision.resolve(precision.AUTO, "cuda" if torch.cuda.is_available() else "cpu")
 

@@ -49,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from inference import files  # noqa: E402
+from contract import files  # noqa: E402
 
 AG_NEWS = Path(os.environ.get("BENCH_AG_NEWS", ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"))
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -658,7 +658,7 @@ def main() -> None:
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from inference import files, precision
+    from contract import files, precision
     from inference.settings import available_cores
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the runtime measurement's lines

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from inference import files  # noqa: E402
+from contract import files  # noqa: E402
 from training.smoke import ensure_smoke_assets, make_split  # noqa: E402
 
 PAIRS = ["--text_column_names", "sentence1", "--text_pair_column", "sentence2", "--label_column", "pair_score"]

@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from inference import files  # noqa: E402  (after the project root is on sys.path)
+from contract import files  # noqa: E402  (after the project root is on sys.path)
 
 # a GPU lease carries both (bench/gpu_lease.py --pack): the shared data and the MiniLM package are not there
 AG_NEWS = Path(os.environ.get("BENCH_AG_NEWS", ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"))
@@ -317,7 +317,7 @@ def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from inference import precision
+    from contract import precision
     from training import cpu_speed
     from training.config import load_config
     from training.data import load_splits, make_dataloaders, tokenize_splits
@@ -418,7 +418,7 @@ def main() -> None:
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--learning_rate", type=float, default=5e-5)
     parser.add_argument(
-        "--precision", default=None, help="auto, fp32, fp16 or bf16 (inference/precision.py; default auto)"
+        "--precision", default=None, help="auto, fp32, fp16 or bf16 (contract/precision.py; default auto)"
     )
     parser.add_argument("--repeats", type=int, default=2, help="runs per row (alternating order)")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
@@ -433,7 +433,7 @@ def main() -> None:
 
     import torch
 
-    from inference import precision
+    from contract import precision
 
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
     args.precision = precision.resolve(args.precision or precision.AUTO, args.device)

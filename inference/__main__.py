@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"inference: error: {describe_error(exc)}\n")
         return 2
     logs.configure(settings.json_output)
-    os.environ.update(settings.environment())  # worker processes and inference.app's module-level app read them
+    # uvicorn starts worker processes from an import string, so settings reach them only through the environment
+    # (inference.app.app_from_env reads it); flags given here must travel the same way.
+    os.environ.update(settings.environment())
     from inference.service import load_configured, ready_engine  # imported once the environment is set
 
     try:
@@ -82,7 +84,8 @@ def serve_workers(settings: Settings) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         uvicorn.run(
-            "inference.app:app",
+            "inference.app:app_from_env",
+            factory=True,
             host=settings.hostname,
             port=settings.port,
             workers=settings.workers,

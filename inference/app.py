@@ -1,7 +1,11 @@
 """The FastAPI service: text-embeddings-inference's classifier API (POST /predict, GET /info, /health, /metrics).
 
-    uvicorn inference.app:app            # settings from environment variables (inference/settings.py)
+    uvicorn inference.app:app_from_env --factory   # settings from environment variables (inference/settings.py)
+    uvicorn inference.app:app                      # the same; the app is built when uvicorn asks for it
     python -m inference --model_id checkpoints --port 8000
+
+Importing this module builds nothing: `create_app(settings)` is the factory (tests, python -m inference),
+`app_from_env` the one uvicorn calls.
 
 Pieces: settings.py (configuration), service.py (state and lifespan: load once, reload, drain), routes.py,
 errors.py (TEI's error bodies), middleware.py (status count, request id, body limit), engine.py (micro-batching),
@@ -65,8 +69,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     return app
 
 
-def _app_from_env() -> FastAPI:
-    """`uvicorn inference.app:app`: a bad setting is one line on stderr and exit code 2, not a traceback."""
+def app_from_env() -> FastAPI:
+    """The service configured by the environment (`uvicorn inference.app:app_from_env --factory`, and each worker
+    process of `python -m inference --workers N`): a bad setting is one line on stderr and exit code 2, not a
+    traceback."""
     try:
         return create_app()
     except SettingsError as exc:
@@ -74,4 +80,9 @@ def _app_from_env() -> FastAPI:
         raise SystemExit(2) from None
 
 
-app = _app_from_env()
+def __getattr__(name: str) -> FastAPI:
+    """`uvicorn inference.app:app` (TEI-style short form): the app is built on that first lookup, not at import."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()["app"] = built = app_from_env()
+    return built

@@ -5,7 +5,7 @@ A request puts a job (its inputs: texts or text pairs, and an asyncio future) on
   arriving together, until they hold `max_batch_requests` inputs (a job that would pass it starts the next
   micro-batch; a job whose client already went away is dropped first), and tokenizes them together: one tokenizer
   call for all the plain texts that share truncation settings (and one for the pairs), every window of each input
-  for a job that chunks long texts (inference/long_text.py, at most `max_chunks` per input). An input refused
+  for a job that chunks long texts (contract/long_text.py, at most `max_chunks` per input). An input refused
   (too long, too many windows) fails its own job only. It hands the micro-batch to the model thread through a
   short bounded queue, so tokenizing the next batch overlaps the forward passes of this one;
 - the model thread (`Engine.run`: on a thread of its own after `start()`, or on the process's main thread: see
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from contract.long_text import CHUNK, LongTextError, TooManyWindows
 from inference import shapes
 from inference.graphs import CapturedForward, GraphsUnsupported
 from inference.loading import LoadedModel
-from inference.long_text import CHUNK, LongTextError, TooManyWindows
 from inference.metrics import Metrics
 from inference.schemas import Sequence
 
@@ -372,7 +372,7 @@ def encode_unchecked(loaded: LoadedModel, sequences: list[Sequence], truncate: b
 
 def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> tuple[list[dict], list[int]]:
     """(every window of each input, the input of each window), texts and pairs alike, windowed as the model's
-    config.json says (inference/long_text.py); TooManyWindows beyond `max_chunks` windows for one input."""
+    config.json says (contract/long_text.py); TooManyWindows beyond `max_chunks` windows for one input."""
     chunking = replace(loaded.long_text, mode=CHUNK)
     loaded.tokenizer.truncation_side = "right"  # the tokenizer thread alone uses it
     per_input: list[list[dict]] = [[] for _ in sequences]

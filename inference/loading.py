@@ -1,7 +1,7 @@
 """Load a classifier to serve from this project's checkpoint folder, any `save_pretrained` folder, or a Hub id.
 
     this project's folder   distilbert_agnews.pt (state_dict, torch.load(weights_only=True)) + config.json
-                            + tokenizer/  (inference/files.py names them); the state_dict wins over an export
+                            + tokenizer/  (contract/files.py names them); the state_dict wins over an export
     save_pretrained folder  model.safetensors (or its shards) + config.json + tokenizer files
     Hub id (org/name)       downloaded once (safetensors only) into the Hugging Face cache, then as above
 
@@ -31,11 +31,11 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from inference import files, precision
-from inference.hub import hub_reachable, hub_url, is_offline
+from contract import files, precision
+from contract.hub import hub_reachable, hub_url, is_offline
+from contract.long_text import LongText, LongTextError
+from contract.task import SINGLE, Task, TaskError
 from inference.logs import quiet
-from inference.long_text import LongText, LongTextError
-from inference.task import SINGLE, Task, TaskError
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ class LoadedModel:
     backend: str = "torch"  # or openvino: inference/runtimes.py
     runner: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None  # batch -> logits, instead of `model`
     runtime: dict | None = None  # what inference/runtimes.py measured and chose, for /info
-    task: Task = field(default_factory=lambda: Task(SINGLE, 2))  # problem type and thresholds: inference/task.py
-    long_text: LongText = field(default_factory=LongText)  # windowing and pooling of long texts: inference/long_text.py
+    task: Task = field(default_factory=lambda: Task(SINGLE, 2))  # problem type and thresholds: contract/task.py
+    long_text: LongText = field(default_factory=LongText)  # windowing and pooling of long texts: contract/long_text.py
 
     @property
     def id2label(self) -> dict[str, str]:

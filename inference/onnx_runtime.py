@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from inference import files
+from contract import files
 from inference.logs import quiet
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import numpy as np
 import openvino as ov
 import torch
 
-from inference import files, precision
+from contract import files, precision
 from inference.logs import quiet
 
 logger = logging.getLogger(__name__)

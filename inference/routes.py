@@ -17,11 +17,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
-from inference import errors, precision
+from contract import precision
+from contract.long_text import CHUNK, TRUNCATE, LongTextError, TooManyWindows
+from inference import errors
 from inference.engine import Answer, InputTooLong, Overloaded, window_length
 from inference.errors import ServiceError
 from inference.loading import LoadedModel
-from inference.long_text import CHUNK, TRUNCATE, LongTextError, TooManyWindows
 from inference.schemas import ErrorBody, Info, PredictRequest, PredictResponse
 from inference.service import Service, chunks_long_texts
 
@@ -191,7 +192,7 @@ def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) ->
 
 
 def rank(logits: list[float], served: LoadedModel, top_k: int | None, scoring: str | None) -> list[dict]:
-    """Labels with scores, best first. Scored by the model's task unless the request asks (inference/task.py: softmax
+    """Labels with scores, best first. Scored by the model's task unless the request asks (contract/task.py: softmax
     for single-label, sigmoid for multi-label and one-logit models, the raw value for regression)."""
     values = served.task.scores(torch.tensor([logits]), scoring)[0]
     ranked = sorted(

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from inference import files
+from contract import files
 from inference.loading import file_sha256
 from inference.settings import SettingsError
 

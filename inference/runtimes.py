@@ -52,12 +52,13 @@ from pathlib import Path
 
 import torch
 
-from inference import files, precision, runtime_cache
+from contract import files, precision
+from contract.task import MULTI, REGRESSION, Task
+from inference import runtime_cache
 from inference.engine import collate, encode
 from inference.loading import LoadedModel, load_model
 from inference.runtime_cache import Cache
 from inference.settings import BACKENDS, SettingsError, from_env
-from inference.task import MULTI, REGRESSION, Task
 
 logger = logging.getLogger(__name__)
 
@@ -385,7 +386,7 @@ def _cannot_check(candidate: Candidate, held: list[str], calibration: list[str])
 
 
 def agreement(outputs: list[torch.Tensor], reference: list[torch.Tensor], model_task: Task) -> tuple[float | None, int]:
-    """(share of fp32's decisions the candidate keeps, number of ties left out), by problem type (inference/task.py):
+    """(share of fp32's decisions the candidate keeps, number of ties left out), by problem type (contract/task.py):
     - single-label: the argmax; a text whose fp32 top two probabilities are within TIE_MARGIN is a tie (fp32 itself
       is a coin flip there: a padding change can turn it), neither blamed nor credited;
     - multi-label (and one-logit models): every label's thresholded decision; a score within TIE_MARGIN of its

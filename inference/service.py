@@ -11,10 +11,11 @@ import torch
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
-from inference import errors, logs, memory, metrics, precision, runtimes
+from contract import precision
+from contract.long_text import CHUNK, LongTextError
+from inference import errors, logs, memory, metrics, runtimes
 from inference.engine import Engine, Limits, warm_up, window_length
 from inference.loading import CheckpointError, LoadedModel, load_model
-from inference.long_text import CHUNK, LongTextError
 from inference.metrics import Metrics
 from inference.reload import CheckpointWatcher
 from inference.settings import Settings, SettingsError
@@ -74,7 +75,7 @@ def load_configured(settings: Settings) -> LoadedModel:
 
 
 def chunks_long_texts(settings: Settings, loaded: LoadedModel) -> bool:
-    """LONG_TEXT, else what the model's config.json records (inference/long_text.py)."""
+    """LONG_TEXT, else what the model's config.json records (contract/long_text.py)."""
     return (settings.long_text or loaded.long_text.mode) == CHUNK
 
 
@@ -135,7 +136,7 @@ def _watcher(service: Service) -> CheckpointWatcher | None:
 async def lifespan(app: FastAPI):
     service: Service = app.state.service
     logs.configure(service.settings.json_output)
-    if service.engine is None:  # uvicorn inference.app:app, or a worker of --workers N: load here
+    if service.engine is None:  # uvicorn's factory app_from_env, or a worker of --workers N: load here
         try:
             loaded = await run_in_threadpool(load_configured, service.settings)
             service.engine = await run_in_threadpool(ready_engine, service.settings, loaded, service.metrics)

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from inference import precision
+from contract import precision
 
 BACKENDS = ("auto", "torch", "openvino", "onnxruntime")  # the runtimes that serve the model (inference/runtimes.py)
 
@@ -263,7 +263,7 @@ def describe_error(exc: ValidationError) -> str:
 
 
 def from_env(**overrides) -> Settings:
-    """Settings from the environment (what `uvicorn inference.app:app` and worker processes use)."""
+    """Settings from the environment (what `uvicorn inference.app:app_from_env --factory` and worker processes use)."""
     try:
         return Settings(**overrides)
     except ValidationError as exc:

@@ -11,7 +11,7 @@ import nbformat
 import psutil
 import pytest
 
-from inference import files
+from contract import files
 from tests.conftest import ROOT, cli_env
 
 NOTEBOOK = ROOT / "notebooks" / "kaggle_agnews.ipynb"

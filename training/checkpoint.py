@@ -9,7 +9,7 @@
     state/step_N/          resumable state: accelerator.save_state + progress.json
     .distilbert_agnews.lock  held by the run writing the folder (training/claim.py)
 
-`OutputDir` owns that folder during a run: every path in it (names from inference/files.py), every write
+`OutputDir` owns that folder during a run: every path in it (names from contract/files.py), every write
 (on the main process only, checked here), the resumable states and their rotation. Its `save_model` and
 `save_state` are called on ALL ranks (so they stay in step); only `accelerator.save_state` writes on every
 rank, by accelerate's design (each rank's RNG state). Files and state folders are written under a
@@ -38,7 +38,7 @@ from accelerate.utils.constants import RNG_STATE_NAME
 from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as transformers_logging
 
-from inference import files
+from contract import files
 from training import model_card, provenance, reports
 from training.atomic import atomic_write, replace_dir, write_json
 from training.push import push as push_folder
@@ -309,7 +309,7 @@ class OutputDir:
         self.run_id = run_id  # names this run's staging folders (training/claim.py)
 
     def path(self, name: str) -> Path:
-        """A file of the folder, by its name in inference/files.py."""
+        """A file of the folder, by its name in contract/files.py."""
         return self.root / name
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:

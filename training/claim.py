@@ -20,7 +20,7 @@ from pathlib import Path
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
-from inference import files
+from contract import files
 
 try:
     import fcntl

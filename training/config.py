@@ -21,8 +21,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError
 
-from inference import precision
-from inference.long_text import DEFAULT_STRIDE, LongText
+from contract import precision
+from contract.long_text import DEFAULT_STRIDE, LongText
 from training.smoke import LABELS as SMOKE_LABELS
 from training.smoke import smoke_dir
 
@@ -183,7 +183,7 @@ class DataConfig(_Group):
     long_text: Literal["truncate", "chunk"] = "truncate"
     """Texts longer than max_length: 'truncate' (cut off) or 'chunk': overlapping windows of max_length tokens, each a
     training example with its text's label; evaluation, prediction and the service score every window and pool their
-    logits per text (inference/long_text.py). Recorded in config.json."""
+    logits per text (contract/long_text.py). Recorded in config.json."""
     chunk_stride: Annotated[int, _bound(">=", 0)] = DEFAULT_STRIDE
     """--long_text chunk: tokens shared by consecutive windows; below a window's text tokens (max_length less the
     special tokens)."""
@@ -236,7 +236,7 @@ class OptimizationConfig(_Group):
     label_smoothing_factor: Fraction = 0.0
     """Label smoothing of the classification targets (single- and multi-label); 0 turns it off."""
     mixed_precision: Annotated[str, BeforeValidator(_precision)] = precision.AUTO
-    """auto, no/fp32, fp16 or bf16 (inference/precision.py, the same names as evaluation, prediction and serving).
+    """auto, no/fp32, fp16 or bf16 (contract/precision.py, the same names as evaluation, prediction and serving).
     auto: the accelerate config's fp16/bf16 if it sets one, else bf16 where the hardware has native bf16 (bf16 GPUs;
     CPUs with AMX or AVX512-BF16), fp16 on other GPUs, else fp32."""
     seed: int = 42
@@ -340,7 +340,7 @@ class TrainConfig(RunConfig, EvaluationConfig, OptimizationConfig, DataConfig, M
         return self.per_device_train_batch_size * self.gradient_accumulation_steps * num_processes
 
     def windowing(self) -> LongText:
-        """How long texts are windowed and pooled (inference/long_text.py), as config.json records it."""
+        """How long texts are windowed and pooled (contract/long_text.py), as config.json records it."""
         return LongText(self.long_text, self.chunk_stride, self.chunk_pooling, self.max_length)
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,8 +26,9 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers import PreTrainedTokenizerBase
 
-from inference import shapes, task
-from inference.long_text import LongText
+from contract import task
+from contract.long_text import LongText
+from inference import shapes
 from training import capture
 from training.config import TrainConfig
 from training.hub import explain_missing
@@ -276,7 +277,7 @@ class LabelSpace:
 
     @property
     def task(self) -> task.Task:
-        """The model's task (inference/task.py); multi-label starts at the default threshold for every label."""
+        """The model's task (contract/task.py); multi-label starts at the default threshold for every label."""
         return task.Task(self.problem_type, len(self.names))
 
     def row_values(self, labels, row: int, source: str | None = None) -> list:
@@ -386,7 +387,7 @@ def calibration_sample(train: datasets.Dataset, seed: int, n: int = CALIBRATION_
 
 
 def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig) -> Splits:
-    """Tokenize without padding (the collator pads per batch): one row per window (inference/long_text.py; one per
+    """Tokenize without padding (the collator pads per batch): one row per window (contract/long_text.py; one per
     text unless --long_text chunk), with its token count (`length`) and its text's row (`document`).
 
     `datasets.map` caches the result next to the source data, keyed by the data and this function, so

@@ -30,9 +30,9 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import broadcast_object_list
 
-from inference import files, precision, task
+from contract import files, precision, task
+from contract.long_text import MODES, LongText, LongTextError
 from inference.loading import CheckpointError, LoadedModel, file_sha256, load_model
-from inference.long_text import MODES, LongText, LongTextError
 from training import reports
 from training.atomic import write_json
 from training.config import TrainConfig, presets
@@ -60,8 +60,8 @@ FIT = "fit"  # score(thresholds=FIT): fit multi-label thresholds on the split sc
 @dataclass
 class Scored:
     """Per-text results in the split's row order, gathered from every rank (CPU tensors): targets (class ids,
-    multi-hot rows or values), scores by the task's function (inference/task.py) of the text's pooled logits, unweighted
-    losses, and how many windows each text was scored in (inference/long_text.py; 1 unless --long_text chunk)."""
+    multi-hot rows or values), scores by the task's function (contract/task.py) of the text's pooled logits, unweighted
+    losses, and how many windows each text was scored in (contract/long_text.py; 1 unless --long_text chunk)."""
 
     labels: torch.Tensor
     scores: torch.Tensor
@@ -189,7 +189,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--mixed_precision",
         type=precision.canonical,
-        help=f"one of {', '.join(precision.ACCEPTED)} (inference/precision.py; default: the preset's, as in "
+        help=f"one of {', '.join(precision.ACCEPTED)} (contract/precision.py; default: the preset's, as in "
         "training (smoke: fp32, so its test score is reproduced on any CPU), else auto, as training, prediction and "
         "serving read it)",
     )
@@ -227,7 +227,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def windowing_for(loaded: LoadedModel, args: argparse.Namespace) -> LongText:
-    """How long texts are read (inference/long_text.py): the model's config.json, --long_text and --chunk_stride
+    """How long texts are read (contract/long_text.py): the model's config.json, --long_text and --chunk_stride
     overriding it; the pooling is always the model's."""
     recorded = loaded.long_text
     stride = recorded.stride if args.chunk_stride is None else args.chunk_stride

@@ -15,7 +15,7 @@ import sys
 import datasets.config
 import huggingface_hub.constants
 
-from inference.hub import hub_reachable, hub_url, is_offline
+from contract.hub import hub_reachable, hub_url, is_offline
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from inference import files, task
+from contract import files, task
 from training.capture import CompileReport, eager
 from training.checkpoint import OutputDir, Progress
 from training.config import TrainConfig

@@ -2,7 +2,7 @@
 computes the same numbers from them.
 
 The project's own metrics are `evaluate` modules in training/metric_modules/, loaded from their local path,
-so everything works offline, one set per problem type (inference/task.py): single-label `accuracy`, `macro_f1`
+so everything works offline, one set per problem type (contract/task.py): single-label `accuracy`, `macro_f1`
 (scikit-learn's definition) and `classification_report` (per-class precision / recall / F1 / support and the
 confusion matrix); multi-label `multilabel` (micro- and macro-F1, subset accuracy, per-label table); regression
 `regression` (MSE, MAE, R², Pearson, Spearman). `--extra_metrics` adds any `evaluate`
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from inference import task
+from contract import task
 
 if TYPE_CHECKING:
     import evaluate

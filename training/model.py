@@ -30,7 +30,7 @@ def load_tokenizer(cfg: TrainConfig):
 
 def build_model(cfg: TrainConfig, labels: LabelSpace, attn_implementation: str = "sdpa") -> PreTrainedModel:
     """A sequence classifier with one output per class (one for regression), the task and the long-text windowing in
-    its config (inference/task.py, inference/long_text.py); pretrained weights unless cfg.from_scratch; activations
+    its config (contract/task.py, contract/long_text.py); pretrained weights unless cfg.from_scratch; activations
     recomputed in the backward pass with --gradient_checkpointing."""
     model = _pretrained_or_new(cfg, labels, attn_implementation)
     if cfg.gradient_checkpointing:

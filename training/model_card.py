@@ -13,7 +13,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from inference import files, task
+from contract import files, task
 from inference.loading import HUB_ID
 from training.atomic import write_bytes
 from training.metrics import HEADLINE

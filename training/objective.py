@@ -1,4 +1,4 @@
-"""The training loss for each problem type (inference/task.py), with class weights and label smoothing.
+"""The training loss for each problem type (contract/task.py), with class weights and label smoothing.
 
     single-label   cross-entropy; class weights scale each example's loss by its class's weight
     multi-label    binary cross-entropy per label; class weights are BCE's pos_weight (a label's positives count
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from inference import task
+from contract import task
 from training.config import TrainConfig, class_weight_values
 from training.data import DataError, LabelSpace
 

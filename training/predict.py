@@ -8,7 +8,7 @@ The input (csv, jsonl or parquet) is read through `datasets` (Arrow, memory-mapp
 Python objects) in chunks of --chunk_size rows. Rank r of N scores chunks r, r+N, ... (each chunk sorted by
 length into batches, as the service does) and writes each chunk's predictions to a part file; then the main
 process streams the input and the parts, chunk by chunk and in order, into the output, whose format follows its
-extension: the input's columns and, by the model's problem type (inference/task.py, scored as the service scores
+extension: the input's columns and, by the model's problem type (contract/task.py, scored as the service scores
 it): `predicted_label`, `predicted_score` and one `score_<label>` per class (single-label); `predicted_labels` (the
 list of labels at or above their thresholds) and one `score_<label>` per label (multi-label); `predicted_value`
 (regression). The
@@ -42,10 +42,10 @@ from accelerate.logging import get_logger
 from accelerate.utils import broadcast_object_list
 from tqdm.auto import tqdm
 
-from inference import precision, task
+from contract import precision, task
+from contract.long_text import LongText, LongTextError
 from inference.engine import forward
 from inference.loading import CheckpointError, LoadedModel, load_model
-from inference.long_text import LongText, LongTextError
 from training.data import DataError, join_texts, load_file, require_columns
 from training.evaluate import add_data_arguments, windowing_for
 
@@ -119,8 +119,8 @@ def score_chunk(
     max_length: int,
     windowing: LongText,
 ) -> tuple[torch.Tensor, list[int]]:
-    """(scores (fp32) of each text by the model's task (inference/task.py: softmax, sigmoid or the raw value, as the
-    service scores it), windows per text), in input order. Windows (inference/long_text.py: one per text unless
+    """(scores (fp32) of each text by the model's task (contract/task.py: softmax, sigmoid or the raw value, as the
+    service scores it), windows per text), in input order. Windows (contract/long_text.py: one per text unless
     chunked) run in batches of similar lengths, as the service runs them; a text's windows' logits are pooled."""
     windows = windowing.encode(loaded.tokenizer, texts, pairs, max_length)
     features = windows.features

@@ -24,7 +24,7 @@ import datasets
 import yaml
 from transformers import AutoModel, AutoTokenizer
 
-from inference.hub import hub_reachable, is_offline
+from contract.hub import hub_reachable, is_offline
 from training.hub import HubUnavailableError, explain_missing
 
 logger = logging.getLogger("prepare")

@@ -22,8 +22,8 @@ from pathlib import Path
 from huggingface_hub import HfApi, get_token
 from huggingface_hub.errors import HfHubHTTPError
 
-from inference import files
-from inference.hub import hub_reachable, hub_url, is_offline
+from contract import files
+from contract.hub import hub_reachable, hub_url, is_offline
 from training import model_card
 
 logger = logging.getLogger(__name__)

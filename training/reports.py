@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from inference import files, task
+from contract import files, task
 from training.atomic import write_bytes, write_json
 from training.metrics import HEADLINE
 

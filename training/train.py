@@ -35,8 +35,8 @@ from accelerate.logging import get_logger
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs, set_seed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from inference import files, precision
-from inference.long_text import LongTextError
+from contract import files, precision
+from contract.long_text import LongTextError
 from training import capture, cpu_speed, provenance
 from training.checkpoint import OutputDir, Progress, ResumeError, SaveError, load_weights
 from training.claim import OutputDirError, claim_output_dir
@@ -74,7 +74,7 @@ def launcher_precision() -> str:
 
 def resolve_mixed_precision(cfg: TrainConfig) -> str:
     """accelerate's name for the run's precision: --mixed_precision; for `auto`, a launcher config's fp16/bf16
-    if it sets one, else `auto` as inference/precision.py decides it for this machine."""
+    if it sets one, else `auto` as contract/precision.py decides it for this machine."""
     launcher = launcher_precision()
     if cfg.mixed_precision == precision.AUTO and launcher != "no":
         return launcher

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from inference import files
+from contract import files
 from tests.conftest import ROOT, cli_env, free_port
 
 

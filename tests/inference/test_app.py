@@ -15,7 +15,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from inference import files, shapes
+from contract import files
+from inference import shapes
 from inference.app import create_app
 from inference.engine import static_passes
 from inference.loading import CheckpointError, load_model
@@ -440,8 +441,28 @@ def test_a_broken_checkpoint_stops_the_command_with_one_line(checkpoint_copy):
     assert len(lines) == 1 and str(weights) in lines[0] and lines[0].startswith("inference: error:")
 
 
+def test_importing_the_app_module_builds_no_app():
+    """The service starts through a factory: importing inference.app reads no setting and loads no model (with a
+    MODEL_ID that does not exist, an import that built the app would fail)."""
+    code = "import inference.app as m; assert 'app' not in vars(m); print('built nothing')"
+    env = {**os.environ, "MODEL_ID": "/nonexistent/model", "PORT": "not-a-port"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0 and "built nothing" in result.stdout, result.stderr[-2000:]
+
+
 def test_serving_imports_nothing_from_training():
     code = "import sys, inference.app, inference.__main__; print([m for m in sys.modules if m.startswith('training')])"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
+def test_the_contract_package_imports_neither_side():
+    """contract/ (file names, problem type, pooling, precision, Hub probe) is what training and serving share: it
+    imports neither of them, so each side can depend on it."""
+    code = (
+        "import sys, contract.files, contract.task, contract.long_text, contract.precision, contract.hub; "
+        "print([m for m in sys.modules if m.split('.')[0] in ('training', 'inference')])"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
 

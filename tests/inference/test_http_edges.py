@@ -12,7 +12,8 @@ import urllib.request
 
 import pytest
 
-from inference import files, routes
+from contract import files
+from inference import routes
 from inference.app import create_app
 from inference.settings import Settings, SettingsError, from_env
 from tests.conftest import cli_env

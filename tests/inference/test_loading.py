@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from inference import files
+from contract import files
 from inference.loading import CheckpointError, load_model
 from tests.conftest import ROOT, cli_env
 from tests.inference.conftest import Server, assert_matches

@@ -1,4 +1,4 @@
-"""inference/long_text.py, the windowing contract: windows are the tokenizer's own overflowing windows, a short text's
+"""contract/long_text.py, the windowing contract: windows are the tokenizer's own overflowing windows, a short text's
 one window is exactly its truncation, pooling is the mean or max of the windows' logits, and bad settings are one
 line (before the tokenizer could abort the process on them)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from inference.long_text import CHUNK, MAX, MEAN, TRUNCATE, LongText, LongTextError, TooManyWindows
+from contract.long_text import CHUNK, MAX, MEAN, TRUNCATE, LongText, LongTextError, TooManyWindows
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 import torch
 from huggingface_hub import InferenceClient
 
-from inference import files
+from contract import files
 from inference.loading import load_model
 from tests.inference.conftest import Server, run_cli
 from tests.inference.test_app import make_client

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference import precision
+from contract import precision
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from inference import files, reload
+from contract import files
+from inference import reload
 from inference.loading import signature
 from inference.reload import CheckpointWatcher
 from tests.inference.conftest import wait_for

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference import files, runtimes
+from contract import files
+from inference import runtimes
 from inference.runtime_cache import Cache
 from inference.settings import SettingsError
 from tests.conftest import cli_env, read_only

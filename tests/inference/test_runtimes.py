@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference import files, precision, runtimes
+from contract import files, precision
+from contract.task import MULTI, REGRESSION, SINGLE, Task
+from inference import runtimes
 from inference.engine import encode, forward
 from inference.service import load_configured
 from inference.settings import SettingsError, from_env
-from inference.task import MULTI, REGRESSION, SINGLE, Task
 from tests.inference.conftest import Reference, ag_news_texts
 from tests.inference.test_app import TEXTS, make_client
 from training.smoke import make_split

@@ -13,7 +13,7 @@ import subprocess
 import httpx
 import pytest
 
-from inference import precision
+from contract import precision
 from tests.conftest import cli_env
 from tests.inference.conftest import Server
 

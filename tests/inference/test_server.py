@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from inference import files
+from contract import files
 from tests.inference.conftest import Server, wait_for
 
 pytestmark = pytest.mark.slow
@@ -307,8 +307,8 @@ def test_connections_are_bounded_and_idle_ones_closed(smoke_checkpoint):
 
 
 def test_uvicorn_app_drains_then_ends_by_sigterm_as_documented(smoke_checkpoint):
-    """docs/serving.md: `uvicorn inference.app:app` re-raises SIGTERM after draining (exit status 143 in a
-    shell); `python -m inference` exits 0 (test_sigterm_finishes_in_flight_requests_and_exits_0)."""
+    """docs/serving.md: `uvicorn inference.app:app_from_env --factory` re-raises SIGTERM after draining (exit status
+    143 in a shell); `python -m inference` exits 0 (test_sigterm_finishes_in_flight_requests_and_exits_0)."""
     import subprocess
     import sys
 
@@ -317,7 +317,7 @@ def test_uvicorn_app_drains_then_ends_by_sigterm_as_documented(smoke_checkpoint)
     port = free_port()
     env = cli_env(MODEL_ID=str(smoke_checkpoint), RELOAD_INTERVAL_S="0")
     process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "inference.app:app", "--port", str(port)],
+        [sys.executable, "-m", "uvicorn", "inference.app:app_from_env", "--factory", "--port", str(port)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -20,7 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from inference import files, shapes
+from contract import files
+from inference import shapes
 from tests.conftest import ROOT, cli_env, describe, run_train
 from training.config import load_config
 from training.data import Collator, load_splits, make_dataloaders, tokenize_splits

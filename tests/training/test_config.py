@@ -215,9 +215,9 @@ def test_error_messages_are_one_exact_line(argv, message):
 
 
 def test_one_precision_vocabulary_with_auto_meaning_what_it_means_for_serving(monkeypatch):
-    """The same names as evaluate, predict and serve (inference/precision.py); a launcher config's precision
+    """The same names as evaluate, predict and serve (contract/precision.py); a launcher config's precision
     is used when the flag is left at auto."""
-    from inference import precision
+    from contract import precision
 
     assert load_config(["--mixed_precision", "no"]).mixed_precision == "fp32"
     assert load_config(["--mixed_precision", "bfloat16"]).mixed_precision == "bf16"

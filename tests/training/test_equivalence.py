@@ -10,7 +10,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from inference import files
+from contract import files
 from tests.conftest import describe, run_train
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference import files
+from contract import files
 from tests.conftest import describe, launch
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from inference import files
+from contract import files
 from tests.conftest import ROOT, cli_env, describe, fault_env, launch_command, run_train, write_rows
 from training.checkpoint import find_latest_state, read_progress
 

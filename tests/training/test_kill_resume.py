@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from inference import files
+from contract import files
 from tests.conftest import ROOT, SMOKE_2PROC_ARGS, cli_env, describe, fault_env, launch_command, run_train
 from training.checkpoint import find_latest_state, read_progress
 

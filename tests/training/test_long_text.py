@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from inference import files
+from contract import files
 from inference.loading import load_model
 from tests.conftest import ROOT, describe, launch, run_train
 from training.checkpoint import load_weights

@@ -17,7 +17,7 @@ from sklearn.metrics import (
     r2_score,
 )
 
-from inference.task import MULTI, REGRESSION, SINGLE, Task
+from contract.task import MULTI, REGRESSION, SINGLE, Task
 from training.metrics import MODULES, MetricError, MetricSuite, fit_thresholds, greater_is_better
 
 NAMES = ["World", "Sports", "Business", "Sci/Tech"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from inference.task import MULTI, REGRESSION, Task
+from contract.task import MULTI, REGRESSION, Task
 from training.config import load_config
 from training.data import LabelSpace
 from training.model import build_model, build_optimizer

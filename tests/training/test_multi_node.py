@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from inference import files
+from contract import files
 from tests.conftest import ROOT, cli_env, free_port
 
 pytestmark = pytest.mark.slow

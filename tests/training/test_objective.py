@@ -12,7 +12,7 @@ import torch
 from sklearn.utils.class_weight import compute_class_weight
 from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
-from inference import files, task
+from contract import files, task
 from tests.conftest import describe, run_train, write_rows
 from training.data import DataError, LabelSpace
 from training.objective import Objective, class_weights

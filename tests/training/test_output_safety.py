@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from inference import files
+from contract import files
 from tests.conftest import ROOT, SMOKE_MODEL_ARGS, describe, fault_env, launch_command, read_only, run_train
 from training.checkpoint import ResumeError, complete_states, damaged_file, pick_state
 

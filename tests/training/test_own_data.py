@@ -12,7 +12,7 @@ import torch
 import transformers
 from fastapi.testclient import TestClient
 
-from inference import files
+from contract import files
 from inference.app import create_app
 from inference.settings import Settings
 from tests.conftest import cli_env, describe, run_train, write_rows

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from inference import files
+from contract import files
 from inference.loading import load_model
 from tests.conftest import ROOT, cli_env, describe, launch, read_only, write_rows
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 import yaml
 
-from inference import files
+from contract import files
 from tests.conftest import ROOT, cli_env, describe, launch, run_train
 
 pytestmark = pytest.mark.slow

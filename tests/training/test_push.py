@@ -14,7 +14,7 @@ import pytest
 from huggingface_hub import ModelCard
 from huggingface_hub.utils import filter_repo_objects
 
-from inference import files
+from contract import files
 from tests.conftest import ROOT, cli_env, describe, run_train
 from training import model_card, push
 

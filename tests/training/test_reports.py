@@ -8,7 +8,7 @@ import json
 import torch
 from PIL import Image
 
-from inference import files
+from contract import files
 from training import model_card, reports
 from training.checkpoint import Progress
 

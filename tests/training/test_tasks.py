@@ -17,7 +17,7 @@ import transformers
 from huggingface_hub import InferenceClient
 from safetensors.torch import load_file
 
-from inference import files, task
+from contract import files, task
 from inference.loading import load_model
 from tests.conftest import describe, launch, run_train
 from tests.inference.conftest import Server

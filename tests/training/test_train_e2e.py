@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from inference import files
+from contract import files
 from tests.conftest import ROOT, SMOKE_2PROC_ARGS, cli_env, describe, free_port, run_train
 from training.checkpoint import find_latest_state, read_progress
 

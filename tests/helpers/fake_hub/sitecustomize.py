@@ -13,7 +13,7 @@ from pathlib import Path
 from huggingface_hub import HfApi
 from huggingface_hub.utils import filter_repo_objects
 
-import inference.hub
+import contract.hub
 
 
 def _record(entry: dict) -> None:
@@ -32,5 +32,5 @@ def upload_folder(self, *, repo_id, folder_path, allow_patterns=None, ignore_pat
     _record({"call": "upload_folder", "repo_id": repo_id, "files": sent})
 
 
-inference.hub.hub_reachable = lambda timeout=5.0: True
+contract.hub.hub_reachable = lambda timeout=5.0: True
 HfApi.create_repo, HfApi.upload_folder = create_repo, upload_folder

@@ -5,7 +5,7 @@ whose logits are pooled per text. The one contract that training, evaluation, ba
     long_text       truncate (the default: everything past max_length tokens is cut off) or chunk
     chunk_stride    tokens shared by consecutive windows (the tokenizer's `stride`)
     chunk_pooling   mean or max: how the windows' logits become the text's logits, which are then scored by the
-                    model's task (inference/task.py)
+                    model's task (contract/task.py)
     chunk_max_length  tokens per window: the training run's max_length (the service windows as training did)
 
 Windows are the tokenizer's own (`return_overflowing_tokens=True`): each holds the special tokens and at most

@@ -1,8 +1,8 @@
 """The names of everything in a checkpoint folder: the one contract between training and serving.
 
 Every writer and reader imports these names (training, evaluation, batch prediction, the service, the
-benchmarks and the tests); nothing else spells a file name of the folder. The module lives on the serving
-side because `inference/` imports nothing of `training/`, while training may import from here.
+benchmarks and the tests); nothing else spells a file name of the folder. It lives in `contract/`, which both
+sides import and which imports neither.
 
     distilbert_agnews.pt        state_dict of the unwrapped model (plain tensors): what the service loads first
     config.json                 model config with id2label / label2id
