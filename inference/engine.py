@@ -243,7 +243,8 @@ class Engine:
         """_tokenize; should the tokenizer itself fail, the jobs are answered with its error (424) and the thread
         that called lives on: no request waits forever on a batch that will not come."""
         try:
-            return self._tokenize(jobs, loaded)
+            with self._tokenizing:  # the model thread tokenizes too, after a reload: one caller at a time
+                return self._tokenize(jobs, loaded)
         except Exception as exc:  # noqa: BLE001 - answered to its callers, like a failed forward pass
             logger.exception("tokenizing failed for a micro-batch of %d requests", len(jobs))
             for job in jobs:
@@ -254,10 +255,6 @@ class Engine:
     def _tokenize(self, jobs: list[_Job], loaded: LoadedModel) -> list[_Job]:
         """Tokenize the jobs for `loaded`, plain inputs together; the jobs whose inputs were refused are answered
         with the reason and left out."""
-        with self._tokenizing:
-            return self._tokenize_locked(jobs, loaded)
-
-    def _tokenize_locked(self, jobs: list[_Job], loaded: LoadedModel) -> list[_Job]:
         started, kept = time.perf_counter(), []
         for (truncate, left), group in _by_settings(job for job in jobs if not job.chunk):
             found = encode_unchecked(loaded, [s for job in group for s in job.sequences], truncate, left)
@@ -268,8 +265,8 @@ class Engine:
             try:
                 if job.chunk:
                     job.features, job.owner = windows(loaded, job.sequences, self.limits.max_chunks)
-                elif (longest := max(len(f["input_ids"]) for f in job.features)) > loaded.max_length:
-                    raise InputTooLong(longest, loaded.max_length)
+                else:
+                    check_length(loaded, job.features)
             except (InputTooLong, TooManyWindows, LongTextError) as exc:
                 self._leave_queue(job)
                 _resolve(job, exc=exc)
@@ -347,10 +344,15 @@ def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left:
     Truncation keeps the start (right) or the end (left) of a long input; pairs are cut longest first.
     InputTooLong when an input is longer than the model takes."""
     features = encode_unchecked(loaded, sequences, truncate, left)
+    check_length(loaded, features)
+    return features
+
+
+def check_length(loaded: LoadedModel, features: list[dict]) -> None:
+    """InputTooLong when an input is longer than the model takes."""
     longest = max(len(f["input_ids"]) for f in features)
     if longest > loaded.max_length:
         raise InputTooLong(longest, loaded.max_length)
-    return features
 
 
 def encode_unchecked(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
