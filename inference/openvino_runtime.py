@@ -16,6 +16,7 @@ import openvino as ov
 import torch
 
 from contract import files, precision
+from inference import signal_stack
 from inference.logs import quiet
 
 logger = logging.getLogger(__name__)
@@ -45,12 +46,13 @@ def quantize(model: ov.Model, samples: list[dict[str, np.ndarray]]) -> ov.Model:
     import nncf  # 4 s to import: only when quantizing
 
     nncf.set_log_level(logging.WARNING)
-    return nncf.quantize(
-        model,
-        nncf.Dataset(samples),
-        model_type=nncf.ModelType.TRANSFORMER,
-        subset_size=len(samples),
-    )
+    with signal_stack.kept():  # NNCF compiles the model on the CPU plugin to calibrate
+        return nncf.quantize(
+            model,
+            nncf.Dataset(samples),
+            model_type=nncf.ModelType.TRANSFORMER,
+            subset_size=len(samples),
+        )
 
 
 def save(model: ov.Model, folder: Path) -> Path:
@@ -67,7 +69,8 @@ class Runner:
         config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
         if serving_precision in _HINTS:
             config["INFERENCE_PRECISION_HINT"] = _HINTS[serving_precision]
-        self.compiled = ov.Core().compile_model(str(xml), "CPU", config)
+        with signal_stack.kept():  # the CPU plugin would leave this thread its own signal stack (signal_stack.py)
+            self.compiled = ov.Core().compile_model(str(xml), "CPU", config)
         self.inputs = input_names(self.compiled)
         self.request = self.compiled.create_infer_request()
 
