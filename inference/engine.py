@@ -1,22 +1,24 @@
-"""Micro-batching: concurrent requests share forward passes, run off the event loop by two threads.
+"""Micro-batching: concurrent requests share forward passes, run off the event loop.
 
-A request puts a job (its inputs: texts or text pairs, and an asyncio future) on a queue. Two threads serve it:
-- the tokenizer thread (started by `Engine.run`) gathers jobs, waiting up to `max_wait` only while requests keep
-  arriving together, until they hold `max_batch_requests` inputs (a job that would pass it starts the next
-  micro-batch; a job whose client already went away is dropped first), and tokenizes them together: one tokenizer
-  call for all the plain texts that share truncation settings (and one for the pairs), every window of each input
-  for a job that chunks long texts (contract/long_text.py, at most `max_chunks` per input). An input refused
-  (too long, too many windows) fails its own job only. It hands the micro-batch to the model thread through a
-  short bounded queue, so tokenizing the next batch overlaps the forward passes of this one;
-- the model thread (`Engine.run`: on a thread of its own after `start()`, or on the process's main thread: see
-  inference/__main__.py), which alone runs the model. It sorts the inputs by length and runs them in forward passes
-  bounded by `max_batch_requests` inputs and `max_batch_tokens` padded tokens, so long inputs cannot blow up
-  memory: with dynamic shapes (the CPU's default) passes of similar lengths, each padded to its own longest input;
-  with static shapes (`Limits.static_shapes`, CUDA's default) as few passes as fit, usually one, each padded to
-  the smallest of a few fixed (rows, width) shapes, whose forward passes are CUDA graphs captured at warm-up on
-  CUDA (inference/graphs.py). The logits stay on the device until the micro-batch is done (one copy back), then
-  it pools each chunked input's windows and hands each job exactly its own rows on its event loop, with its token
-  count (every window's) and timings.
+A request puts a job (its inputs: texts or text pairs, and an asyncio future) on a queue. The engine gathers jobs,
+waiting up to `max_wait` only while requests keep arriving together, until they hold `max_batch_requests` inputs
+(a job that would pass it starts the next micro-batch; a job whose client already went away is dropped first), and
+tokenizes them together: one tokenizer call for all the plain texts that share truncation settings (and one for the
+pairs), every window of each input for a job that chunks long texts (contract/long_text.py, at most `max_chunks` per
+input). An input refused (too long, too many windows) fails its own job only. Where that runs:
+- on CUDA (`Limits.tokenizer_thread`), on a tokenizer thread of its own, which hands each micro-batch to the model
+  thread through a short bounded queue: tokenizing the next batch overlaps the GPU's work on this one;
+- on the CPU, on the model thread, between forward passes: there the forward pass holds the cores, and a second
+  thread would only compete with it (and the event loop) for them and for the GIL.
+The model thread (`Engine.run`: on a thread of its own after `start()`, or on the process's main thread: see
+inference/__main__.py) alone runs the model. It sorts the inputs by length and runs them in forward passes bounded
+by `max_batch_requests` inputs and `max_batch_tokens` padded tokens, so long inputs cannot blow up memory: with
+dynamic shapes (the CPU's default) passes of similar lengths, each padded to its own longest input; with static
+shapes (`Limits.static_shapes`, CUDA's default) as few passes as fit, usually one, each padded to the smallest of a
+few fixed (rows, width) shapes, whose forward passes are CUDA graphs captured at warm-up on CUDA
+(inference/graphs.py). The logits stay on the device until the micro-batch is done (one copy back), then it pools
+each chunked input's windows and hands each job exactly its own rows on its event loop, with its token count (every
+window's) and timings.
 Windows count as inputs everywhere (`max_batch_requests`, `max_batch_tokens`). The model is read once per
 micro-batch, so a reload swaps models between batches (a batch tokenized for the old model is tokenized again). In-
 flight inputs are bounded by `max_concurrent_requests` (Overloaded beyond it: 429).
@@ -68,6 +70,7 @@ class Limits:
     max_wait_ms: float = 5.0
     max_chunks: int = 16  # windows per input when a job chunks long texts
     static_shapes: bool = False  # forward passes padded to fixed (rows, width) buckets; on CUDA, CUDA graphs
+    tokenizer_thread: bool = False  # tokenize on a thread of its own, overlapping the forward passes (CUDA)
 
 
 @dataclass
@@ -113,12 +116,12 @@ class Engine:
         self.current = loaded
         self.limits = limits
         self.metrics = metrics
-        self._queue: queue.Queue = queue.Queue()  # jobs, for the tokenizer thread
-        self._ready: queue.Queue = queue.Queue(maxsize=READY_BATCHES)  # tokenized micro-batches, for the model thread
+        self._queue: queue.Queue = queue.Queue()  # jobs, waiting to be gathered
+        self._ready: queue.Queue = queue.Queue(maxsize=READY_BATCHES)  # from the tokenizer thread, for the model
         self._in_flight = 0
         self._lock = threading.Lock()
         self._carry = None
-        self._tokenizing = threading.Lock()  # the model thread tokenizes too, after a reload: one caller at a time
+        self._tokenizing = threading.Lock()  # both threads may tokenize (the model's after a reload): one at a time
         self._last_jobs = 0
         self._running = threading.Event()
         self._finished = threading.Event()
@@ -167,32 +170,41 @@ class Engine:
     # ---------------------------------------------------------------------------------- worker side
 
     def run(self) -> None:
-        """The model thread's loop, on the calling thread, until stop(): every queued job is answered first. It
-        starts the tokenizer thread that feeds it."""
+        """The model thread's loop, on the calling thread, until stop(): every queued job is answered first."""
         self._running.set()
-        threading.Thread(target=self._tokenize_loop, name="inference-tokenizer", daemon=True).start()
         try:
-            while (jobs := self._next_batch()) is not None:
+            for jobs in self._batches():
                 self._run_batch(jobs)
         finally:
             self._finished.set()
 
-    def _next_batch(self) -> list[_Job] | None:
-        """The next tokenized micro-batch (waiting in IDLE_WAKE_S slices), or None once the tokenizer thread ended."""
+    def _batches(self):
+        """Tokenized micro-batches until stop(): from the tokenizer thread (started here) or tokenized here."""
+        if not self.limits.tokenizer_thread:
+            yield from self._tokenized()
+            return
+        threading.Thread(target=self._tokenize_loop, name="inference-tokenizer", daemon=True).start()
         while True:
             try:
-                jobs = self._ready.get(timeout=IDLE_WAKE_S)
+                jobs = self._ready.get(timeout=IDLE_WAKE_S)  # in slices: see IDLE_WAKE_S
             except queue.Empty:
                 continue
-            return None if jobs is _STOP else jobs
+            if jobs is _STOP:
+                return
+            yield jobs
+
+    def _tokenized(self):
+        """Gathered and tokenized micro-batches until stop() (the queue drained first)."""
+        while (jobs := self._gather()) is not None:
+            if tokenized := self._tokenize_or_fail(jobs, self.current):
+                yield tokenized
 
     # ------------------------------------------------------------------------------- tokenizer thread
 
     def _tokenize_loop(self) -> None:
         try:
-            while (jobs := self._gather()) is not None:
-                if tokenized := self._tokenize_or_fail(jobs, self.current):
-                    self._ready.put(tokenized)
+            for jobs in self._tokenized():
+                self._ready.put(jobs)
         finally:
             self._ready.put(_STOP)  # after the last batch: the model thread answers it, then ends
 
@@ -358,7 +370,7 @@ def check_length(loaded: LoadedModel, features: list[dict]) -> None:
 def encode_unchecked(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
     """encode without the length check (the caller checks each job's inputs): one tokenizer call per kind."""
     tokenizer = loaded.tokenizer
-    tokenizer.truncation_side = "left" if left else "right"  # the tokenizer thread alone uses it (and warm-up)
+    tokenizer.truncation_side = "left" if left else "right"  # under Engine._tokenizing (and at warm-up)
     options = {
         "truncation": truncate,
         "max_length": loaded.max_length if truncate else None,
@@ -376,7 +388,7 @@ def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> 
     """(every window of each input, the input of each window), texts and pairs alike, windowed as the model's
     config.json says (contract/long_text.py); TooManyWindows beyond `max_chunks` windows for one input."""
     chunking = replace(loaded.long_text, mode=CHUNK)
-    loaded.tokenizer.truncation_side = "right"  # the tokenizer thread alone uses it
+    loaded.tokenizer.truncation_side = "right"  # under Engine._tokenizing
     per_input: list[list[dict]] = [[] for _ in sequences]
     for where, texts, pairs in by_kind(sequences):
         found = chunking.encode(loaded.tokenizer, texts, pairs, window_length(loaded), max_chunks)

@@ -100,14 +100,15 @@ def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metri
     check_chunking(settings, loaded)
     torch.set_num_threads(settings.torch_threads)
     memory.keep_large_blocks_off_the_heap()  # RSS stays flat under varied batch shapes (inference/memory.py)
-    static = settings.static_shapes if settings.static_shapes is not None else loaded.device.type == "cuda"
+    cuda = loaded.device.type == "cuda"
     limits = Limits(
         max_batch_requests=settings.max_batch_requests,
         max_batch_tokens=settings.max_batch_tokens,
         max_concurrent_requests=settings.max_concurrent_requests,
         max_wait_ms=settings.max_wait_ms,
         max_chunks=settings.max_chunks,
-        static_shapes=static,
+        static_shapes=cuda if settings.static_shapes is None else settings.static_shapes,
+        tokenizer_thread=cuda if settings.tokenizer_thread is None else settings.tokenizer_thread,
     )
     warm_up(loaded, limits)
     return Engine(loaded, limits, service_metrics)

@@ -172,6 +172,14 @@ class Settings(BaseSettings):
             "off on the CPU, where padding costs compute [STATIC_SHAPES]"
         ),
     )
+    tokenizer_thread: bool | None = Field(
+        None,
+        description=(
+            "Tokenize micro-batches on a thread of their own, ahead of the model, instead of on the model's thread "
+            "between forward passes. Default: on with CUDA, where it overlaps the GPU's work; off on the CPU, where it "
+            "would compete with the forward pass for the cores [TOKENIZER_THREAD]"
+        ),
+    )
     torch_threads: int | None = Field(
         None, ge=1, description="Torch intra-op threads (default: the cores available) [TORCH_THREADS]"
     )

@@ -178,8 +178,9 @@ def test_micro_batches_are_bounded_by_tokens_and_inputs(smoke_checkpoint, refere
 
 @pytest.fixture(scope="module")
 def static_client(smoke_checkpoint):
-    """The service as on CUDA (the torch runtime, STATIC_SHAPES on) on the CPU, recording every forward pass's shape."""
-    with make_client(smoke_checkpoint, static_shapes=True, backend="torch") as c:
+    """The service as on CUDA (the torch runtime, STATIC_SHAPES and TOKENIZER_THREAD on) on the CPU, recording every
+    forward pass's shape."""
+    with make_client(smoke_checkpoint, static_shapes=True, tokenizer_thread=True, backend="torch") as c:
         shapes_seen = []
         c.app.state.service.engine.current.model.register_forward_pre_hook(
             lambda module, args, kwargs: shapes_seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
@@ -192,11 +193,12 @@ def static_client(smoke_checkpoint):
 def test_two_thousand_real_texts_from_concurrent_clients_get_the_unbatched_models_answers(
     request, static, reference, smoke_checkpoint
 ):
-    """The engine's batching (inputs tokenized together off the model thread, forward passes shared by requests,
-    one copy back per micro-batch) changes no answer: 2,000 AG News texts posted by 16 concurrent clients in
-    requests of 1 to 8 texts each get the model's answer for that text alone (fp32: same best label, scores within
-    1e-4), while micro-batches really merge requests. With static shapes every forward pass has one of the fixed
-    (rows, width) shapes, one pass per micro-batch: rows padded with filler inputs change no one's answer."""
+    """The engine's batching (inputs tokenized together, forward passes shared by requests, one copy back per
+    micro-batch) changes no answer: 2,000 AG News texts posted by 16 concurrent clients in requests of 1 to 8 texts
+    each get the model's answer for that text alone (fp32: same best label, scores within 1e-4), while micro-batches
+    really merge requests. As on the CPU (tokenized on the model's thread, dynamic shapes) and as on CUDA (a
+    tokenizer thread ahead of the model, static shapes: every forward pass has one of the fixed (rows, width)
+    shapes, one pass per micro-batch; rows padded with filler inputs change no one's answer)."""
     client = request.getfixturevalue("static_client" if static else "client")
     texts = ag_news_texts(2000)
     requests, start = [], 0
@@ -319,10 +321,15 @@ def test_an_inference_failure_is_424_backend_and_the_worker_lives_on(smoke_check
         assert 'te_request_failure{err="backend"} 1' in c.get("/metrics").text
 
 
-def test_a_tokenizer_failure_is_424_and_the_engine_lives_on(client, monkeypatch):
+@pytest.mark.parametrize("where", ["client", "static_client"], ids=["model-thread", "tokenizer-thread"])
+def test_a_tokenizer_failure_is_424_and_the_engine_lives_on(request, where, monkeypatch):
     """Should the tokenizer itself raise (not a refused input: a bug, a broken tokenizer), the requests of that
-    micro-batch get 424 at once instead of waiting forever, and the next request is served."""
+    micro-batch get 424 at once instead of waiting forever, and the next request is served: tokenized on the model's
+    thread (the CPU's default) or on a thread of its own (CUDA's)."""
     import inference.engine
+
+    client = request.getfixturevalue(where)
+    assert client.app.state.service.engine.limits.tokenizer_thread == (where == "static_client")
 
     def broken(*args):
         raise RuntimeError("tokenizer failed")
