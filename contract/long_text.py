@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from contract.errors import UserError
+
 TRUNCATE, CHUNK = "truncate", "chunk"
 MODES = (TRUNCATE, CHUNK)
 MEAN, MAX = "mean", "max"
@@ -30,7 +32,7 @@ DEFAULT_STRIDE = 32
 FIELDS = ("long_text", "chunk_stride", "chunk_pooling", "chunk_max_length")  # config.json
 
 
-class LongTextError(ValueError):
+class LongTextError(UserError, ValueError):
     """Settings that cannot window a text (or a config.json whose fields are not ours); one line naming the field."""
 
 

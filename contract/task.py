@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from contract.errors import UserError
+
 SINGLE = "single_label_classification"
 MULTI = "multi_label_classification"
 REGRESSION = "regression"
@@ -32,7 +34,7 @@ THRESHOLDS = "decision_thresholds"  # config.json: one per label, multi-label mo
 DEFAULT_THRESHOLD = 0.5
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """A config whose problem type or thresholds cannot be served; the message names the field."""
 
 

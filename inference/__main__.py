@@ -25,10 +25,10 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
+from contract.errors import UserError
 from inference import logs
-from inference.loading import CheckpointError
 from inference.metrics import MULTIPROC_ENV, Metrics, multiprocess_dir
-from inference.settings import Settings, SettingsError, describe_error
+from inference.settings import Settings, describe_error
 
 logger = logging.getLogger("inference")
 
@@ -51,12 +51,9 @@ def main(argv: list[str] | None = None) -> int:
             del loaded  # each worker process loads its own copy
             return serve_workers(settings)
         engine = ready_engine(settings, loaded, Metrics())
-    except CheckpointError as exc:
+    except UserError as exc:  # a model that cannot be served (1), a setting it cannot take (2)
         sys.stderr.write(f"inference: error: {exc}\n")
-        return 1
-    except SettingsError as exc:
-        sys.stderr.write(f"inference: error: {exc}\n")
-        return 2
+        return exc.exit_code
     return serve_on_main_thread(settings, engine)
 
 

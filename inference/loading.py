@@ -32,6 +32,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from contract import files, precision
+from contract.errors import UserError
 from contract.hub import hub_reachable, hub_url, is_offline
 from contract.long_text import LongText, LongTextError
 from contract.task import SINGLE, Task, TaskError
@@ -43,7 +44,7 @@ HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]  # config, weights, tokenizer (never pickles)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """The model cannot be served; the message names the file or the model id."""
 
 

@@ -15,6 +15,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator, mode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contract import precision
+from contract.errors import UsageError
 
 BACKENDS = ("auto", "torch", "openvino", "onnxruntime")  # the runtimes that serve the model (inference/runtimes.py)
 
@@ -32,7 +33,7 @@ def _names(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
 
-class SettingsError(ValueError):
+class SettingsError(UsageError, ValueError):
     """A setting has a bad value; the message names the setting (its environment variable)."""
 
 

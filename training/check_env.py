@@ -31,6 +31,7 @@ import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, gather_object, is_port_in_use
 
+from contract.errors import UserError
 from training.guards import LaunchError, check_world_size
 
 logger = logging.getLogger("check_env")
@@ -47,7 +48,7 @@ LAUNCH_VARIABLES = (
 CPU_CONFIG = Path(__file__).resolve().parent.parent / "accelerate_configs" / "cpu_2proc.yaml"
 
 
-class EnvProblem(RuntimeError):
+class EnvProblem(UserError, RuntimeError):
     """A launch that cannot work; the message says what to change."""
 
 

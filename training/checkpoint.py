@@ -39,6 +39,7 @@ from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as transformers_logging
 
 from contract import files
+from contract.errors import UserError
 from training import model_card, provenance, reports
 from training.atomic import atomic_write, replace_dir, write_json
 from training.push import push as push_folder
@@ -74,11 +75,11 @@ class Progress:
     """Resumes with --allow_inexact_resume whose provenance differed: the step and each changed value, both sides."""
 
 
-class ResumeError(RuntimeError):
+class ResumeError(UserError, RuntimeError):
     """A resumable state that cannot continue this run exactly."""
 
 
-class SaveError(RuntimeError):
+class SaveError(UserError, RuntimeError):
     """A checkpoint could not be written (disk full, permission): the run stops, nothing half-written stays."""
 
 

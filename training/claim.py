@@ -21,6 +21,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
 from contract import files
+from contract.errors import UserError
 
 try:
     import fcntl
@@ -28,7 +29,7 @@ except ImportError:  # Windows: no advisory locks; the writability check still r
     fcntl = None
 
 
-class OutputDirError(RuntimeError):
+class OutputDirError(UserError, RuntimeError):
     """--output_dir cannot be used by this run."""
 
 

@@ -22,6 +22,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Val
 from pydantic_core import PydanticCustomError
 
 from contract import precision
+from contract.errors import UsageError
 from contract.long_text import DEFAULT_STRIDE, LongText
 from training.smoke import LABELS as SMOKE_LABELS
 from training.smoke import smoke_dir
@@ -43,7 +44,7 @@ TRACKERS = (
 )
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A configuration value is unknown, mistyped or impossible; the message names the field."""
 
 

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import PreTrainedTokenizerBase
 
 from contract import task
+from contract.errors import UserError
 from contract.long_text import LongText
 from inference import shapes
 from training import capture
@@ -42,7 +43,7 @@ CALIBRATION_TEXTS = 600  # every third (200) held out for the int8 agreement che
 GPU_LOADER_WORKERS = 2  # collation off the training thread: a captured step waits on it otherwise
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad input data; the message names the file (or dataset) and the row."""
 
 

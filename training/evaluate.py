@@ -18,26 +18,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
 import torch
-import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import broadcast_object_list
 
 from contract import files, precision, task
-from contract.long_text import MODES, LongText, LongTextError
+from contract.long_text import MODES, LongText
 from inference.loading import CheckpointError, LoadedModel, file_sha256, load_model
 from training import reports
 from training.atomic import write_json
+from training.cli import run_command, setup_logging
 from training.config import TrainConfig, presets
 from training.data import (
-    DataError,
     LabelSpace,
     hub_split,
     labelled,
@@ -48,8 +46,8 @@ from training.data import (
     require_columns,
     tokenize,
 )
-from training.hub import HubUnavailableError, ensure_hub_or_offline
-from training.metrics import MetricError, MetricSuite, fit_thresholds
+from training.hub import ensure_hub_or_offline
+from training.metrics import MetricSuite, fit_thresholds
 from training.objective import Objective
 from training.smoke import ensure_smoke_assets
 
@@ -345,26 +343,14 @@ def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, loaded
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", level=logging.INFO
-    )
+    setup_logging()
     args = parse_args(argv)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     accelerator = Accelerator(
         cpu=device_type == "cpu",
         mixed_precision=precision.accelerate_name(precision.resolve(args.mixed_precision, device_type)),
     )
-    if not accelerator.is_local_main_process:
-        datasets.utils.logging.set_verbosity_error()
-        transformers.utils.logging.set_verbosity_error()
-    try:
-        run(args, accelerator)
-    except (CheckpointError, DataError, HubUnavailableError, LongTextError, MetricError) as exc:
-        logger.error("%s", exc)
-        return 1
-    finally:
-        accelerator.end_training()
-    return 0
+    return run_command(lambda: run(args, accelerator), accelerator)
 
 
 if __name__ == "__main__":

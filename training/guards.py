@@ -17,8 +17,10 @@ import signal
 import torch
 from accelerate import Accelerator
 
+from contract.errors import UsageError, UserError
 
-class TrainingDiverged(RuntimeError):
+
+class TrainingDiverged(UserError, RuntimeError):
     """The loss stayed non-finite; the run stops without saving the diverged model."""
 
 
@@ -54,7 +56,7 @@ class StopGuard:
         return flags[0] > 0, flags[1] > 0
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UsageError, RuntimeError):
     """The processes were started in a way that would not train correctly."""
 
 

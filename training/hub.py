@@ -15,6 +15,7 @@ import sys
 import datasets.config
 import huggingface_hub.constants
 
+from contract.errors import UserError
 from contract.hub import hub_reachable, hub_url, is_offline
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ OFFLINE_HELP = (
 )
 
 
-class HubUnavailableError(RuntimeError):
+class HubUnavailableError(UserError, RuntimeError):
     """The Hub cannot be reached and what the run needs is not in the local cache."""
 
 

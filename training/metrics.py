@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from contract import task
+from contract.errors import UserError
 
 if TYPE_CHECKING:
     import evaluate
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 MODULES = Path(__file__).with_name("metric_modules")
 
 
-class MetricError(RuntimeError):
+class MetricError(UserError, RuntimeError):
     """An --extra_metrics entry cannot be loaded or cannot score this task."""
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
+from contract.errors import UserError
 from training.config import TrainConfig
 from training.data import LabelSpace
 from training.hub import explain_missing
 
 
-class ModelSizeError(ValueError):
+class ModelSizeError(UserError, ValueError):
     """The starting model's classification head does not fit the labels (and --ignore_mismatched_sizes is off)."""
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import secrets
 import shutil
@@ -36,16 +35,16 @@ import pyarrow as pa
 import pyarrow.csv
 import pyarrow.parquet
 import torch
-import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import broadcast_object_list
 from tqdm.auto import tqdm
 
 from contract import precision, task
-from contract.long_text import LongText, LongTextError
+from contract.long_text import LongText
 from inference.engine import forward
-from inference.loading import CheckpointError, LoadedModel, load_model
+from inference.loading import LoadedModel, load_model
+from training.cli import run_command, setup_logging
 from training.data import DataError, join_texts, load_file, require_columns
 from training.evaluate import add_data_arguments, windowing_for
 
@@ -318,22 +317,10 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> None:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", level=logging.INFO
-    )
+    setup_logging()
     args = parse_args(argv)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    if not accelerator.is_local_main_process:
-        datasets.utils.logging.set_verbosity_error()
-        transformers.utils.logging.set_verbosity_error()
-    try:
-        run(args, accelerator)
-    except (CheckpointError, DataError, LongTextError) as exc:
-        logger.error("%s", exc)
-        return 1
-    finally:
-        accelerator.end_training()
-    return 0
+    return run_command(lambda: run(args, accelerator), accelerator)
 
 
 if __name__ == "__main__":

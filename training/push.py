@@ -23,14 +23,16 @@ from huggingface_hub import HfApi, get_token
 from huggingface_hub.errors import HfHubHTTPError
 
 from contract import files
+from contract.errors import UserError
 from contract.hub import hub_reachable, hub_url, is_offline
 from training import model_card
+from training.cli import run_command, setup_logging
 
 logger = logging.getLogger(__name__)
 IGNORE = [f"{files.STATE_DIR}/*", ".*", "*/.*", "*.tmp"]  # resumable states, temporary and hidden files
 
 
-class PushError(RuntimeError):
+class PushError(UserError, RuntimeError):
     """The upload cannot happen; the message says why."""
 
 
@@ -70,24 +72,21 @@ def push(folder: Path, repo_id: str, private: bool = False, api: HfApi | None = 
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", level=logging.INFO
-    )
+    setup_logging()
     parser = argparse.ArgumentParser(prog="python -m training.push", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint_dir", default="checkpoints", help="a training output dir (default: checkpoints)")
     parser.add_argument("--hub_model_id", required=True, help="user/name or org/name")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     args = parser.parse_args(argv)
-    folder = Path(args.checkpoint_dir)
-    try:
-        if not (folder / files.CONFIG).is_file():
-            raise PushError(f"{folder / files.CONFIG}: missing; is {folder} a training output dir?")
-        check_can_push(args.hub_model_id)
-        push(folder, args.hub_model_id, args.private)
-    except PushError as exc:
-        logger.error("%s", exc)
-        return 1
-    return 0
+    return run_command(lambda: push_folder(Path(args.checkpoint_dir), args.hub_model_id, args.private))
+
+
+def push_folder(folder: Path, repo_id: str, private: bool) -> None:
+    """push, once the folder is known to be a training output dir and the Hub to take it."""
+    if not (folder / files.CONFIG).is_file():
+        raise PushError(f"{folder / files.CONFIG}: missing; is {folder} a training output dir?")
+    check_can_push(repo_id)
+    push(folder, repo_id, private)
 
 
 if __name__ == "__main__":

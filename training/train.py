@@ -21,7 +21,6 @@ if __package__ in (None, ""):
     # without installing and our module names never shadow an installed library.
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import logging
 import math
 import os
 import time
@@ -33,14 +32,15 @@ import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs, set_seed
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from contract import files, precision
+from contract.errors import UsageError
 from contract.long_text import LongTextError
 from training import capture, cpu_speed, provenance
-from training.checkpoint import OutputDir, Progress, ResumeError, SaveError, load_weights
-from training.claim import OutputDirError, claim_output_dir
-from training.config import ConfigError, TrainConfig, load_config
+from training.checkpoint import OutputDir, Progress, load_weights
+from training.claim import claim_output_dir
+from training.cli import run_command, setup_logging, usage_error
+from training.config import TrainConfig, load_config
 from training.data import (
     DataError,
     LabelSpace,
@@ -53,13 +53,13 @@ from training.data import (
     tokenize_splits,
 )
 from training.evaluate import evaluate
-from training.guards import LaunchError, StopGuard, TrainingDiverged, check_world_size
-from training.hub import HubUnavailableError, ensure_hub_or_offline
+from training.guards import StopGuard, check_world_size
+from training.hub import ensure_hub_or_offline
 from training.loop import Loaders, Run, fit, format_metrics, run_summary
-from training.metrics import DEFAULT_SELECTION, MetricError, MetricSuite, greater_is_better
-from training.model import ModelSizeError, build_model, build_optimizer, load_tokenizer
+from training.metrics import DEFAULT_SELECTION, MetricSuite, greater_is_better
+from training.model import build_model, build_optimizer, load_tokenizer
 from training.objective import objective_for
-from training.push import PushError, check_can_push
+from training.push import check_can_push
 from training.smoke import ensure_smoke_assets
 from training.throughput import Throughput
 
@@ -351,39 +351,13 @@ def train_and_report(cfg: TrainConfig, accelerator: Accelerator, run: Run, start
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", level=logging.INFO
-    )
+    setup_logging()
     try:
         cfg = load_config(argv)
         accelerator = make_accelerator(cfg)
-    except (ConfigError, LaunchError) as exc:
-        sys.stderr.write(f"train.py: error: {exc}\n")
-        return 2
-    if not accelerator.is_local_main_process:  # one copy of library chatter per machine
-        datasets.utils.logging.set_verbosity_error()
-        transformers.utils.logging.set_verbosity_error()
-    try:
-        with logging_redirect_tqdm():  # log lines print above the progress bar instead of through it
-            summary = main(cfg, accelerator)
-    except (
-        DataError,
-        HubUnavailableError,
-        LongTextError,
-        MetricError,
-        ModelSizeError,
-        OutputDirError,
-        PushError,
-        ResumeError,
-        SaveError,
-        TrainingDiverged,
-    ) as exc:
-        # Expected, explainable failures: one paragraph, no traceback. Everything else propagates.
-        logger.error("%s", exc)
-        return 1
-    finally:
-        accelerator.end_training()  # destroys the process group; without it gloo may abort at exit
-    return 0 if summary is not None else PREEMPTED_EXIT_CODE
+    except UsageError as exc:
+        return usage_error("train.py", exc)
+    return run_command(lambda: 0 if main(cfg, accelerator) is not None else PREEMPTED_EXIT_CODE, accelerator)
 
 
 if __name__ == "__main__":

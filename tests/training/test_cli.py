@@ -1,0 +1,77 @@
+"""The commands' one runner (training/cli.py) and one error base (contract/errors.py): a user's mistake is one logged
+line and its exit code, a bug keeps its traceback, and every one-line error of training, serving and the shared
+contract derives from the base (while still being the ValueError or RuntimeError it was)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from contract.errors import UsageError, UserError
+from contract.long_text import LongTextError
+from contract.task import TaskError
+from inference.loading import CheckpointError
+from inference.settings import SettingsError
+from training.check_env import EnvProblem
+from training.checkpoint import ResumeError, SaveError
+from training.claim import OutputDirError
+from training.cli import run_command
+from training.config import ConfigError
+from training.data import DataError
+from training.guards import LaunchError, TrainingDiverged
+from training.hub import HubUnavailableError
+from training.metrics import MetricError
+from training.model import ModelSizeError
+from training.push import PushError
+
+
+def raising(exc: Exception):
+    def work():
+        raise exc
+
+    return work
+
+
+def test_a_user_error_is_one_logged_line_with_its_exit_code(caplog):
+    with caplog.at_level(logging.ERROR):
+        assert run_command(raising(DataError("train.csv: row 3: the label is empty"))) == 1
+        assert run_command(raising(ConfigError("--learning_rate: must be positive, got -1"))) == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "train.csv: row 3: the label is empty",
+        "--learning_rate: must be positive, got -1",
+    ]
+    assert all(r.exc_info is None for r in caplog.records)  # no traceback
+
+
+def test_the_exit_code_is_what_the_work_returns_and_a_bug_propagates():
+    assert run_command(lambda: 75) == 75
+    assert run_command(lambda: {"accuracy": 0.9}) == 0  # evaluate returns its results
+    with pytest.raises(KeyError):
+        run_command(lambda: {}["missing"])
+
+
+@pytest.mark.parametrize(
+    "error, usage, builtin",
+    [
+        (CheckpointError, False, RuntimeError),
+        (ConfigError, True, ValueError),
+        (DataError, False, ValueError),
+        (EnvProblem, False, RuntimeError),
+        (HubUnavailableError, False, RuntimeError),
+        (LaunchError, True, RuntimeError),
+        (LongTextError, False, ValueError),
+        (MetricError, False, RuntimeError),
+        (ModelSizeError, False, ValueError),
+        (OutputDirError, False, RuntimeError),
+        (PushError, False, RuntimeError),
+        (ResumeError, False, RuntimeError),
+        (SaveError, False, RuntimeError),
+        (SettingsError, True, ValueError),
+        (TaskError, False, ValueError),
+        (TrainingDiverged, False, RuntimeError),
+    ],
+)
+def test_every_one_line_error_shares_the_base_and_keeps_its_builtin(error, usage, builtin):
+    assert issubclass(error, UserError) and issubclass(error, builtin)
+    assert issubclass(error, UsageError) == usage and error("x").exit_code == (2 if usage else 1)

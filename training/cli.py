@@ -1,0 +1,54 @@
+"""The one way train, evaluate, predict and push run as commands.
+
+Every command: log lines with a time and the logger's name; library chatter (datasets, transformers) from one
+process per machine; log lines printed above progress bars instead of through them; a UserError (contract/errors.py)
+logged as one line, with its exit code and no traceback, anything else propagated with its traceback; and the
+process group destroyed at the end, even on failure (without it, gloo may abort at exit).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
+from accelerate import Accelerator
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from contract.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+
+def setup_logging() -> None:
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", level=logging.INFO
+    )
+
+
+def usage_error(prog: str, exc: UserError) -> int:
+    """A command line that cannot start, argparse's way: `prog: error: ...` on stderr; its exit code."""
+    sys.stderr.write(f"{prog}: error: {exc}\n")
+    return exc.exit_code
+
+
+def run_command(work: Callable[[], object], accelerator: Accelerator | None = None) -> int:
+    """`work()` under the commands' rules (module docstring). The exit code: the int work() returns (anything else
+    it returns, such as evaluate's results, means 0), or the UserError's."""
+    if accelerator is not None and not accelerator.is_local_main_process:
+        import datasets  # imported here: push runs without an accelerator and needs neither library
+        import transformers
+
+        datasets.utils.logging.set_verbosity_error()
+        transformers.utils.logging.set_verbosity_error()
+    try:
+        with logging_redirect_tqdm():
+            result = work()
+        return result if isinstance(result, int) else 0
+    except UserError as exc:  # every rank raises the same error (training/guards.py); one says it
+        if accelerator is None or accelerator.is_main_process:
+            logger.error("%s", exc)
+        return exc.exit_code
+    finally:
+        if accelerator is not None:
+            accelerator.end_training()
