@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import gather_object
 from accelerate.utils.constants import RNG_STATE_NAME
 from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as transformers_logging
@@ -42,6 +42,7 @@ from contract import files
 from contract.errors import UserError
 from training import model_card, provenance, reports
 from training.atomic import atomic_write, replace_dir, write_json
+from training.collective import decided_on_main
 from training.push import push as push_folder
 
 
@@ -378,17 +379,11 @@ class OutputDir:
 
     def _pick_on_main(self, spec: str, allow_inexact: bool) -> Path | None:
         """pick_state on the main process alone (it reads every file of the candidate states whole), its choice or
-        its ResumeError broadcast, so every rank resumes from the same folder or stops with the same line."""
-        outcome: list = [None, None]  # [folder, problem]
-        if self.accelerator.is_main_process:
-            try:
-                outcome = [pick_state(self.root, spec, self.accelerator.num_processes, allow_inexact), None]
-            except ResumeError as exc:
-                outcome = [None, str(exc)]
-        folder, problem = broadcast_object_list(outcome)
-        if problem:
-            raise ResumeError(problem)
-        return folder
+        its ResumeError on every rank, so every rank resumes from the same folder or stops with the same line."""
+        accelerator = self.accelerator
+        return decided_on_main(
+            accelerator, lambda: pick_state(self.root, spec, accelerator.num_processes, allow_inexact)
+        )
 
     def write_curves(self, progress: Progress, plot: bool = True) -> None:
         """training_curves.json, and with `plot` training_curves.png (training/reports.py)."""

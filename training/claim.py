@@ -18,10 +18,10 @@ import socket
 from pathlib import Path
 
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
 
 from contract import files
 from contract.errors import UserError
+from training.collective import decided_on_main
 
 try:
     import fcntl
@@ -56,22 +56,24 @@ class Claim:
 
 
 def claim_output_dir(output_dir: str | Path, accelerator: Accelerator) -> Claim:
-    """On every rank: the main process's claim, or OutputDirError with its reason."""
-    outcome: list = [None, None]  # [problem, run id]
-    handle, created = None, []
-    if accelerator.is_main_process:
-        root = Path(output_dir)
-        created = [folder for folder in (root, *root.parents) if not folder.exists()]
+    """On every rank: the main process's claim (its lock held there alone), or OutputDirError with its reason."""
+    root = Path(output_dir)
+    created = [folder for folder in (root, *root.parents) if not folder.exists()] if accelerator.is_main_process else []
+    held: list = []  # the lock's handle, on the main process
+
+    def claim() -> str:
         problem = unwritable(root)
         if problem is None:
             handle, problem = lock(root)
+            held.append(handle)
         if problem is None:
             remove_stale_staging(root)
-        outcome = [problem, f"{os.getpid()}-{secrets.token_hex(3)}"]
-    problem, run_id = broadcast_object_list(outcome)
-    if problem:
-        raise OutputDirError(problem)
-    return Claim(run_id, handle, created)
+        if problem:
+            raise OutputDirError(problem)
+        return f"{os.getpid()}-{secrets.token_hex(3)}"
+
+    run_id = decided_on_main(accelerator, claim)
+    return Claim(run_id, held[0] if held else None, created)
 
 
 def unwritable(root: Path) -> str | None:

@@ -26,7 +26,6 @@ import datasets
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import broadcast_object_list
 
 from contract import files, precision, task
 from contract.long_text import MODES, LongText
@@ -34,6 +33,7 @@ from inference.loading import CheckpointError, LoadedModel, file_sha256, load_mo
 from training import reports
 from training.atomic import write_json
 from training.cli import run_command, setup_logging
+from training.collective import decided_on_main
 from training.config import TrainConfig, presets
 from training.data import (
     LabelSpace,
@@ -308,18 +308,17 @@ def described_model(saved: SavedModel) -> dict:
 def unchanged(accelerator: Accelerator, loaded: LoadedModel) -> None:
     """The weights file still holds the bytes that were scored (a training run may save a new best model into the
     folder meanwhile); otherwise nothing is written. Decided on the main process, raised on every rank alike."""
-    problem = None
-    if accelerator.is_main_process:
+
+    def check() -> None:
         path = Path(loaded.weights_file)
         now = file_sha256(path) if path.is_file() else "missing"
         if now != loaded.sha256:
-            problem = (
+            raise CheckpointError(
                 f"{path} changed while it was evaluated (sha256 {loaded.sha256[:12]} -> {now[:12]}): results not "
                 "written; evaluate again once the training run writing the folder has finished"
             )
-    [problem] = broadcast_object_list([problem])
-    if problem:
-        raise CheckpointError(problem)
+
+    decided_on_main(accelerator, check)
 
 
 def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, loaded: LoadedModel) -> None:

@@ -37,7 +37,6 @@ import pyarrow.parquet
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import broadcast_object_list
 from tqdm.auto import tqdm
 
 from contract import precision, task
@@ -45,6 +44,7 @@ from contract.long_text import LongText
 from inference.engine import forward
 from inference.loading import LoadedModel, load_model
 from training.cli import run_command, setup_logging
+from training.collective import decided_on_main
 from training.data import DataError, join_texts, load_file, require_columns
 from training.evaluate import add_data_arguments, windowing_for
 
@@ -274,15 +274,16 @@ def check_columns(reader: Reader, loaded: LoadedModel, overwrite: bool) -> None:
 
 def on_main(accelerator: Accelerator, action: Callable[[], None], what: str) -> None:
     """`action` on the main process; a file it cannot write is one DataError raised on every rank alike."""
-    problem = None
-    if accelerator.is_main_process:
+
+    def act() -> None:
         try:
             action()
         except OSError as exc:
-            problem = f"cannot write {what}: {exc.strerror or exc} ({getattr(exc, 'filename', None) or what})"
-    [problem] = broadcast_object_list([problem])
-    if problem:
-        raise DataError(problem)
+            raise DataError(
+                f"cannot write {what}: {exc.strerror or exc} ({getattr(exc, 'filename', None) or what})"
+            ) from None
+
+    decided_on_main(accelerator, act)
 
 
 def run(args: argparse.Namespace, accelerator: Accelerator) -> None:
@@ -295,7 +296,7 @@ def run(args: argparse.Namespace, accelerator: Accelerator) -> None:
     check_columns(reader, loaded, args.overwrite_prediction_columns)
     max_length = args.max_length or trained_with.get("max_length") or loaded.max_length
     reader.windowing.check(loaded.tokenizer, max_length, reader.pair_column is not None)
-    [run_id] = broadcast_object_list([f"{os.getpid()}-{secrets.token_hex(3)}"])  # this run's staging names
+    run_id = decided_on_main(accelerator, lambda: f"{os.getpid()}-{secrets.token_hex(3)}")  # the staging names
     parts, staged = (output.with_name(f".{output.name}.{kind}.{run_id}") for kind in ("parts", "tmp"))
     on_main(accelerator, parts.mkdir, str(output.parent))
     try:

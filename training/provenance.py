@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
 
 from inference.loading import file_sha256
+from training.collective import decided_on_main
 from training.config import TrainConfig
 from training.data import Splits
 
@@ -60,8 +60,8 @@ _WHERE = "file"  # where a file was read: informative, not compared (the same by
 
 def record(cfg: TrainConfig, splits: Splits, accelerator: Accelerator, learning_rate: float, total_steps: int) -> dict:
     """This run's record, identical on every rank (the main process reads the data files, once)."""
-    outcome: list = [None]
-    if accelerator.is_main_process:
+
+    def make() -> dict:
         settings = {name: getattr(cfg, name) for name in RESULT_SETTINGS}
         settings.update(
             learning_rate=learning_rate, optimizer_steps=total_steps, mixed_precision=accelerator.mixed_precision
@@ -75,8 +75,9 @@ def record(cfg: TrainConfig, splits: Splits, accelerator: Accelerator, learning_
             },
             "settings": settings,
         }
-        outcome = [json.loads(json.dumps(made, default=str))]  # as progress.json will hold it
-    return broadcast_object_list(outcome)[0]
+        return json.loads(json.dumps(made, default=str))  # as progress.json will hold it
+
+    return decided_on_main(accelerator, make)
 
 
 def _describe(source: dict) -> dict:

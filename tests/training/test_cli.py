@@ -75,3 +75,16 @@ def test_the_exit_code_is_what_the_work_returns_and_a_bug_propagates():
 def test_every_one_line_error_shares_the_base_and_keeps_its_builtin(error, usage, builtin):
     assert issubclass(error, UserError) and issubclass(error, builtin)
     assert issubclass(error, UsageError) == usage and error("x").exit_code == (2 if usage else 1)
+
+
+def test_decided_on_main_hands_every_rank_the_result_or_the_same_error():
+    """One process here. With two, test_predict.py's read-only output folder sees every rank stop with the main
+    process's one line, and the 2-process resume tests resume every rank from the folder the main process picked."""
+    from accelerate import Accelerator
+
+    from training.collective import decided_on_main
+
+    accelerator = Accelerator(cpu=True)
+    assert decided_on_main(accelerator, lambda: {"run": 1}) == {"run": 1}
+    with pytest.raises(DataError, match="row 3"):
+        decided_on_main(accelerator, raising(DataError("train.csv: row 3: the label is empty")))
