@@ -168,6 +168,8 @@ def run_ours(args, model_dir: Path, work: Path, out: Path, compiled: bool = Fals
     if args.model in SCRATCH:
         cmd.append("--from_scratch")
     cmd += ["--torch_compile", COMPILE[args.device] if compiled else "none"]
+    if compiled and args.compile_buckets is not None:
+        cmd += ["--pad_buckets", str(args.compile_buckets)]
     subprocess.run(
         cmd,
         cwd=ROOT,
@@ -422,6 +424,9 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=2, help="runs per row (alternating order)")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument(
+        "--compile-buckets", type=int, help="the ours+compile row's --pad_buckets (default: training's own default)"
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--verbose", action="store_true", help="show our training runs' logs")
     parser.add_argument("--profile", action="store_true", help="also time the phases of our training step")
