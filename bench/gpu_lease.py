@@ -262,25 +262,26 @@ def report(out: Path, stages: tuple[str, ...]) -> str:
 
 
 def sync_child(argv: list[str]) -> int:
-    """train.py with every step (train_step up to the loop's plan) under torch.cuda.set_sync_debug_mode('error')."""
+    """train.py with every step (forward_loss up to the loop's plan_step, the window training/loop.py documents) under
+    torch.cuda.set_sync_debug_mode('error')."""
     sys.path.insert(0, str(ROOT))
     import torch
 
     from training import loop, train
 
-    step, plan = loop.train_step, loop.plan_step
+    step, plan = loop.forward_loss, loop.plan_step
 
     def strict_step(run, batch):
         if torch.cuda.is_available():
             torch.cuda.set_sync_debug_mode("error")
         return step(run, batch)
 
-    def relaxed_plan(*args):
+    def relaxed_plan(*args, **kwargs):
         if torch.cuda.is_available():
             torch.cuda.set_sync_debug_mode("default")
-        return plan(*args)
+        return plan(*args, **kwargs)
 
-    loop.train_step, loop.plan_step = strict_step, relaxed_plan
+    loop.forward_loss, loop.plan_step = strict_step, relaxed_plan
     code = train.cli(argv)
     checked = "no host sync inside any step" if torch.cuda.is_available() else "CPU: no CUDA sync to check"
     print(f"train.py exit {code}: {checked}" if code == 0 else f"train.py exit {code}", file=sys.stderr)

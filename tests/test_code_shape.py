@@ -11,6 +11,7 @@ from tests.conftest import ROOT
 
 PACKAGES = ("training", "inference")
 MAX_LINES, MAX_POSITIONAL = 60, 8
+THE_LOOP, MAX_LOOP_LINES = "training/loop.py fit", 85  # the one function a newcomer reads the whole loop in
 
 
 def functions():
@@ -22,8 +23,20 @@ def functions():
 
 
 def test_no_function_is_longer_than_60_lines():
-    long = [name for name, node in functions() if node.end_lineno - node.lineno + 1 > MAX_LINES]
+    def limit(name: str) -> int:
+        return MAX_LOOP_LINES if f"{name.split(':')[0]} {name.split()[-1]}" == THE_LOOP else MAX_LINES
+
+    long = [name for name, node in functions() if node.end_lineno - node.lineno + 1 > limit(name)]
     assert not long, long
+
+
+def test_the_loop_reads_in_one_function():
+    """Forward, backward, the optimizer step, log, stop check, evaluate and save are all called from `fit` itself."""
+    fit = next(node for name, node in functions() if f"{name.split(':')[0]} {name.split()[-1]}" == THE_LOOP)
+    called = {n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id for n in ast.walk(fit)
+              if isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name))}  # fmt: skip
+    steps = {"forward_loss", "backward", "step", "plan_step", "log_loss", "preempted_or_diverged"}
+    assert steps | {"validate_and_save", "save_state"} <= called, sorted(called)
 
 
 def test_no_function_takes_more_than_8_positional_parameters():

@@ -14,6 +14,10 @@
 `save_state` are called on ALL ranks (so they stay in step); only `accelerator.save_state` writes on every
 rank, by accelerate's design (each rank's RNG state). Files and state folders are written under a
 temporary name and renamed into place, so a crash mid-save leaves the previous checkpoint intact.
+
+Seams: the crash tests (tests/helpers/faults) wrap `write_weights` (the best model's bytes), `replace_dir` (a
+finished folder swapped into place) and accelerate's `Accelerator.save_state` (a resumable state's files). Keep
+these calls where they are.
 """
 
 from __future__ import annotations
@@ -132,13 +136,6 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------------ resumable state
-
-
-def publish_state(staging: Path, target: Path) -> None:
-    """Rename a fully written state folder into place (replacing a folder of the same step)."""
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
 
 
 def complete_states(output_dir: str | Path) -> list[tuple[int, Path]]:
@@ -269,11 +266,6 @@ def check_provenance(state_folder: Path, progress: Progress, current: dict[str, 
     progress.inexact_resumes.append({"step": progress.global_step, "changed": changed})
 
 
-def write_state(accelerator: Accelerator, folder: Path) -> None:
-    """accelerator.save_state into `folder` (every rank writes its RNG state; the main process the rest)."""
-    accelerator.save_state(str(folder))
-
-
 def attempt(write, path: Path) -> str | None:
     """Run `write()`; when the disk or the permissions refuse it, return one line naming `path` and the cause.
     torch.save reports a full disk as RuntimeError, safetensors as its own error: both are caught here, around
@@ -345,8 +337,8 @@ class OutputDir:
         target = self.state_path(progress.global_step)
         staging = target.with_name(f"{files.STAGING_PREFIX}{target.name}.{self.run_id}")
         accelerator.wait_for_everyone()
-        # model, optimizer, scheduler, grad scaler, every rank's RNG
-        problem = attempt(lambda: write_state(accelerator, staging), staging)
+        # model, optimizer, scheduler, grad scaler; every rank writes its RNG state, the main process the rest
+        problem = attempt(lambda: accelerator.save_state(str(staging)), staging)
         stop_together(accelerator, problem, staging)
         if accelerator.is_main_process:
             problem = attempt(lambda: self._publish(staging, target, progress), staging)
@@ -354,9 +346,10 @@ class OutputDir:
         return target
 
     def _publish(self, staging: Path, target: Path, progress: Progress) -> None:
-        """Main process: progress.json last, the rename into place, then the rotation of old states."""
+        """Main process: progress.json last, the swap into place (replacing a state of the same step), then the
+        rotation of old states."""
         write_json(staging / files.PROGRESS, dataclasses.asdict(progress))
-        publish_state(staging, target)
+        replace_dir(staging, target)
         if self.keep_states:
             for _, folder in complete_states(self.root)[: -self.keep_states]:
                 shutil.rmtree(folder)

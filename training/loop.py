@@ -1,17 +1,22 @@
-"""The training loop as named steps: `fit` runs epochs, `train_epoch` runs batches, and every decision
-(log? evaluate? save? check for a stop? improved? patience spent?) is a plain function of numbers, unit
-tested without a process group (tests/training/test_loop.py).
+"""The training loop: `fit` holds it whole (forward, backward, optimizer step, log, stop check, evaluate, save, early
+stop), one function read top to bottom. When to log, evaluate, save or check for a stop is decided by one plain
+function of numbers, `plan_step`, unit tested without a process group (tests/training/test_loop.py), as are the
+bookkeeping helpers beside it.
 
-What a run carries from step to step travels as one `Run`; its output folder is a `checkpoint.OutputDir`.
-Every function taking a `Run` is called on all ranks at the same step; rank logic goes through the
-Accelerator only.
+What a run carries from step to step travels as one `Run`; its output folder is a `checkpoint.OutputDir`, and every
+save goes through `save_state` / `validate_and_save` here, then `OutputDir`. Every function taking a `Run` is called
+on all ranks at the same step; rank logic goes through the Accelerator only.
+
+Seams: the crash tests (tests/helpers/faults) wrap `forward_loss` (a NaN loss) and `after_optimizer_step` (a rank
+that raises or hangs after a step); the step guards (tests/helpers/guarded_train.py, bench/gpu_lease.py) watch from
+`forward_loss` to `plan_step`, the window of one step that must not read the device. Keep these names.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,12 +69,6 @@ class Run:
     compiled: CompileReport  # --torch_compile: the mode, and what compiling cost (training/capture.py)
 
 
-class Outcome(enum.Enum):
-    CONTINUE = "continue"  # the epoch's batches ran out
-    STOP = "stop"  # early stopping fired or the last optimizer step is done
-    PREEMPTED = "preempted"  # SIGTERM: a resumable state is saved
-
-
 # -------------------------------------------------------------------------------------------- decisions
 
 
@@ -91,8 +90,22 @@ class StepPlan:
     check_stop: bool  # the ranks agree on SIGTERM / divergence (a collective) before anything is saved
 
 
-def plan_step(cfg: TrainConfig, step: int, batches_done: int, batches_per_epoch: int, total_steps: int) -> StepPlan:
-    """What to do after optimizer step `step`."""
+def plan_step(
+    cfg: TrainConfig,
+    step: int,
+    batches_done: int,
+    batches_per_epoch: int,
+    total_steps: int,
+    *,
+    epoch_end: bool = False,
+    evaluated: bool = False,
+) -> StepPlan:
+    """What to do after optimizer step `step`; with `epoch_end`, what to do once an epoch's batches ran out or
+    training stopped in it: evaluate unless the last evaluation was at this step (`evaluated`), and with
+    --checkpointing_steps epoch save a completed epoch's state (not when training stops there: the loop's call)."""
+    if epoch_end:
+        save = batches_done >= batches_per_epoch and cfg.checkpointing_steps == "epoch"
+        return StepPlan(log=False, evaluate=not evaluated, save=save, check_stop=False)
     evaluate_now = every(step, cfg.eval_steps)
     save_now = every(step, save_interval(cfg.checkpointing_steps))
     boundary = batches_done >= batches_per_epoch or step >= total_steps
@@ -159,24 +172,8 @@ def forward_loss(run: Run, batch: dict) -> torch.Tensor:
     return run.objective(logits, batch["labels"])
 
 
-def train_step(run: Run, batch: dict) -> torch.Tensor:
-    """Forward and backward one batch; the optimizer steps when the accumulation window is full."""
-    accelerator, cfg = run.accelerator, run.cfg
-    run.compiled.before(batch)
-    with accelerator.accumulate(run.model):
-        loss = forward_loss(run, batch)
-        accelerator.backward(loss)
-        if accelerator.sync_gradients and cfg.max_grad_norm > 0 and not run.compiled.clips_in_step:
-            accelerator.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm)
-        run.optimizer.step()
-        run.optimizer.zero_grad()
-    run.compiled.after()
-    run.progress.batches_done += 1
-    run.throughput.observe(batch)
-    return loss
-
-
 def after_optimizer_step(run: Run, bar: tqdm) -> None:
+    """The schedule and the step count follow the optimizer."""
     if not run.optimizer.step_was_skipped:  # fp16 overflow skips the step; keep the schedule in step
         run.scheduler.step()
     run.progress.global_step += 1
@@ -192,9 +189,10 @@ def log_loss(run: Run, losses: LossMeter, epoch: int, bar: tqdm) -> None:
     run.accelerator.log({"train/loss": mean_loss, "train/lr": lr, "train/epoch": epoch}, step=step)
 
 
-def save_state(run: Run) -> None:
+def save_state(run: Run) -> Path:
+    """The one way the loop saves a resumable state (state/step_N); its time is not training time."""
     with run.throughput.paused():
-        run.out.save_state(run.progress)
+        return run.out.save_state(run.progress)
 
 
 def validate_and_save(run: Run) -> bool:
@@ -239,7 +237,7 @@ def preempted_or_diverged(run: Run) -> bool:
             f"{progress.best_step}). Try a lower --learning_rate, gradient clipping, or bf16 instead of fp16."
         )
     if preempted:
-        path = run.out.save_state(progress)
+        path = save_state(run)
         logger.warning(
             "SIGTERM: stopped at step %d and saved %s; continue with --resume_from_checkpoint latest",
             progress.global_step,
@@ -251,76 +249,83 @@ def preempted_or_diverged(run: Run) -> bool:
 # ------------------------------------------------------------------------------------------------- loop
 
 
-def train_epoch(run: Run, epoch: int, bar: tqdm, losses: LossMeter) -> Outcome:
-    """The batches of one epoch (the rest of it, after a mid-epoch resume)."""
-    progress, accelerator = run.progress, run.accelerator
-    progress.epoch = epoch
-    # Reshuffle: the same permutation on every rank, another each epoch. Through the prepared loader: it sets its own
-    # epoch counter too, which its __iter__ hands to the sampler; a resumed run that skipped into the middle of an
-    # epoch would otherwise replay epoch 0's order in the next one (a 1-process run resumed across an epoch end).
+def epoch_batches(run: Run, epoch: int):
+    """The train loader for `epoch`: reshuffled (the same permutation on every rank, another each epoch), past the
+    batches already trained on after a mid-epoch resume."""
+    # Through the prepared loader: it sets its own epoch counter too, which its __iter__ hands to the sampler; a
+    # resumed run that skipped into the middle of an epoch would otherwise replay epoch 0's order in the next one.
     run.loaders.sampler.set_epoch(epoch)
     run.loaders.train.set_epoch(epoch)
-    batches = run.loaders.train
-    if progress.batches_done:
-        batches = accelerator.skip_first_batches(batches, progress.batches_done)
-    run.model.train()
-    for batch in batches:
-        loss = train_step(run, batch)
-        losses.add(loss)
-        run.guard.observe(loss)
-        if not accelerator.sync_gradients:
-            continue  # still accumulating
-        after_optimizer_step(run, bar)
-        plan = plan_step(run.cfg, progress.global_step, progress.batches_done, len(run.loaders.train), run.total_steps)
-        if plan.log:
-            log_loss(run, losses, epoch, bar)
-        if plan.check_stop and preempted_or_diverged(run):
-            return Outcome.PREEMPTED
-        stop = validate_and_save(run) if plan.evaluate else False
-        if plan.save:
-            save_state(run)
-        if stop or progress.global_step >= run.total_steps:
-            return Outcome.STOP
-    return Outcome.CONTINUE
-
-
-def end_epoch(run: Run, epoch: int, stopping: bool) -> bool:
-    """Evaluate (unless just done) and save the epoch's state; True when training stops here."""
-    epoch_done = finish_epoch(run.progress, epoch, len(run.loaders.train))
-    stop = stopping
-    if not evaluated_now(run.progress):
-        stop = validate_and_save(run) or stop  # end of epoch, or the last step
-    if epoch_done and not stop and run.cfg.checkpointing_steps == "epoch":
-        save_state(run)
-    logger.info("Epoch %d: peak memory %.0f MB (this process)", epoch + 1, peak_memory_mb(run.accelerator.device))
-    return stop
+    if run.progress.batches_done:
+        return run.accelerator.skip_first_batches(run.loaders.train, run.progress.batches_done)
+    return run.loaders.train
 
 
 def fit(run: Run) -> bool:
     """Train until done, early-stopped or preempted; True when preempted (a resumable state was saved)."""
-    progress = run.progress
+    cfg, accelerator, progress, model = run.cfg, run.accelerator, run.progress, run.model
+    per_epoch = len(run.loaders.train)
+    clip_here = cfg.max_grad_norm > 0 and not run.compiled.clips_in_step  # a compiled step clips in its own graph
     bar = tqdm(
         total=run.total_steps,
         initial=progress.global_step,
         desc="Training",
         unit="step",
-        disable=not run.accelerator.is_local_main_process,
+        disable=not accelerator.is_local_main_process,
     )
-    losses = LossMeter(run.accelerator.device)
+    losses = LossMeter(accelerator.device)
     stop = progress.global_step >= run.total_steps
     for epoch in range(progress.epoch, run.num_epochs):
         if stop:
             break
-        outcome = train_epoch(run, epoch, bar, losses)
-        if outcome is Outcome.PREEMPTED:
-            bar.close()
-            return True
-        stop = end_epoch(run, epoch, stopping=outcome is Outcome.STOP)
+        progress.epoch = epoch
+        model.train()
+        for batch in epoch_batches(run, epoch):
+            # Forward and backward; the optimizer steps when the accumulation window is full.
+            run.compiled.before(batch)
+            with accelerator.accumulate(model):
+                loss = forward_loss(run, batch)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and clip_here:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                run.optimizer.step()
+                run.optimizer.zero_grad()
+            run.compiled.after()
+            progress.batches_done += 1
+            run.throughput.observe(batch)
+            losses.add(loss)  # on the device: no host sync here
+            run.guard.observe(loss)
+            if not accelerator.sync_gradients:
+                continue  # still accumulating
+            after_optimizer_step(run, bar)
+            # Log, check for a stop, evaluate (and save the best model), save the state: as planned for this step.
+            plan = plan_step(cfg, progress.global_step, progress.batches_done, per_epoch, run.total_steps)
+            if plan.log:
+                log_loss(run, losses, epoch, bar)
+            if plan.check_stop and preempted_or_diverged(run):
+                bar.close()
+                return True
+            if plan.evaluate:
+                stop = validate_and_save(run)  # True when early stopping fires
+            if plan.save:
+                save_state(run)
+            if stop or progress.global_step >= run.total_steps:
+                stop = True
+                break
+        # The epoch's end (or training's): evaluate unless just done; a completed epoch's state.
+        where = (progress.global_step, progress.batches_done, per_epoch, run.total_steps)
+        plan = plan_step(cfg, *where, epoch_end=True, evaluated=evaluated_now(progress))
+        finish_epoch(progress, epoch, per_epoch)
+        if plan.evaluate:
+            stop = validate_and_save(run) or stop
+        if plan.save and not stop:
+            save_state(run)
+        logger.info("Epoch %d: peak memory %.0f MB (this process)", epoch + 1, peak_memory_mb(accelerator.device))
     bar.close()
-    if patience_spent(progress.evals_since_best, run.cfg.early_stopping_patience):
+    if patience_spent(progress.evals_since_best, cfg.early_stopping_patience):
         logger.info(
             "Early stopping: no improvement of %s in %d evaluations (best %.4f at step %s).",
-            run.cfg.metric_for_best_model,
+            cfg.metric_for_best_model,
             progress.evals_since_best,
             progress.best_metric,
             progress.best_step,

@@ -1,12 +1,12 @@
 """train.py with every training step watched for host-device syncs: `python guarded_train.py REPORT.json ARGS...`.
 
-A step runs from `train_step` (forward, backward, clipping, the optimizer) through the schedule's step up to
-`plan_step`, where the loop decides whether this step logs, evaluates or checks for a stop (those may read the
-device). Inside that window a TorchDispatchMode records every op that copies a device value to the host
-(`aten._local_scalar_dense`: `.item()`, `float(t)`, `if t:`; `aten.is_nonzero`), with the step and a short stack.
-On CPU nothing blocks, but the same call on a GPU would wait for every queued kernel: this is the CPU proof that a
-step does not synchronise. The report also counts the ops seen, so an empty report cannot come from a guard that
-never ran.
+A step runs from `forward_loss` (then backward, clipping, the optimizer) through the schedule's step up to
+`plan_step` (the window training/loop.py documents), where the loop decides whether this step logs, evaluates or
+checks for a stop (those may read the device). Inside that window a TorchDispatchMode records every op that copies a
+device value to the host (`aten._local_scalar_dense`: `.item()`, `float(t)`, `if t:`; `aten.is_nonzero`), with the
+step and a short stack. On CPU nothing blocks, but the same call on a GPU would wait for every queued kernel: this
+is the CPU proof that a step does not synchronise. The report also counts the ops seen, so an empty report cannot
+come from a guard that never ran.
 """
 
 import json
@@ -56,17 +56,17 @@ def watch(original):
 
 
 def until_the_plan(original):
-    def plan(*args):
+    def plan(*args, **kwargs):
         global watching
         if watching:
             recorder.__exit__(None, None, None)
             watching = False
-        return original(*args)
+        return original(*args, **kwargs)
 
     return plan
 
 
-loop.train_step = watch(loop.train_step)
+loop.forward_loss = watch(loop.forward_loss)
 loop.plan_step = until_the_plan(loop.plan_step)
 report = Path(sys.argv[1])
 code = train.cli(sys.argv[2:])

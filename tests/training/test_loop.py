@@ -55,6 +55,15 @@ def test_with_checkpointing_per_epoch_no_step_plans_a_save():
     assert not any(plan_step(cfg, s, s, 100, 100).save for s in range(1, 101))
 
 
+def test_at_an_epoch_end_the_plan_evaluates_unless_just_done_and_saves_a_completed_epoch():
+    per_epoch = load_config(["--checkpointing_steps", "epoch"])
+    end = plan_step(per_epoch, 84, 84, 84, 500, epoch_end=True)
+    assert (end.log, end.evaluate, end.save, end.check_stop) == (False, True, True, False)
+    assert not plan_step(per_epoch, 84, 84, 84, 500, epoch_end=True, evaluated=True).evaluate
+    assert not plan_step(per_epoch, 50, 50, 84, 50, epoch_end=True).save  # stopped mid-epoch: nothing to resume
+    assert not plan_step(load_config(["--checkpointing_steps", "10"]), 84, 84, 84, 500, epoch_end=True).save
+
+
 def test_improved_is_strictly_better_and_anything_beats_no_best():
     assert improved(0.5, None) and improved(0.51, 0.5)
     assert not improved(0.5, 0.5) and not improved(0.4, 0.5)

@@ -1,6 +1,7 @@
 """Fault injection for the crash tests, loaded by every Python process that has this folder on PYTHONPATH
-(tests/conftest.py: `fault_env`). The package knows nothing of it: once `training.loop` or
-`training.checkpoint` is imported, the named function of that module is wrapped.
+(tests/conftest.py: `fault_env`). The package knows nothing of it: once `training.loop`, `training.checkpoint` or
+`accelerate.accelerator` is imported, the named function (or method) of that module is wrapped: the seams that
+training/loop.py and training/checkpoint.py document.
 
     DISTILBERT_AGNEWS_FAULT=nan_loss_from_step:N     the loss is NaN from optimizer step N on, on every rank
     DISTILBERT_AGNEWS_FAULT=raise_on_rank:R:N        rank R raises RuntimeError right after optimizer step N
@@ -24,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 FAULT_ENV = "DISTILBERT_AGNEWS_FAULT"
 KIND, _, _ARGS = os.environ.get(FAULT_ENV, "").partition(":")
@@ -51,8 +53,8 @@ def _after_optimizer_step(original, run, *args, **kwargs):
     return result
 
 
-def _publish_state(original, staging, target):
-    if target.name.rsplit("_", 1)[-1] == str(ARGS[0]):
+def _replace_dir(original, staging, target):
+    if target.parent.name == "state" and target.name.rsplit("_", 1)[-1] == str(ARGS[0]):
         _die()
     return original(staging, target)
 
@@ -69,11 +71,12 @@ def _no_space() -> OSError:
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-def _write_state(original, accelerator, folder):
+def _save_state(original, accelerator, folder, *args, **kwargs):
+    folder = Path(folder)
     this_step = folder.name.split(".")[1] == f"tmp_step_{ARGS[0]}"
     if this_step and not accelerator.is_main_process:
         time.sleep(3)  # the main process has failed and cleaned up before this rank creates the folder again
-    original(accelerator, folder)
+    original(accelerator, str(folder), *args, **kwargs)
     if this_step and accelerator.is_main_process:
         (folder / "optimizer.bin.partial").write_bytes(b"\0" * 4096)
         raise _no_space()
@@ -88,13 +91,13 @@ def _write_weights_no_space(original, fh, weights):
     original(fh, weights)
 
 
-PATCHES = {  # fault kind: (module, function, wrapper)
+PATCHES = {  # fault kind: (module, function or Class.method, wrapper)
     "nan_loss_from_step": ("training.loop", "forward_loss", _forward_loss),
     "raise_on_rank": ("training.loop", "after_optimizer_step", _after_optimizer_step),
     "hang_on_rank": ("training.loop", "after_optimizer_step", _after_optimizer_step),
-    "kill_in_save_state": ("training.checkpoint", "publish_state", _publish_state),
+    "kill_in_save_state": ("training.checkpoint", "replace_dir", _replace_dir),
     "kill_in_save_model": ("training.checkpoint", "write_weights", _write_weights),
-    "enospc_in_save_state": ("training.checkpoint", "write_state", _write_state),
+    "enospc_in_save_state": ("accelerate.accelerator", "Accelerator.save_state", _save_state),
     "enospc_in_save_model": ("training.checkpoint", "write_weights", _write_weights_no_space),
 }
 
@@ -113,8 +116,15 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module):
             exec_module(module)
-            original = getattr(module, self.function)
-            setattr(module, self.function, functools.partial(self.wrapper, original))
+            owner_name, _, name = self.function.rpartition(".")
+            owner = getattr(module, owner_name) if owner_name else module
+            original = getattr(owner, name)
+
+            @functools.wraps(original)
+            def wrapped(*args, **kwargs):  # a plain function: as a class attribute, a method (self comes first)
+                return self.wrapper(original, *args, **kwargs)
+
+            setattr(owner, name, wrapped)
 
         spec.loader.exec_module = exec_and_patch
         return spec
