@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from contract import files
+from contract import files, precision
 from inference.logs import quiet
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,10 @@ class _Logits(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, **pair).logits
 
 
-def build(model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool, folder: Path) -> Path:
-    """model.onnx in `folder`: the exported classifier, fed the names in `example`, quantized when `int8`."""
+def build(model: torch.nn.Module, example: dict, serving_precision: str, calibration: list[dict], folder: Path) -> Path:
+    """model.onnx in `folder` (inference/backends.py's interface): the exported classifier, fed the names in
+    `example`, quantized for int8 (dynamically: `calibration` is not needed)."""
+    int8 = serving_precision == precision.INT8
     target = folder / files.RUNTIME_ONNX
     exported = folder / "exported.onnx" if int8 else target
     # The exporter's passes log every step at INFO, and it warns that torchvision's operators (never used here)

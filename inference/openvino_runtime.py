@@ -28,6 +28,16 @@ def version() -> str:
     return ov.get_version()
 
 
+def build(model: torch.nn.Module, example: dict, serving_precision: str, calibration: list[dict], folder: Path) -> Path:
+    """model.xml in `folder` (inference/backends.py's interface): converted, and for int8 quantized on the
+    `calibration` batches (one text each)."""
+    converted = convert(model, example)
+    if serving_precision == precision.INT8:
+        names = input_names(converted)  # what the model takes (a BERT tokenizer's token_type_ids may not be)
+        converted = quantize(converted, [{k: batch[k].numpy() for k in names} for batch in calibration])
+    return save(converted, folder)
+
+
 def convert(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> ov.Model:
     """The PyTorch classifier as an OpenVINO model, batch and length dynamic, fed the names in `example`."""
     # The tracer probes every attribute of every submodule; transformers then warns about the base model's loss

@@ -18,7 +18,9 @@ once, best of two rounds with the candidates' order reversed between them. Calib
 CALIBRATION_FILE, else the checkpoint's calibration_texts.json (training records a sample of its training split),
 else the English sample shipped in inference/texts/ (any save_pretrained folder or Hub model); /info names them.
 
-The converted models and runtime.json live beside the checkpoint or in RUNTIME_CACHE (inference/runtime_cache.py):
+Each optimized runtime is declared once in inference/backends.py (what it needs, its precisions, its build and runner,
+in its own module); this dispatcher holds no runtime's own code. The converted models and runtime.json live beside
+the checkpoint or in RUNTIME_CACHE (inference/runtime_cache.py):
 
     <checkpoint>/runtime/<sha256[:16]>/      or RUNTIME_CACHE/<sha256[:16]>/
         runtime.json                         per set of candidates (BACKEND, DTYPE): what was measured, the
@@ -40,7 +42,6 @@ from __future__ import annotations
 import copy
 import csv
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -55,6 +56,7 @@ import torch
 from contract import files, precision
 from contract.task import MULTI, REGRESSION, Task
 from inference import runtime_cache
+from inference.backends import AGREEMENT_BOUND, RUNTIMES, Runtime
 from inference.engine import collate, encode
 from inference.loading import LoadedModel, load_model
 from inference.runtime_cache import Cache
@@ -62,17 +64,14 @@ from inference.settings import BACKENDS, SettingsError, from_env
 
 logger = logging.getLogger(__name__)
 
-AUTO, TORCH, OPENVINO, ONNXRUNTIME = BACKENDS
-OPTIMIZED = (OPENVINO, ONNXRUNTIME)  # in auto's order of preference among equals
-_NEEDS = {OPENVINO: ("openvino", "nncf"), ONNXRUNTIME: ("onnxruntime", "onnx", "onnxscript")}
-_MODEL_FILE = {OPENVINO: files.RUNTIME_MODEL, ONNXRUNTIME: files.RUNTIME_ONNX}
-AGREEMENT_BOUND = 0.995
-MIN_HELD_OUT = 50  # fewer held-out texts cannot show 99.5 %
+AUTO, TORCH, *OPTIMIZED = BACKENDS  # the optimized runtimes in auto's order among equals (inference/backends.py)
+MIN_HELD_OUT = 50  # fewer held-out texts cannot show AGREEMENT_BOUND
+HELD_OUT_EVERY = 3  # every third calibration text is held out for the agreement check
 TIE_MARGIN = 0.02  # fp32's top two probabilities closer than this: a tie, whose label any rounding may flip
 REGRESSION_TOLERANCE = 0.1  # a regression value agrees within this many standard deviations of fp32's outputs
 MAX_CALIBRATION, MAX_HELD_OUT, BATCH = 300, 200, 32
-TIMED_BATCHES = 4  # the speed race: 128 held-out texts per round
-INSTALL_HINT = "pip install 'distilbert-agnews[openvino]' or '[onnxruntime]'"
+TIMED_BATCHES = 4  # the speed race: TIMED_BATCHES x BATCH held-out texts per round
+INSTALL_HINT = f"pip install 'distilbert-agnews[{OPTIMIZED[0]}]'" + "".join(f" or '[{name}]'" for name in OPTIMIZED[1:])
 SAMPLE = Path(__file__).parent / "texts" / "english.txt"  # sentences written for this project, many registers
 SAMPLE_TEXTS = 600
 
@@ -88,7 +87,7 @@ class Candidate:
 
 
 def installed(backend: str) -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in _NEEDS[backend])
+    return RUNTIMES[backend].installed()
 
 
 def candidates(backend: str, dtype: str, device_type: str) -> tuple[list[Candidate], str]:
@@ -102,7 +101,7 @@ def candidates(backend: str, dtype: str, device_type: str) -> tuple[list[Candida
     present = [b for b in OPTIMIZED if installed(b)]
     if backend == AUTO and device_type == "cpu" and present:
         # an explicit bfloat16 leaves out a runtime that has no bf16 path; the others serve it
-        usable = [b for b in present if dtype != precision.BF16 or precision.BF16 in _PRECISIONS[b]]
+        usable = [b for b in present if dtype != precision.BF16 or precision.BF16 in RUNTIMES[b].precisions]
         options = [c for b in usable for c in _options(b, dtype)]
         if dtype == precision.INT8:
             options.sort(key=lambda c: c.precision != precision.INT8)  # every int8 first, then the fallbacks
@@ -111,7 +110,7 @@ def candidates(backend: str, dtype: str, device_type: str) -> tuple[list[Candida
         return options, f"BACKEND=auto on a CPU with {' and '.join(present)} installed"
     if dtype == precision.INT8 and (backend == TORCH or device_type != "cpu"):
         raise SettingsError(
-            "DTYPE: int8 needs an optimized CPU runtime (BACKEND=openvino or onnxruntime, or auto on a CPU)"
+            f"DTYPE: int8 needs an optimized CPU runtime (BACKEND={' or '.join(OPTIMIZED)}, or auto on a CPU)"
         )
     why = "BACKEND=torch" if backend == TORCH else "BACKEND=auto on a GPU"
     if backend == AUTO and device_type == "cpu":
@@ -120,26 +119,20 @@ def candidates(backend: str, dtype: str, device_type: str) -> tuple[list[Candida
     return [Candidate(TORCH, precision.resolve(dtype, device_type))], why
 
 
-_PRECISIONS = {
-    OPENVINO: (precision.INT8, precision.BF16, precision.FP32),
-    ONNXRUNTIME: (precision.INT8, precision.FP32),
-}
-
-
 def _options(backend: str, dtype: str) -> list[Candidate]:
     """One runtime's candidates at DTYPE: that precision alone, or (auto, int8) its precisions in preference order."""
     if dtype == precision.FP16:
         raise SettingsError(f"DTYPE: float16 is for GPUs; {backend} on the CPU serves {_names(backend)}")
-    if dtype != precision.AUTO and dtype not in _PRECISIONS[backend]:
+    if dtype != precision.AUTO and dtype not in RUNTIMES[backend].precisions:
         raise SettingsError(f"DTYPE: {backend} on the CPU serves {_names(backend)}")
     if dtype in (precision.FP32, precision.BF16):
         return [Candidate(backend, dtype)]
     native = precision.native_bf16("cpu")
-    return [Candidate(backend, p) for p in _PRECISIONS[backend] if p != precision.BF16 or native]
+    return [Candidate(backend, p) for p in RUNTIMES[backend].precisions if p != precision.BF16 or native]
 
 
 def _names(backend: str) -> str:
-    return ", ".join(precision.tei_name(p) for p in _PRECISIONS[backend])
+    return ", ".join(precision.tei_name(p) for p in RUNTIMES[backend].precisions)
 
 
 def races(backend: str, dtype: str) -> bool:
@@ -147,7 +140,7 @@ def races(backend: str, dtype: str) -> bool:
     return dtype == precision.AUTO or (backend == AUTO and dtype != precision.INT8)
 
 
-def prepare(loaded: LoadedModel, settings) -> LoadedModel:
+def choose_runtime(loaded: LoadedModel, settings) -> LoadedModel:
     """`loaded` (PyTorch fp32) made ready in the chosen runtime and precision, with what was measured."""
     options, why = candidates(settings.backend, settings.dtype, loaded.device.type)
     if len(options) == 1 and options[0].backend == TORCH:
@@ -183,7 +176,7 @@ def prepare(loaded: LoadedModel, settings) -> LoadedModel:
         if report is None:
             logger.info("Runtime: measuring %s (%s; texts: %s)", ", ".join(c.name for c in options), why, source)
             report = measure(loaded, options, texts, cache, settings.torch_threads)
-            report.update(chosen=choose(report["candidates"], races(settings.backend, settings.dtype)), key=key)
+            report.update(chosen=pick_candidate(report["candidates"], races(settings.backend, settings.dtype)), key=key)
             report["texts"] = source
             cache.save(report, sorted({c["ir"] for c in report["candidates"] if c.get("ir")}))
         served = _build(loaded, report, report["chosen"], cache, settings.torch_threads)
@@ -225,10 +218,10 @@ def export(folder: Path, backend: str) -> LoadedModel:
     if not installed(backend):
         raise SettingsError(f"export_runtime: {backend} is not installed (pip install 'distilbert-agnews[{backend}]')")
     settings = from_env(model_id=str(folder), backend=AUTO, dtype=precision.AUTO, device="cpu")
-    return prepare(load_model(str(folder), device="cpu", dtype=precision.FP32), settings)
+    return choose_runtime(load_model(str(folder), device="cpu", dtype=precision.FP32), settings)
 
 
-def choose(measured: list[dict], race: bool) -> str:
+def pick_candidate(measured: list[dict], race: bool) -> str:
     """The candidate to serve: the fastest agreeing one when racing, else the first agreeing one."""
     agreeing = [m for m in measured if m["refused"] is None]
     if not agreeing:
@@ -292,9 +285,9 @@ def _read_texts(path: Path) -> list[str]:
 
 
 def split(texts: list[str]) -> tuple[list[str], list[str]]:
-    """(calibration, held out): every third text is held out for the agreement check."""
-    held = texts[::3][:MAX_HELD_OUT]
-    calibration = [t for i, t in enumerate(texts) if i % 3][:MAX_CALIBRATION]
+    """(calibration, held out): every HELD_OUT_EVERY-th text is held out for the agreement check."""
+    held = texts[::HELD_OUT_EVERY][:MAX_HELD_OUT]
+    calibration = [t for i, t in enumerate(texts) if i % HELD_OUT_EVERY][:MAX_CALIBRATION]
     return calibration, held
 
 
@@ -323,7 +316,7 @@ def _cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], 
         "cpu": cpu_name(),
         "threads": threads,
         "guard": guard_description(loaded.task),  # how agreement is measured
-        **{b: _module(b).version() for b in backends},
+        **{b: RUNTIMES[b].load().version() for b in backends},
         "torch": torch.__version__,
     }
 
@@ -345,16 +338,16 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
             results[candidate] = {"name": candidate.name, "refused": refused, "agreement": None, "texts_per_s": 0.0}
             continue
         is_fp32 = candidate == Candidate(TORCH, precision.FP32)
-        run = fp32 if is_fp32 else _runner(loaded, candidate, cache, threads, calibration)
-        if isinstance(run, str):  # the conversion failed: the other candidates are still measured
-            results[candidate] = {"name": candidate.name, "refused": run, "agreement": None, "texts_per_s": 0.0}
+        runner = fp32 if is_fp32 else _runner(loaded, candidate, cache, threads, calibration)
+        if isinstance(runner, str):  # the conversion failed: the other candidates are still measured
+            results[candidate] = {"name": candidate.name, "refused": runner, "agreement": None, "texts_per_s": 0.0}
             continue
         # every batch shape once (first-shape set-up is not speed), and the answers; torch fp32 gave them already
-        outputs = reference if run is fp32 else [run(b) for b in batches]
+        outputs = reference if runner is fp32 else [runner(b) for b in batches]
         results[candidate] = _verdict(candidate, *(agreement(outputs, reference, loaded.task) if real else (None, 0)))
         if candidate.backend != TORCH:
-            results[candidate]["ir"] = _ir_folder(candidate, calibration)
-        runners[candidate] = run
+            results[candidate]["ir"] = _conversion(candidate, calibration)
+        runners[candidate] = runner
     for candidate, speed in _speeds(runners, batches[:TIMED_BATCHES]).items():
         results[candidate]["texts_per_s"] = speed
     return {"candidates": list(results.values()), "held_out_texts": len(held), "calibration_texts": len(calibration)}
@@ -381,7 +374,7 @@ def _cannot_check(candidate: Candidate, held: list[str], calibration: list[str])
         return None
     return (
         f"refused: {len(held)} held-out texts, {MIN_HELD_OUT} needed to check agreement "
-        "(give CALIBRATION_FILE with 150 or more texts)"
+        f"(give CALIBRATION_FILE with {HELD_OUT_EVERY * MIN_HELD_OUT} or more texts)"
     )
 
 
@@ -450,11 +443,11 @@ def _synthetic_batches(loaded: LoadedModel) -> list[dict]:
 
 
 def _torch_runner(model: torch.nn.Module):
-    def run(batch: dict) -> torch.Tensor:
+    def forward(batch: dict) -> torch.Tensor:
         with torch.inference_mode():
             return model(**batch).logits.float()
 
-    return run
+    return forward
 
 
 def _runner(loaded: LoadedModel, candidate: Candidate, cache: Cache, threads: int, calibration: list[str]):
@@ -462,10 +455,10 @@ def _runner(loaded: LoadedModel, candidate: Candidate, cache: Cache, threads: in
     if candidate.backend == TORCH:
         return _torch_runner(copy.deepcopy(loaded.model).to(precision.torch_dtype(candidate.precision)))
     try:
-        path = _ir(loaded, candidate, cache, calibration)
-        return _module(candidate.backend).Runner(path, candidate.precision, threads)
+        path = _converted(loaded, candidate, cache, calibration)
+        return RUNTIMES[candidate.backend].load().Runner(path, candidate.precision, threads)
     except Exception as exc:  # noqa: BLE001 - any failure of a third-party converter refuses this candidate alone
-        cache.discard(_ir_folder(candidate, calibration))
+        cache.discard(_conversion(candidate, calibration))
         logger.warning("Runtime: %s cannot be built: %s: %s", candidate.name, type(exc).__name__, _short(exc))
         return f"refused: conversion failed ({type(exc).__name__}: {_short(exc)})"
 
@@ -474,65 +467,38 @@ def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
 
-def _module(backend: str):
-    """The runtime's module (imported only when it serves or is measured): version(), Runner(path, precision,
-    threads)."""
-    if backend == OPENVINO:
-        from inference import openvino_runtime
-
-        return openvino_runtime
-    from inference import onnx_runtime
-
-    return onnx_runtime
-
-
-def _ir_folder(candidate: Candidate, calibration: list[str]) -> str:
+def _conversion(candidate: Candidate, calibration: list[str]) -> str:
     """The name of the candidate's converted model's folder in the cache."""
-    if candidate.backend == ONNXRUNTIME:
-        return f"onnxruntime-{candidate.precision}"  # dynamic int8: no calibration texts
-    if candidate.precision == precision.INT8:
-        return f"openvino-int8-{_digest(calibration)}"
-    return "openvino-fp32"  # bf16 is a compile-time hint on the same IR
+    return RUNTIMES[candidate.backend].folder(candidate.precision, _digest(calibration))
 
 
-def _ir(loaded: LoadedModel, candidate: Candidate, cache: Cache, calibration: list[str]) -> Path:
+def _converted(loaded: LoadedModel, candidate: Candidate, cache: Cache, calibration: list[str]) -> Path:
     """The candidate's converted model (quantized for int8): an earlier conversion whose files match runtime.json's
     digests, else a new one (what was there is named and removed)."""
-    name = _ir_folder(candidate, calibration)
+    runtime: Runtime = RUNTIMES[candidate.backend]
+    name = _conversion(candidate, calibration)
     folder = cache.folder / name
-    if name in cache.converted:  # by this measurement, for another precision (bf16 and fp32 share one IR)
-        return folder / _MODEL_FILE[candidate.backend]
+    if name in cache.converted:  # by this measurement, for another precision (a hinted one shares the fp32 model)
+        return folder / runtime.model_file
     if folder.exists():
         problem = cache.damage(name)
         if problem is None:
-            return folder / _MODEL_FILE[candidate.backend]
+            return folder / runtime.model_file
         logger.warning("Runtime: %s; converting again", problem)
         cache.discard(name)
     started = time.perf_counter()
     # traced on a text pair: every input the tokenizer gives (a BERT's token_type_ids too) becomes a model input
     example = collate(encode(loaded, [("an example text", "and its pair")], True, False), loaded.tokenizer.pad_token_id)
+    calibrating = runtime.calibrated and candidate.precision == precision.INT8
     staging = cache.folder / runtime_cache.staging_name(name)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    if candidate.backend == OPENVINO:
-        _convert_openvino(loaded, example, candidate.precision == precision.INT8, calibration, staging)
-    else:
-        _module(ONNXRUNTIME).build(loaded.model, example, candidate.precision == precision.INT8, staging)
+    samples = _batches_of_one(loaded, calibration) if calibrating else []
+    runtime.load().build(loaded.model, example, candidate.precision, samples, staging)
     os.replace(staging, folder)
     cache.converted.add(name)
     logger.info("Runtime: converted %s in %.1f s into %s", candidate.name, time.perf_counter() - started, folder)
-    return folder / _MODEL_FILE[candidate.backend]
-
-
-def _convert_openvino(loaded: LoadedModel, example: dict, int8: bool, calibration: list[str], staging: Path) -> None:
-    from inference import openvino_runtime
-
-    model = openvino_runtime.convert(loaded.model, example)
-    if int8:
-        names = openvino_runtime.input_names(model)  # what the model takes (a BERT tokenizer's token_type_ids
-        samples = [{k: b[k].numpy() for k in names} for b in _batches_of_one(loaded, calibration)]  # may not be)
-        model = openvino_runtime.quantize(model, samples)
-    openvino_runtime.save(model, staging)
+    return folder / runtime.model_file
 
 
 def _batches_of_one(loaded: LoadedModel, texts: list[str]) -> list[dict]:
@@ -554,8 +520,8 @@ def _build(loaded: LoadedModel, report: dict, name: str, cache: Cache, threads: 
     }
     if backend == TORCH:
         return _as_torch(loaded, chosen_precision, summary)
-    xml = cache.folder / chosen["ir"] / _MODEL_FILE[backend]
-    runner = _module(backend).Runner(xml, chosen_precision, threads)
+    xml = cache.folder / chosen["ir"] / RUNTIMES[backend].model_file
+    runner = RUNTIMES[backend].load().Runner(xml, chosen_precision, threads)
     logger.info(
         "Runtime: serving %s from %s (agreement with fp32 %s, %.1f texts/s when measured)",
         chosen["name"],

@@ -71,7 +71,7 @@ class Service:
 def load_configured(settings: Settings) -> LoadedModel:
     """The model in the runtime and precision the settings ask for (converted once per weights hash)."""
     loaded = load_model(settings.model_id, device=settings.device, dtype=precision.FP32, revision=settings.revision)
-    return runtimes.prepare(loaded, settings)
+    return runtimes.choose_runtime(loaded, settings)
 
 
 def chunks_long_texts(settings: Settings, loaded: LoadedModel) -> bool:

@@ -16,8 +16,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contract import precision
 from contract.errors import UsageError
+from inference.backends import AGREEMENT_BOUND, RUNTIMES
 
-BACKENDS = ("auto", "torch", "openvino", "onnxruntime")  # the runtimes that serve the model (inference/runtimes.py)
+BACKENDS = ("auto", "torch", *RUNTIMES)  # what serves the model: inference/runtimes.py chooses, backends.py declares
 
 
 def available_cores() -> int:
@@ -47,167 +48,109 @@ class Settings(BaseSettings):
         cli_implicit_flags=True,
         cli_avoid_json=True,
         cli_hide_none_type=True,
+        use_attribute_docstrings=True,  # each setting's documentation is its docstring (--help, docs)
     )
 
-    model_id: str = Field(
-        "checkpoints",
-        validation_alias=_names("model_id", "checkpoint_dir"),
-        description=(
-            "What to serve: this project's checkpoint folder (distilbert_agnews.pt + config.json + tokenizer/), any "
-            "save_pretrained folder (model.safetensors + config.json + tokenizer files), or a Hub model id [MODEL_ID, "
-            "CHECKPOINT_DIR]"
-        ),
-    )
-    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) of a Hub model id [REVISION]")
-    hostname: str = Field(
-        "127.0.0.1",
-        validation_alias=_names("hostname", "host"),
-        description="Address to listen on; 0.0.0.0 for every interface [HOSTNAME]",
-    )
-    port: int = Field(8000, ge=0, le=65535, description="Port to listen on [PORT]")
-    workers: int = Field(
-        1,
-        ge=1,
-        description=(
-            "uvicorn worker processes, each with its own copy of the model; /metrics counts all of them [WORKERS]"
-        ),
-    )
-    api_key: str | None = Field(
-        None,
-        description=(
-            "When set, every route needs `Authorization: Bearer <key>` but these, open as in TEI: GET /health, "
-            "/ping, GET /, /ready, /metrics, and the API's description /docs, /docs/oauth2-redirect, /redoc and "
-            "/openapi.json. Printable ASCII without spaces (HTTP headers carry ASCII) [API_KEY]"
-        ),
-    )
-    payload_limit: int = Field(
-        2_000_000, ge=1, description="Largest request body in bytes; larger ones get 413 [PAYLOAD_LIMIT]"
-    )
-    max_concurrent_requests: int = Field(
-        512,
-        ge=1,
-        description=("Inputs (texts or pairs) in flight at once; beyond it requests get 429 [MAX_CONCURRENT_REQUESTS]"),
-    )
-    max_batch_tokens: int = Field(
-        16384,
-        ge=1,
-        description=(
-            "Most tokens in one micro-batch and in one forward pass (padding included); at least the model's maximum "
-            "input length [MAX_BATCH_TOKENS]"
-        ),
-    )
-    max_batch_requests: int = Field(32, ge=1, description="Most inputs in one micro-batch [MAX_BATCH_REQUESTS]")
-    max_client_batch_size: int = Field(32, ge=1, description="Most inputs in one request [MAX_CLIENT_BATCH_SIZE]")
-    auto_truncate: bool = Field(
-        True,
-        description=(
-            "Truncate inputs longer than the model's maximum when a request does not say (`truncate` absent or "
-            "null) [AUTO_TRUNCATE]"
-        ),
-    )
-    long_text: Literal["truncate", "chunk"] | None = Field(
-        None,
-        description=(
-            "Inputs longer than the model's window: truncate (TEI's behaviour: `truncate` and AUTO_TRUNCATE decide "
-            "between cutting and refusing) or chunk: overlapping windows, each scored, their logits pooled as "
-            "config.json's chunk_pooling says; a request's `truncate: true` still truncates. Default: the model's "
-            "config.json long_text, else truncate [LONG_TEXT]"
-        ),
-    )
-    max_chunks: int = Field(
-        16,
-        ge=1,
-        description="With chunking, the most windows one input may need; beyond it 413 [MAX_CHUNKS]",
-    )
+    model_id: str = Field("checkpoints", validation_alias=_names("model_id", "checkpoint_dir"))
+    """What to serve: this project's checkpoint folder (distilbert_agnews.pt + config.json + tokenizer/), any
+    save_pretrained folder (model.safetensors + config.json + tokenizer files), or a Hub model id [MODEL_ID,
+    CHECKPOINT_DIR]
+    """
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) of a Hub model id [REVISION]"""
+    hostname: str = Field("127.0.0.1", validation_alias=_names("hostname", "host"))
+    """Address to listen on; 0.0.0.0 for every interface [HOSTNAME]"""
+    port: int = Field(8000, ge=0, le=65535)
+    """Port to listen on [PORT]"""
+    workers: int = Field(1, ge=1)
+    """uvicorn worker processes, each with its own copy of the model; /metrics counts all of them [WORKERS]"""
+    api_key: str | None = None
+    """When set, every route needs `Authorization: Bearer <key>` but these, open as in TEI: GET /health, /ping,
+    GET /, /ready, /metrics, and the API's description /docs, /docs/oauth2-redirect, /redoc and /openapi.json.
+    Printable ASCII without spaces (HTTP headers carry ASCII) [API_KEY]
+    """
+    payload_limit: int = Field(2_000_000, ge=1)
+    """Largest request body in bytes; larger ones get 413 [PAYLOAD_LIMIT]"""
+    max_concurrent_requests: int = Field(512, ge=1)
+    """Inputs (texts or pairs) in flight at once; beyond it requests get 429 [MAX_CONCURRENT_REQUESTS]"""
+    max_batch_tokens: int = Field(16384, ge=1)
+    """Most tokens in one micro-batch and in one forward pass (padding included); at least the model's maximum input
+    length [MAX_BATCH_TOKENS]
+    """
+    max_batch_requests: int = Field(32, ge=1)
+    """Most inputs in one micro-batch [MAX_BATCH_REQUESTS]"""
+    max_client_batch_size: int = Field(32, ge=1)
+    """Most inputs in one request [MAX_CLIENT_BATCH_SIZE]"""
+    auto_truncate: bool = True
+    """Truncate inputs longer than the model's maximum when a request does not say (`truncate` absent or null)
+    [AUTO_TRUNCATE]
+    """
+    long_text: Literal["truncate", "chunk"] | None = None
+    """Inputs longer than the model's window: truncate (TEI's behaviour: `truncate` and AUTO_TRUNCATE decide between
+    cutting and refusing) or chunk: overlapping windows, each scored, their logits pooled as config.json's
+    chunk_pooling says; a request's `truncate: true` still truncates. Default: the model's config.json long_text,
+    else truncate [LONG_TEXT]
+    """
+    max_chunks: int = Field(16, ge=1)
+    """With chunking, the most windows one input may need; beyond it 413 [MAX_CHUNKS]"""
     dtype: str = Field(
         "auto",
         validation_alias=_names("dtype", "precision"),
         description=(
             "float32, float16, bfloat16 (or fp32, fp16, bf16), int8 (OpenVINO on the CPU, kept only if it agrees "
-            "with fp32 on 99.5 percent or more of held-out texts), or auto: with BACKEND torch, bfloat16 where native "
-            "(bf16 GPUs, CPUs with AMX or AVX512-BF16), float16 on GPUs without bf16 (T4), else float32; with "
+            f"with fp32 on {100 * AGREEMENT_BOUND:g} percent or more of held-out texts), or auto: with BACKEND torch, "
+            "bfloat16 where native (bf16 GPUs, CPUs with AMX or AVX512-BF16), float16 on GPUs without bf16 (T4), else "
+            "float32; with "
             "OpenVINO, the fastest precision that agrees [DTYPE]"
         ),
     )
-    backend: str = Field(
-        "auto",
-        description=(
-            "torch, openvino or onnxruntime (pip install 'distilbert-agnews[openvino]' or '[onnxruntime]'), or auto: "
-            "on a CPU the fastest installed runtime whose answers agree with fp32, measured once per weights hash; "
-            "torch on a GPU [BACKEND]"
-        ),
-    )
-    calibration_file: str | None = Field(
-        None,
-        description=(
-            "Texts for int8 calibration and the agreement check (.txt one per line, .jsonl/.csv with a `text` "
-            "field, .json list); default: the checkpoint's calibration_texts.json [CALIBRATION_FILE]"
-        ),
-    )
-    runtime_cache: str = Field(
-        "~/.cache/distilbert-agnews/runtime",
-        description=(
-            "Where converted models go when the checkpoint folder cannot be written (a Hub model, a read-only "
-            "folder); otherwise they go beside the checkpoint in runtime/ [RUNTIME_CACHE]"
-        ),
-    )
-    device: str = Field("auto", description="cpu, cuda, or auto: cuda when available [DEVICE]")
-    json_output: bool = Field(False, description="Log one JSON object per line instead of text [JSON_OUTPUT]")
-    cors_allow_origin: str | None = Field(
-        None,
-        description=(
-            "Comma-separated origins allowed by CORS (browser clients), or * for any; unset: no CORS headers "
-            "[CORS_ALLOW_ORIGIN]"
-        ),
-    )
-    max_wait_ms: float = Field(
-        5.0,
-        ge=0,
-        description=("How long a micro-batch waits for company, only while requests arrive together [MAX_WAIT_MS]"),
-    )
-    static_shapes: bool | None = Field(
-        None,
-        description=(
-            "Pad each forward pass to one of a few fixed (batch, width) shapes and, on CUDA with the torch runtime, "
-            "capture each shape's forward pass as a CUDA graph at start-up (and on reload). Default: on with CUDA, "
-            "off on the CPU, where padding costs compute [STATIC_SHAPES]"
-        ),
-    )
-    tokenizer_thread: bool | None = Field(
-        None,
-        description=(
-            "Tokenize micro-batches on a thread of their own, ahead of the model, instead of on the model's thread "
-            "between forward passes. Default: on with CUDA, where it overlaps the GPU's work; off on the CPU, where it "
-            "would compete with the forward pass for the cores [TOKENIZER_THREAD]"
-        ),
-    )
-    torch_threads: int | None = Field(
-        None, ge=1, description="Torch intra-op threads (default: the cores available) [TORCH_THREADS]"
-    )
-    reload_interval_s: float = Field(
-        2.0,
-        ge=0,
-        description=("How often to look for a new checkpoint in a local MODEL_ID folder; 0 never [RELOAD_INTERVAL_S]"),
-    )
-    max_connections: int = Field(
-        2048,
-        ge=1,
-        description=(
-            "Open connections and tasks uvicorn allows at once (its limit_concurrency); beyond it new requests get "
-            "503 at once, so idle or slow connections cannot pile up without bound [MAX_CONNECTIONS]"
-        ),
-    )
-    keep_alive_timeout_s: float = Field(
-        5.0, gt=0, description="Seconds an idle keep-alive connection stays open [KEEP_ALIVE_TIMEOUT_S]"
-    )
-    graceful_shutdown_s: float = Field(
-        30.0,
-        gt=0,
-        description=(
-            "After SIGTERM, how long in-flight requests may run before they are cancelled; keep it below the "
-            "orchestrator's kill timeout (Kubernetes terminationGracePeriodSeconds) [GRACEFUL_SHUTDOWN_S]"
-        ),
-    )
+    backend: str = "auto"
+    """torch, openvino or onnxruntime (pip install 'distilbert-agnews[openvino]' or '[onnxruntime]'), or auto: on a
+    CPU the fastest installed runtime whose answers agree with fp32, measured once per weights hash; torch on a
+    GPU [BACKEND]
+    """
+    calibration_file: str | None = None
+    """Texts for int8 calibration and the agreement check (.txt one per line, .jsonl/.csv with a `text` field, .json
+    list); default: the checkpoint's calibration_texts.json [CALIBRATION_FILE]
+    """
+    runtime_cache: str = "~/.cache/distilbert-agnews/runtime"
+    """Where converted models go when the checkpoint folder cannot be written (a Hub model, a read-only folder);
+    otherwise they go beside the checkpoint in runtime/ [RUNTIME_CACHE]
+    """
+    device: str = "auto"
+    """cpu, cuda, or auto: cuda when available [DEVICE]"""
+    json_output: bool = False
+    """Log one JSON object per line instead of text [JSON_OUTPUT]"""
+    cors_allow_origin: str | None = None
+    """Comma-separated origins allowed by CORS (browser clients), or * for any; unset: no CORS headers
+    [CORS_ALLOW_ORIGIN]
+    """
+    max_wait_ms: float = Field(5.0, ge=0)
+    """How long a micro-batch waits for company, only while requests arrive together [MAX_WAIT_MS]"""
+    static_shapes: bool | None = None
+    """Pad each forward pass to one of a few fixed (batch, width) shapes and, on CUDA with the torch runtime, capture
+    each shape's forward pass as a CUDA graph at start-up (and on reload). Default: on with CUDA, off on the CPU,
+    where padding costs compute [STATIC_SHAPES]
+    """
+    tokenizer_thread: bool | None = None
+    """Tokenize micro-batches on a thread of their own, ahead of the model, instead of on the model's thread between
+    forward passes. Default: on with CUDA, where it overlaps the GPU's work; off on the CPU, where it would
+    compete with the forward pass for the cores [TOKENIZER_THREAD]
+    """
+    torch_threads: int | None = Field(None, ge=1)
+    """Torch intra-op threads (default: the cores available) [TORCH_THREADS]"""
+    reload_interval_s: float = Field(2.0, ge=0)
+    """How often to look for a new checkpoint in a local MODEL_ID folder; 0 never [RELOAD_INTERVAL_S]"""
+    max_connections: int = Field(2048, ge=1)
+    """Open connections and tasks uvicorn allows at once (its limit_concurrency); beyond it new requests get 503 at
+    once, so idle or slow connections cannot pile up without bound [MAX_CONNECTIONS]
+    """
+    keep_alive_timeout_s: float = Field(5.0, gt=0)
+    """Seconds an idle keep-alive connection stays open [KEEP_ALIVE_TIMEOUT_S]"""
+    graceful_shutdown_s: float = Field(30.0, gt=0)
+    """After SIGTERM, how long in-flight requests may run before they are cancelled; keep it below the orchestrator's
+    kill timeout (Kubernetes terminationGracePeriodSeconds) [GRACEFUL_SHUTDOWN_S]
+    """
 
     @field_validator("dtype")
     @classmethod

@@ -5,6 +5,18 @@ checkpoints, run); `TrainConfig` holds them all, flat (`cfg.learning_rate`). Eve
 is its attribute docstring: `--help` and docs/configuration.md print it. A YAML file may list fields flat
 or under their group's name. Parsing never touches torch, a process group or a model, so a bad value is
 reported in one line (`learning_rate: must be > 0 (got -1.0)`, exit code 2) before anything expensive.
+
+Why argparse here when the service reads its settings with pydantic-settings (inference/settings.py, `CliApp`):
+the values are checked by the same pydantic models either way; what differs is where they come from.
+- The service is configured by its environment (TEI's variable names, a container's `-e`), which is what
+  pydantic-settings is for. A training run must not be: `accelerate launch`, torchrun and SLURM export dozens of
+  variables into every rank, and a settings class would also take `SEED`, `OUTPUT_DIR` or `MAX_LENGTH` from a job's
+  environment without a word. Training reads flags and files only.
+- Its layers are chosen on the command line itself: `--preset` and `--config FILE` decide which defaults and which
+  YAML lie beneath the other flags, and the YAML may name the preset. pydantic-settings orders its sources once,
+  when the class is built; here the flags are read first, then the preset and the file they name are layered below.
+- The flags are the flat names of the transformers examples (`--learning_rate`, not `--optimization.learning_rate`),
+  listed in one `--help` group per concern, and the YAML takes them flat or under their group.
 """
 
 from __future__ import annotations
@@ -396,10 +408,10 @@ def presets() -> dict[str, dict[str, Any]]:
 
 
 def _runtime_installed(backend: str) -> bool:
-    """Whether this runtime can convert (inference/runtimes.py owns what it needs), imported only when asked."""
-    from inference.runtimes import installed
+    """Whether this runtime can convert (inference/backends.py declares what it needs)."""
+    from inference.backends import RUNTIMES
 
-    return installed(backend)
+    return RUNTIMES[backend].installed()
 
 
 def check(cfg: TrainConfig) -> None:
