@@ -120,7 +120,7 @@ def serve_on_main_thread(settings: Settings, engine) -> int:
         signal.signal(sig, server.handle_exit)
     thread = threading.Thread(target=serve, name="uvicorn")
     thread.start()
-    engine.run()
+    engine.serve_forever()
     thread.join()
     return 0 if server.started else 1
 

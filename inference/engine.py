@@ -10,7 +10,7 @@ input). An input refused (too long, too many windows) fails its own job only. Wh
   thread through a short bounded queue: tokenizing the next batch overlaps the GPU's work on this one;
 - on the CPU, on the model thread, between forward passes: there the forward pass holds the cores, and a second
   thread would only compete with it (and the event loop) for them and for the GIL.
-The model thread (`Engine.run`: on a thread of its own after `start()`, or on the process's main thread: see
+The model thread (`Engine.serve_forever`: on a thread of its own after `start()`, or on the process's main thread: see
 inference/__main__.py) alone runs the model. It sorts the inputs by length and runs them in forward passes bounded
 by `max_batch_requests` inputs and `max_batch_tokens` padded tokens, so long inputs cannot blow up memory: with
 dynamic shapes (the CPU's default) passes of similar lengths, each padded to its own longest input; with static
@@ -134,7 +134,7 @@ class Engine:
 
     def start(self) -> None:
         """Run the worker on a new thread (the alternative: call `run()` on a thread of your own)."""
-        threading.Thread(target=self.run, name="inference-worker", daemon=True).start()
+        threading.Thread(target=self.serve_forever, name="inference-worker", daemon=True).start()
 
     def stop(self, timeout: float = 30) -> None:
         """Finish every queued job, then end the worker (waits up to `timeout` s for it)."""
@@ -169,12 +169,12 @@ class Engine:
 
     # ---------------------------------------------------------------------------------- worker side
 
-    def run(self) -> None:
+    def serve_forever(self) -> None:
         """The model thread's loop, on the calling thread, until stop(): every queued job is answered first."""
         self._running.set()
         try:
             for jobs in self._batches():
-                self._run_batch(jobs)
+                self._answer_batch(jobs)
         finally:
             self._finished.set()
 
@@ -293,7 +293,7 @@ class Engine:
 
     # ---------------------------------------------------------------------------------- model thread
 
-    def _run_batch(self, jobs: list[_Job]) -> None:
+    def _answer_batch(self, jobs: list[_Job]) -> None:
         for job in jobs:
             self._leave_queue(job)
         jobs = [job for job in jobs if not job.abandoned]  # clients that left while it waited: not run

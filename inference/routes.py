@@ -78,7 +78,7 @@ async def predict(request: Request) -> Response:
     state.metrics.request_success.labels(method).inc()
     state.metrics.predict_success.inc(len(answer.logits))
     observe(state, answer, time.perf_counter() - started)
-    ranked = [rank(row, served, body.k(), body.scoring()) for row in answer.logits]
+    ranked = [scored_labels(row, served, body.k(), body.scoring()) for row in answer.logits]
     headers = tei_headers(
         answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started, state.engine.current.device.type
     )
@@ -191,7 +191,7 @@ def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) ->
     return out
 
 
-def rank(logits: list[float], served: LoadedModel, top_k: int | None, scoring: str | None) -> list[dict]:
+def scored_labels(logits: list[float], served: LoadedModel, top_k: int | None, scoring: str | None) -> list[dict]:
     """Labels with scores, best first. Scored by the model's task unless the request asks (contract/task.py: softmax
     for single-label, sigmoid for multi-label and one-logit models, the raw value for regression)."""
     values = served.task.scores(torch.tensor([logits]), scoring)[0]

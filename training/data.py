@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 _LOADERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-CALIBRATION_TEXTS = 600  # every third (200) held out for the int8 agreement check, 300 of the rest calibrate it
+CALIBRATION_TEXTS = 600  # the service splits them: held out for the int8 agreement check, the rest calibrate int8
 GPU_LOADER_WORKERS = 2  # collation off the training thread: a captured step waits on it otherwise
 
 

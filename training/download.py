@@ -2,7 +2,7 @@
 
 On a machine with internet (a login node), into a folder the compute nodes can read:
 
-    python -m training.prepare --output_dir /shared/agnews_offline
+    python -m training.download --output_dir /shared/agnews_offline
 
 then on the compute nodes, with the network never touched:
 
@@ -27,7 +27,7 @@ from transformers import AutoModel, AutoTokenizer
 from contract.hub import hub_reachable, is_offline
 from training.hub import HubUnavailableError, explain_missing
 
-logger = logging.getLogger("prepare")
+logger = logging.getLogger("download")
 
 CONFIG_NAME = "train_config.yaml"
 
@@ -38,7 +38,7 @@ def require_hub(sources: list[str]) -> None:
     if remote and (is_offline() or not hub_reachable()):
         raise HubUnavailableError(
             f"Cannot download {', '.join(remote)}: the Hugging Face Hub is out of reach"
-            f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}. Run prepare on a machine "
+            f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}. Run `python -m training.download` on a machine "
             "with internet (a login node), into a folder the compute nodes can read."
         )
 
@@ -93,7 +93,7 @@ def train_config(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m training.prepare",
+        prog="python -m training.download",
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(__doc__.splitlines()[1:]),
@@ -108,7 +108,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def prepare(args: argparse.Namespace) -> Path:
+def download(args: argparse.Namespace) -> Path:
     out = Path(args.output_dir)
     require_hub([args.model_name_or_path, args.dataset_name])
     save_model(args.model_name_or_path, out / "model")
@@ -127,9 +127,9 @@ def cli(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stdout)
     args = parse_args(argv)
     try:
-        prepare(args)
+        download(args)
     except (HubUnavailableError, ValueError) as exc:
-        logger.error("prepare: error: %s", exc)
+        logger.error("download: error: %s", exc)
         return 1
     return 0
 

@@ -168,13 +168,19 @@ def load_saved(checkpoint_dir: str) -> SavedModel:
     return SavedModel(loaded, recorded.get("config", {}), recorded.get("label_values"))
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__.splitlines()[0])
+def checkpoint_parser(module: str, description: str) -> argparse.ArgumentParser:
+    """The parser of a command that reads a saved model (evaluate, predict): --checkpoint_dir first."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     parser.add_argument(
         "--checkpoint_dir",
         default="checkpoints",
         help="a training output dir or any save_pretrained folder (default: checkpoints)",
     )
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = checkpoint_parser("training.evaluate", __doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--test_file", help="csv/jsonl/parquet with text and label columns")
     source.add_argument("--dataset_name", help="a Hub dataset (default when no file is given: ag_news)")
@@ -245,7 +251,7 @@ def load_split(args: argparse.Namespace, saved: SavedModel, cfg: TrainConfig) ->
     return labelled(ds, source, cfg, saved.labels_for(ds, cfg.label_column)), source
 
 
-def run(args: argparse.Namespace, accelerator: Accelerator) -> dict:
+def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> dict:
     root = Path(args.checkpoint_dir)
     saved = load_saved(str(root))
     cfg = saved.data_config(args)
@@ -349,7 +355,7 @@ def cli(argv: list[str] | None = None) -> int:
         cpu=device_type == "cpu",
         mixed_precision=precision.accelerate_name(precision.resolve(args.mixed_precision, device_type)),
     )
-    return run_command(lambda: run(args, accelerator), accelerator)
+    return run_command(lambda: evaluate_checkpoint(args, accelerator), accelerator)
 
 
 if __name__ == "__main__":

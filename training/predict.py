@@ -46,19 +46,14 @@ from inference.loading import LoadedModel, load_model
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main
 from training.data import DataError, join_texts, load_file, require_columns
-from training.evaluate import add_data_arguments, windowing_for
+from training.evaluate import add_data_arguments, checkpoint_parser, windowing_for
 
 logger = get_logger(__name__)
 OUTPUT_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m training.predict", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--checkpoint_dir",
-        default="checkpoints",
-        help="a training output dir or any save_pretrained folder (default: checkpoints)",
-    )
+    parser = checkpoint_parser("training.predict", __doc__.splitlines()[0])
     parser.add_argument("--input_file", required=True, help="csv, jsonl or parquet with the text column(s)")
     parser.add_argument(
         "--output_file", required=True, help=f"{', '.join(OUTPUT_SUFFIXES)}: the format follows the extension"
@@ -286,7 +281,7 @@ def on_main(accelerator: Accelerator, action: Callable[[], None], what: str) -> 
     decided_on_main(accelerator, act)
 
 
-def run(args: argparse.Namespace, accelerator: Accelerator) -> None:
+def predict_file(args: argparse.Namespace, accelerator: Accelerator) -> None:
     check_paths(args)
     output = Path(args.output_file)
     loaded = load_model(args.checkpoint_dir, device=str(accelerator.device), dtype=args.mixed_precision)
@@ -321,7 +316,7 @@ def cli(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    return run_command(lambda: run(args, accelerator), accelerator)
+    return run_command(lambda: predict_file(args, accelerator), accelerator)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
     python training/train.py --preset smoke                               # offline, CPU, under a minute
     accelerate launch --config_file accelerate_configs/cpu_2proc.yaml training/train.py --preset smoke
 
-Read top to bottom: `make_accelerator` (topology from the launcher), `prepare_data` and `prepare_model`,
+Read top to bottom: `make_accelerator` (topology from the launcher), `load_data` and `make_model`,
 `set_up` (the run: optimizer, schedule, accelerator.prepare, resume), `main` (fit, then the best model on
 the test split, then the reports), `cli`. The loop itself is training/loop.py; the output folder is
 training/checkpoint.py's OutputDir. Rank logic goes through the Accelerator only.
@@ -23,6 +23,7 @@ if __package__ in (None, ""):
 
 import math
 import os
+import signal
 import time
 from datetime import timedelta
 
@@ -64,7 +65,7 @@ from training.smoke import ensure_smoke_assets
 from training.throughput import Throughput
 
 logger = get_logger(__name__)
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: the run stopped early, its resumable state is saved
+PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM  # the shell's code for SIGTERM: stopped early, resumable state saved
 
 
 def launcher_precision() -> str:
@@ -112,7 +113,7 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     return accelerator
 
 
-def prepare_data(cfg: TrainConfig, accelerator: Accelerator):
+def load_data(cfg: TrainConfig, accelerator: Accelerator):
     """Tokenizer, tokenized splits and loaders; the main process downloads and tokenizes first, the others
     read its cache."""
     local = [cfg.tokenizer_name or cfg.model_name_or_path, cfg.model_name_or_path, *(cfg.extra_metrics or [])]
@@ -151,7 +152,7 @@ def windows_of(split: datasets.Dataset) -> str:
     return str(texts) if texts == len(split) else f"{texts} ({len(split)} windows)"
 
 
-def prepare_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace) -> torch.nn.Module:
+def make_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace) -> torch.nn.Module:
     """The classifier, with the CPU speed-ups (training/cpu_speed.py) switched on when training on CPU."""
     device = accelerator.device
     attention = cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, device)
@@ -180,10 +181,10 @@ def choose_metrics(cfg: TrainConfig, splits: Splits) -> tuple[TrainConfig, Metri
 
 def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     """Data, model, optimizer and schedule, prepared by the Accelerator; resumed when asked."""
-    tokenizer, splits, loaders = prepare_data(cfg, accelerator)
+    tokenizer, splits, loaders = load_data(cfg, accelerator)
     cfg, metrics = choose_metrics(cfg, splits)
     objective = objective_for(cfg, splits.labels, splits.train["labels"]).to(accelerator.device)
-    model = prepare_model(cfg, accelerator, splits.labels)
+    model = make_model(cfg, accelerator, splits.labels)
     world = accelerator.num_processes
     learning_rate = cfg.learning_rate * (world if cfg.scale_lr == "linear" else 1)
     epoch_steps = steps_per_epoch(len(loaders.sampler) // world, cfg.gradient_accumulation_steps)

@@ -92,7 +92,7 @@ def test_label_names_must_name_every_value(tmp_path):
 def test_a_hub_class_label_keeps_its_names(tmp_path):
     features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=NAMES)})
     ds = datasets.Dataset.from_list(rows(), features=features)
-    ds.to_parquet(str(tmp_path / "hub.parquet"))  # as training.prepare saves a Hub dataset
+    ds.to_parquet(str(tmp_path / "hub.parquet"))  # as training.download saves a Hub dataset
     splits = load_splits(config(tmp_path / "hub.parquet"))
     assert splits.label_names == NAMES and splits.labels.values == [0, 1, 2, 3]
 

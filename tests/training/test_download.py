@@ -1,6 +1,6 @@
-"""`python -m training.prepare` then training with HF_HUB_OFFLINE=1 from its folder, with the network refused.
+"""`python -m training.download` then training with HF_HUB_OFFLINE=1 from its folder, with the network refused.
 
-The download half needs the Hub, which tests cannot reach: here prepare reads a model folder and a dataset
+The download half needs the Hub, which tests cannot reach: here the download reads a model folder and a dataset
 folder built locally (the same from_pretrained / load_dataset calls a Hub id goes through). What is proven is
 the offline half: everything train.py needs is in the folder, and no process of the run opens a connection.
 """
@@ -62,13 +62,13 @@ def hub_like_sources(smoke_dir, tmp_path_factory):
     return model_dir, data_dir
 
 
-def test_prepare_then_train_offline_without_touching_the_network(hub_like_sources, tmp_path):
+def test_download_then_train_offline_without_touching_the_network(hub_like_sources, tmp_path):
     model_dir, data_dir = hub_like_sources
     prepared, log = tmp_path / "prepared", tmp_path / "network.log"
     result, _ = launch(
         [
             "-m",
-            "training.prepare",
+            "training.download",
             "--output_dir",
             str(prepared),
             "--model_name_or_path",
@@ -113,9 +113,9 @@ def test_prepare_then_train_offline_without_touching_the_network(hub_like_source
     assert (out / files.WEIGHTS).is_file()
 
 
-def test_prepare_without_the_hub_fails_at_once_with_the_reason(tmp_path):
+def test_download_without_the_hub_fails_at_once_with_the_reason(tmp_path):
     result, seconds = launch(
-        ["-m", "training.prepare", "--output_dir", str(tmp_path / "p")], env=cli_env(HF_HUB_OFFLINE="1")
+        ["-m", "training.download", "--output_dir", str(tmp_path / "p")], env=cli_env(HF_HUB_OFFLINE="1")
     )
     assert result.returncode == 1, describe(result)
     assert "Cannot download distilbert-base-uncased, ag_news" in result.stdout and "login node" in result.stdout

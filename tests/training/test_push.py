@@ -73,7 +73,7 @@ def test_card_metadata_round_trips_with_eval_results(tmp_path):
 @pytest.mark.parametrize(
     "config",
     [
-        {"model_name_or_path": "{local}"},  # a local folder (training.prepare, a fine-tune of a fine-tune)
+        {"model_name_or_path": "{local}"},  # a local folder (training.download, a fine-tune of a fine-tune)
         {"model_name_or_path": "distilbert-base-uncased", "from_scratch": True},  # the smoke preset's kind of run
     ],
 )
