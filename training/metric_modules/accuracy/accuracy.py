@@ -4,19 +4,15 @@ An `evaluate` module shipped with distilbert-agnews and loaded from its local pa
 `evaluate.load("training/metric_modules/accuracy").compute(predictions=[0, 1], references=[0, 0])`.
 """
 
-import datasets
 import evaluate
 import torch
+
+from training.metric_modules.common import metric_info
 
 
 class Accuracy(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=__doc__,
-            citation="",
-            inputs_description="predictions and references: class ids (int).",
-            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
-        )
+        return metric_info(__doc__, "predictions and references: class ids (int).")
 
     def _compute(self, predictions, references):
         predictions, references = torch.as_tensor(predictions), torch.as_tensor(references)

@@ -4,19 +4,15 @@ the references or the predictions (F1 = 2 TP / (2 TP + FP + FN)).
 An `evaluate` module shipped with distilbert-agnews and loaded from its local path (no Hub needed).
 """
 
-import datasets
 import evaluate
 import torch
+
+from training.metric_modules.common import metric_info
 
 
 class MacroF1(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=__doc__,
-            citation="",
-            inputs_description="predictions and references: class ids (int).",
-            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
-        )
+        return metric_info(__doc__, "predictions and references: class ids (int).")
 
     def _compute(self, predictions, references):
         predictions, references = torch.as_tensor(predictions).long(), torch.as_tensor(references).long()

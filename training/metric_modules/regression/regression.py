@@ -6,9 +6,10 @@ An `evaluate` module shipped with distilbert-agnews and loaded from its local pa
 `.compute(predictions=[2.5, ...], references=[3.0, ...])`.
 """
 
-import datasets
 import evaluate
 import torch
+
+from training.metric_modules.common import metric_info
 
 
 def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -30,14 +31,7 @@ def _ranks(values: torch.Tensor) -> torch.Tensor:
 
 class Regression(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=__doc__,
-            citation="",
-            inputs_description="predictions and references: one number per text.",
-            features=datasets.Features(
-                {"predictions": datasets.Value("float64"), "references": datasets.Value("float64")}
-            ),
-        )
+        return metric_info(__doc__, "predictions and references: one number per text.", value="float64")
 
     def _compute(self, predictions, references):
         predicted, actual = torch.as_tensor(predictions).double(), torch.as_tensor(references).double()
