@@ -7,7 +7,9 @@ line naming it (exit 2), instead of a traceback.
 With one worker process the model runs on this process's main thread and uvicorn's event loop on a second
 thread: on CPU, PyTorch's OpenMP kernels run a batch-1 forward slower from any thread other than the main one
 (docs/benchmarks.md), which is the whole latency of a lone request. With `--workers N`, uvicorn starts N
-processes that each load the model and count their requests into one set of Prometheus metrics.
+processes that each load the model and count their requests into one set of Prometheus metrics. uvicorn starts
+those processes from an import string (`inference.app:app_from_env`), passing nothing else, so the settings this
+command parsed reach them the only way left: written into the environment, which `app_from_env` reads again.
 """
 
 from __future__ import annotations

@@ -39,9 +39,9 @@ TEI_HEADERS = [
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
-    """The service. `engine`: one made by service.ready_engine whose `run()` the caller drives on a thread of its
-    own (python -m inference: the main thread); without one the lifespan loads the model and starts an Engine
-    on a worker thread."""
+    """The service. `engine`: one made by service.ready_engine whose `serve_forever()` the caller drives on a
+    thread of its own (python -m inference: the main thread); without one the lifespan loads the model and starts
+    an Engine on a worker thread."""
     settings = settings or from_env()
     app = FastAPI(
         title="distilbert-agnews",

@@ -133,7 +133,7 @@ class Engine:
         return self._running.is_set() and not self._finished.is_set()
 
     def start(self) -> None:
-        """Run the worker on a new thread (the alternative: call `run()` on a thread of your own)."""
+        """Run the worker on a new thread (the alternative: call `serve_forever()` on a thread of your own)."""
         threading.Thread(target=self.serve_forever, name="inference-worker", daemon=True).start()
 
     def stop(self, timeout: float = 30) -> None:
