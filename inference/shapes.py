@@ -19,6 +19,7 @@ import torch
 
 GPU_MULTIPLE = 8  # tensor cores want multiples of 8
 DEFAULT_BUCKETS = 4  # widths per run when static shapes are on (docs/configuration.md: --pad_buckets)
+CPU_COMPILED_BUCKETS = 16  # compiled on a CPU, where a padded token costs as much as a real one: narrower steps
 SMALLEST_WIDTH = 16  # serving's narrowest bucket: a short text pays for this many tokens at most
 
 

@@ -35,10 +35,13 @@ def resolve(requested: str, device_type: str, total_steps: int) -> str:
 
 
 def bucket_count(requested: int | None, torch_compile: str, device_type: str) -> int:
-    """--pad_buckets, else DEFAULT_BUCKETS on GPU and whenever compilation was asked for, else 0 (dynamic widths)."""
+    """--pad_buckets, else DEFAULT_BUCKETS on GPU, CPU_COMPILED_BUCKETS when compiling on a CPU (a padded token costs
+    a CPU as much as a real one, and launches are cheap there: more, narrower widths), else 0 (dynamic widths)."""
     if requested is not None:
         return requested
-    return shapes.DEFAULT_BUCKETS if device_type == "cuda" or torch_compile not in (AUTO, NONE) else 0
+    if device_type == "cuda":
+        return shapes.DEFAULT_BUCKETS
+    return shapes.CPU_COMPILED_BUCKETS if torch_compile not in (AUTO, NONE) else 0
 
 
 def steps_compiled(mode: str, mixed_precision: str) -> bool:

@@ -28,6 +28,7 @@ from training.data import Collator, load_splits, make_dataloaders, tokenize_spli
 from training.model import load_tokenizer
 
 STEPS = 50
+FOUR_WIDTHS = ("--pad_buckets", "4")  # the GPU's default: four graphs to compile, not the CPU's sixteen
 EXACT = ["--dropout", "0", "--mixed_precision", "no", "--pad_buckets", "4", "--learning_rate", "5e-4"]
 
 
@@ -64,6 +65,16 @@ def test_bucket_widths_are_few_fixed_multiples_of_8_up_to_max_length():
     assert shapes.width_for(13) == 13 and shapes.width_for(13, multiple=8) == 16
     with pytest.raises(ValueError):
         shapes.bucket_widths(128, 0)
+
+
+def test_default_widths_are_few_on_a_gpu_narrower_when_compiling_on_a_cpu_and_dynamic_otherwise():
+    from training.capture import bucket_count
+
+    assert bucket_count(None, "auto", "cuda") == bucket_count(None, "none", "cuda") == shapes.DEFAULT_BUCKETS == 4
+    assert bucket_count(None, "default", "cpu") == shapes.CPU_COMPILED_BUCKETS == 16
+    assert shapes.bucket_widths(128, 16) == tuple(range(8, 129, 8))  # every multiple of 8: at most 7 padded tokens
+    assert bucket_count(None, "auto", "cpu") == bucket_count(None, "none", "cpu") == 0
+    assert bucket_count(6, "default", "cpu") == 6 and bucket_count(0, "none", "cuda") == 0
 
 
 def test_training_batches_take_the_smallest_width_that_holds_them_and_the_same_examples(smoke_dir):
@@ -120,8 +131,8 @@ def compiled_runs(smoke_dir, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     root = tmp_path_factory.mktemp("compiled")
     runs = {
         "eager": EXACT,
-        "compiled": [*EXACT, "--torch_compile", "default"],
-        "compiled dropout": ["--torch_compile", "default", "--mixed_precision", "no"],
+        "compiled": [*EXACT, "--torch_compile", "default", *FOUR_WIDTHS],
+        "compiled dropout": ["--torch_compile", "default", "--mixed_precision", "no", *FOUR_WIDTHS],
     }
     return {name: (root / name, train(root / name, *args)) for name, args in runs.items()}
 
@@ -156,7 +167,8 @@ def test_a_compiled_run_resumed_mid_epoch_finishes_bitwise_identical(compiled_ru
     resumed = tmp_path / "resumed"
     shutil.copytree(out / files.STATE_DIR / "step_25", resumed / files.STATE_DIR / "step_25")
     again = train(
-        resumed, "--torch_compile", "default", "--mixed_precision", "no", "--resume_from_checkpoint", "latest"
+        resumed,
+        *("--torch_compile", "default", "--mixed_precision", "no", *FOUR_WIDTHS, "--resume_from_checkpoint", "latest"),
     )
     last = f"{files.STATE_DIR}/step_{STEPS}/model.safetensors"
     a, b = load_file(out / last), load_file(resumed / last)

@@ -27,7 +27,7 @@ LAYOUTS = {  # name: (processes, per-device batch, accumulation, more flags) -> 
     "2x8 weighted": (2, 8, 1, WEIGHTED),
     "1x16 chunked": (1, 16, 1, CHUNKED),
     "2x8 chunked": (2, 8, 1, CHUNKED),
-    "2x8 compiled": (2, 8, 1, ("--torch_compile", "default")),  # DDP with compiled steps (4 fixed batch widths)
+    "2x8 compiled": (2, 8, 1, ("--torch_compile", "default", "--pad_buckets", "4")),  # DDP, compiled steps
 }
 
 
