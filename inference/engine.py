@@ -488,6 +488,8 @@ def forward(
     """The fp32 logits of one forward pass over `features` (padded as `collate` pads), left where the model ran:
     the caller copies a micro-batch's back at once."""
     tokenizer = loaded.tokenizer
+    if isinstance(loaded.runner, CapturedForward) and rows is None:  # only captured shapes can replay
+        rows, width = loaded.runner.bucket(len(features), max(len(f["input_ids"]) for f in features))
     batch = collate(features, tokenizer.pad_token_id, tokenizer.padding_side == "left", rows, width)
     if loaded.runner is not None:
         logits = loaded.runner(batch)

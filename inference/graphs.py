@@ -69,6 +69,14 @@ class CapturedForward:
             logits = model(**inputs).logits
         return graph, inputs, logits
 
+    def bucket(self, rows: int, longest: int) -> tuple[int, int]:
+        """The smallest captured (rows, width) that holds `rows` inputs of at most `longest` tokens: a forward pass
+        that was not planned in buckets (warm-up, a single text) is padded to it."""
+        fits = [shape for shape in self._graphs if shape[0] >= rows and shape[1] >= longest]
+        if not fits:
+            raise ValueError(f"no captured batch shape holds {rows} inputs of {longest} tokens")
+        return min(fits, key=lambda shape: (shape[0] * shape[1], shape))
+
     @torch.inference_mode()
     def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         graph, inputs, logits = self._graphs[tuple(batch["input_ids"].shape)]
