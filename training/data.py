@@ -197,10 +197,19 @@ def _label_value(value, source: str, row: int):
     raise DataError(f"{source}: row {row}: label {value!r} is not a class (expected an integer or a string)")
 
 
+LARGEST_TARGET = math.sqrt(torch.finfo(torch.float32).max)  # targets are fp32, and the MSE loss squares them
+
+
 def _target(value, source: str, row: int) -> float:
-    """A regression target: a finite number."""
+    """A regression target: a finite number whose square (the MSE loss) is finite in float32, the dtype regression
+    trains in (a larger one would overflow the loss to inf and the evaluation to NaN)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise DataError(f"{source}: row {row}: target {value!r} is not a finite number (regression)")
+    if abs(value) > LARGEST_TARGET:
+        raise DataError(
+            f"{source}: row {row}: target {value!r} is too large for float32 training (its square overflows the MSE "
+            f"loss; |target| must be at most {LARGEST_TARGET:.3g}): rescale the targets"
+        )
     return float(value)
 
 
@@ -225,6 +234,37 @@ def _problem_type(feature, values: list, delimiter: str | None, regression: bool
     return task.REGRESSION if fractions or (floats and len(present) == len(values)) else task.SINGLE
 
 
+def _check_one_label_type(feature, values: list, source: str, column: str) -> None:
+    """A label column read with one meaning: not numbers and strings mixed in a JSON file (datasets reads such a
+    column as JSON values), and not fractional numbers with a stray word in a csv (pandas then reads every value as
+    text, which would make each distinct number a class)."""
+    if type(feature).__name__ == "Json" and not any(isinstance(v, (list, dict)) for v in values):
+        raise DataError(
+            f"{source}: column {column!r} mixes label types (numbers and strings): write every label as a number "
+            "(regression) or every label as a string (classes)"
+        )
+    if not (isinstance(feature, datasets.Value) and "string" in feature.dtype):
+        return
+    numbers = [_as_number(v) for v in values]
+    fractions = [v for v in numbers if v is not None and not v.is_integer()]
+    if not fractions or 2 * sum(v is not None for v in numbers) < len(values):
+        return
+    words = [(row, v) for row, (v, n) in enumerate(zip(values, numbers), start=1) if n is None]
+    where = f"row {words[0][0]} holds {words[0][1]!r}, which is not a number" if words else "all are written as text"
+    raise DataError(
+        f"{source}: column {column!r} holds fractional numbers ({fractions[0]:g}, ...) but {where}: fix the row for "
+        f"regression, or pass --do_regression false to train {len(set(values))} classes named by these values"
+    )
+
+
+def _as_number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 @dataclass
 class LabelSpace:
     """Labels as `run_classification.py` reads them. Classes (single- and multi-label): the training data's distinct
@@ -243,6 +283,8 @@ class LabelSpace:
     def of_training_data(cls, ds: datasets.Dataset, source: str, column: str, cfg: TrainConfig) -> LabelSpace:
         feature, raw = ds.features[column], ds[column]
         kind = _problem_type(feature, raw, cfg.label_delimiter, cfg.do_regression)
+        if kind != task.MULTI and cfg.do_regression is None:
+            _check_one_label_type(feature, raw, source, column)
         names = cfg.label_names
         if kind == task.REGRESSION:
             for row, value in enumerate(raw, start=1):

@@ -14,6 +14,7 @@ that raises or hangs after a step); the step guards (tests/helpers/guarded_train
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -114,6 +115,9 @@ def plan_step(
 
 
 def improved(value: float, best: float | None, greater_is_better: bool = True) -> bool:
+    """A finite value better than the best so far; a NaN or infinite evaluation (a diverged model) never is."""
+    if not math.isfinite(value):
+        return False
     return best is None or (value > best if greater_is_better else value < best)
 
 
@@ -233,8 +237,8 @@ def preempted_or_diverged(run: Run) -> bool:
     if diverged:
         raise TrainingDiverged(
             f"The loss was not finite for {run.cfg.max_nonfinite_steps} consecutive batches (by step "
-            f"{progress.global_step}); stopped without saving the diverged model (best model: step "
-            f"{progress.best_step}). Try a lower --learning_rate, gradient clipping, or bf16 instead of fp16."
+            f"{progress.global_step}); stopped without saving the diverged model. {on_disk(run)} Try a lower "
+            "--learning_rate, gradient clipping, bf16 instead of fp16, or (regression) targets of a smaller scale."
         )
     if preempted:
         path = save_state(run)
@@ -244,6 +248,17 @@ def preempted_or_diverged(run: Run) -> bool:
             path,
         )
     return preempted
+
+
+def on_disk(run: Run) -> str:
+    """What a stopped run leaves in its output folder, for the message that stops it."""
+    progress = run.progress
+    if progress.best_step is None:
+        return f"No model was saved to {run.out.root} (no evaluation gave a finite {run.cfg.metric_for_best_model})."
+    return (
+        f"{run.out.path(files.WEIGHTS)} holds the best model, of step {progress.best_step} "
+        f"({run.cfg.metric_for_best_model} {progress.best_metric:.4f})."
+    )
 
 
 # ------------------------------------------------------------------------------------------------- loop

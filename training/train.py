@@ -54,9 +54,9 @@ from training.data import (
     tokenize_splits,
 )
 from training.evaluate import evaluate
-from training.guards import StopGuard, check_world_size
+from training.guards import StopGuard, TrainingDiverged, check_world_size
 from training.hub import ensure_hub_or_offline
-from training.loop import Loaders, Run, fit, format_metrics, run_summary
+from training.loop import Loaders, Run, fit, format_metrics, on_disk, run_summary
 from training.metrics import DEFAULT_SELECTION, MetricSuite, greater_is_better
 from training.model import build_model, build_optimizer, load_tokenizer
 from training.objective import objective_for
@@ -330,6 +330,8 @@ def train_and_report(cfg: TrainConfig, accelerator: Accelerator, run: Run, start
 
     if fit(run):
         return None  # preempted: the resumable state is saved; the test split waits for the finished run
+    if run.progress.best_step is None:  # every evaluation was NaN or infinite: nothing was saved as best
+        raise TrainingDiverged(f"Training ended without a model to keep. {on_disk(run)}")
     speed = run.throughput.summary(accelerator)
     logger.info(
         "Training speed: %.1f examples/s, %.0f tokens/s (padding %.1f%%), %.1f s; peak memory %.0f MB per process",

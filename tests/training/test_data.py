@@ -356,6 +356,31 @@ def test_bad_labels_of_other_problem_types_name_the_row(tmp_path, suffix, rows, 
         load_splits(config(train, "--label_column", column))
 
 
+@pytest.mark.parametrize("target", [1e300, -1e20, 2e19])
+def test_a_regression_target_is_checked_in_float32_where_the_loss_squares_it(tmp_path, target):
+    rows = [{"text": f"{TEXTS[i % 6]} {i}", "score": [0.5, 1.0, 2.25, 4.0][i % 4]} for i in range(40)]
+    rows[6]["score"] = target  # finite in float64; its square overflows float32 (the MSE loss becomes inf)
+    with pytest.raises(DataError, match=r"scores.csv: row 7: target .* too large for float32"):
+        load_splits(config(write_rows(tmp_path / "scores.csv", rows), "--label_column", "score"))
+
+
+def test_fractional_numbers_with_one_word_are_refused_not_made_classes(tmp_path):
+    rows = [{"text": f"{TEXTS[i % 6]} {i}", "score": round(0.37 * i, 2)} for i in range(400)]
+    rows[11]["score"] = "abc"  # pandas reads the whole column as text: 400 distinct 'classes'
+    train = write_rows(tmp_path / "scores.csv", rows)
+    with pytest.raises(DataError, match=r"scores.csv: column 'score' holds fractional numbers .* row 12 holds 'abc'"):
+        load_splits(config(train, "--label_column", "score"))
+    # told they are classes, they are (the user's call)
+    classes = load_splits(config(train, "--label_column", "score", "--do_regression", "false"))
+    assert classes.labels.problem_type == "single_label_classification"
+
+
+def test_numbers_and_strings_mixed_in_a_jsonl_label_column_are_refused(tmp_path):
+    rows = [{"text": f"{TEXTS[i % 6]} {i}", "score": [0.5, 1.5, "2.5"][i % 3]} for i in range(30)]
+    with pytest.raises(DataError, match=r"column 'score' mixes label types \(numbers and strings\)"):
+        load_splits(config(write_rows(tmp_path / "mixed.jsonl", rows), "--label_column", "score"))
+
+
 def test_a_multi_label_validation_label_never_seen_in_training_is_named(tmp_path):
     train = write_rows(tmp_path / "train.jsonl", tagged_rows())
     validation = write_rows(tmp_path / "validation.jsonl", [{"text": "x", "labels": ["sports", "opinion"]}])

@@ -69,6 +69,15 @@ def test_improved_is_strictly_better_and_anything_beats_no_best():
     assert not improved(0.5, 0.5) and not improved(0.4, 0.5)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_evaluation_is_never_an_improvement(bad):
+    assert not improved(bad, None) and not improved(bad, None, greater_is_better=False)
+    assert not improved(bad, 0.5) and not improved(bad, 0.5, greater_is_better=False)
+    progress = Progress(global_step=22, epoch=0)
+    assert not record_evaluation(progress, {"mse": bad}, "mse", greater_is_better=False)
+    assert (progress.best_step, progress.best_metric, progress.evals_since_best) == (None, None, 1)
+
+
 def test_record_evaluation_keeps_the_best_and_counts_evaluations_since():
     progress = Progress(global_step=10, epoch=0)
     assert record_evaluation(progress, {"accuracy": 0.6, "loss": 1.0}, "accuracy")
