@@ -5,7 +5,10 @@ benchmarks and the tests); nothing else spells a file name of the folder. It liv
 sides import and which imports neither.
 
     distilbert_agnews.pt        state_dict of the unwrapped model (plain tensors): what the service loads first
-    config.json                 model config with id2label / label2id
+    config.json                 model config with id2label / label2id, and (written by our trainer) weights_sha256:
+                                per weights file, the sha256 of the tensors it was saved with (`tensors_sha256`:
+                                names, dtypes, shapes, values; a re-save of the same tensors matches); config.json
+                                is published last, so a reader that finds them unequal has a torn set and waits
     tokenizer/                  tokenizer.save_pretrained
     model.safetensors           the same weights in Hugging Face format, tokenizer files beside config.json
     metrics.json                what training measured, with which config, on which data
@@ -22,11 +25,18 @@ sides import and which imports neither.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
+import torch
+
 WEIGHTS = "distilbert_agnews.pt"
 CONFIG = "config.json"
 TOKENIZER_DIR = "tokenizer"
 METRICS = "metrics.json"
 MODEL_CARD = "README.md"
+
+WEIGHTS_SHA256 = "weights_sha256"  # config.json field: {weights file name: sha256} of the set it was saved with
 
 HF_WEIGHTS = "model.safetensors"
 HF_WEIGHTS_INDEX = "model.safetensors.index.json"  # sharded save_pretrained: model-0000i-of-0000n.safetensors
@@ -51,3 +61,21 @@ STATE_DIR = "state"
 STATE_PREFIX = "step_"
 PROGRESS = "progress.json"
 STAGING_PREFIX = ".tmp_"  # state/.tmp_step_N.<run id>: a state being written; never read
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 of a state_dict's tensors (names, dtypes, shapes and values, in name order), whatever file holds them."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()

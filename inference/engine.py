@@ -75,9 +75,11 @@ class Limits:
 
 @dataclass
 class Answer:
-    """One job's logits (fp32, in input order), its token count and where its time went (seconds)."""
+    """One job's logits (fp32, in input order), the model that computed them (its labels and task name and score
+    them, whatever was swapped in since), its token count and where its time went (seconds)."""
 
     logits: list[list[float]]
+    model: LoadedModel
     tokens: int
     tokenization_s: float
     queue_s: float
@@ -340,7 +342,7 @@ class Engine:
             queue_s = max(0.0, started - job.enqueued - job.tokenization_s)
             job_logits = torch.stack([found[j, i] for i in range(len(job.features))])
             pooled = loaded.long_text.pool(job_logits, job.owner, len(job.sequences)).tolist()
-            _resolve(job, value=Answer(pooled, job.tokens, job.tokenization_s, queue_s, inference_s))
+            _resolve(job, value=Answer(pooled, loaded, job.tokens, job.tokenization_s, queue_s, inference_s))
 
 
 def _by_settings(jobs):

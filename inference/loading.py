@@ -29,10 +29,12 @@ import transformers
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file as load_safetensors
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from contract import files, precision
 from contract.errors import UserError
+from contract.files import file_sha256
 from contract.hub import hub_reachable, hub_url, is_offline
 from contract.long_text import LongText, LongTextError
 from contract.task import SINGLE, Task, TaskError
@@ -46,6 +48,10 @@ HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]  # config, weights, 
 
 class CheckpointError(UserError, RuntimeError):
     """The model cannot be served; the message names the file or the model id."""
+
+
+class TornCheckpoint(CheckpointError):
+    """config.json and the weights beside it are from different saves (a copy or a save under way)."""
 
 
 @dataclass
@@ -105,10 +111,12 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     resolved = precision.resolve(dtype, target.type)
     folder, model_sha = locate(model_id, revision)
     before = signature(folder)
-    model, weights, digest = _read_model(folder)
+    model, weights, digest, tensors_digest = _read_model(folder)
+    check_same_save(model.config, weights, tensors_digest)
+    check_finite(model, weights)
     tokenizer = _read_tokenizer(folder)
     config = model.config
-    labels = [config.id2label[i] for i in range(config.num_labels)]
+    labels = label_names(config, folder)
     try:
         model_task, long_text = Task.of(config), LongText.of(config)
     except (TaskError, LongTextError) as exc:
@@ -133,6 +141,44 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
         task=model_task,
         long_text=long_text,
     )
+
+
+def check_same_save(config, weights: Path, digest: str | None) -> None:
+    """The weights hold the tensors config.json was saved with, where it records them (our trainer does; a folder
+    saved elsewhere records nothing): TornCheckpoint otherwise, so a half-copied folder is never served."""
+    recorded = (getattr(config, files.WEIGHTS_SHA256, None) or {}).get(weights.name)
+    if recorded and digest and recorded != digest:
+        raise TornCheckpoint(
+            f"{weights}: sha256 {digest[:12]}, but {files.CONFIG} beside it was saved with {recorded[:12]}: the two "
+            f"are from different saves (a copy under way?). Copy both; after editing one by hand, delete "
+            f"{files.WEIGHTS_SHA256} from {files.CONFIG}"
+        )
+
+
+def check_finite(model: torch.nn.Module, weights: Path) -> None:
+    """Weights with NaN or infinite values (a diverged training, a damaged file) would answer every request with NaN:
+    refused, at start-up and at every reload."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise CheckpointError(f"{weights}: {name} holds {bad} NaN or infinite values (a diverged model)")
+
+
+def label_names(config, folder: Path) -> list[str]:
+    """config.json's id2label as the names of outputs 0..num_labels-1, each present once."""
+    id2label = getattr(config, "id2label", None) or {}
+    missing = [i for i in range(config.num_labels) if i not in id2label]
+    if missing:
+        raise CheckpointError(
+            f"{folder / files.CONFIG}: id2label has no name for output {missing[0]} (ids {sorted(id2label)} for "
+            f"{config.num_labels} outputs); number the labels 0..{config.num_labels - 1}"
+        )
+    names = [str(id2label[i]) for i in range(config.num_labels)]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise CheckpointError(f"{folder / files.CONFIG}: id2label names {twice[0]!r} twice; each label needs a name")
+    return names
 
 
 def locate(model_id: str, revision: str | None = None) -> tuple[Path, str | None]:
@@ -170,8 +216,9 @@ def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
 
-def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
-    """(model with weights, weights file, its SHA-256): our state_dict first, else the Hugging Face export."""
+def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str, str | None]:
+    """(model with weights, weights file, its SHA-256, the SHA-256 of its tensors (contract/files.py:
+    tensors_sha256; None for shards)): our state_dict first, else the Hugging Face export."""
     if not (folder / files.CONFIG).is_file():
         raise CheckpointError(f"{folder / files.CONFIG}: missing")
     try:
@@ -183,7 +230,10 @@ def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
     shards = folder / files.HF_WEIGHTS_INDEX
     weights = folder / files.HF_WEIGHTS if (folder / files.HF_WEIGHTS).is_file() else shards
     if weights.is_file():
-        return _from_pretrained(folder, config), weights, file_sha256(weights)
+        model = _from_pretrained(folder, config)  # first: it turns an unreadable file into a CheckpointError
+        single = weights.name == files.HF_WEIGHTS
+        tensors = files.tensors_sha256(load_safetensors(weights)) if single else None
+        return model, weights, file_sha256(weights), tensors
     pickled = [name for name in files.PICKLED_HF_WEIGHTS if (folder / name).is_file()]
     if pickled:
         raise CheckpointError(
@@ -193,15 +243,7 @@ def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
     raise CheckpointError(f"{folder / files.WEIGHTS}: missing (nor {files.HF_WEIGHTS})")
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str]:
+def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str, str]:
     data = path.read_bytes()
     try:
         state_dict = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
@@ -223,7 +265,7 @@ def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str]:
             f"{path}: does not match {files.CONFIG} (missing {result.missing_keys[:3]}, "
             f"unexpected {result.unexpected_keys[:3]})"
         )
-    return model, path, hashlib.sha256(data).hexdigest()
+    return model, path, hashlib.sha256(data).hexdigest(), files.tensors_sha256(state_dict)
 
 
 def _check_shapes(path: Path, shapes: dict[str, tuple], model: torch.nn.Module, config) -> None:

@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from inference.loading import CheckpointError, LoadedModel, signature
+from inference.loading import CheckpointError, LoadedModel, TornCheckpoint, signature
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +76,19 @@ class CheckpointWatcher(threading.Thread):
         return current
 
     def reload(self) -> None:
-        """Load and swap in the new set; any failure refuses it and the previous model keeps serving. Optimized
-        runtimes raise their own exception types (onnxruntime's InvalidProtobuf, OpenVINO's), so every Exception is
-        refused here: this thread must outlive whatever one checkpoint does to it."""
+        """Load and swap in the new set; any failure refuses it and the previous model keeps serving. A torn set
+        (config.json and weights of different saves) or files that changed while loading are not refused but waited
+        for: the next change is loaded once settled. Optimized runtimes raise their own exception types
+        (onnxruntime's InvalidProtobuf, OpenVINO's), so every Exception is refused here: this thread must outlive
+        whatever one checkpoint does to it."""
         try:
-            self.on_loaded(self.load())
+            loaded = self.load()
+            if signature(self.checkpoint_dir) != loaded.signature:
+                logger.info("%s changed while loading; waiting for it to settle.", self.checkpoint_dir)
+                return
+            self.on_loaded(loaded)
+        except TornCheckpoint as exc:
+            logger.warning("Not loading %s yet: %s", self.checkpoint_dir, exc)
         except Exception as exc:  # noqa: BLE001 - see the docstring; the error is logged and counted, never lost
             what = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
             logger.error(

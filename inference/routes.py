@@ -69,7 +69,7 @@ async def predict(request: Request) -> Response:
         body = parse(await request.body())
         state.metrics.request_count.labels("batch" if body.is_batch else "single").inc()
         await drop_if_gone(request)  # a client already gone before its request is queued: no tokenizing, no forward
-        answer, served = await unless_gone(request, classify(state, body))
+        answer = await unless_gone(request, classify(state, body))
     except ServiceError as exc:
         state.metrics.request_failure.labels(exc.reason).inc()
         raise
@@ -78,10 +78,8 @@ async def predict(request: Request) -> Response:
     state.metrics.request_success.labels(method).inc()
     state.metrics.predict_success.inc(len(answer.logits))
     observe(state, answer, time.perf_counter() - started)
-    ranked = [scored_labels(row, served, body.k(), body.scoring()) for row in answer.logits]
-    headers = tei_headers(
-        answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started, state.engine.current.device.type
-    )
+    ranked = [scored_labels(row, answer.model, body.k(), body.scoring()) for row in answer.logits]
+    headers = tei_headers(answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started)
     return JSONResponse(ranked if body.is_batch else ranked[0], headers=headers)
 
 
@@ -127,7 +125,7 @@ def parse(raw: bytes) -> PredictRequest:
         raise ServiceError(errors.VALIDATION, errors.describe_validation(problems)) from None
 
 
-async def classify(state: Service, body: PredictRequest) -> tuple[Answer, LoadedModel]:
+async def classify(state: Service, body: PredictRequest) -> Answer:
     settings, sequences = state.settings, body.sequences()
     if body.is_batch and len(sequences) > settings.max_client_batch_size:
         raise ServiceError(
@@ -149,7 +147,7 @@ async def classify(state: Service, body: PredictRequest) -> tuple[Answer, Loaded
         sequences = limit_characters(sequences, served.max_length * CHARS_PER_TOKEN_LIMIT, truncate, body.left)
     state.metrics.predict_count.inc(len(sequences))  # TEI: one per input handed to the model (core/src/infer.rs)
     try:
-        return await engine.predict(sequences, truncate, body.left, chunk), served
+        return await engine.predict(sequences, truncate, body.left, chunk)
     except Overloaded as exc:
         raise ServiceError(errors.OVERLOADED, str(exc)) from None
     except (InputTooLong, LongTextError) as exc:
@@ -209,11 +207,11 @@ def observe(state: Service, answer: Answer, total_s: float) -> None:
     m.inference_duration.observe(answer.inference_s)
 
 
-def tei_headers(answer: Answer, characters: int, started: float, device_type: str) -> dict[str, str]:
+def tei_headers(answer: Answer, characters: int, started: float) -> dict[str, str]:
     """TEI's response headers (router/src/lib.rs `From<ResponseMetadata> for HeaderMap`), times in ms."""
     total_ms = str(int((time.perf_counter() - started) * 1000))
     return {
-        "x-compute-type": "gpu" if device_type == "cuda" else "cpu",
+        "x-compute-type": "gpu" if answer.model.device.type == "cuda" else "cpu",
         "x-compute-time": total_ms,
         "x-compute-characters": str(characters),
         "x-compute-tokens": str(answer.tokens),

@@ -56,7 +56,8 @@ class Service:
             logger.error("The checkpoint watcher of %s has stopped; /ready now fails.", self.settings.model_id)
 
     def swap_in(self, loaded: LoadedModel) -> None:
-        """A reloaded model, warmed up, replaces the served one between micro-batches."""
+        """A reloaded model, checked as at start-up and warmed up, replaces the served one between micro-batches."""
+        check_servable(self.settings, loaded)
         warm_up(loaded, self.engine.limits)
         self.engine.swap(loaded)
         self.reloads += 1
@@ -89,15 +90,20 @@ def check_chunking(settings: Settings, loaded: LoadedModel) -> None:
         raise SettingsError(f"LONG_TEXT=chunk cannot serve {loaded.model_id}: {exc}") from None
 
 
-def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metrics) -> Engine:
-    """Torch threads set, the limits checked against the model, the model warmed up (on CUDA: its CUDA graphs
-    captured), and an Engine over it."""
+def check_servable(settings: Settings, loaded: LoadedModel) -> None:
+    """The settings can serve this model: run at start-up and again on every reload (SettingsError)."""
     if settings.max_batch_tokens < loaded.max_length:
         raise SettingsError(
             f"MAX_BATCH_TOKENS: must be at least the model's maximum input length "
             f"({loaded.max_length}), got {settings.max_batch_tokens}"
         )
     check_chunking(settings, loaded)
+
+
+def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metrics) -> Engine:
+    """Torch threads set, the limits checked against the model, the model warmed up (on CUDA: its CUDA graphs
+    captured), and an Engine over it."""
+    check_servable(settings, loaded)
     torch.set_num_threads(settings.torch_threads)
     memory.keep_large_blocks_off_the_heap()  # RSS stays flat under varied batch shapes (inference/memory.py)
     cuda = loaded.device.type == "cuda"

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
@@ -101,8 +102,11 @@ def write_weights(fh, weights: dict[str, torch.Tensor]) -> None:
 
 
 def _write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf: bool) -> None:
-    """Main process: the state_dict, config.json (+ the Hugging Face export), tokenizer/; each swapped in whole."""
+    """Main process: the state_dict, config.json (+ the Hugging Face export), tokenizer/; each swapped in whole.
+    config.json goes last and records the sha256 of the weights files it belongs with (contract/files.py:
+    WEIGHTS_SHA256), so a reader never takes one save's config with another's weights."""
     atomic_write(out / files.WEIGHTS, lambda fh: write_weights(fh, weights))
+    digests = {files.WEIGHTS: files.tensors_sha256(weights)}  # before save_pretrained, which empties `weights`
     staging = Path(tempfile.mkdtemp(prefix=".hf.", dir=out))
     if export_hf:
         with _no_progress_bar():  # a one-shard "Writing model shards" bar would cut through the training bar
@@ -111,7 +115,11 @@ def _write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf
     else:
         unwrapped.config.save_pretrained(staging)
         (out / files.HF_WEIGHTS).unlink(missing_ok=True)  # never leave an older model's export beside this one
-    for file in staging.iterdir():
+    if (staging / files.HF_WEIGHTS).is_file():  # save_pretrained may leave out tied weights: hashed as written
+        digests[files.HF_WEIGHTS] = files.tensors_sha256(safetensors.torch.load_file(staging / files.HF_WEIGHTS))
+    config = json.loads((staging / files.CONFIG).read_text())
+    (staging / files.CONFIG).write_text(json.dumps({**config, files.WEIGHTS_SHA256: digests}, indent=2) + "\n")
+    for file in sorted(staging.iterdir(), key=lambda f: f.name == files.CONFIG):  # config.json last
         os.replace(file, out / file.name)
     shutil.rmtree(staging, ignore_errors=True)
     tok_staging = Path(tempfile.mkdtemp(prefix=f".{files.TOKENIZER_DIR}.", dir=out))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
+from contract import files
 from contract.errors import UserError
 from training.config import TrainConfig
 from training.data import LabelSpace
@@ -53,6 +54,8 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
         config = AutoConfig.from_pretrained(cfg.model_name_or_path, **fields, **hub_options(cfg))
         for name, value in cfg.windowing().config_fields().items():  # fields of ours: from_pretrained drops them
             setattr(config, name, value)
+        if hasattr(config, files.WEIGHTS_SHA256):  # fine-tuning one of our checkpoints: its hash is not ours
+            delattr(config, files.WEIGHTS_SHA256)
         if cfg.dropout is not None:  # e.g. DistilBERT: dropout, attention_dropout, seq_classif_dropout
             for name, value in config.to_dict().items():
                 if "dropout" in name and isinstance(value, float):

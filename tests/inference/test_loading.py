@@ -3,6 +3,7 @@ a Hub id; and what it refuses, in one line naming the file."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -181,3 +182,31 @@ def test_hub_downloads_ask_for_safetensors_and_tokenizer_files_only(monkeypatch,
     assert "*.bin" not in calls["allow_patterns"] and "*.safetensors" in calls["allow_patterns"]
     assert loaded.model_sha == "fedcba9876543210fedcba9876543210fedcba98"
     assert os.path.basename(loaded.weights_file) == files.HF_WEIGHTS
+
+
+@pytest.mark.parametrize(
+    "id2label, refusal",
+    [
+        ({"0": "World", "2": "Sports", "3": "Business", "4": "Sci/Tech"}, "id2label has no name for output 1"),
+        ({"0": "World", "1": "Sports", "2": "World", "3": "Sci/Tech"}, "id2label names 'World' twice"),
+    ],
+    ids=["gap", "twice"],
+)
+def test_labels_that_do_not_name_each_output_once_are_refused_in_one_line(checkpoint_copy, id2label, refusal):
+    config = json.loads((checkpoint_copy / files.CONFIG).read_text())
+    config["id2label"] = id2label
+    config["label2id"] = {name: int(i) for i, name in id2label.items()}
+    (checkpoint_copy / files.CONFIG).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=f"config.json: {refusal}"):
+        load_model(str(checkpoint_copy), dtype="fp32")
+    texts = checkpoint_copy.parent / "texts.csv"
+    texts.write_text("text\nStocks rallied\n")
+    result = subprocess.run(  # batch prediction reads the folder the same way: one line, no traceback
+        [sys.executable, "-m", "training.predict", "--checkpoint_dir", str(checkpoint_copy)]
+        + ["--input_file", str(texts), "--output_file", str(texts.with_suffix(".out.csv"))],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+    )
+    assert result.returncode != 0 and refusal in result.stderr and "Traceback" not in result.stderr, result.stderr

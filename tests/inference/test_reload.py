@@ -4,17 +4,22 @@ a watcher that stops. Real folders; the service through FastAPI's TestClient."""
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
 
 from contract import files
 from inference import reload
-from inference.loading import signature
+from inference.loading import TornCheckpoint, load_model, signature
 from inference.reload import CheckpointWatcher
 from tests.inference.conftest import wait_for
 from tests.inference.test_app import TEXTS, make_client
@@ -25,8 +30,8 @@ def watch(folder, loaded: list, interval_s: float = 0.02) -> CheckpointWatcher:
         str(folder),
         interval_s,
         signature(folder),
-        load=lambda: "model",
-        on_loaded=loaded.append,
+        load=lambda: SimpleNamespace(signature=signature(folder)),  # what load_model records: the files it read
+        on_loaded=lambda model: loaded.append("model"),
         on_failed=lambda: None,
     )
     watcher.start()
@@ -131,3 +136,143 @@ def test_a_tokenizer_swap_during_a_reload_is_served_once_settled(checkpoint_copy
             lambda reloads: reloads == before + 1,
         )
         assert c.get("/ready").status_code == 200
+
+
+def permuted_copy(source: Path, target: Path) -> Path:
+    """The same model with its labels in the reverse order, saved as training saves (config.json records the new
+    weights' sha256): the head's rows and id2label permuted alike, so every text gets the same best label name from
+    both, and a request scored with the other model's labels would get another."""
+    shutil.copytree(source, target)
+    config = json.loads((source / files.CONFIG).read_text())
+    n = len(config["id2label"])
+    order = list(reversed(range(n)))  # new id k is old id order[k]
+    state = torch.load(source / files.WEIGHTS, weights_only=True)
+    for name, tensor in state.items():
+        if name.startswith("classifier.") and tensor.shape[0] == n:
+            state[name] = tensor[order].clone()
+    torch.save(state, target / files.WEIGHTS)
+    config["id2label"] = {str(k): config["id2label"][str(order[k])] for k in range(n)}
+    config["label2id"] = {label: int(k) for k, label in config["id2label"].items()}
+    config[files.WEIGHTS_SHA256] = {files.WEIGHTS: files.tensors_sha256(state)}
+    (target / files.CONFIG).write_text(json.dumps(config))
+    return target
+
+
+def install(source: Path, folder: Path, weights_first: bool, pause_s: float) -> None:
+    """Copy a model's weights and config.json over the served ones one by one (each by os.replace), in either
+    order, with the folder torn (one model's weights, the other's config) for `pause_s` between them."""
+    names = [files.WEIGHTS, files.CONFIG] if weights_first else [files.CONFIG, files.WEIGHTS]
+    for name in names:
+        shutil.copy(source / name, folder / f".{name}.incoming")
+        os.replace(folder / f".{name}.incoming", folder / name)
+        time.sleep(pause_s)
+
+
+def test_a_torn_folder_is_never_loaded_and_names_both_files(checkpoint_copy, tmp_path):
+    other = permuted_copy(checkpoint_copy, tmp_path / "permuted")
+    shutil.copy(other / files.WEIGHTS, checkpoint_copy / files.WEIGHTS)  # the new weights, the old config.json
+    with pytest.raises(TornCheckpoint, match=r"distilbert_agnews.pt: sha256 \w+, but config.json beside it"):
+        load_model(str(checkpoint_copy), dtype="fp32")
+    shutil.copy(other / files.CONFIG, checkpoint_copy / files.CONFIG)  # both copied: one consistent set
+    assert load_model(str(checkpoint_copy), dtype="fp32").labels == load_model(str(other), dtype="fp32").labels
+
+
+@pytest.mark.slow
+def test_label_permuted_swaps_under_load_never_mislabel_an_answer(checkpoint_copy, tmp_path):
+    """A model and its label-permuted twin swapped in by hand, file by file in either order, while 16 clients post
+    batches: every one of 50,000 answers names the text's best label (the model that computed a request names and
+    scores it; a torn folder is never loaded), and the swaps are really served."""
+    original = Path(shutil.copytree(checkpoint_copy, tmp_path / "original"))
+    permuted = permuted_copy(checkpoint_copy, tmp_path / "permuted")
+    texts = [f"{TEXTS[i % len(TEXTS)]} Report number {i}." for i in range(200)]
+    with make_client(checkpoint_copy, backend="torch", reload_interval_s=0.02) as c:
+        expected = {}
+        for text in texts:
+            answer = c.post("/predict", json={"inputs": text}).json()
+            if answer[0]["score"] - answer[1]["score"] > 1e-3:  # no near-tie that batching noise could flip
+                expected[text] = answer[0]["label"]
+        chosen = list(expected)
+        batches = [[chosen[(25 * i + k) % len(chosen)] for k in range(25)] for i in range(2000)]
+        stop, swaps, sha256s = threading.Event(), [0], set()
+
+        def swap() -> None:
+            while not stop.is_set():
+                source = permuted if swaps[0] % 2 == 0 else original
+                install(source, checkpoint_copy, weights_first=swaps[0] % 4 < 2, pause_s=0.05)
+                swaps[0] += 1
+                time.sleep(0.2)
+
+        swapper = threading.Thread(target=swap)
+        swapper.start()
+        try:
+            with ThreadPoolExecutor(16) as pool:
+
+                def post(batch):
+                    answer = c.post("/predict", json={"inputs": [[t] for t in batch]})
+                    sha256s.add(c.get("/info").json()["distilbert_agnews"]["checkpoint"]["sha256"])
+                    return answer
+
+                responses = list(pool.map(post, batches))
+        finally:
+            stop.set()
+            swapper.join()
+        reloads = c.get("/info").json()["distilbert_agnews"]["checkpoint"]["reloads"]
+    assert all(r.status_code == 200 for r in responses)
+    answers = [(text, answer) for batch, r in zip(batches, responses) for text, answer in zip(batch, r.json())]
+    wrong = [(text, answer[0]["label"]) for text, answer in answers if answer[0]["label"] != expected[text]]
+    assert len(answers) >= 50_000 and not wrong, f"{len(wrong)} of {len(answers)} answers mislabelled: {wrong[:3]}"
+    assert swaps[0] >= 4 and reloads >= 2 and len(sha256s) == 2, (swaps, reloads, sha256s)
+
+
+def with_nan_weights(folder: Path) -> None:
+    """A diverged model saved consistently (config.json records its tensors): refused for its NaN values alone."""
+    state = torch.load(folder / files.WEIGHTS, weights_only=True)
+    state["classifier.weight"][0, 0] = float("nan")
+    torch.save(state, folder / files.WEIGHTS)
+    edit_json(folder / files.CONFIG, {files.WEIGHTS_SHA256: {files.WEIGHTS: files.tensors_sha256(state)}})
+
+
+def with_a_stride_past_the_window(folder: Path) -> None:
+    edit_json(folder / files.CONFIG, {"long_text": "chunk", "chunk_stride": 10_000})
+
+
+def with_a_longer_tokenizer(folder: Path) -> None:
+    edit_json(folder / files.TOKENIZER_DIR / "tokenizer_config.json", {"model_max_length": 512})
+
+
+def edit_json(path: Path, fields: dict) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+@pytest.mark.parametrize(
+    "edit, refusal",
+    [
+        (with_nan_weights, "classifier.weight holds 1 NaN or infinite values"),
+        (with_a_stride_past_the_window, "chunk_stride: must be smaller than a window"),
+        (with_a_longer_tokenizer, "MAX_BATCH_TOKENS: must be at least the model's maximum input length"),
+    ],
+    ids=["nan-weights", "stride", "token-budget"],
+)
+def test_a_reload_refuses_what_start_up_refuses(checkpoint_copy, tmp_path, edit, refusal, capfd):
+    """One set of checks for both: a folder that start-up refuses is refused at reload too, with the same line, and
+    the previous model keeps serving."""
+    edit_json(checkpoint_copy / files.TOKENIZER_DIR / "tokenizer_config.json", {"model_max_length": 128})
+    settings = {"backend": "torch", "max_batch_tokens": 256}
+    refused = Path(shutil.copytree(checkpoint_copy, tmp_path / "refused"))
+    edit(refused)
+    with pytest.raises(Exception, match=refusal):
+        with make_client(refused, **settings):
+            pass
+    with make_client(checkpoint_copy, reload_interval_s=0.05, **settings) as c:
+        before = c.post("/predict", json={"inputs": TEXTS[0]}).json()
+        for name in (files.TOKENIZER_DIR, files.WEIGHTS, files.CONFIG):  # each file whole, by rename
+            staged = checkpoint_copy / f".{name}.new"
+            (shutil.copytree if name == files.TOKENIZER_DIR else shutil.copy)(refused / name, staged)
+            if name == files.TOKENIZER_DIR:
+                shutil.rmtree(checkpoint_copy / name)
+            os.replace(staged, checkpoint_copy / name)
+        wait_for(lambda: c.get("/metrics").text, lambda text: 'te_model_reloads{result="failed"} 1.0' in text)
+        assert c.get("/ready").status_code == 200
+        assert c.post("/predict", json={"inputs": TEXTS[0]}).json() == before
+        assert c.get("/info").json()["distilbert_agnews"]["checkpoint"]["reloads"] == 0
+    assert refusal in capfd.readouterr().err
