@@ -2,8 +2,9 @@
 
 A state continues exactly only the run that saved it: the same data (each file's size and SHA-256, or the Hub
 dataset's name and fingerprint), the same starting model and tokenizer, the same label mapping, and the settings that
-change the result (RESULT_SETTINGS, plus the effective learning rate, the schedule's length in optimizer steps and the
-precision). train.py records them once at start (the main process hashes the files, every rank gets its record);
+change the result (RESULT_SETTINGS: every setting but the few listed as free to change, MAY_CHANGE, so a new flag is
+compared by default; plus the effective learning rate, the schedule's length in optimizer steps and the precision).
+train.py records them once at start (the main process hashes the files, every rank gets its record);
 checkpoint.OutputDir.resume refuses a state whose record differs, naming what changed, unless
 --allow_inexact_resume (then a warning, and metrics.json keeps both values of every change).
 """
@@ -21,40 +22,52 @@ from training.collective import decided_on_main
 from training.config import TrainConfig
 from training.data import Splits
 
-RESULT_SETTINGS = (
-    "model_name_or_path",
-    "tokenizer_name",
-    "from_scratch",
-    "dropout",
-    "text_column_names",
-    "text_column_delimiter",
-    "text_pair_column",
-    "label_column",
-    "label_delimiter",
-    "do_regression",
-    "remove_columns",
-    "shuffle_train_dataset",
-    "dataset_config_name",
-    "train_split_name",
-    "validation_split_name",
-    "model_revision",
-    "ignore_mismatched_sizes",
-    "validation_split",
-    "num_samples",
-    "max_length",
-    "weight_decay",
-    "warmup_ratio",
-    "lr_scheduler_type",
-    "max_grad_norm",
-    "class_weights",
-    "label_smoothing_factor",
-    "metric_for_best_model",
-    "greater_is_better",
-    "threshold_strategy",
-    "long_text",
-    "chunk_stride",
-    "chunk_pooling",
+MAY_CHANGE = (  # settings a resumed run may change: where it writes and reports, how it reads, when it checks
+    "output_dir",
+    "export_hf_format",
+    "export_runtime",
+    "checkpointing_steps",
+    "save_total_limit",
+    "resume_from_checkpoint",
+    "allow_inexact_resume",
+    "push_to_hub",
+    "hub_model_id",
+    "hub_private_repo",
+    "preset",  # expands into the other settings, which are compared
+    "logging_steps",
+    "report_to",
+    "stop_check_steps",
+    "max_nonfinite_steps",
+    "ddp_timeout",
+    "find_unused_parameters",
+    "trust_remote_code",
+    "preprocessing_num_workers",
+    "dataloader_num_workers",
+    "per_device_eval_batch_size",
+    "extra_metrics",
 )
+RECORDED_APART = (  # compared through what they decide: the data's bytes, the labels, the effective values
+    "dataset_name",
+    "train_file",
+    "validation_file",
+    "test_file",
+    "test_split_name",
+    "label_names",
+    "learning_rate",  # as scaled (--scale_lr): `learning_rate` in the record
+    "scale_lr",
+    "num_train_epochs",  # as the schedule's length: `optimizer_steps`
+    "max_train_steps",
+    "mixed_precision",  # as the accelerator resolved it
+)
+
+
+def result_settings(config_type: type = TrainConfig) -> tuple[str, ...]:
+    """Every setting of the configuration but those that may change or are recorded apart: a new flag is compared
+    at resume unless it is added to MAY_CHANGE."""
+    return tuple(name for name in config_type.model_fields if name not in MAY_CHANGE and name not in RECORDED_APART)
+
+
+RESULT_SETTINGS = result_settings()
 _WHERE = "file"  # where a file was read: informative, not compared (the same bytes may move)
 
 

@@ -20,7 +20,9 @@ from safetensors.torch import load_file
 
 from contract import files
 from tests.conftest import ROOT, SMOKE_MODEL_ARGS, describe, fault_env, launch_command, read_only, run_train
+from training import provenance
 from training.checkpoint import ResumeError, complete_states, damaged_file, pick_state
+from training.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 SMOKE = SMOKE_MODEL_ARGS  # 1 process: 168 steps, states at 84 and 168
@@ -187,6 +189,9 @@ def replaced_training_file(smoke_dir: Path, folder: Path) -> Path:
         ("data", ["data.train.bytes", "data.train.sha256"]),
         ("settings", ["settings.learning_rate 0.002 -> 0.001", "settings.max_length 64 -> 32"]),
         ("model", ["settings.model_name_or_path"]),
+        ("fast_dropout", ["settings.fast_dropout true -> false"]),
+        ("eval_steps", ["settings.eval_steps"]),
+        ("attn_implementation", ["settings.attn_implementation"]),
     ],
 )
 def test_a_resume_with_other_data_model_or_settings_is_refused_naming_each_change(
@@ -198,6 +203,9 @@ def test_a_resume_with_other_data_model_or_settings_is_refused_naming_each_chang
         "data": ["--train_file", str(replaced_training_file(smoke_dir, tmp_path))],
         "settings": ["--max_length", "32", "--learning_rate", "1e-3"],
         "model": ["--model_name_or_path", str(shutil.copytree(smoke_dir / "model", tmp_path / "same_model_elsewhere"))],
+        "fast_dropout": ["--fast_dropout", "false"],  # each of these three changed the weights silently before
+        "eval_steps": ["--eval_steps", "7"],
+        "attn_implementation": ["--attn_implementation", "eager"],
     }[change]
     before = (copy_of / files.WEIGHTS).read_bytes()
     result, _ = run_train([*SMOKE, "--output_dir", str(copy_of), "--resume_from_checkpoint", "latest", *extra])
@@ -206,6 +214,18 @@ def test_a_resume_with_other_data_model_or_settings_is_refused_naming_each_chang
     assert f"{copy_of / files.STATE_DIR / 'step_168'} was saved by a run with other data or settings" in line
     assert all(name in line for name in named) and "--allow_inexact_resume" in line, line
     assert "Traceback" not in result.stderr and (copy_of / files.WEIGHTS).read_bytes() == before
+
+
+def test_a_flag_added_to_the_configuration_is_compared_at_resume_unless_declared_free_to_change():
+    class WithANewFlag(TrainConfig):
+        a_new_flag: int = 0
+
+    assert "a_new_flag" in provenance.result_settings(WithANewFlag)
+    assert set(provenance.result_settings(WithANewFlag)) - set(provenance.RESULT_SETTINGS) == {"a_new_flag"}
+    assert not set(provenance.RESULT_SETTINGS) & set(provenance.MAY_CHANGE)
+    assert {"fast_dropout", "eval_steps", "attn_implementation", "torch_compile", "seed"} <= set(
+        provenance.RESULT_SETTINGS
+    )
 
 
 def test_an_inexact_resume_goes_on_with_a_warning_and_metrics_json_records_both_values(copy_of):
