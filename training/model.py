@@ -99,3 +99,22 @@ def build_optimizer(
     if capturable:
         return torch.optim.AdamW(groups, lr=learning_rate, foreach=True, capturable=True)
     return torch.optim.AdamW(groups, lr=learning_rate, fused=cfg.fused_optimizer or None)
+
+
+def keep_optimizer_kind(optimizer: torch.optim.Optimizer) -> None:
+    """After a resume: load_state_dict takes the saved groups' options, so a state saved by a compiled run (capturable,
+    a tensor learning rate) would make an eager run's AdamW capturable (an AssertionError on CPU), and the reverse
+    would leave a compiled step a float learning rate; accelerate also loads tensors to the CPU. The optimizer this run
+    built decides: `capturable` as built, the learning rate a tensor on the parameters' device (capturable) or a float,
+    the step counts beside the parameters."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
+    capturable = bool(inner.defaults.get("capturable"))
+    for group in inner.param_groups:
+        device = group["params"][0].device
+        group["capturable"] = capturable
+        lr = float(group["lr"])
+        group["lr"] = torch.tensor(lr, dtype=torch.float32, device=device) if capturable else lr
+        for param in group["params"]:
+            state = inner.state.get(param, {})
+            if capturable and isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].to(device)

@@ -58,7 +58,7 @@ from training.guards import StopGuard, TrainingDiverged, check_world_size
 from training.hub import ensure_hub_or_offline
 from training.loop import Loaders, Run, fit, format_metrics, on_disk, run_summary
 from training.metrics import DEFAULT_SELECTION, MetricSuite, greater_is_better
-from training.model import build_model, build_optimizer, load_tokenizer
+from training.model import build_model, build_optimizer, keep_optimizer_kind, load_tokenizer
 from training.objective import objective_for
 from training.push import check_can_push
 from training.smoke import ensure_smoke_assets
@@ -274,6 +274,7 @@ def resume(run: Run) -> None:
             logger.info("No resumable state under %s; starting from scratch.", run.out.path(files.STATE_DIR))
         return
     folder, run.progress = resumed
+    keep_optimizer_kind(run.optimizer)  # a compiled run's state resumed eagerly, or the reverse
     logger.info(
         "Resumed from %s: epoch %d, %d batches into it, optimizer step %d",
         folder,

@@ -175,3 +175,50 @@ def test_a_compiled_run_resumed_mid_epoch_finishes_bitwise_identical(compiled_ru
     assert a.keys() == b.keys() and not [k for k in a if k.startswith(("_orig_mod.", "module."))]
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert again["train_loss"][-1] == metrics["train_loss"][-1] and again["test"] == metrics["test"]
+
+
+@pytest.mark.slow
+def test_a_compiled_state_resumes_eagerly_only_when_allowed_and_then_without_a_traceback(compiled_runs, tmp_path):
+    """A compiled run's optimizer state is capturable with a tensor learning rate: loaded into an eager run's AdamW it
+    made that one capturable (an AssertionError on the CPU). Refused in one line naming the setting; allowed, the
+    run keeps the optimizer it built and finishes."""
+    out, _ = compiled_runs["compiled dropout"]
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out / files.STATE_DIR / "step_25", resumed / files.STATE_DIR / "step_25")
+    args = ["--preset", "smoke", "--output_dir", str(resumed), "--max_train_steps", str(STEPS), "--eval_steps", "25"]
+    args += [
+        "--checkpointing_steps",
+        "25",
+        "--mixed_precision",
+        "no",
+        *FOUR_WIDTHS,
+        "--resume_from_checkpoint",
+        "latest",
+    ]
+    refused, _ = run_train([*args, "--torch_compile", "none"])
+    assert refused.returncode == 1 and "settings.torch_compile default -> none" in refused.stderr, describe(refused)
+    assert "Traceback" not in refused.stderr
+    allowed, _ = run_train([*args, "--torch_compile", "none", "--allow_inexact_resume"])
+    assert allowed.returncode == 0 and "Traceback" not in allowed.stderr, describe(allowed)
+    assert json.loads((resumed / files.METRICS).read_text())["global_step"] == STEPS
+
+
+def test_keep_optimizer_kind_makes_a_loaded_state_fit_the_optimizer_this_run_built():
+    from training.model import keep_optimizer_kind
+
+    params = [torch.nn.Parameter(torch.randn(3))]
+    compiled = torch.optim.AdamW(params, lr=1e-2, foreach=True, capturable=True)
+    compiled.param_groups[0]["lr"] = torch.tensor(1e-2)
+    params[0].grad = torch.ones(3)
+    torch.compile(compiled.step)()  # the compiled step runs capturable AdamW on the CPU, as training does
+    eager_params = [torch.nn.Parameter(params[0].detach().clone())]
+    eager = torch.optim.AdamW(eager_params, lr=1e-2)
+    eager.load_state_dict(compiled.state_dict())
+    keep_optimizer_kind(eager)
+    assert eager.param_groups[0]["capturable"] is False and isinstance(eager.param_groups[0]["lr"], float)
+    eager_params[0].grad = torch.ones(3)
+    eager.step()  # before: AssertionError (capturable=True on CPU tensors)
+    again = torch.optim.AdamW([torch.nn.Parameter(torch.randn(3))], lr=1e-2, foreach=True, capturable=True)
+    again.load_state_dict(eager.state_dict())
+    keep_optimizer_kind(again)
+    assert again.param_groups[0]["capturable"] is True and isinstance(again.param_groups[0]["lr"], torch.Tensor)
