@@ -75,8 +75,10 @@ class LongText:
                 raise LongTextError(f"{name}: must be one of {', '.join(allowed)} (got {value!r})")
         if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 0:
             raise LongTextError(f"chunk_stride: must be a whole number >= 0 (got {self.stride!r})")
-        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)):
-            raise LongTextError(f"chunk_max_length: must be a whole number (got {self.window!r})")
+        if self.window is not None and (
+            isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1
+        ):
+            raise LongTextError(f"chunk_max_length: must be a whole number >= 1 (got {self.window!r})")
 
     @property
     def chunked(self) -> bool:

@@ -57,8 +57,11 @@ class Task:
             raise TaskError(f"config.json: problem_type {kind!r} is not one of {', '.join(PROBLEM_TYPES)}")
         if kind == SINGLE and num < 2:
             raise TaskError(f"config.json: a {SINGLE} model needs two or more labels (has {num})")
+        if kind == REGRESSION and num != 1:  # what would 4 raw values ranked as label scores mean?
+            raise TaskError(f"config.json: a {REGRESSION} model has one output here (has {num} in id2label)")
         given = (getattr(config, THRESHOLDS, None) or ()) if kind == MULTI else ()
-        if given and (len(given) != num or not all(isinstance(t, (int, float)) and 0 <= t <= 1 for t in given)):
+        numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in given)
+        if given and (len(given) != num or not numbers):
             raise TaskError(f"config.json: {THRESHOLDS} must hold {num} numbers in [0, 1] (got {given!r})")
         return cls(kind, num, tuple(float(t) for t in given))
 

@@ -122,6 +122,11 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     except (TaskError, LongTextError) as exc:
         raise CheckpointError(f"{folder}: {exc}") from None
     max_length = min(tokenizer.model_max_length, getattr(config, "max_position_embeddings", 512))
+    if max_length <= tokenizer.num_special_tokens_to_add(pair=True):  # no room for any text: one answer for all
+        raise CheckpointError(
+            f"{folder}: the tokenizer's model_max_length ({tokenizer.model_max_length}) leaves no room for text "
+            f"beside its {tokenizer.num_special_tokens_to_add(pair=True)} special tokens"
+        )
     # reduced precision: cast the weights once (autocast would re-cast them on every call)
     model = model.eval().to(device=target, dtype=precision.torch_dtype(resolved))
     return LoadedModel(

@@ -285,6 +285,11 @@ class LabelSpace:
         kind = _problem_type(feature, raw, cfg.label_delimiter, cfg.do_regression)
         if kind != task.MULTI and cfg.do_regression is None:
             _check_one_label_type(feature, raw, source, column)
+        if cfg.threshold_strategy == "per_label" and kind != task.MULTI:
+            raise DataError(
+                f"--threshold_strategy per_label fits a threshold per label of multi-label data; {source} column "
+                f"{column!r} is {kind}"
+            )
         names = cfg.label_names
         if kind == task.REGRESSION:
             for row, value in enumerate(raw, start=1):

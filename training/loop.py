@@ -356,7 +356,16 @@ PER_CLASS = ("precision_", "recall_", "f1_")  # per-class metrics: in metrics.js
 
 def format_metrics(metrics: dict) -> str:
     shown = {k: v for k, v in metrics.items() if not k.startswith(PER_CLASS)}
-    return "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
+    return "  ".join(_shown(k, v) for k, v in shown.items())
+
+
+def _shown(name: str, value) -> str:
+    """A metric for the log line: floats to 4 places; a long list (one threshold per label) by its length only."""
+    if isinstance(value, float):
+        return f"{name} {value:.4f}"
+    if isinstance(value, list) and len(value) > 8:
+        return f"{name} [{len(value)} values: {files.METRICS}]"
+    return f"{name} {value}"
 
 
 def run_summary(run: Run, test_metrics: dict | None = None, runtime_s: float | None = None) -> dict:

@@ -210,3 +210,10 @@ def test_labels_that_do_not_name_each_output_once_are_refused_in_one_line(checkp
         cwd=ROOT,
     )
     assert result.returncode != 0 and refusal in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_tokenizer_that_leaves_no_room_for_text_is_refused(checkpoint_copy):
+    path = checkpoint_copy / files.TOKENIZER_DIR / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "model_max_length": 2}))
+    with pytest.raises(CheckpointError, match="model_max_length \\(2\\) leaves no room for text"):
+        load_model(str(checkpoint_copy), dtype="fp32")

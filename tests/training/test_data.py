@@ -396,3 +396,9 @@ def test_remove_columns_and_a_seeded_shuffle(tmp_path):
     kept = load_splits(config(train, "--remove_columns", "note", "--shuffle_train_dataset"))
     again = load_splits(config(train, "--remove_columns", "note", "--shuffle_train_dataset"))
     assert kept.train["text"] == again.train["text"] != load_splits(config(train)).train["text"]
+
+
+def test_per_label_thresholds_on_single_label_data_are_refused_not_ignored(tmp_path):
+    train = write_rows(tmp_path / "train.csv", rows())
+    with pytest.raises(DataError, match="--threshold_strategy per_label fits a threshold per label of multi-label"):
+        load_splits(config(train, "--threshold_strategy", "per_label"))
