@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from contract.long_text import CHUNK, LongTextError, TooManyWindows
+from contract.long_text import CHUNK, LongTextError, TooManyWindows, cut_long_pairs
 from inference import shapes
 from inference.graphs import CapturedForward, GraphsUnsupported
 from inference.loading import LoadedModel
@@ -380,6 +380,8 @@ def encode_unchecked(loaded: LoadedModel, sequences: list[Sequence], truncate: b
     }
     features: list[dict | None] = [None] * len(sequences)
     for where, texts, pairs in by_kind(sequences):
+        if pairs is not None and truncate:  # each side cut to what truncation keeps: a bounded cost per pair
+            texts, pairs = cut_long_pairs(tokenizer, texts, pairs, loaded.max_length, left)
         encoded = tokenizer(texts, pairs, **options)
         for k, i in enumerate(where):
             features[i] = {name: encoded[name][k] for name in ("input_ids", "token_type_ids") if name in encoded}
@@ -391,6 +393,7 @@ def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> 
     config.json says (contract/long_text.py); TooManyWindows beyond `max_chunks` windows for one input."""
     chunking = replace(loaded.long_text, mode=CHUNK)
     loaded.tokenizer.truncation_side = "right"  # under Engine._tokenizing
+    chunking.refuse_too_long(loaded.tokenizer, sequences, window_length(loaded), max_chunks)
     per_input: list[list[dict]] = [[] for _ in sequences]
     for where, texts, pairs in by_kind(sequences):
         found = chunking.encode(loaded.tokenizer, texts, pairs, window_length(loaded), max_chunks)

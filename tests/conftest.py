@@ -213,3 +213,19 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
     else:
         frame.to_parquet(path)
     return path
+
+
+def save_new_weights(folder: Path, state: dict) -> None:
+    """New weights in a checkpoint folder as training publishes them: the state_dict by rename, then config.json
+    recording their tensors' sha256 (contract/files.py: WEIGHTS_SHA256), so the pair is one consistent set."""
+    import torch
+
+    from contract import files
+
+    weights = folder / files.WEIGHTS
+    torch.save(state, weights.with_suffix(".tmp"))
+    os.replace(weights.with_suffix(".tmp"), weights)
+    config = json.loads((folder / files.CONFIG).read_text())
+    config[files.WEIGHTS_SHA256] = {files.WEIGHTS: files.tensors_sha256(state)}
+    (folder / files.CONFIG).with_suffix(".tmp").write_text(json.dumps(config))
+    os.replace((folder / files.CONFIG).with_suffix(".tmp"), folder / files.CONFIG)

@@ -21,7 +21,7 @@ from inference.app import create_app
 from inference.engine import static_passes
 from inference.loading import CheckpointError, load_model
 from inference.settings import Settings, SettingsError, from_env
-from tests.conftest import ROOT
+from tests.conftest import ROOT, save_new_weights
 from tests.inference.conftest import ag_news_texts, assert_matches, run_cli, wait_for
 
 TEXTS = [
@@ -397,9 +397,7 @@ def test_reload_swaps_in_a_new_checkpoint_and_refuses_a_broken_one(checkpoint_co
         weights = checkpoint_copy / files.WEIGHTS
         state = torch.load(weights, weights_only=True)
         state["classifier.bias"] = torch.tensor([0.0, 0.0, 0.0, 50.0])  # now everything is Sci/Tech
-        tmp = weights.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, weights)  # what training does
+        save_new_weights(checkpoint_copy, state)  # what training does
         after = wait_for(
             lambda: c.get("/info").json()["distilbert_agnews"]["checkpoint"],
             lambda info: info["sha256"] != before["sha256"],

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pandas as pd
@@ -123,3 +125,32 @@ def test_a_model_that_cannot_be_windowed_is_refused_at_start(smoke_long_model, t
     assert result.returncode == 2, result.stderr
     assert "LONG_TEXT=chunk cannot serve" in result.stderr and "chunk_stride: must be smaller" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def news_words(n: int, seed: int) -> str:
+    words = "officials said on monday that the markets rallied after reuters reported unbelievable earnings".split()
+    return " ".join(words[(i * 7 + seed) % len(words)] + ("," if i % 13 == 0 else "") for i in range(n))
+
+
+@pytest.mark.slow
+def test_a_megabyte_request_costs_the_model_thread_what_its_truncated_length_needs(smoke_long_model):
+    """Before, a 1 MB text pair spent seconds in the tokenizer's longest-first truncation (every overflowing piece of
+    both sides, paired) and a 1.9 MB batch of over-long documents was tokenized whole before the MAX_CHUNKS 413, while
+    every other request waited. Now each pair side is cut to what truncation keeps before tokenizing (the same ids:
+    tests/contract), and an over-long document is refused after tokenizing its start."""
+    pair = {"inputs": [news_words(100_000, 1), news_words(100_000, 2)], "truncate": True}  # ~1.2 MB
+    documents = {"inputs": [[news_words(30_000, k)] for k in range(10)]}  # ~1.9 MB, each past MAX_CHUNKS windows
+    short = {"inputs": "a short story about the election"}
+    with make_client(smoke_long_model, dtype="float32", backend="torch", max_client_batch_size=10) as client:
+        client.post("/predict", json=short)  # warm
+        for body, status in ((pair, 200), (documents, 413)):
+            with ThreadPoolExecutor(2) as pool:
+                started = time.perf_counter()
+                big = pool.submit(client.post, "/predict", json=body)
+                time.sleep(0.05)  # the big request is being worked on
+                small = pool.submit(lambda: (client.post("/predict", json=short), time.perf_counter()))
+                answer, (quick, answered_at) = big.result(), small.result()
+            assert answer.status_code == status and quick.status_code == 200, answer.text[:300]
+            assert answered_at - started < 1.5, f"a short request waited {answered_at - started:.2f} s"
+        tokenizing_ms = int(client.post("/predict", json=pair).headers["x-tokenization-time"])
+        assert tokenizing_ms < 500, f"{tokenizing_ms} ms tokenizing a 1 MB pair (4,500 ms before)"

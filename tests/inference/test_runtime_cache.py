@@ -23,7 +23,7 @@ from contract import files
 from inference import runtimes
 from inference.runtime_cache import Cache
 from inference.settings import SettingsError
-from tests.conftest import cli_env, read_only
+from tests.conftest import cli_env, read_only, save_new_weights
 from tests.inference.conftest import Reference, Server, run_cli, wait_for
 from tests.inference.test_app import TEXTS, make_client
 from tests.inference.test_runtimes import runtime_log, serve, served_logits, smoke_texts, torch_fp32_logits
@@ -258,8 +258,7 @@ def test_the_watcher_survives_a_reload_failing_with_an_optimized_runtimes_own_ex
             assert c.get("/ready").status_code == 200 and c.post("/predict", json={"inputs": TEXTS[1]}).json() == before
             state = torch.load(weights, weights_only=True)
             state["classifier.bias"] = torch.tensor([0.0, 0.0, 0.0, 50.0])  # everything Sci/Tech
-            torch.save(state, weights.with_suffix(".tmp"))
-            os.replace(weights.with_suffix(".tmp"), weights)
+            save_new_weights(weights.parent, state)
             wait_for(lambda: c.get("/metrics").text, lambda m: 'te_model_reloads{result="ok"} 1.0' in m)
             assert c.post("/predict", json={"inputs": TEXTS[1]}).json()[0]["label"] == "Sci/Tech"
     finally:

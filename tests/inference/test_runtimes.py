@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from inference import runtimes
 from inference.engine import encode, forward
 from inference.service import load_configured
 from inference.settings import SettingsError, from_env
-from tests.conftest import ROOT, describe
+from tests.conftest import ROOT, describe, save_new_weights
 from tests.inference.conftest import Reference, ag_news_texts
 from tests.inference.test_app import TEXTS, make_client
 from training.smoke import make_split
@@ -130,7 +129,7 @@ def test_conversion_happens_once_per_weights_hash(checkpoint_copy):
     weights = folder / files.WEIGHTS  # new weights: converted again, the old conversion removed
     state = torch.load(weights, weights_only=True)
     state["classifier.bias"] = state["classifier.bias"] + 0.01
-    torch.save(state, weights)
+    save_new_weights(folder, state)
     with runtime_log() as third:
         changed = serve(folder, backend="openvino", dtype="int8")
     assert changed.sha256 != loaded.sha256
@@ -328,8 +327,7 @@ def test_info_reports_the_runtime_and_an_openvino_model_is_hot_reloaded(checkpoi
         weights = checkpoint_copy / files.WEIGHTS
         state = torch.load(weights, weights_only=True)
         state["classifier.bias"] = torch.tensor([0.0, 0.0, 0.0, 50.0])  # now everything is Sci/Tech
-        torch.save(state, weights.with_suffix(".tmp"))
-        os.replace(weights.with_suffix(".tmp"), weights)  # converted again on the watcher's thread meanwhile
+        save_new_weights(checkpoint_copy, state)  # converted again on the watcher's thread meanwhile
         before, deadline = info["distilbert_agnews"]["checkpoint"]["sha256"], time.time() + 60
         while (after := c.get("/info").json())["distilbert_agnews"]["checkpoint"]["sha256"] == before:
             assert time.time() < deadline, "the new checkpoint was not served within 60 s"
