@@ -281,7 +281,9 @@ def attempt(write, path: Path) -> str | None:
     try:
         write()
     except (OSError, RuntimeError, SafetensorError) as exc:
-        full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "write failed" in str(exc).lower()
+        message = str(exc).lower()  # torch.save: "enforce fail at inline_container.cc ... file write failed"
+        full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "write failed" in message
+        full = full or "inline_container" in message
         cause = "no space left on device" if full else (getattr(exc, "strerror", None) or str(exc).splitlines()[0])
         return f"could not save {path}: {cause}"
     return None

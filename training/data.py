@@ -257,6 +257,17 @@ def _check_one_label_type(feature, values: list, source: str, column: str) -> No
     )
 
 
+def _check_label_names(names: list[str], source: str) -> None:
+    """Label names become csv column names (`score_<label>`) and are joined with `|` in list cells: none may hold a
+    control character or `|`."""
+    for name in names:
+        if "|" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise DataError(
+                f"{source}: label {name!r} holds '|' or a control character (prediction files join labels with '|' "
+                "and name columns after them): rename the labels with --label_names"
+            )
+
+
 def _as_number(value) -> float | None:
     try:
         number = float(value)
@@ -321,6 +332,7 @@ class LabelSpace:
                 f"({', '.join(map(str, values))}, in id order)"
             )
         space.values, space.names = values, list(names or found)
+        _check_label_names(space.names, source if not names else "--label_names")
         return space
 
     @property

@@ -215,7 +215,7 @@ def validate_and_save(run: Run) -> bool:
             "Validation at step %d: %s%s",
             run.progress.global_step,
             format_metrics(results),
-            " (best so far, saved)" if best else "",
+            " (best so far: saving it)" if best else "",  # a failed save stops the run with its own line
         )
         if best:
             if "thresholds" in results:  # multi-label: the thresholds go with the model (config.json)

@@ -402,3 +402,12 @@ def test_per_label_thresholds_on_single_label_data_are_refused_not_ignored(tmp_p
     train = write_rows(tmp_path / "train.csv", rows())
     with pytest.raises(DataError, match="--threshold_strategy per_label fits a threshold per label of multi-label"):
         load_splits(config(train, "--threshold_strategy", "per_label"))
+
+
+@pytest.mark.parametrize("bad", ["Sci|Tech", "World\n", "Sports\x07"])
+def test_label_names_with_a_bar_or_a_control_character_are_refused(tmp_path, bad):
+    train = write_rows(tmp_path / "train.jsonl", rows(labels=("Business", bad)))
+    with pytest.raises(DataError, match="holds '\\|' or a control character"):
+        load_splits(config(train))
+    renamed = load_splits(config(train, "--label_names", "Business,Other"))  # renamed: fine
+    assert renamed.label_names == ["Business", "Other"]
