@@ -144,8 +144,11 @@ def choose_runtime(loaded: LoadedModel, settings) -> LoadedModel:
     """`loaded` (PyTorch fp32) made ready in the chosen runtime and precision, with what was measured."""
     options, why = candidates(settings.backend, settings.dtype, loaded.device.type)
     if len(options) == 1 and options[0].backend == TORCH:
-        logger.info("Runtime: torch %s (%s)", options[0].precision, why)
-        return _as_torch(loaded, options[0].precision, None)
+        chosen = options[0].precision
+        if loaded.task.problem_type == REGRESSION and settings.dtype == precision.AUTO and chosen != precision.FP32:
+            chosen, why = precision.FP32, f"{why}; DTYPE=auto keeps a regression model's raw values in fp32"
+        logger.info("Runtime: torch %s (%s)", chosen, why)
+        return _as_torch(loaded, chosen, None)
     texts, source = calibration_texts(loaded.folder, settings.calibration_file)
     torch.set_num_threads(settings.torch_threads)
     key = _cache_key(loaded, texts, options, settings.torch_threads)

@@ -587,14 +587,22 @@ def read_yaml(path: str) -> dict[str, Any]:
 
 
 def _none_strings(values: dict[str, Any]) -> dict[str, Any]:
-    """`none` / `null` from a flag or YAML means None for optional fields."""
+    """`none` / `null` from a flag or YAML means None for optional fields; a list flag given `none` alone (e.g.
+    `--remove_columns none` over a YAML list) is cleared, None or [] as the field takes."""
     fields = TrainConfig.model_fields
-    return {
-        name: None
-        if isinstance(value, str) and value.lower() in ("none", "null") and _is_optional(fields[name].annotation)
-        else value
-        for name, value in values.items()
-    }
+
+    def said_none(value: Any) -> bool:
+        words = [value] if isinstance(value, str) else value if isinstance(value, list) and len(value) == 1 else []
+        return bool(words) and isinstance(words[0], str) and words[0].lower() in ("none", "null")
+
+    def cleared(name: str, value: Any) -> Any:
+        if not said_none(value):
+            return value
+        if _is_optional(fields[name].annotation):
+            return None
+        return [] if isinstance(value, list) else value
+
+    return {name: cleared(name, value) for name, value in values.items()}
 
 
 def load_config(argv: list[str] | None = None) -> TrainConfig:

@@ -79,6 +79,13 @@ def test_precedence_preset_then_yaml_then_cli(tmp_path):
     assert cfg.from_scratch is True and cfg.label_names == ["a", "b", "c", "d"]
 
 
+def test_a_list_from_yaml_is_cleared_by_none_on_the_command_line(tmp_path):
+    yaml_file = tmp_path / "exp.yaml"
+    yaml_file.write_text("remove_columns: [source, url]\nextra_metrics: [mcc]\nlabel_names: [a, b]\n")
+    cfg = load_config(["--config", str(yaml_file), "--remove_columns", "none", "--extra_metrics", "null"])
+    assert (cfg.remove_columns, cfg.extra_metrics, cfg.label_names) == (None, None, ["a", "b"])
+
+
 def test_cli_types_bools_and_lists():
     cfg = load_config(
         [

@@ -290,3 +290,16 @@ def test_bad_multi_label_data_stops_at_start_with_one_line_and_writes_nothing(sm
     errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "tags.jsonl: row 58: no labels" in errors[0] and "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_a_regression_model_is_served_in_fp32_when_dtype_is_auto(runs, monkeypatch):
+    """On a CPU with native bf16 (stood in for here), DTYPE=auto serves bf16; for a regression model that would move
+    its raw values by ~1e-2 with no agreement guard to catch it (BACKEND=torch has none)."""
+    from contract import precision
+    from tests.inference.test_app import make_client
+
+    monkeypatch.setattr(precision, "native_bf16", lambda device_type: True)
+    with make_client(runs["multi-label"], backend="torch", dtype="auto") as client:
+        assert client.get("/info").json()["model_dtype"] == "bfloat16"  # the stand-in takes effect
+    with make_client(runs["regression"], backend="torch", dtype="auto") as client:
+        assert client.get("/info").json()["model_dtype"] == "float32"
