@@ -37,6 +37,15 @@ class LongTextError(UserError, ValueError):
     """Settings that cannot window a text (or a config.json whose fields are not ours); one line naming the field."""
 
 
+class PairLeavesNoRoom(LongTextError):
+    """A pair whose shorter text fills a window: `index` is the pair's position in the texts given to `encode`
+    (each caller names it as its user knows it: a row of a file, an input of a request)."""
+
+    def __init__(self, index: int, detail: str):
+        super().__init__(f"input {index}: {detail}")
+        self.index, self.detail = index, detail
+
+
 class TooManyWindows(ValueError):
     """An input that would need more windows than the service allows per input (MAX_CHUNKS)."""
 
@@ -184,9 +193,10 @@ def _groups(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_le
         kept = [pairs[i] if side == "only_first" else texts[i] for i in where]
         for i, length in zip(where, map(len, tokenizer(kept, add_special_tokens=False)["input_ids"])):
             if room - length <= stride:
-                raise LongTextError(
-                    f"input {i}: the shorter text of a pair takes {length} of a window's {room} text tokens, leaving "
-                    f"no more than chunk_stride ({stride}) for the longer one; truncate it, or lower chunk_stride"
+                raise PairLeavesNoRoom(
+                    i,
+                    f"the shorter text of a pair takes {length} of a window's {room} text tokens, leaving no more "
+                    f"than chunk_stride ({stride}) for the longer one; truncate it, or lower chunk_stride",
                 )
         yield (
             where,

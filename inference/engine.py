@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from contract.long_text import CHUNK, LongTextError, TooManyWindows, cut_long_pairs
+from contract.long_text import CHUNK, LongTextError, PairLeavesNoRoom, TooManyWindows, cut_long_pairs
 from inference import shapes
 from inference.graphs import CapturedForward, GraphsUnsupported
 from inference.loading import LoadedModel
@@ -396,7 +396,10 @@ def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> 
     chunking.refuse_too_long(loaded.tokenizer, sequences, window_length(loaded), max_chunks)
     per_input: list[list[dict]] = [[] for _ in sequences]
     for where, texts, pairs in by_kind(sequences):
-        found = chunking.encode(loaded.tokenizer, texts, pairs, window_length(loaded), max_chunks)
+        try:
+            found = chunking.encode(loaded.tokenizer, texts, pairs, window_length(loaded), max_chunks)
+        except PairLeavesNoRoom as exc:  # its index is among the pairs: name the request's input
+            raise LongTextError(f"inputs[{where[exc.index]}]: {exc.detail}") from None
         for feature, k in zip(found.features, found.owner):
             per_input[where[k]].append(feature)
     return [f for found in per_input for f in found], [i for i, found in enumerate(per_input) for _ in found]

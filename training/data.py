@@ -28,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 
 from contract import task
 from contract.errors import UserError
-from contract.long_text import LongText
+from contract.long_text import LongText, PairLeavesNoRoom
 from inference import shapes
 from training import capture
 from training.config import TrainConfig
@@ -483,7 +483,10 @@ def tokenize(
     windowing.check(tokenizer, max_length, pairs)  # before the tokenizer could abort the process on a bad stride
 
     def encode(batch, rows):
-        windows = windowing.encode(tokenizer, batch["text"], batch["text_pair"] if pairs else None, max_length)
+        try:
+            windows = windowing.encode(tokenizer, batch["text"], batch["text_pair"] if pairs else None, max_length)
+        except PairLeavesNoRoom as exc:  # its index is within this batch: name the split's row
+            raise DataError(f"{name}: row {rows[exc.index] + 1}: {exc.detail}") from None
         out = {key: [feature[key] for feature in windows.features] for key in windows.features[0]}
         out["length"] = [len(feature["input_ids"]) for feature in windows.features]
         out["document"] = [rows[i] for i in windows.owner]

@@ -411,3 +411,19 @@ def test_label_names_with_a_bar_or_a_control_character_are_refused(tmp_path, bad
         load_splits(config(train))
     renamed = load_splits(config(train, "--label_names", "Business,Other"))  # renamed: fine
     assert renamed.label_names == ["Business", "Other"]
+
+
+def test_a_chunked_pair_that_leaves_no_room_names_its_row_not_its_batch_index(tmp_path, smoke_dir):
+    data = [{"premise": f"premise {i}", "hypothesis": f"hypothesis {i}", "label": i % 2} for i in range(1200)]
+    data[1105]["hypothesis"] = " ".join(["reuters reported"] * 40)  # row 1106: a 'shorter' side filling the window
+    data[1105]["premise"] = data[1105]["hypothesis"] + " and more"
+    train = write_rows(tmp_path / "nli.jsonl", data)
+    cfg = load_config(
+        ["--train_file", str(train), "--validation_split", "0.0001", "--shuffle_train_dataset", "false"]
+        + ["--text_column_names", "premise", "--text_pair_column", "hypothesis", "--long_text", "chunk"]
+        + ["--max_length", "32", "--chunk_stride", "4", "--model_name_or_path", str(smoke_dir / "model")]
+    )
+    splits = load_splits(cfg)
+    row = splits.train["text_pair"].index(data[1105]["hypothesis"]) + 1  # where it landed in the train split
+    with pytest.raises(DataError, match=f"train: row {row}: the shorter text of a pair takes"):
+        tokenize_splits(splits, load_tokenizer(cfg), cfg)
