@@ -264,7 +264,8 @@ def _check_label_names(names: list[str], source: str) -> None:
         if "|" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
             raise DataError(
                 f"{source}: label {name!r} holds '|' or a control character (prediction files join labels with '|' "
-                "and name columns after them): rename the labels with --label_names"
+                "and name columns after them): pass --label_delimiter '|' if it lists several labels, or rename the "
+                "labels with --label_names"
             )
 
 

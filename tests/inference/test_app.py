@@ -443,7 +443,7 @@ def test_a_broken_checkpoint_stops_the_command_with_one_line(checkpoint_copy):
     result = run_cli("--model_id", str(checkpoint_copy))
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(weights) in lines[0] and lines[0].startswith("inference: error:")
+    assert len(lines) == 1 and str(weights) in lines[0] and lines[0].startswith("inference: error:"), result.stderr
 
 
 def test_importing_the_app_module_builds_no_app():

@@ -301,8 +301,8 @@ def test_a_delimited_string_column_is_multi_label_with_label_delimiter(tmp_path)
     train = write_rows(tmp_path / "tags.csv", rows)
     splits = load_splits(config(train, "--label_column", "tags", "--label_delimiter", "|"))
     assert splits.labels.problem_type == "multi_label_classification" and len(splits.label_names) == 4
-    single = load_splits(config(train, "--label_column", "tags"))  # without it: each string is one class
-    assert single.labels.problem_type == "single_label_classification"
+    with pytest.raises(DataError, match="label 'business\\|world' holds '\\|'.*pass --label_delimiter '\\|'"):
+        load_splits(config(train, "--label_column", "tags"))  # without it, 'a|b' would be one class named a|b
 
 
 def test_a_hub_sequence_of_class_labels_keeps_its_names():
