@@ -111,8 +111,7 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     resolved = precision.resolve(dtype, target.type)
     folder, model_sha = locate(model_id, revision)
     before = signature(folder)
-    model, weights, digest, tensors_digest = _read_model(folder)
-    check_same_save(model.config, weights, tensors_digest)
+    model, weights, digest = _read_model(folder)
     check_finite(model, weights)
     tokenizer = _read_tokenizer(folder)
     config = model.config
@@ -148,10 +147,13 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     )
 
 
-def check_same_save(config, weights: Path, digest: str | None) -> None:
+def check_same_save(config, weights: Path, tensors: Callable[[], dict[str, torch.Tensor] | None]) -> None:
     """The weights hold the tensors config.json was saved with, where it records them (our trainer does; a folder
-    saved elsewhere records nothing): TornCheckpoint otherwise, so a half-copied folder is never served."""
+    saved elsewhere records nothing): TornCheckpoint otherwise, so a half-copied folder is never served. `tensors`
+    is called (and hashed) only when there is a recorded hash to compare with."""
     recorded = (getattr(config, files.WEIGHTS_SHA256, None) or {}).get(weights.name)
+    found = tensors() if recorded else None
+    digest = files.tensors_sha256(found) if found is not None else None
     if recorded and digest and recorded != digest:
         raise TornCheckpoint(
             f"{weights}: sha256 {digest[:12]}, but {files.CONFIG} beside it was saved with {recorded[:12]}: the two "
@@ -221,9 +223,9 @@ def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
 
-def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str, str | None]:
-    """(model with weights, weights file, its SHA-256, the SHA-256 of its tensors (contract/files.py:
-    tensors_sha256; None for shards)): our state_dict first, else the Hugging Face export."""
+def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
+    """(model with weights, weights file, its SHA-256): our state_dict first, else the Hugging Face export; either
+    checked against the tensors config.json records (`check_same_save`)."""
     if not (folder / files.CONFIG).is_file():
         raise CheckpointError(f"{folder / files.CONFIG}: missing")
     try:
@@ -236,9 +238,10 @@ def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str, str | None]:
     weights = folder / files.HF_WEIGHTS if (folder / files.HF_WEIGHTS).is_file() else shards
     if weights.is_file():
         model = _from_pretrained(folder, config)  # first: it turns an unreadable file into a CheckpointError
-        single = weights.name == files.HF_WEIGHTS
-        tensors = files.tensors_sha256(load_safetensors(weights)) if single else None
-        return model, weights, file_sha256(weights), tensors
+        check_same_save(
+            config, weights, lambda: load_safetensors(weights) if weights.name == files.HF_WEIGHTS else None
+        )
+        return model, weights, file_sha256(weights)
     pickled = [name for name in files.PICKLED_HF_WEIGHTS if (folder / name).is_file()]
     if pickled:
         raise CheckpointError(
@@ -248,7 +251,7 @@ def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str, str | None]:
     raise CheckpointError(f"{folder / files.WEIGHTS}: missing (nor {files.HF_WEIGHTS})")
 
 
-def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str, str]:
+def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str]:
     data = path.read_bytes()
     try:
         state_dict = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
@@ -262,6 +265,7 @@ def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str, st
         or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state_dict.items())
     ):
         raise CheckpointError(f"{path}: expected a dict of parameter name -> tensor")
+    check_same_save(config, path, lambda: state_dict)
     model = _classifier_from_config(config, path)
     _check_shapes(path, {k: tuple(v.shape) for k, v in state_dict.items()}, model, config)
     result = model.load_state_dict(state_dict, strict=False)
@@ -270,7 +274,7 @@ def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str, st
             f"{path}: does not match {files.CONFIG} (missing {result.missing_keys[:3]}, "
             f"unexpected {result.unexpected_keys[:3]})"
         )
-    return model, path, hashlib.sha256(data).hexdigest(), files.tensors_sha256(state_dict)
+    return model, path, hashlib.sha256(data).hexdigest()
 
 
 def _check_shapes(path: Path, shapes: dict[str, tuple], model: torch.nn.Module, config) -> None:
