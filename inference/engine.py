@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from contract.long_text import CHUNK, LongTextError, PairLeavesNoRoom, TooManyWindows, cut_long_pairs
-from inference import shapes
+from inference import graphs, shapes
 from inference.graphs import CapturedForward, GraphsUnsupported
 from inference.loading import LoadedModel
 from inference.metrics import Metrics
@@ -470,7 +470,7 @@ def warm_up(loaded: LoadedModel, limits: Limits) -> None:
     """One forward pass, so kernels are initialised before the first request. With static shapes on CUDA (the torch
     runtime), every bucket's forward pass is captured as a CUDA graph first (inference/graphs.py), and replayed
     from then on."""
-    if limits.static_shapes and loaded.device.type == "cuda" and loaded.runner is None:
+    if limits.static_shapes and graphs.available(loaded.device) and loaded.runner is None:
         try:
             loaded.runner = CapturedForward(loaded.model, graph_shapes(loaded, limits), loaded.tokenizer)
         except GraphsUnsupported as exc:

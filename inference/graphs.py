@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -29,8 +29,46 @@ class GraphsUnsupported(ValueError):
     """The model cannot run the sync-free attention a capture needs (an architecture without SDPA)."""
 
 
+def available(device: torch.device) -> bool:
+    """Whether forward passes on `device` can be captured: CUDA graphs exist on CUDA only."""
+    return device.type == "cuda"
+
+
+class CudaGraphs:
+    """The CUDA side of capturing, kept apart from the host-side logic of `CapturedForward` (buckets, static inputs,
+    copies) so the CPU suite can run that logic through a stand-in for this class (tests/helpers/cuda_graphs):
+    one memory pool, eager warm-up passes on a side stream, the capture, and pinned staging for the copies in."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, run: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+        """(replay, the tensor `run` returned while captured: each replay rewrites it) after WARM_UP_PASSES passes."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(WARM_UP_PASSES):
+                run()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a reload captures while the model thread still replays the old model's graphs
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            output = run()
+        return graph.replay, output
+
+    @staticmethod
+    def staged(values: torch.Tensor) -> torch.Tensor:
+        return values.pin_memory()  # pinned: the copy to the device does not block the host
+
+    def reserved_mib(self) -> float:
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.memory_reserved(self.device) / 2**20
+
+
 class CapturedForward:
-    """batch -> fp32 logits, like `LoadedModel.runner`, replaying the graph captured for the batch's shape."""
+    """batch -> fp32 logits, like `LoadedModel.runner`, replaying the graph captured for the batch's shape; a shape
+    that was not captured is a KeyError (the engine pads every pass to a captured one: `bucket`)."""
 
     def __init__(self, model: torch.nn.Module, buckets: Iterable[tuple[int, int]], tokenizer):
         self.device = next(model.parameters()).device
@@ -38,36 +76,26 @@ class CapturedForward:
             model.set_attn_implementation(sync_free_sdpa())
         except ValueError as exc:  # transformers: this architecture does not support SDPA
             raise GraphsUnsupported(f"{type(model).__name__} cannot run SDPA attention: {exc}") from None
-        self._pool = torch.cuda.graph_pool_handle()
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor], torch.Tensor]] = {}
+        self._cuda = CudaGraphs(self.device)
+        self._graphs: dict[tuple[int, int], tuple[Callable[[], None], dict[str, torch.Tensor], torch.Tensor]] = {}
         names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in _inputs(tokenizer)]
         started = time.perf_counter()
         for rows, width in sorted(buckets, key=lambda b: b[0] * b[1], reverse=True):  # the largest sizes the pool
             self._graphs[rows, width] = self._capture(model, rows, width, tokenizer.pad_token_id, names)
-        torch.cuda.synchronize(self.device)
         logger.info(
             "Captured %d CUDA graphs (one per batch shape) in %.1f s; GPU memory reserved: %.0f MiB",
             len(self._graphs),
             time.perf_counter() - started,
-            torch.cuda.memory_reserved(self.device) / 2**20,
+            self._cuda.reserved_mib(),
         )
 
     @torch.inference_mode()
     def _capture(self, model, rows: int, width: int, pad_token_id: int, names: list[str]):
-        """The bucket's graph, with the input tensors a replay reads and the logits it writes."""
+        """The bucket's replay, with the input tensors a replay reads and the logits it writes."""
         fill = {"input_ids": pad_token_id, "attention_mask": 1, "token_type_ids": 0}
         inputs = {name: torch.full((rows, width), fill[name], dtype=torch.long, device=self.device) for name in names}
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARM_UP_PASSES):
-                model(**inputs)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):  # a reload captures while
-            # the model thread still replays the old model's graphs
-            logits = model(**inputs).logits
-        return graph, inputs, logits
+        replay, logits = self._cuda.capture(lambda: model(**inputs).logits)
+        return replay, inputs, logits
 
     def bucket(self, rows: int, longest: int) -> tuple[int, int]:
         """The smallest captured (rows, width) that holds `rows` inputs of at most `longest` tokens: a forward pass
@@ -79,10 +107,10 @@ class CapturedForward:
 
     @torch.inference_mode()
     def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        graph, inputs, logits = self._graphs[tuple(batch["input_ids"].shape)]
+        replay, inputs, logits = self._graphs[tuple(batch["input_ids"].shape)]
         for name, values in batch.items():
-            inputs[name].copy_(values.pin_memory(), non_blocking=True)
-        graph.replay()
+            inputs[name].copy_(self._cuda.staged(values), non_blocking=True)
+        replay()
         return logits.to(torch.float32, copy=True)  # a copy: the next replay overwrites `logits`
 
 

@@ -135,6 +135,12 @@ def fault_env(fault: str, **extra: str) -> dict[str, str]:
     return cli_env(DISTILBERT_AGNEWS_FAULT=fault, PYTHONPATH=path, **extra)
 
 
+def graphs_env(**extra: str) -> dict[str, str]:
+    """cli_env with CUDA graphs on the CPU in every process of the run (tests/helpers/cuda_graphs/stand_in.py)."""
+    path = [str(ROOT / "tests" / "helpers" / "cuda_graphs"), os.environ.get("PYTHONPATH")]
+    return cli_env(PYTHONPATH=os.pathsep.join(filter(None, path)), **extra)
+
+
 def launch_command(target: list[str], processes: int = 2) -> list[str]:
     """The one way the tests start N processes: `python TARGET...` for 1, else the `accelerate launch` users run,
     with the 2-process CPU config, N processes and a free port; TARGET is a script and its arguments, or

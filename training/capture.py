@@ -27,21 +27,24 @@ AUTO, NONE, REDUCE_OVERHEAD = "auto", "none", "reduce-overhead"
 AUTO_MIN_STEPS = 1000  # --torch_compile auto: shorter GPU runs would not repay the compilation (docs/launching.md)
 
 
-def resolve(requested: str, device_type: str, total_steps: int) -> str:
-    """--torch_compile as torch.compile's mode, or NONE. auto: reduce-overhead on GPU for long runs, else none."""
+def resolve(requested: str, pad_buckets: int | None, device_type: str, total_steps: int) -> str:
+    """--torch_compile as torch.compile's mode, or NONE. auto: reduce-overhead on GPU for long runs, else none; never
+    with --pad_buckets 0 (dynamic widths: every new width would recompile, past the enforced limit)."""
     if requested != AUTO:
         return requested
-    return REDUCE_OVERHEAD if device_type == "cuda" and total_steps >= AUTO_MIN_STEPS else NONE
+    long_gpu_run = device_type == "cuda" and total_steps >= AUTO_MIN_STEPS
+    return REDUCE_OVERHEAD if long_gpu_run and pad_buckets != 0 else NONE
 
 
-def bucket_count(requested: int | None, torch_compile: str, device_type: str) -> int:
-    """--pad_buckets, else DEFAULT_BUCKETS on GPU, CPU_COMPILED_BUCKETS when compiling on a CPU (a padded token costs
-    a CPU as much as a real one, and launches are cheap there: more, narrower widths), else 0 (dynamic widths)."""
+def bucket_count(requested: int | None, mode: str, device_type: str) -> int:
+    """--pad_buckets, else fixed widths only where a compiled step needs them (`mode`, resolved): DEFAULT_BUCKETS on
+    GPU, CPU_COMPILED_BUCKETS on a CPU (a padded token costs a CPU as much as a real one, and launches are cheap
+    there: more, narrower widths); uncompiled, 0: dynamic widths (rounded up to 8 on GPU), the least padding."""
     if requested is not None:
         return requested
-    if device_type == "cuda":
-        return shapes.DEFAULT_BUCKETS
-    return shapes.CPU_COMPILED_BUCKETS if torch_compile not in (AUTO, NONE) else 0
+    if mode == NONE:
+        return 0
+    return shapes.DEFAULT_BUCKETS if device_type == "cuda" else shapes.CPU_COMPILED_BUCKETS
 
 
 def steps_compiled(mode: str, mixed_precision: str) -> bool:
@@ -81,13 +84,29 @@ def eager(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
+def grads_outside_graphs(model: torch.nn.Module) -> None:
+    """Give every trainable parameter a zeroed .grad of its own, for gradient accumulation under CUDA graphs.
+
+    A captured backward writes its gradients into the graph pool, and autograd adopts them as .grad when .grad is
+    None; the next micro-step's mark (`CompileReport.before`) lets the next replay overwrite them, so accumulating
+    into them would read overwritten memory (PyTorch: "accessing gradient tensor output of CUDAGraphs that has been
+    overwritten"). With .grad allocated here, outside any capture, each backward adds into it instead, and the
+    loop zeroes it in place (`CompileReport.grads_to_none` False) rather than dropping it."""
+    for param in model.parameters():
+        if param.requires_grad and param.grad is None:
+            param.grad = torch.zeros_like(param)
+
+
 class CompileReport:
     """What compilation cost: graphs compiled and the seconds of the steps that compiled them (first use of a width).
     Called around every step, it also marks each step's start for CUDA graphs (reduce-overhead)."""
 
-    def __init__(self, mode: str, clips_in_step: bool = False):
+    def __init__(self, mode: str, clips_in_step: bool = False, accumulation: int = 1):
         self.mode = mode
         self.clips_in_step = clips_in_step  # the compiled optimizer step clips the gradients (compile_optimizer_step)
+        # under CUDA graphs with accumulation, .grad lives outside the graph pool (grads_outside_graphs): zeroed in
+        # place after each optimizer step, never set to None (the next backward would adopt pool memory again)
+        self.grads_to_none = not (mode == REDUCE_OVERHEAD and accumulation > 1)
         self.widths_seen: set[int] = set()
         self.compile_s = 0.0
         self._started = 0.0

@@ -547,12 +547,7 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         self.drop_last = True
         self.epoch = 0
         self.batches_per_step = num_replicas * accumulation
-        self.num_steps = len(self.lengths) // (batch_size * self.batches_per_step)
-        if self.num_steps == 0:
-            raise DataError(
-                f"only {len(self.lengths)} training examples, fewer than one optimizer step "
-                f"({batch_size} per device x {num_replicas} processes x {accumulation} accumulation)"
-            )
+        self.num_steps = steps_in_epoch(len(self.lengths), batch_size, num_replicas, accumulation)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -580,6 +575,17 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
             yield from step
 
 
+def steps_in_epoch(examples: int, batch_size: int, num_replicas: int, accumulation: int) -> int:
+    """Optimizer steps in one epoch, as the sampler deals them (whole steps only); DataError when not even one."""
+    steps = examples // (batch_size * num_replicas * accumulation)
+    if steps == 0:
+        raise DataError(
+            f"only {examples} training examples, fewer than one optimizer step "
+            f"({batch_size} per device x {num_replicas} processes x {accumulation} accumulation)"
+        )
+    return steps
+
+
 def _model_columns(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, *extra: str) -> datasets.Dataset:
     keep = [c for c in (*tokenizer.model_input_names, "labels", *extra) if c in ds.column_names]
     return ds.select_columns(keep)
@@ -597,9 +603,10 @@ def pad_multiple(cfg: TrainConfig, device_type: str) -> int:
     return cfg.pad_to_multiple_of or (shapes.GPU_MULTIPLE if device_type == "cuda" else 1)
 
 
-def pad_widths(cfg: TrainConfig, device_type: str) -> tuple[int, ...]:
-    """The fixed widths batches are padded to (--pad_buckets; training/capture.py decides the default), or ()."""
-    count = capture.bucket_count(cfg.pad_buckets, cfg.torch_compile, device_type)
+def pad_widths(cfg: TrainConfig, device_type: str, compile_mode: str = capture.NONE) -> tuple[int, ...]:
+    """The fixed widths batches are padded to (--pad_buckets; training/capture.py decides the default from the
+    resolved compile mode), or (): dynamic widths."""
+    count = capture.bucket_count(cfg.pad_buckets, compile_mode, device_type)
     return shapes.bucket_widths(cfg.max_length, count) if count else ()
 
 
@@ -641,10 +648,16 @@ def num_texts(split: datasets.Dataset | None) -> int:
 
 
 def make_dataloaders(
-    splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig, num_processes: int, device_type: str = "cpu"
+    splits: Splits,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: TrainConfig,
+    num_processes: int,
+    device_type: str = "cpu",
+    compile_mode: str = capture.NONE,
 ) -> tuple[DataLoader, LengthGroupedBatchSampler, DataLoader, DataLoader | None]:
-    """Train loader (+ its sampler, whose epoch train.py sets) and evaluation loaders, not yet prepared."""
-    collate = Collator.of(tokenizer, pad_widths(cfg, device_type), pad_multiple(cfg, device_type))
+    """Train loader (+ its sampler, whose epoch train.py sets) and evaluation loaders, not yet prepared; batches in
+    fixed widths where the (resolved) compile mode needs them."""
+    collate = Collator.of(tokenizer, pad_widths(cfg, device_type, compile_mode), pad_multiple(cfg, device_type))
     sampler = LengthGroupedBatchSampler(
         list(splits.train["length"]),
         cfg.per_device_train_batch_size,
@@ -684,8 +697,3 @@ def make_eval_loader(
     return DataLoader(
         _model_columns(by_length, tokenizer, "document"), batch_size=batch_size, shuffle=False, **loader_kwargs
     )
-
-
-def steps_per_epoch(train_loader_len: int, accumulation: int) -> int:
-    """Optimizer steps in one epoch of a prepared (per-rank) train loader (the sampler makes it exact)."""
-    return math.ceil(train_loader_len / accumulation)

@@ -304,7 +304,7 @@ def fit(run: Run) -> bool:
                 if accelerator.sync_gradients and clip_here:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 run.optimizer.step()
-                run.optimizer.zero_grad()
+                run.optimizer.zero_grad(set_to_none=run.compiled.grads_to_none)
             run.compiled.after()
             progress.batches_done += 1
             run.throughput.observe(batch)

@@ -50,7 +50,7 @@ from training.data import (
     make_dataloaders,
     num_texts,
     pad_widths,
-    steps_per_epoch,
+    steps_in_epoch,
     tokenize_splits,
 )
 from training.evaluate import evaluate
@@ -95,7 +95,14 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         dataloader_config=DataLoaderConfiguration(non_blocking=True),  # pinned batches copied while the GPU runs
         kwargs_handlers=[
             InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout)),
-            DistributedDataParallelKwargs(find_unused_parameters=cfg.find_unused_parameters),
+            DistributedDataParallelKwargs(
+                find_unused_parameters=cfg.find_unused_parameters,
+                gradient_as_bucket_view=True,  # .grad are views of the all-reduce buckets: no copy in, none out
+                broadcast_buffers=False,  # see ddp_buffers: set where the model has buffers a forward pass changes
+                # the same parameters every step, so DDP may plan once; not with accumulation, whose no_sync
+                # micro-steps DDP's static graph does not support (an internal assertion in the reducer)
+                static_graph=not cfg.find_unused_parameters and cfg.gradient_accumulation_steps == 1,
+            ),
         ],
     )
     check_world_size(accelerator)
@@ -131,9 +138,6 @@ def load_data(cfg: TrainConfig, accelerator: Accelerator):
             failure = exc  # raised past the barrier: the other ranks then meet the same error, none left waiting
     if failure is not None:
         raise failure
-    train, sampler, validation, test = make_dataloaders(
-        splits, tokenizer, cfg, accelerator.num_processes, device_type=accelerator.device.type
-    )
     logger.info(
         "Examples: %s train, %s validation, %s test; %s, %d output(s): %s",
         windows_of(splits.train),
@@ -143,7 +147,7 @@ def load_data(cfg: TrainConfig, accelerator: Accelerator):
         len(splits.label_names),
         ", ".join(splits.label_names),
     )
-    return tokenizer, splits, Loaders(train, sampler, validation, test)
+    return tokenizer, splits
 
 
 def windows_of(split: datasets.Dataset) -> str:
@@ -181,20 +185,25 @@ def choose_metrics(cfg: TrainConfig, splits: Splits) -> tuple[TrainConfig, Metri
 
 def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     """Data, model, optimizer and schedule, prepared by the Accelerator; resumed when asked."""
-    tokenizer, splits, loaders = load_data(cfg, accelerator)
+    tokenizer, splits = load_data(cfg, accelerator)
     cfg, metrics = choose_metrics(cfg, splits)
     objective = objective_for(cfg, splits.labels, splits.train["labels"]).to(accelerator.device)
     model = make_model(cfg, accelerator, splits.labels)
     world = accelerator.num_processes
     learning_rate = cfg.learning_rate * (world if cfg.scale_lr == "linear" else 1)
-    epoch_steps = steps_per_epoch(len(loaders.sampler) // world, cfg.gradient_accumulation_steps)
+    epoch_steps = steps_in_epoch(
+        len(splits.train), cfg.per_device_train_batch_size, world, cfg.gradient_accumulation_steps
+    )
     total_steps = cfg.max_train_steps or epoch_steps * cfg.num_train_epochs
     num_epochs = math.ceil(total_steps / epoch_steps)
-    optimizer, scheduler, compiled = optimization(cfg, accelerator, model, learning_rate, total_steps)
+    compiled = capture.resolve(cfg.torch_compile, cfg.pad_buckets, accelerator.device.type, total_steps)
+    loaders = Loaders(*make_dataloaders(splits, tokenizer, cfg, world, accelerator.device.type, compiled))
+    optimizer, scheduler = optimization(cfg, accelerator, model, learning_rate, total_steps, compiled)
+    ddp_buffers(accelerator, model)
     model, optimizer, loaders.train, loaders.validation, loaders.test = accelerator.prepare(
         model, optimizer, loaders.train, loaders.validation, loaders.test
     )
-    widths = pad_widths(cfg, accelerator.device.type)
+    widths = pad_widths(cfg, accelerator.device.type, compiled)
     if compiled != capture.NONE:
         model = capture.compile_model(model, compiled, len(widths))
     accelerator.register_for_checkpointing(scheduler)  # stepped by us once per optimizer step
@@ -225,7 +234,9 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
         guard=StopGuard(accelerator, cfg.max_nonfinite_steps),
         objective=objective,
         compiled=capture.CompileReport(
-            compiled, clips_in_step=capture.steps_compiled(compiled, accelerator.mixed_precision)
+            compiled,
+            clips_in_step=capture.steps_compiled(compiled, accelerator.mixed_precision),
+            accumulation=cfg.gradient_accumulation_steps,
         ),
     )
     run.progress.provenance = provenance.record(cfg, splits, accelerator, learning_rate, total_steps)
@@ -236,11 +247,15 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
 
 
 def optimization(
-    cfg: TrainConfig, accelerator: Accelerator, model: torch.nn.Module, learning_rate: float, total_steps: int
+    cfg: TrainConfig,
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    learning_rate: float,
+    total_steps: int,
+    compiled: str,
 ):
-    """(AdamW, its schedule, the torch.compile mode): with compilation on (training/capture.py), a capturable AdamW
-    whose compiled step reads a tensor learning rate, except under fp16, where the GradScaler steps it eagerly."""
-    compiled = capture.resolve(cfg.torch_compile, accelerator.device.type, total_steps)
+    """(AdamW, its schedule): with compilation on (training/capture.py), a capturable AdamW whose compiled step reads
+    a tensor learning rate, except under fp16, where the GradScaler steps it eagerly."""
     step_compiled = capture.steps_compiled(compiled, accelerator.mixed_precision)
     optimizer = build_optimizer(model, cfg, learning_rate, capturable=step_compiled)
     scheduler = transformers.get_scheduler(
@@ -251,7 +266,24 @@ def optimization(
     )
     if step_compiled:
         capture.compile_optimizer_step(optimizer, compiled, accelerator.device, cfg.max_grad_norm)
-    return optimizer, scheduler, compiled
+    if compiled == capture.REDUCE_OVERHEAD and cfg.gradient_accumulation_steps > 1:
+        capture.grads_outside_graphs(model)
+    return optimizer, scheduler
+
+
+def ddp_buffers(accelerator: Accelerator, model: torch.nn.Module) -> None:
+    """DDP broadcasts rank 0's buffers before every forward pass unless told not to (make_accelerator does): a
+    collective per step that only buffers a forward pass changes need (running statistics of batch norms); the
+    constant buffers of transformer classifiers (position ids) are equal on every rank already."""
+    handler = accelerator.ddp_handler
+    if handler is None or accelerator.num_processes == 1:
+        return
+    handler.broadcast_buffers = any(getattr(m, "track_running_stats", False) for m in model.modules())
+    logger.info(
+        "DDP: gradients as views of the all-reduce buckets, %s, buffers %s",
+        "static graph" if handler.static_graph else "graph found each step",
+        "broadcast every step" if handler.broadcast_buffers else "not broadcast (none changes)",
+    )
 
 
 def layout_of(cfg: TrainConfig, accelerator: Accelerator) -> dict:

@@ -19,9 +19,11 @@ from contract import files
 from inference import shapes
 from inference.app import create_app
 from inference.engine import static_passes
+from inference.graphs import CapturedForward
 from inference.loading import CheckpointError, load_model
 from inference.settings import Settings, SettingsError, from_env
 from tests.conftest import ROOT, save_new_weights
+from tests.helpers.cuda_graphs.stand_in import install_serving
 from tests.inference.conftest import ag_news_texts, assert_matches, run_cli, wait_for
 
 TEXTS = [
@@ -178,15 +180,24 @@ def test_micro_batches_are_bounded_by_tokens_and_inputs(smoke_checkpoint, refere
 
 @pytest.fixture(scope="module")
 def static_client(smoke_checkpoint):
-    """The service as on CUDA (the torch runtime, STATIC_SHAPES and TOKENIZER_THREAD on) on the CPU, recording every
-    forward pass's shape."""
-    with make_client(smoke_checkpoint, static_shapes=True, tokenizer_thread=True, backend="torch") as c:
-        shapes_seen = []
-        c.app.state.service.engine.current.model.register_forward_pre_hook(
-            lambda module, args, kwargs: shapes_seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
-        )
-        c.shapes_seen = shapes_seen
-        yield c
+    """The service as on CUDA (the torch runtime, STATIC_SHAPES and TOKENIZER_THREAD on, every forward pass a
+    replayed CUDA graph: inference/graphs.py's CapturedForward over the CPU stand-in of tests/helpers/cuda_graphs)
+    on the CPU, recording every forward pass's shape."""
+    with pytest.MonkeyPatch.context() as patch:
+        install_serving(patch)
+        with make_client(smoke_checkpoint, static_shapes=True, tokenizer_thread=True, backend="torch") as c:
+            assert isinstance(c.app.state.service.engine.current.runner, CapturedForward)
+            yield recording_shapes(c)
+
+
+def recording_shapes(c: TestClient) -> TestClient:
+    """`c` with `shapes_seen`: the input shape of every forward pass of its model from now on."""
+    shapes_seen = []
+    c.app.state.service.engine.current.model.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes_seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    c.shapes_seen = shapes_seen
+    return c
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic-shapes", "static-shapes"])

@@ -22,13 +22,15 @@ from safetensors.torch import load_file
 
 from contract import files
 from inference import shapes
-from tests.conftest import ROOT, cli_env, describe, run_train
+from tests.conftest import ROOT, cli_env, describe, graphs_env, run_train
+from tests.helpers.cuda_graphs.stand_in import REPORT, on_parameters_device
 from training.config import load_config
-from training.data import Collator, load_splits, make_dataloaders, tokenize_splits
+from training.data import Collator, load_splits, make_dataloaders, pad_multiple, pad_widths, tokenize_splits
 from training.model import load_tokenizer
 
 STEPS = 50
 FOUR_WIDTHS = ("--pad_buckets", "4")  # the GPU's default: four graphs to compile, not the CPU's sixteen
+CAPTURED = ("--torch_compile", "reduce-overhead")  # what `auto` picks on a GPU
 EXACT = ["--dropout", "0", "--mixed_precision", "no", "--pad_buckets", "4", "--learning_rate", "5e-4"]
 
 
@@ -67,14 +69,32 @@ def test_bucket_widths_are_few_fixed_multiples_of_8_up_to_max_length():
         shapes.bucket_widths(128, 0)
 
 
-def test_default_widths_are_few_on_a_gpu_narrower_when_compiling_on_a_cpu_and_dynamic_otherwise():
+def test_fixed_widths_only_where_a_step_is_compiled_dynamic_multiples_of_8_on_an_eager_gpu():
+    """issue 39, finding 6: an eager GPU run padded to 4 fixed widths (23 % padding instead of ~8 %) for graphs that
+    nothing captures; now the default widths follow the resolved compile mode."""
     from training.capture import bucket_count
 
-    assert bucket_count(None, "auto", "cuda") == bucket_count(None, "none", "cuda") == shapes.DEFAULT_BUCKETS == 4
+    assert bucket_count(None, "reduce-overhead", "cuda") == bucket_count(None, "default", "cuda") == 4
+    assert bucket_count(None, "none", "cuda") == 0  # was DEFAULT_BUCKETS
     assert bucket_count(None, "default", "cpu") == shapes.CPU_COMPILED_BUCKETS == 16
     assert shapes.bucket_widths(128, 16) == tuple(range(8, 129, 8))  # every multiple of 8: at most 7 padded tokens
-    assert bucket_count(None, "auto", "cpu") == bucket_count(None, "none", "cpu") == 0
+    assert bucket_count(None, "none", "cpu") == 0
     assert bucket_count(6, "default", "cpu") == 6 and bucket_count(0, "none", "cuda") == 0
+    cfg = load_config(["--preset", "smoke"])
+    assert pad_multiple(cfg, "cuda") == 8 and pad_widths(cfg, "cuda", "none") == ()  # rounded to 8, not bucketed
+    assert pad_widths(cfg, "cuda", "reduce-overhead") == shapes.bucket_widths(64, 4)
+
+
+def test_auto_never_picks_a_compiled_step_that_cannot_run():
+    """issue 39, finding 3: `auto` with --pad_buckets 0 on a long GPU run compiled with a recompile limit of one
+    graph and failed at the second batch width; now auto compiles only with fixed widths."""
+    from training.capture import resolve
+
+    assert resolve("auto", None, "cuda", 1000) == "reduce-overhead"
+    assert resolve("auto", 4, "cuda", 5000) == "reduce-overhead"
+    assert resolve("auto", 0, "cuda", 5000) == "none"  # was reduce-overhead
+    assert resolve("auto", None, "cuda", 999) == resolve("auto", None, "cpu", 10**6) == "none"
+    assert resolve("default", None, "cpu", 10) == "default"  # explicit modes as asked (config refuses 0 widths)
 
 
 def test_training_batches_take_the_smallest_width_that_holds_them_and_the_same_examples(smoke_dir):
@@ -120,9 +140,14 @@ def test_compiling_without_fixed_widths_is_refused_before_anything_loads(tmp_pat
 
 
 def train(out: Path, *extra: str) -> dict:
+    """A smoke run; compiled ones with CUDA graph steps, their step rule played on the CPU (tests/helpers)."""
     args = ["--preset", "smoke", "--output_dir", str(out), "--max_train_steps", str(STEPS), "--logging_steps", "1"]
-    result, _ = run_train([*args, "--checkpointing_steps", "25", "--eval_steps", "25", *extra])
+    captured = CAPTURED[1] in extra
+    env = graphs_env() if captured else None
+    result, _ = run_train([*args, "--checkpointing_steps", "25", "--eval_steps", "25", *extra], env=env)
     assert result.returncode == 0, describe(result)
+    if captured:  # the stand-in ran: the compiled model's outputs went through its pool
+        assert int(result.stderr.rpartition(f"{REPORT}: ")[2].split()[0]) > 0, describe(result)
     return json.loads((out / files.METRICS).read_text())
 
 
@@ -131,8 +156,8 @@ def compiled_runs(smoke_dir, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     root = tmp_path_factory.mktemp("compiled")
     runs = {
         "eager": EXACT,
-        "compiled": [*EXACT, "--torch_compile", "default", *FOUR_WIDTHS],
-        "compiled dropout": ["--torch_compile", "default", "--mixed_precision", "no", *FOUR_WIDTHS],
+        "compiled": [*EXACT, *CAPTURED, *FOUR_WIDTHS],
+        "compiled dropout": [*CAPTURED, "--mixed_precision", "no", *FOUR_WIDTHS],
     }
     return {name: (root / name, train(root / name, *args)) for name, args in runs.items()}
 
@@ -145,7 +170,7 @@ def test_compiled_training_gives_the_losses_of_eager_training(compiled_runs):
     worst = max(abs(a - b) / abs(a) for a, b in zip(*losses))
     print(f"compiled vs eager: largest relative loss difference {worst:.2e} over {STEPS} steps")
     assert worst <= 1e-4
-    assert eager["compilation"]["mode"] == "none" and compiled["compilation"]["mode"] == "default"
+    assert eager["compilation"]["mode"] == "none" and compiled["compilation"]["mode"] == "reduce-overhead"
 
 
 @pytest.mark.slow
@@ -166,10 +191,7 @@ def test_a_compiled_run_resumed_mid_epoch_finishes_bitwise_identical(compiled_ru
     out, metrics = compiled_runs["compiled dropout"]
     resumed = tmp_path / "resumed"
     shutil.copytree(out / files.STATE_DIR / "step_25", resumed / files.STATE_DIR / "step_25")
-    again = train(
-        resumed,
-        *("--torch_compile", "default", "--mixed_precision", "no", *FOUR_WIDTHS, "--resume_from_checkpoint", "latest"),
-    )
+    again = train(resumed, *CAPTURED, "--mixed_precision", "no", *FOUR_WIDTHS, "--resume_from_checkpoint", "latest")
     last = f"{files.STATE_DIR}/step_{STEPS}/model.safetensors"
     a, b = load_file(out / last), load_file(resumed / last)
     assert a.keys() == b.keys() and not [k for k in a if k.startswith(("_orig_mod.", "module."))]
@@ -196,7 +218,9 @@ def test_a_compiled_state_resumes_eagerly_only_when_allowed_and_then_without_a_t
         "latest",
     ]
     refused, _ = run_train([*args, "--torch_compile", "none"])
-    assert refused.returncode == 1 and "settings.torch_compile default -> none" in refused.stderr, describe(refused)
+    assert refused.returncode == 1 and "settings.torch_compile reduce-overhead -> none" in refused.stderr, describe(
+        refused
+    )
     assert "Traceback" not in refused.stderr
     allowed, _ = run_train([*args, "--torch_compile", "none", "--allow_inexact_resume"])
     assert allowed.returncode == 0 and "Traceback" not in allowed.stderr, describe(allowed)
@@ -222,3 +246,24 @@ def test_keep_optimizer_kind_makes_a_loaded_state_fit_the_optimizer_this_run_bui
     again.load_state_dict(eager.state_dict())
     keep_optimizer_kind(again)
     assert again.param_groups[0]["capturable"] is True and isinstance(again.param_groups[0]["lr"], torch.Tensor)
+
+
+def test_a_resumed_capturable_optimizer_keeps_its_state_beside_the_parameters():
+    """issue 39, finding 4: accelerate loads the optimizer state to the CPU, and `load_state_dict` moves only the state
+    tensors: the capturable AdamW's tensor learning rate stayed on the CPU (its CUDA graph dropped, or the rate
+    frozen). The parameters sit on the meta device here, standing in for the GPU (on a CPU every tensor is beside
+    every other); `on_parameters_device` is the rule a capturable AdamW enforces on CUDA."""
+    from training.model import keep_optimizer_kind
+
+    saved = torch.optim.AdamW([torch.nn.Parameter(torch.randn(3))], lr=1e-2, foreach=True, capturable=True)
+    saved.param_groups[0]["lr"] = torch.tensor(1e-2)  # as compile_optimizer_step leaves it, saved from the CPU
+    saved.param_groups[0]["params"][0].grad = torch.ones(3)
+    torch.compile(saved.step)()
+    on_gpu = torch.optim.AdamW(
+        [torch.nn.Parameter(torch.empty(3, device="meta"))], lr=1e-2, foreach=True, capturable=True
+    )
+    on_gpu.load_state_dict(saved.state_dict())
+    assert on_parameters_device(on_gpu) == ["group 0 lr on cpu"]  # what load_state_dict alone leaves
+    keep_optimizer_kind(on_gpu)
+    assert on_parameters_device(on_gpu) == []
+    assert isinstance(on_gpu.param_groups[0]["lr"], torch.Tensor) and on_gpu.param_groups[0]["capturable"]

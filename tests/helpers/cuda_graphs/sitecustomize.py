@@ -1,0 +1,38 @@
+"""CUDA graphs on the CPU for every Python process that has this folder on PYTHONPATH (tests/conftest.py:
+`graphs_env`): see stand_in.py. Installed when the package's modules that use them are first imported, so a
+process that never imports torch pays nothing."""
+
+import atexit
+import importlib.abc
+import importlib.machinery
+import sys
+
+import stand_in
+
+
+class _InstallOnImport(importlib.abc.MetaPathFinder):
+    def __init__(self):
+        self.done: set[str] = set()
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in ("inference.graphs", "training.capture") or name in self.done:
+            return None
+        self.done.add(name)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        exec_module = spec.loader.exec_module
+
+        def exec_and_install(module):
+            if name == "training.capture":
+                pool = stand_in.install_training()
+                atexit.register(
+                    lambda: sys.stderr.write(f"{stand_in.REPORT}: {pool.held} ({pool.overwritten} overwritten)\n")
+                )
+            exec_module(module)
+            if name == "inference.graphs":
+                stand_in.install_serving()
+
+        spec.loader.exec_module = exec_and_install
+        return spec
+
+
+sys.meta_path.insert(0, _InstallOnImport())
