@@ -51,6 +51,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         "text-embeddings-inference: POST /predict, GET /info, /health, /metrics.",
     )
     app.state.service = Service(settings, engine)
+    app.router.routes[0:0] = routes.fast_routes()  # matched first: the hot path without FastAPI's machinery
     app.include_router(routes.router)
     app.include_router(routes.public)
     errors.install(app)

@@ -75,10 +75,11 @@ class Limits:
 
 @dataclass
 class Answer:
-    """One job's logits (fp32, in input order), the model that computed them (its labels and task name and score
-    them, whatever was swapped in since), its token count and where its time went (seconds)."""
+    """One job's answer: each input's labels with their scores, best first (scored as the job asked, by the task of
+    the model that computed them, whatever was swapped in since), that model, its token count and where its time
+    went (seconds)."""
 
-    logits: list[list[float]]
+    ranked: list[list[dict]]
     model: LoadedModel
     tokens: int
     tokenization_s: float
@@ -94,6 +95,7 @@ class _Job:
     chunk: bool
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    scoring: str | None = None  # softmax, sigmoid, none; None: the model's task decides (contract/task.py)
     enqueued: float = field(default_factory=time.perf_counter)
     features: list[dict] = field(default_factory=list)  # one tokenized window each: input_ids (+ token_type_ids)
     owner: list[int] = field(default_factory=list)  # the input of each window
@@ -146,12 +148,18 @@ class Engine:
     def swap(self, loaded: LoadedModel) -> None:
         self.current = loaded  # one reference assignment: atomic; the worker reads it per micro-batch
 
-    async def predict(
-        self, sequences: list[Sequence], truncate: bool, left: bool = False, chunk: bool = False
-    ) -> Answer:
-        """Logits for each input, in order (`chunk`: pooled from every window of a long input). Raises Overloaded,
-        InputTooLong, TooManyWindows, LongTextError (a pair that cannot be windowed), or what the forward pass
-        raised."""
+    def submit(
+        self,
+        sequences: list[Sequence],
+        truncate: bool,
+        left: bool = False,
+        chunk: bool = False,
+        scoring: str | None = None,
+    ) -> asyncio.Future:
+        """Queue the inputs; the future gets their Answer, in order (`chunk`: pooled from every window of a long
+        input), or InputTooLong, TooManyWindows, LongTextError (a pair that cannot be windowed), or what the forward
+        pass raised. Cancelling it (the client went away) drops the job if it has not run yet. Raises Overloaded
+        at once. Call from the event loop."""
         with self._lock:
             if self._in_flight + len(sequences) > self.limits.max_concurrent_requests:
                 raise Overloaded(
@@ -159,15 +167,27 @@ class Engine:
                     f"{self.limits.max_concurrent_requests}); retry later"
                 )
             self._in_flight += len(sequences)
-        try:
-            loop = asyncio.get_running_loop()
-            job = _Job(sequences, truncate, left, chunk, loop, loop.create_future())
-            self.metrics.queue_size.inc(len(sequences))
-            self._queue.put(job)
-            return await job.future
-        finally:
-            with self._lock:
-                self._in_flight -= len(sequences)
+        loop = asyncio.get_running_loop()
+        job = _Job(sequences, truncate, left, chunk, loop, loop.create_future(), scoring)
+        job.future.add_done_callback(lambda _: self._leave(len(sequences)))
+        self.metrics.queue_size.inc(len(sequences))
+        self._queue.put(job)
+        return job.future
+
+    async def predict(
+        self,
+        sequences: list[Sequence],
+        truncate: bool,
+        left: bool = False,
+        chunk: bool = False,
+        scoring: str | None = None,
+    ) -> Answer:
+        """`submit`, awaited."""
+        return await self.submit(sequences, truncate, left, chunk, scoring)
+
+    def _leave(self, inputs: int) -> None:
+        with self._lock:
+            self._in_flight -= inputs
 
     # ---------------------------------------------------------------------------------- worker side
 
@@ -337,12 +357,38 @@ class Engine:
         return [(part, None, None) for part in passes]
 
     def _answer(self, jobs: list[_Job], loaded: LoadedModel, found: dict, started: float, inference_s: float) -> None:
-        """Each job its own rows of `found` ((job, window) -> logits), pooled per input, with its timings."""
-        for j, job in enumerate(jobs):
+        """Each job its own rows of `found` ((job, window) -> logits), pooled per input, scored and ranked for the
+        whole micro-batch at once, with its timings; one wake-up of each event loop for all its jobs."""
+        pooled = [
+            loaded.long_text.pool(
+                torch.stack([found[j, i] for i in range(len(job.features))]), job.owner, len(job.sequences)
+            )
+            for j, job in enumerate(jobs)
+        ]
+        ranked = rank(loaded, pooled, [job.scoring for job in jobs])
+        answers = []
+        for job, job_ranked in zip(jobs, ranked):
             queue_s = max(0.0, started - job.enqueued - job.tokenization_s)
-            job_logits = torch.stack([found[j, i] for i in range(len(job.features))])
-            pooled = loaded.long_text.pool(job_logits, job.owner, len(job.sequences)).tolist()
-            _resolve(job, value=Answer(pooled, loaded, job.tokens, job.tokenization_s, queue_s, inference_s))
+            answers.append((job, Answer(job_ranked, loaded, job.tokens, job.tokenization_s, queue_s, inference_s)))
+        _settle(answers)
+
+
+def rank(loaded: LoadedModel, pooled: list[torch.Tensor], scorings: list[str | None]) -> list[list[list[dict]]]:
+    """Per job (its inputs' fp32 logits, its scoring function), each input's labels with scores, best first: one
+    scoring call and one sort per scoring function in the micro-batch, not one per request."""
+    ranked: list = [None] * len(pooled)
+    labels = loaded.labels
+    for scoring in dict.fromkeys(scorings):
+        which = [j for j, s in enumerate(scorings) if s == scoring]
+        scores = loaded.task.scores(torch.cat([pooled[j] for j in which]), scoring)
+        values, order = scores.sort(dim=-1, descending=True, stable=True)  # ties keep the labels' order
+        rows = [
+            [{"score": v, "label": labels[i]} for v, i in zip(row_values, row_order)]
+            for row_values, row_order in zip(values.tolist(), order.tolist())
+        ]
+        for j in which:
+            ranked[j], rows = rows[: len(pooled[j])], rows[len(pooled[j]) :]
+    return ranked
 
 
 def _by_settings(jobs):
@@ -511,12 +557,23 @@ def forward(
 
 
 def _resolve(job: _Job, value=None, exc: BaseException | None = None) -> None:
-    def settle() -> None:
-        if job.future.done():  # the client went away and the request was cancelled
-            return
-        if exc is not None:
-            job.future.set_exception(exc)
-        else:
-            job.future.set_result(value)
+    _settle([(job, exc if exc is not None else value)])
 
-    job.loop.call_soon_threadsafe(settle)
+
+def _settle(outcomes: list[tuple[_Job, object]]) -> None:
+    """Each job's future gets its Answer or exception, on its event loop: one wake-up per loop for all its jobs."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for job, outcome in outcomes:
+        by_loop.setdefault(job.loop, []).append((job.future, outcome))
+    for loop, settled in by_loop.items():
+        loop.call_soon_threadsafe(_set_all, settled)
+
+
+def _set_all(settled: list[tuple[asyncio.Future, object]]) -> None:
+    for future, outcome in settled:
+        if future.done():  # the client went away and the request was cancelled
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

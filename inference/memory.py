@@ -8,6 +8,12 @@ rarely reused or returned, so RSS creeps up with the variety of shapes seen (doc
 Fixing the threshold (mallopt M_MMAP_THRESHOLD, which also switches the adjustment off) keeps every block of
 1 MiB or more on mmap: freed blocks go back to the system at once. The small blocks below it are reused well.
 
+Python's cyclic garbage collector is the other cost of a long-lived process: a full collection walks every object
+alive, and a loaded model, its tokenizer and the libraries hold millions. Triggered by the allocations of serving
+itself, each one stops every thread (the event loop and the model thread alike) for a long pause; under load that
+was the service's tail latency (docs/serving.md, "Memory"). `freeze_long_lived` moves what start-up made into the
+collector's permanent generation, so collections walk only what requests allocate since.
+
 oneDNN's primitive caches (used by bf16 and fp16 matmuls on CPU) are bounded by their own capacities, 1024
 entries each by default; ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY set before start-up lower them.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 
 logger = logging.getLogger(__name__)
@@ -46,3 +53,12 @@ def keep_large_blocks_off_the_heap(threshold: int = MMAP_THRESHOLD_BYTES) -> boo
     applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
     logger.debug("glibc mmap threshold fixed at %d bytes: %s", threshold, applied)
     return applied
+
+
+def freeze_long_lived() -> None:
+    """After start-up or a reload: collect once (the previous model's cycles too: everything frozen before is
+    collectable again first), then exempt every surviving object from later collections (gc.freeze)."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    logger.debug("%d long-lived objects exempt from garbage collection", gc.get_freeze_count())

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from fastapi import APIRouter, Depends, Request, Response
@@ -16,13 +15,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
+from starlette.routing import Route
 
 from contract import precision
 from contract.long_text import CHUNK, TRUNCATE, LongTextError, TooManyWindows
 from inference import errors
 from inference.engine import Answer, InputTooLong, Overloaded, window_length
 from inference.errors import ServiceError
-from inference.loading import LoadedModel
 from inference.schemas import ErrorBody, Info, PredictRequest, PredictResponse
 from inference.service import Service, chunks_long_texts
 
@@ -36,12 +35,22 @@ def service(request: Request) -> Service:
     return request.app.state.service
 
 
-def require_api_key(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+async def require_api_key(
+    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)
+) -> None:
+    check_api_key(request, credentials.credentials if credentials else None)
+
+
+def check_api_key(request: Request, token: str | None) -> None:
     key = service(request).settings.api_key
-    if not key:
-        return
-    if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), key.encode()):
+    if key and (token is None or not hmac.compare_digest(token.encode(), key.encode())):
         raise ServiceError("Unauthorized", "missing or wrong API key (Authorization: Bearer <key>)", status=401)
+
+
+def bearer_token(request: Request) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header (the scheme in any case), as HTTPBearer reads it."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token if scheme.lower() == "bearer" and token else None
 
 
 router = APIRouter(dependencies=[Depends(require_api_key)])  # TEI: the API key guards these
@@ -68,41 +77,60 @@ async def predict(request: Request) -> Response:
     try:
         body = parse(await request.body())
         state.metrics.request_count.labels("batch" if body.is_batch else "single").inc()
-        await drop_if_gone(request)  # a client already gone before its request is queued: no tokenizing, no forward
-        answer = await unless_gone(request, classify(state, body))
+        job = classify(state, body)
+        try:
+            answer = await unless_gone(request, job)
+        except ClientDisconnect:
+            raise
+        except Exception as exc:  # noqa: BLE001 - what the engine answered the job with, as TEI answers it
+            raise engine_failure(exc) from None
     except ServiceError as exc:
         state.metrics.request_failure.labels(exc.reason).inc()
         raise
-    await drop_if_gone(request)  # computed for nobody: counted as 499, not as a success
     method = "batch" if body.is_batch else "single"
     state.metrics.request_success.labels(method).inc()
-    state.metrics.predict_success.inc(len(answer.logits))
+    state.metrics.predict_success.inc(len(answer.ranked))
     observe(state, answer, time.perf_counter() - started)
-    ranked = [scored_labels(row, answer.model, body.k(), body.scoring()) for row in answer.logits]
+    k = body.k()
+    ranked = [row[:k] for row in answer.ranked] if k else answer.ranked
     headers = tei_headers(answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started)
     return JSONResponse(ranked if body.is_batch else ranked[0], headers=headers)
 
 
-async def drop_if_gone(request: Request) -> None:
-    if await request.is_disconnected():
-        raise ClientDisconnect
+PREDICT_PATHS = ("/predict", "/", "/invocations")
 
 
-async def unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """`work`'s result, unless the client disconnects first: then `work` is cancelled (a queued job is skipped by the
-    engine's worker, untokenized and uncomputed) and ClientDisconnect is raised."""
-    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(request.receive))
+async def predict_fast(request: Request) -> Response:
+    """`predict` behind the API key check, as a plain Starlette endpoint."""
+    check_api_key(request, bearer_token(request))
+    return await predict(request)
+
+
+def fast_routes() -> list[Route]:
+    """POST /predict, / and /invocations as plain Starlette routes, placed before FastAPI's (which stay, for the
+    OpenAPI schema, and never run): FastAPI's per-request machinery around an endpoint that reads its own body
+    (dependency solving, its exit stack, the response wrapper) cost more Python time than the rest of a request
+    (docs/benchmarks.md, "Per-request path")."""
+    return [Route(path, predict_fast, methods=["POST"]) for path in PREDICT_PATHS]
+
+
+async def unless_gone(request: Request, job: asyncio.Future[T]) -> T:
+    """The queued `job`'s result, unless the client disconnects first: one watcher per request, which cancels the
+    job (the engine skips a queued job whose future is done: untokenized, uncomputed) and makes this raise
+    ClientDisconnect, as it does when the client left while its answer was computed (a 499, not a success)."""
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    gone.add_done_callback(lambda _: job.cancel())
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # this request itself was cancelled (shutdown): so is its work
-        task.cancel()
-        raise
+        result = await job
+    except asyncio.CancelledError:
+        if gone.done() and not gone.cancelled():
+            raise ClientDisconnect from None
+        raise  # this request itself was cancelled (shutdown): so was its job
     finally:
         gone.cancel()
-    if not task.done():
-        task.cancel()
+    if gone.done() and not gone.cancelled():
         raise ClientDisconnect
-    return task.result()
+    return result
 
 
 async def _disconnected(receive) -> None:
@@ -125,7 +153,8 @@ def parse(raw: bytes) -> PredictRequest:
         raise ServiceError(errors.VALIDATION, errors.describe_validation(problems)) from None
 
 
-async def classify(state: Service, body: PredictRequest) -> Answer:
+def classify(state: Service, body: PredictRequest) -> asyncio.Future[Answer]:
+    """Check the request against the limits and queue it: the future of its Answer (errors: `engine_failure`)."""
     settings, sequences = state.settings, body.sequences()
     if body.is_batch and len(sequences) > settings.max_client_batch_size:
         raise ServiceError(
@@ -147,15 +176,18 @@ async def classify(state: Service, body: PredictRequest) -> Answer:
         sequences = limit_characters(sequences, served.max_length * CHARS_PER_TOKEN_LIMIT, truncate, body.left)
     state.metrics.predict_count.inc(len(sequences))  # TEI: one per input handed to the model (core/src/infer.rs)
     try:
-        return await engine.predict(sequences, truncate, body.left, chunk)
+        return engine.submit(sequences, truncate, body.left, chunk, body.scoring())
     except Overloaded as exc:
         raise ServiceError(errors.OVERLOADED, str(exc)) from None
-    except (InputTooLong, LongTextError) as exc:
-        raise ServiceError(errors.VALIDATION, str(exc)) from None
-    except TooManyWindows as exc:
-        raise ServiceError(errors.VALIDATION, str(exc), status=413, reason="too_many_windows") from None
-    except Exception as exc:  # noqa: BLE001 - the forward pass failed: TEI answers 424 Backend
-        raise ServiceError(errors.BACKEND, f"inference failed ({type(exc).__name__}: {exc})") from None
+
+
+def engine_failure(exc: Exception) -> ServiceError:
+    """A job's failure as TEI answers it."""
+    if isinstance(exc, (InputTooLong, LongTextError)):
+        return ServiceError(errors.VALIDATION, str(exc))
+    if isinstance(exc, TooManyWindows):
+        return ServiceError(errors.VALIDATION, str(exc), status=413, reason="too_many_windows")
+    return ServiceError(errors.BACKEND, f"inference failed ({type(exc).__name__}: {exc})")  # TEI: 424 Backend
 
 
 def check_characters(sequences: list, limit: int) -> None:
@@ -187,16 +219,6 @@ def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) ->
             cut = slice(-keep, None) if left else slice(None, keep)
             out.append((text[cut], pair[cut] if pair is not None else None))
     return out
-
-
-def scored_labels(logits: list[float], served: LoadedModel, top_k: int | None, scoring: str | None) -> list[dict]:
-    """Labels with scores, best first. Scored by the model's task unless the request asks (contract/task.py: softmax
-    for single-label, sigmoid for multi-label and one-logit models, the raw value for regression)."""
-    values = served.task.scores(torch.tensor([logits]), scoring)[0]
-    ranked = sorted(
-        ({"score": s, "label": label} for label, s in zip(served.labels, values.tolist())), key=lambda p: -p["score"]
-    )
-    return ranked[:top_k] if top_k else ranked
 
 
 def observe(state: Service, answer: Answer, total_s: float) -> None:

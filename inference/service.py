@@ -60,6 +60,7 @@ class Service:
         check_servable(self.settings, loaded)
         warm_up(loaded, self.engine.limits)
         self.engine.swap(loaded)
+        memory.freeze_long_lived()  # the new model's objects out of the collector's walks, the old one's freed
         self.reloads += 1
         self.metrics.reloads.labels("ok").inc()
         served = f"{loaded.backend} {loaded.precision}"
@@ -153,6 +154,7 @@ async def lifespan(app: FastAPI):
         service.engine.start()
     watcher = service.watcher = _watcher(service)
     served = service.engine.current
+    memory.freeze_long_lived()  # what start-up made: no garbage-collection pause walks it under load
     service.ready = True
     logger.info(
         "Ready: %s on %s (%s %s), labels %s",

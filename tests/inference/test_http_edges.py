@@ -90,7 +90,8 @@ def every_route(app) -> list[tuple[str, str, bool]]:
         router = getattr(route, "original_router", None)  # FastAPI's included routers; the docs are plain routes
         for inner in router.routes if router is not None else [route]:
             for method in sorted(set(inner.methods) - {"HEAD"}):
-                found.append((method, inner.path, router is routes.router))
+                guarded = router is routes.router or getattr(inner, "endpoint", None) is routes.predict_fast
+                found.append((method, inner.path, guarded))  # predict_fast: the hot path checks the key itself
     return found
 
 
