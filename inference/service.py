@@ -60,11 +60,11 @@ class Service:
         check_servable(self.settings, loaded)
         warm_up(loaded, self.engine.limits)
         self.engine.swap(loaded)
-        memory.freeze_long_lived()  # the new model's objects out of the collector's walks, the old one's freed
         self.reloads += 1
         self.metrics.reloads.labels("ok").inc()
         served = f"{loaded.backend} {loaded.precision}"
         logger.info("Now serving %s (sha256 %s, %s)", loaded.weights_file, loaded.sha256[:12], served)
+        memory.freeze_long_lived()  # the new model's objects out of the collector's walks, the old one's freed
 
     def refused(self) -> None:
         self.metrics.reloads.labels("failed").inc()
