@@ -15,9 +15,10 @@ none on CPU, as ours), in a fresh process each. Rows:
     trainer+gbl  transformers.Trainer, train_sampling_strategy="group_by_length"
 
 Runs alternate (ours, trainer, trainer+gbl, then the reverse order, ...) to cancel machine drift; each row's
-figures are the mean over its repeats. Printed per row: examples/s and non-padding tokens/s of the training
-loop (evaluation excluded), padding fraction, peak memory (GPU: max allocated; CPU: peak RSS), validation
-accuracy after the epoch, and ours/peer ratios.
+figures are the median over its repeats. Printed per row: examples/s and non-padding tokens/s of the training
+loop (evaluation excluded; ours: its steady steps, timed with CUDA events on a GPU, the steps that compile or
+record CUDA graphs reported apart: training/throughput.py), padding fraction, peak memory (GPU: max allocated;
+CPU: peak RSS), validation accuracy after the epoch, and ours/peer ratios.
 
 Data: ../shared/data/ag_news/train_subset.csv (real AG News text) when present, else synthetic news whose
 lengths follow AG News's (25-60 words). MFU (GPU only): achieved training FLOP/s over the GPU's peak dense
@@ -178,13 +179,14 @@ def run_ours(args, model_dir: Path, work: Path, out: Path, compiled: bool = Fals
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
     )
     metrics = json.loads((out / files.METRICS).read_text())
-    speed = metrics["throughput"]
-    compiling = metrics["compilation"]["compile_seconds"]  # the first step of each width: reported apart
-    steady = speed["train_seconds"] / max(speed["train_seconds"] - compiling, 1e-9)  # rates without compilation
+    speed, compilation = metrics["throughput"], metrics["compilation"]
+    steady = speed["steady"]  # the steps that neither compiled nor recorded, on the device's clock (throughput.py)
     return {
-        "examples_per_second": speed["examples_per_second"] * steady,
-        "compile_seconds": compiling,
-        "tokens_per_second": speed["tokens_per_second"] * steady,
+        "examples_per_second": steady["examples_per_second"],
+        "compile_seconds": compilation["compile_seconds"],
+        "record_seconds": compilation.get("record_seconds", 0.0),
+        "steady_examples": steady["examples"],
+        "tokens_per_second": steady["tokens_per_second"],
         "padding_fraction": speed["padding_fraction"],
         "peak_memory_mb": speed["peak_memory_mb_per_process"],
         "accuracy": metrics["validation"]["accuracy"],
@@ -462,7 +464,7 @@ def main() -> None:
 
     results = run_rows(args, model_dir, work)
     print_table(results, model_dir)
-    print(f"\n({args.repeats} runs per row, alternating order; figures are means. Work dir: {work})")
+    print(f"\n({args.repeats} runs per row, alternating order; figures are medians. Work dir: {work})")
     if args.profile:
         phases = profile_ours(args, model_dir, work)
         step = sum(phases.values())
@@ -488,17 +490,22 @@ def run_rows(args, model_dir: Path, work: Path) -> dict[str, list[dict]]:
                 f"  {row:12s} run {repeat + 1}: {r['examples_per_second']:7.2f} examples/s  "
                 f"{r['tokens_per_second']:9.0f} tokens/s  padding {r['padding_fraction']:5.1%}  "
                 f"peak {r['peak_memory_mb']:7.0f} MB  accuracy {r['accuracy']:.4f}"
-                + (f"  compilation {r['compile_seconds']:.1f} s (excluded)" if r.get("compile_seconds") else ""),
+                + (
+                    f"  compilation {r['compile_seconds']:.1f} s, recording {r['record_seconds']:.1f} s (excluded; "
+                    f"{r['steady_examples']} steady examples timed)"
+                    if r.get("compile_seconds")
+                    else ""
+                ),
                 flush=True,
             )
     return results
 
 
 def print_table(results: dict[str, list[dict]], model_dir: Path) -> None:
-    """Means per row, with ours / row as the ratio."""
+    """Medians per row (of two runs: their mean), with ours / row as the ratio."""
     mean = {
         row: {
-            k: statistics.mean(r[k] for r in runs)
+            k: statistics.median(r[k] for r in runs)
             for k in ("examples_per_second", "tokens_per_second", "padding_fraction", "peak_memory_mb", "accuracy")
         }
         for row, runs in results.items()

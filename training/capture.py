@@ -24,6 +24,10 @@ import torch
 from inference import shapes
 
 AUTO, NONE, REDUCE_OVERHEAD = "auto", "none", "reduce-overhead"
+# Steps of one width before its steps only replay CUDA graphs: CUDA graph trees run a new graph once unrecorded
+# (the first use, which also compiles it) and record it at the next; one more use for the compiled optimizer step,
+# which runs only on optimizer steps (under accumulation, every other use or fewer).
+RECORDING_USES = 3
 AUTO_MIN_STEPS = 1000  # --torch_compile auto: shorter GPU runs would not repay the compilation (docs/launching.md)
 
 
@@ -98,8 +102,10 @@ def grads_outside_graphs(model: torch.nn.Module) -> None:
 
 
 class CompileReport:
-    """What compilation cost: graphs compiled and the seconds of the steps that compiled them (first use of a width).
-    Called around every step, it also marks each step's start for CUDA graphs (reduce-overhead)."""
+    """What compilation cost: graphs compiled, the seconds of the steps that compiled them (first use of a width) and,
+    under CUDA graphs, of those that recorded them (the next uses: CUDA graph trees run a new graph once in a warm-up
+    pass, then record it). Called around every step, it also marks each step's start for CUDA graphs
+    (reduce-overhead) and says whether the step is steady: neither compiling nor recording (every eager step is)."""
 
     def __init__(self, mode: str, clips_in_step: bool = False, accumulation: int = 1):
         self.mode = mode
@@ -107,29 +113,40 @@ class CompileReport:
         # under CUDA graphs with accumulation, .grad lives outside the graph pool (grads_outside_graphs): zeroed in
         # place after each optimizer step, never set to None (the next backward would adopt pool memory again)
         self.grads_to_none = not (mode == REDUCE_OVERHEAD and accumulation > 1)
-        self.widths_seen: set[int] = set()
+        self.uses: dict[int, int] = {}  # steps run per batch width
         self.compile_s = 0.0
+        self.record_s = 0.0
+        self.steady = True  # the last step neither compiled nor recorded
         self._started = 0.0
         self._width = 0
 
-    def before(self, batch: dict) -> None:
+    def before(self, batch: dict) -> bool:
+        """Whether this step is steady (see the class)."""
         if self.mode == NONE:
-            return
+            return True
         if self.mode == REDUCE_OVERHEAD:  # a new step for CUDA graph trees: the last step's graph outputs are done
             torch.compiler.cudagraph_mark_step_begin()
         self._width = batch["input_ids"].shape[1]
         self._started = time.perf_counter()
+        warming_uses = RECORDING_USES if self.mode == REDUCE_OVERHEAD else 1
+        self.steady = self.uses.get(self._width, 0) >= warming_uses
+        return self.steady
 
     def after(self) -> None:
-        if self.mode != NONE and self._width not in self.widths_seen:
-            self.widths_seen.add(self._width)
+        if self.mode == NONE:
+            return
+        uses = self.uses[self._width] = self.uses.get(self._width, 0) + 1
+        if uses == 1:
             self.compile_s += time.perf_counter() - self._started
+        elif not self.steady:
+            self.record_s += time.perf_counter() - self._started
 
     def summary(self) -> dict:
         stats = torch._dynamo.utils.counters["stats"]
         return {
             "mode": self.mode,
-            "widths": sorted(self.widths_seen),
+            "widths": sorted(self.uses),
             "graphs": int(stats.get("unique_graphs", 0)),
             "compile_seconds": round(self.compile_s, 3),
+            "record_seconds": round(self.record_s, 3),  # host time: recording syncs, so it is close to wall time
         }

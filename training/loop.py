@@ -297,7 +297,7 @@ def fit(run: Run) -> bool:
         model.train()
         for batch in epoch_batches(run, epoch):
             # Forward and backward; the optimizer steps when the accumulation window is full.
-            run.compiled.before(batch)
+            run.throughput.begin_step(run.compiled.before(batch))  # steady: neither compiling nor recording
             with accelerator.accumulate(model):
                 loss = forward_loss(run, batch)
                 accelerator.backward(loss)

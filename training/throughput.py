@@ -21,6 +21,48 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+class SteadyWindow:
+    """The time of the steady steps only (neither compiling nor recording CUDA graphs: training/capture.py), as
+    stretches of consecutive steady steps timed on the device's own clock: CUDA events recorded in stream order on a
+    GPU (read once, at the end: no host sync per step), the wall clock on a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.stretches: list[tuple] = []  # (start, end) marks
+        self._start = None
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def step(self, steady: bool) -> None:
+        """Called before each step."""
+        if steady and self._start is None:
+            self._start = self._mark()
+        elif not steady:
+            self.close()
+
+    @property
+    def open(self) -> bool:
+        """Inside a stretch of steady steps."""
+        return self._start is not None
+
+    def close(self) -> None:
+        if self._start is not None:
+            self.stretches.append((self._start, self._mark()))
+            self._start = None
+
+    def seconds(self) -> float:
+        self.close()
+        if self.cuda:
+            torch.cuda.synchronize()
+            return sum(start.elapsed_time(end) for start, end in self.stretches) / 1000
+        return sum(end - start for start, end in self.stretches)
+
+
 class Throughput:
     def __init__(self, device: torch.device):
         self.device = device
@@ -29,16 +71,27 @@ class Throughput:
         self.examples = 0
         self.started = time.perf_counter()
         self.paused_s = 0.0
+        self.window = SteadyWindow(device)
+        self.steady_tokens = torch.zeros((), dtype=torch.long, device=device)
+        self.steady_examples = 0
+
+    def begin_step(self, steady: bool) -> None:
+        self.window.step(steady)
 
     def observe(self, batch: dict) -> None:
         mask = batch["attention_mask"]
-        self.tokens += mask.sum()
+        real = mask.sum()
+        self.tokens += real
         self.slots += mask.numel()
         self.examples += mask.shape[0]
+        if self.window.open:
+            self.steady_tokens += real
+            self.steady_examples += mask.shape[0]
 
     @contextmanager
     def paused(self):
-        """Evaluation and checkpoint writes do not count as training time."""
+        """Evaluation and checkpoint writes do not count as training time (nor in the steady window)."""
+        self.window.close()
         start = time.perf_counter()
         try:
             yield
@@ -58,10 +111,26 @@ class Throughput:
         seconds = max(time.perf_counter() - self.started - self.paused_s, 1e-9)
         peak = accelerator.gather(torch.tensor([peak_memory_mb(self.device)], device=self.device)).max()
         return {
+            **self.steady_summary(accelerator),
             "train_seconds": round(seconds, 3),
             "examples": int(examples),
             "examples_per_second": examples / seconds,
             "tokens_per_second": tokens / seconds,
             "padding_fraction": 1 - tokens / slots if slots else 0.0,
             "peak_memory_mb_per_process": peak.item(),
+        }
+
+    def steady_summary(self, accelerator: Accelerator) -> dict:
+        """The rates of the steady window (every rank's slowest window: the ranks step together)."""
+        window = torch.tensor([self.window.seconds()], dtype=torch.float64, device=self.device)
+        seconds = max(accelerator.gather(window).max().item(), 1e-9)
+        counts = [self.steady_tokens.double(), torch.tensor(float(self.steady_examples), device=self.device)]
+        tokens, examples = accelerator.reduce(torch.stack(counts), reduction="sum").tolist()
+        return {
+            "steady": {
+                "seconds": round(seconds, 3),
+                "examples": int(examples),
+                "examples_per_second": examples / seconds if examples else 0.0,
+                "tokens_per_second": tokens / seconds if examples else 0.0,
+            }
         }

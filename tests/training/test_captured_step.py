@@ -24,6 +24,7 @@ from contract import files
 from inference import shapes
 from tests.conftest import ROOT, cli_env, describe, graphs_env, run_train
 from tests.helpers.cuda_graphs.stand_in import REPORT, on_parameters_device
+from training import capture
 from training.config import load_config
 from training.data import Collator, load_splits, make_dataloaders, pad_multiple, pad_widths, tokenize_splits
 from training.model import load_tokenizer
@@ -183,6 +184,37 @@ def test_compilation_makes_one_graph_per_width_and_two_for_the_clipped_optimizer
         # widths would have failed the run
         assert report["graphs"] <= len(report["widths"]) + 2
         assert report["compile_seconds"] > 0
+
+
+@pytest.mark.slow
+def test_the_steady_window_leaves_out_the_steps_that_compile_or_record(compiled_runs):
+    """The rates a captured row reports (training/throughput.py SteadyWindow): every eager step counts; a captured
+    run leaves out the first RECORDING_USES steps of each width and nothing else."""
+    eager = compiled_runs["eager"][1]["throughput"]
+    assert eager["steady"]["examples"] == eager["examples"] > 0
+    assert 0 < eager["steady"]["seconds"] <= eager["train_seconds"]
+    for name in ("compiled", "compiled dropout"):
+        metrics = compiled_runs[name][1]
+        speed, report = metrics["throughput"], metrics["compilation"]
+        batch = metrics["config"]["per_device_train_batch_size"]
+        warming = speed["examples"] - speed["steady"]["examples"]
+        assert 0 < warming <= capture.RECORDING_USES * len(report["widths"]) * batch, (speed, report)
+        assert report["record_seconds"] > 0 and speed["steady"]["examples_per_second"] > 0
+
+
+def test_a_step_is_steady_once_its_width_has_compiled_and_recorded():
+    for mode, warming in ((capture.REDUCE_OVERHEAD, capture.RECORDING_USES), ("default", 1), (capture.NONE, 0)):
+        report = capture.CompileReport(mode)
+        verdicts = []
+        for width in (16, 16, 32, 16, 32, 32, 16, 32, 32):
+            verdicts.append(report.before({"input_ids": torch.zeros(2, width)}))
+            report.after()
+        uses: dict[int, int] = {}
+        expected = []
+        for width in (16, 16, 32, 16, 32, 32, 16, 32, 32):
+            expected.append(uses.get(width, 0) >= warming)
+            uses[width] = uses.get(width, 0) + 1
+        assert verdicts == expected, mode
 
 
 @pytest.mark.slow
