@@ -4,6 +4,7 @@
     python bench/serve_bench.py --duration 20        # longer windows per measurement; no --baseline: 2 servers
     python bench/serve_bench.py --checkpoint DIR --pretrained-folder   # + the same weights as a save_pretrained folder
     python bench/serve_bench.py --workers 1 4 8 --null   # ours with 1, 4 and 8 worker processes, and the HTTP ceiling
+    python bench/serve_bench.py --smoke --baseline a0b05e0 --null   # the per-request path: a model that costs ~nothing
 
 Not a test: it prints figures to record in docs/benchmarks.md. What it does, in one run on one machine:
 1. writes a checkpoint in our format with the DistilBERT-base architecture (`DistilBertConfig()`, random weights:
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import csv
 import importlib.util
 import json
@@ -53,6 +55,7 @@ from contract import files  # noqa: E402
 
 AG_NEWS = Path(os.environ.get("BENCH_AG_NEWS", ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"))
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
+STARTED = "Application startup complete."  # uvicorn logs it once per worker process
 
 
 # ------------------------------------------------------------------------------------------------ the peer
@@ -205,6 +208,14 @@ def load_texts(n: int = 2000, offset: int = 0) -> tuple[list[str], str]:
     return texts, "synthetic smoke texts (shared AG News data not found)"
 
 
+def smoke_texts(n: int = 2000) -> tuple[list[str], str]:
+    """Texts of the smoke model's own synthetic news (AG News would be characters to its tiny vocabulary: ~175
+    tokens a text, where the model's cost would show)."""
+    from training.smoke import make_split
+
+    return [t for t, _ in make_split(n, seed=3)], "synthetic smoke texts (the smoke model's own vocabulary)"
+
+
 # ------------------------------------------------------------------------------------------ measurements
 
 
@@ -214,7 +225,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def worker_count(cmd: list[str]) -> int:
+    for flag in ("--workers", "--serve-null"):
+        if flag in cmd:
+            return int(cmd[cmd.index(flag) + 1])
+    return 1
+
+
 def start(cmd: list[str], url: str, log: Path, cwd: Path = ROOT) -> subprocess.Popen:
+    """The server, once every worker process is ready: /ready answers from whichever worker takes the connection,
+    so with several the log must also show each worker's 'Application startup complete.' (uvicorn's, at INFO)."""
     import httpx
 
     # the previous service runs from its own checkout, ahead of anything else on the path
@@ -225,10 +245,13 @@ def start(cmd: list[str], url: str, log: Path, cwd: Path = ROOT) -> subprocess.P
         if process.poll() is not None:
             sys.exit(f"{cmd} exited; see {log}")
         try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return process
+            ready = httpx.get(f"{url}/ready", timeout=1).status_code == 200
         except httpx.TransportError:
-            time.sleep(0.3)
+            ready = False
+        workers = worker_count(cmd)
+        if ready and (workers == 1 or log.read_text(errors="replace").count(STARTED) >= workers):
+            return process
+        time.sleep(0.3)
     sys.exit(f"{cmd} not ready; see {log}")
 
 
@@ -259,11 +282,13 @@ class Connection:
         return int(head[0].split()[1]), await self.reader.readexactly(int(headers["content-length"]))
 
 
-async def drive(url: str, texts: list[str], concurrency: int, duration: float) -> dict:
-    """`concurrency` clients send one text per request back to back for `duration` s (after a 2 s warm-up)."""
+async def drive(url: str, texts: list[str], clients: range, duration: float, start_at: float) -> tuple[list, int]:
+    """Clients (numbered: each its own random texts) send one text per request back to back from `start_at` (wall
+    clock) for 2 s of warm-up and `duration` s measured: (the measured latencies, the failed answers)."""
     host, port = url.removeprefix("http://").split(":")
     latencies: list[float] = []
     errors = 0
+    await asyncio.sleep(max(0.0, start_at - time.time()))
     stop_at = time.perf_counter() + 2 + duration
     measure_from = time.perf_counter() + 2
 
@@ -278,13 +303,33 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float) -
                     latencies.append(time.perf_counter() - sent)
                     errors += status != 200 or not json.loads(answer)
 
-    await asyncio.gather(*(client(w) for w in range(concurrency)))
-    latencies.sort()
+    await asyncio.gather(*(client(w) for w in clients))
+    return latencies, errors
+
+
+def drive_share(url: str, texts: list[str], clients: range, duration: float, start_at: float) -> tuple[list, int]:
+    """One load process's share of the clients (a process pool's task)."""
+    return asyncio.run(drive(url, texts, clients, duration, start_at))
+
+
+def load(url: str, texts: list[str], concurrency: int, duration: float, processes: int) -> dict:
+    """`concurrency` clients spread over `processes` load processes (one Python process cannot offer more than a few
+    thousand requests/s: several, where the machine has the cores, keep the load generator from being the ceiling),
+    all starting at once."""
+    processes = max(1, min(processes, concurrency))
+    shares = [range(concurrency)[p::processes] for p in range(processes)]
+    start_at = time.time() + (1.5 if processes > 1 else 0.0)  # the pool's processes start meanwhile
+    if processes == 1:
+        parts = [drive_share(url, texts, shares[0], duration, start_at)]
+    else:
+        with concurrent.futures.ProcessPoolExecutor(processes) as pool:
+            parts = list(pool.map(drive_share, *zip(*((url, texts, c, duration, start_at) for c in shares))))
+    latencies = sorted(latency for part, _ in parts for latency in part)
     return {
         "rps": len(latencies) / duration,
         "p50": statistics.median(latencies) * 1000,
         "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000,
-        "errors": errors,
+        "errors": sum(errors for _, errors in parts),
         "n": len(latencies),
     }
 
@@ -569,7 +614,9 @@ def measure(servers: dict, texts: list[str], args, work: Path) -> dict[tuple[str
             processes[name] = start(cmd, url, work / f"{name}.log", cwd)
         for i, concurrency in enumerate(args.concurrency):
             for name in names[i % len(names) :] + names[: i % len(names)]:
-                r = results[name, concurrency] = asyncio.run(drive(servers[name][0], texts, concurrency, args.duration))
+                r = results[name, concurrency] = load(
+                    servers[name][0], texts, concurrency, args.duration, args.load_processes
+                )
                 print(
                     f"  {name:8s} c={concurrency:<3d} {r['rps']:7.1f} req/s  p50 {r['p50']:7.1f} ms  "
                     f"p99 {r['p99']:7.1f} ms  errors {r['errors']}  (n={r['n']})",
@@ -629,6 +676,19 @@ def main() -> None:
         "--workers", type=int, nargs="+", default=[1], help="run ours once per worker count (e.g. 1 4 8; 1 always)"
     )
     parser.add_argument("--null", action="store_true", help="also serve a null model (the HTTP ceiling)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="serve a smoke-preset model (0.1 M parameters, trained here): the model costs next to nothing, so what "
+        "is measured is the service's own per-request path (HTTP, parsing, queueing, scoring, JSON)",
+    )
+    parser.add_argument(
+        "--load-processes",
+        type=int,
+        default=max(1, min(4, (os.cpu_count() or 1) // 4)),
+        help="load generator processes (default: a quarter of the cores, at most 4: one on a 2-core machine, whose "
+        "cores the servers need)",
+    )
     parser.add_argument("--serve-null", metavar="WORKERS", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-openvino-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
@@ -645,7 +705,8 @@ def main() -> None:
             host="127.0.0.1",
             port=args.port,
             workers=args.serve_null,
-            log_level="warning",
+            log_level="info",  # each worker's STARTED line, which start() waits for
+            access_log=False,
         )
         return
     if args.serve_peer or args.serve_openvino_peer:  # child process: run a peer
@@ -662,17 +723,22 @@ def main() -> None:
     from inference.settings import available_cores
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the runtime measurement's lines
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness poll
 
     work = Path(tempfile.mkdtemp(prefix="serve_bench_"))
+    if args.smoke:
+        train_smoke(str(work / "smoke"))
+        args.checkpoint = str(work / "smoke")
     checkpoint = Path(args.checkpoint).resolve() if args.checkpoint else work / "checkpoint"
     config = AutoConfig.from_pretrained(checkpoint) if args.checkpoint else write_checkpoint(checkpoint)
-    texts, source = load_texts()
+    texts, source = smoke_texts() if args.smoke else load_texts()
     tokenizer = AutoTokenizer.from_pretrained(checkpoint / files.TOKENIZER_DIR)
     mean_tokens = statistics.mean(len(tokenizer(t, truncation=True, max_length=512)["input_ids"]) for t in texts)
     served = precision.resolve(args.precision, bench_device())
     params = sum(p.numel() for p in torch.load(checkpoint / files.WEIGHTS).values()) / 1e6
     print(f"machine: {machine()}")
     weights = f"trained, {args.checkpoint}" if args.checkpoint else "DistilBERT-base architecture, random weights"
+    weights = "the smoke preset's, trained here" if args.smoke else weights
     print(f"model: {config.model_type} ({weights}), {params:.1f} M params")
     print(f"texts: {source}, mean {mean_tokens:.1f} tokens; on {bench_device()}: services at {served}, peer at fp32")
     prepare_runtime(checkpoint, texts)
