@@ -57,10 +57,17 @@ def use_fast_dropout(model: torch.nn.Module) -> int:
 
 
 def eager_attention_with_fast_dropout(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """softmax(QK^T * scale + mask) V, the attention-probability dropout done by FastDropout."""
+    """softmax(QK^T * scale + mask) V, the attention-probability dropout done by FastDropout. Grouped-query
+    attention (fewer key/value heads than query heads: Llama, Qwen2, Gemma...) shares each key/value head among its
+    group of query heads, as transformers' eager attention does; a logit soft cap (Gemma 2) is applied likewise."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query, key.transpose(2, 3)) * (scaling if scaling is not None else query.size(-1) ** -0.5)
+    if kwargs.get("softcap"):
+        scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
     if attention_mask is not None:
-        scores = scores + attention_mask
+        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
     probs = torch.nn.functional.softmax(scores, dim=-1)
     if module.training and dropout:
         probs = fast_dropout(probs, dropout)

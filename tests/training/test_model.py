@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from contract.task import MULTI, REGRESSION, Task
@@ -98,6 +99,37 @@ def test_cpu_training_attention_equals_eager_without_dropout_and_is_the_cpu_defa
     assert torch.equal(
         ours(input_ids=ids, attention_mask=mask).logits, eager(input_ids=ids, attention_mask=mask).logits
     )
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+def test_cpu_training_attention_handles_grouped_query_attention_as_eager_does(architecture):
+    """Decoder classifiers share each key/value head among several query heads (4 query, 2 key/value heads here):
+    the CPU attention gives eager's logits, with left padding too (issue 40: a shape error before)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from training.cpu_speed import register_attention
+
+    config = AutoConfig.for_model(
+        architecture,
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=3,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config, attn_implementation="eager").eval()
+    ids = torch.randint(1, 100, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding: the last token is real, as decoder classifiers pool it
+    ids[1, :4] = 0
+    eager = model(input_ids=ids, attention_mask=mask).logits
+    model.set_attn_implementation(register_attention())
+    ours = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(ours, eager, atol=1e-6), (ours - eager).abs().max()
 
 
 def test_fast_dropout_is_switched_on_only_on_cpu_and_only_when_asked(smoke_dir):
