@@ -37,6 +37,7 @@ from contract.errors import UserError
 from contract.files import file_sha256
 from contract.hub import hub_reachable, hub_url, is_offline
 from contract.long_text import LongText, LongTextError
+from contract.padding import NoPadToken, ensure_pad_token, match_pad_token
 from contract.task import SINGLE, Task, TaskError
 from inference.logs import quiet
 
@@ -115,6 +116,12 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     check_finite(model, weights)
     tokenizer = _read_tokenizer(folder)
     config = model.config
+    try:  # a decoder classifier saved without a pad token: the one rule training follows (contract/padding.py)
+        if said := ensure_pad_token(tokenizer, str(folder)):
+            logger.info("%s", said)
+    except NoPadToken as exc:
+        raise CheckpointError(str(exc)) from None
+    match_pad_token(config, tokenizer.pad_token_id)
     labels = label_names(config, folder)
     try:
         model_task, long_text = Task.of(config), LongText.of(config)

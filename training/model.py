@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
 from contract import files
 from contract.errors import UserError
+from contract.padding import ensure_pad_token, match_pad_token
 from training.config import TrainConfig
 from training.data import LabelSpace
 from training.hub import explain_missing
+
+logger = logging.getLogger(__name__)
 
 
 class ModelSizeError(UserError, ValueError):
@@ -23,18 +28,27 @@ def hub_options(cfg: TrainConfig) -> dict:
 
 
 def load_tokenizer(cfg: TrainConfig):
+    """The tokenizer, with a pad token (its end-of-text token for a decoder that has none: contract/padding.py)."""
     name = cfg.tokenizer_name or cfg.model_name_or_path
     try:
-        return AutoTokenizer.from_pretrained(name, **hub_options(cfg))
+        tokenizer = AutoTokenizer.from_pretrained(name, **hub_options(cfg))
     except OSError as exc:
         raise explain_missing(f"tokenizer {name!r}", exc) from None
+    if said := ensure_pad_token(tokenizer, f"tokenizer {name!r}"):
+        logger.info("%s", said)
+    return tokenizer
 
 
-def build_model(cfg: TrainConfig, labels: LabelSpace, attn_implementation: str = "sdpa") -> PreTrainedModel:
+def build_model(
+    cfg: TrainConfig, labels: LabelSpace, attn_implementation: str = "sdpa", pad_token_id: int | None = None
+) -> PreTrainedModel:
     """A sequence classifier with one output per class (one for regression), the task and the long-text windowing in
-    its config (contract/task.py, contract/long_text.py); pretrained weights unless cfg.from_scratch; activations
-    recomputed in the backward pass with --gradient_checkpointing."""
+    its config (contract/task.py, contract/long_text.py), the tokenizer's pad token where the config names none (a
+    decoder pools the last token that is not it); pretrained weights unless cfg.from_scratch; activations recomputed
+    in the backward pass with --gradient_checkpointing."""
     model = _pretrained_or_new(cfg, labels, attn_implementation)
+    if pad_token_id is not None:
+        match_pad_token(model.config, pad_token_id)
     if cfg.gradient_checkpointing:
         # non-reentrant: works with DDP and with inputs that need no gradient; the RNG state is replayed, so dropout
         # draws the same masks in the recomputation

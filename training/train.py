@@ -37,6 +37,7 @@ from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwa
 from contract import files, precision
 from contract.errors import UsageError
 from contract.long_text import LongTextError
+from contract.padding import NoPadToken
 from training import capture, cpu_speed, provenance
 from training.checkpoint import OutputDir, Progress, load_weights
 from training.claim import claim_output_dir
@@ -134,7 +135,7 @@ def load_data(cfg: TrainConfig, accelerator: Accelerator):
         try:
             tokenizer = load_tokenizer(cfg)
             splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
-        except (DataError, LongTextError) as exc:
+        except (DataError, LongTextError, NoPadToken) as exc:
             failure = exc  # raised past the barrier: the other ranks then meet the same error, none left waiting
     if failure is not None:
         raise failure
@@ -156,11 +157,11 @@ def windows_of(split: datasets.Dataset) -> str:
     return str(texts) if texts == len(split) else f"{texts} ({len(split)} windows)"
 
 
-def make_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace) -> torch.nn.Module:
+def make_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace, pad_token_id: int) -> torch.nn.Module:
     """The classifier, with the CPU speed-ups (training/cpu_speed.py) switched on when training on CPU."""
     device = accelerator.device
     attention = cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, device)
-    model = build_model(cfg, labels, attention)
+    model = build_model(cfg, labels, attention, pad_token_id)
     swapped = cpu_speed.enable(model, cfg.fast_dropout, device)
     logger.info(
         "Model %s: %.1f M parameters, %s attention, %s AdamW%s",
@@ -188,7 +189,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     tokenizer, splits = load_data(cfg, accelerator)
     cfg, metrics = choose_metrics(cfg, splits)
     objective = objective_for(cfg, splits.labels, splits.train["labels"]).to(accelerator.device)
-    model = make_model(cfg, accelerator, splits.labels)
+    model = make_model(cfg, accelerator, splits.labels, tokenizer.pad_token_id)
     world = accelerator.num_processes
     learning_rate = cfg.learning_rate * (world if cfg.scale_lr == "linear" else 1)
     epoch_steps = steps_in_epoch(

@@ -1,0 +1,148 @@
+"""Decoder-LLM classifiers end to end, offline (issue 40, point 2): tiny random Qwen2 and Llama models built from
+config (4 query heads, 2 key/value heads: grouped-query attention) whose tokenizer has an end-of-text token and no
+pad token. Training pads with the end-of-text token and sets the config's pad_token_id to match; the service answers
+each text as the model run on it alone (no padding), whichever side the tokenizer pads on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerFast
+
+from contract import files
+from contract.padding import NoPadToken, ensure_pad_token
+from inference.app import create_app
+from inference.settings import Settings
+from tests.conftest import cli_env, describe, launch, run_train
+
+EOS = "<|endoftext|>"
+TEXTS = [
+    "The striker scored twice as the league leaders won the cup final.",
+    "Shares fell after the bank cut its forecast.",
+    "A new chip doubles battery life, the company said on Tuesday in a long statement to investors.",
+    "Talks",
+]
+ARCHITECTURES = {"qwen2": "right", "llama": "left"}  # model type: the side its tokenizer pads on
+
+
+def decoder_tokenizer(vocab: dict[str, int], padding_side: str) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer shaped like a decoder's: no special tokens added around the text, an end-of-text
+    token, no pad token."""
+    vocab = {**vocab, EOS: len(vocab)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, unk_token="[UNK]", padding_side=padding_side, model_max_length=512
+    )
+
+
+def write_decoder(folder: Path, architecture: str, smoke_dir: Path) -> Path:
+    vocab = AutoTokenizer.from_pretrained(smoke_dir / "model").get_vocab()
+    tokenizer = decoder_tokenizer(vocab, ARCHITECTURES[architecture])
+    assert tokenizer.pad_token is None
+    config = AutoConfig.for_model(
+        architecture,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=None,
+    )
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def trained_decoder(request, smoke_dir, tmp_path_factory) -> tuple[str, Path]:
+    root = tmp_path_factory.mktemp(request.param)
+    base = write_decoder(root / "base", request.param, smoke_dir)
+    out = root / "out"
+    args = ["--preset", "smoke", "--model_name_or_path", str(base), "--output_dir", str(out)]
+    args += [
+        "--max_train_steps",
+        "40",
+        "--eval_steps",
+        "20",
+        "--checkpointing_steps",
+        "none",
+        "--learning_rate",
+        "3e-3",
+    ]
+    result, _ = run_train(args, env=cli_env())
+    assert result.returncode == 0, describe(result)
+    if AutoTokenizer.from_pretrained(base).pad_token is None:  # Llama's; transformers' Qwen2 class pads with EOS
+        assert "no pad token; padding with the end-of-text token" in result.stderr, describe(result)
+    return request.param, out
+
+
+@pytest.mark.slow
+def test_a_decoder_trains_with_its_end_of_text_token_as_padding(trained_decoder):
+    architecture, out = trained_decoder
+    config = json.loads((out / "config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(out / files.TOKENIZER_DIR)
+    assert config["model_type"] == architecture and config["pad_token_id"] == tokenizer.pad_token_id
+    assert tokenizer.pad_token == EOS and tokenizer.padding_side == ARCHITECTURES[architecture]
+    metrics = json.loads((out / files.METRICS).read_text())
+    assert metrics["test"]["accuracy"] > 0.25  # learnt something on the 4 smoke topics
+
+
+@pytest.mark.slow
+def test_the_service_answers_a_decoder_as_the_model_run_on_each_text_alone(trained_decoder):
+    """One batch of texts of different lengths (padded on the tokenizer's side) equals each text run alone, with no
+    padding at all (1e-4, fp32); evaluate and predict read the same folder the same way (inference/loading.py)."""
+    _, out = trained_decoder
+    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out / files.TOKENIZER_DIR)
+    alone = []
+    with torch.no_grad():
+        for text in TEXTS:
+            logits = model(**tokenizer(text, return_tensors="pt")).logits[0]
+            alone.append(dict(zip(model.config.id2label.values(), logits.softmax(-1).tolist())))
+    settings = Settings(model_id=str(out), dtype="fp32", reload_interval_s=0, backend="torch")
+    with TestClient(create_app(settings)) as client:
+        response = client.post("/predict", json={"inputs": [[t] for t in TEXTS]})
+    assert response.status_code == 200, response.text
+    for answer, expected in zip(response.json(), alone):
+        assert {a["label"]: pytest.approx(expected[a["label"]], abs=1e-4) for a in answer} == {
+            a["label"]: a["score"] for a in answer
+        }
+
+
+def test_a_tokenizer_with_neither_pad_nor_end_of_text_token_is_refused_in_one_line(smoke_dir):
+    tokenizer = decoder_tokenizer(AutoTokenizer.from_pretrained(smoke_dir / "model").get_vocab(), "right")
+    tokenizer.eos_token = None
+    with pytest.raises(NoPadToken, match="neither a pad token nor an end-of-text token"):
+        ensure_pad_token(tokenizer, "tokenizer 'x'")
+
+
+@pytest.mark.slow
+def test_batch_prediction_scores_a_decoder_as_each_text_alone(trained_decoder, tmp_path):
+    """python -m training.predict over padded batches of 4 gives each row the model's scores on that text alone (cut
+    at the training's max_length, 64, as prediction cuts it)."""
+    import pandas as pd
+
+    _, out = trained_decoder
+    source, predicted = tmp_path / "in.csv", tmp_path / "out.csv"
+    pd.DataFrame({"text": TEXTS * 3}).to_csv(source, index=False)
+    args = ["--checkpoint_dir", str(out), "--input_file", str(source), "--output_file", str(predicted)]
+    result, _ = launch(["-m", "training.predict", *args, "--per_device_batch_size", "4", "--mixed_precision", "fp32"])
+    assert result.returncode == 0, describe(result)
+    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out / files.TOKENIZER_DIR)
+    labels = list(model.config.id2label.values())
+    with torch.no_grad():
+        alone = [model(**tokenizer(t, truncation=True, max_length=64, return_tensors="pt")).logits[0] for t in TEXTS]
+    alone = torch.stack(alone * 3).softmax(-1)
+    got = torch.tensor(pd.read_csv(predicted)[[f"score_{label}" for label in labels]].to_numpy()).float()
+    assert torch.allclose(got, alone, atol=1e-4), (got - alone).abs().max()
