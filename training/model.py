@@ -52,7 +52,10 @@ def build_model(
     if cfg.gradient_checkpointing:
         # non-reentrant: works with DDP and with inputs that need no gradient; the RNG state is replayed, so dropout
         # draws the same masks in the recomputation
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers' name since 5.2x; the old one warns
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
 

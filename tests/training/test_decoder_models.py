@@ -146,3 +146,17 @@ def test_batch_prediction_scores_a_decoder_as_each_text_alone(trained_decoder, t
     alone = torch.stack(alone * 3).softmax(-1)
     got = torch.tensor(pd.read_csv(predicted)[[f"score_{label}" for label in labels]].to_numpy()).float()
     assert torch.allclose(got, alone, atol=1e-4), (got - alone).abs().max()
+
+
+@pytest.mark.slow
+def test_a_decoder_trains_in_bf16_with_gradient_checkpointing(smoke_dir, tmp_path):
+    """The usual way to fit a decoder classifier: bf16 autocast and activations recomputed in the backward pass."""
+    base = write_decoder(tmp_path / "base", "llama", smoke_dir)
+    out = tmp_path / "out"
+    args = ["--preset", "smoke", "--model_name_or_path", str(base), "--output_dir", str(out), "--max_train_steps", "20"]
+    args += ["--eval_steps", "10", "--checkpointing_steps", "none", "--mixed_precision", "bf16"]
+    result, _ = run_train([*args, "--gradient_checkpointing"], env=cli_env())
+    assert result.returncode == 0, describe(result)
+    metrics = json.loads((out / files.METRICS).read_text())
+    assert metrics["mixed_precision"] == "bf16" and metrics["config"]["gradient_checkpointing"] is True
+    assert metrics["test"]["accuracy"] > 0.25 and "FutureWarning" not in result.stderr
