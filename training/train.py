@@ -191,12 +191,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     objective = objective_for(cfg, splits.labels, splits.train["labels"]).to(accelerator.device)
     model = make_model(cfg, accelerator, splits.labels, tokenizer.pad_token_id)
     world = accelerator.num_processes
-    learning_rate = cfg.learning_rate * (world if cfg.scale_lr == "linear" else 1)
-    epoch_steps = steps_in_epoch(
-        len(splits.train), cfg.per_device_train_batch_size, world, cfg.gradient_accumulation_steps
-    )
-    total_steps = cfg.max_train_steps or epoch_steps * cfg.num_train_epochs
-    num_epochs = math.ceil(total_steps / epoch_steps)
+    learning_rate, epoch_steps, total_steps, num_epochs = schedule_plan(cfg, world, len(splits.train))
     compiled = capture.resolve(cfg.torch_compile, cfg.pad_buckets, accelerator.device.type, total_steps)
     loaders = Loaders(*make_dataloaders(splits, tokenizer, cfg, world, accelerator.device.type, compiled))
     optimizer, scheduler = optimization(cfg, accelerator, model, learning_rate, total_steps, compiled)
@@ -245,6 +240,16 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     if splits.calibration:
         run.out.write_json(files.CALIBRATION, {"texts": splits.calibration, "source": "a seeded sample of train"})
     return run
+
+
+def schedule_plan(cfg: TrainConfig, world: int, train_examples: int) -> tuple[float, int, int, int]:
+    """(learning rate, optimizer steps per epoch, in all, epochs): --scale_lr linear multiplies the rate by the world
+    size; --max_train_steps, when set, decides the length over --num_train_epochs."""
+    learning_rate = cfg.learning_rate * (world if cfg.scale_lr == "linear" else 1)
+    batch, accumulation = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+    epoch_steps = steps_in_epoch(train_examples, batch, world, accumulation)
+    total_steps = cfg.max_train_steps or epoch_steps * cfg.num_train_epochs
+    return learning_rate, epoch_steps, total_steps, math.ceil(total_steps / epoch_steps)
 
 
 def optimization(
