@@ -174,17 +174,6 @@ class Engine:
         self._queue.put(job)
         return job.future
 
-    async def predict(
-        self,
-        sequences: list[Sequence],
-        truncate: bool,
-        left: bool = False,
-        chunk: bool = False,
-        scoring: str | None = None,
-    ) -> Answer:
-        """`submit`, awaited."""
-        return await self.submit(sequences, truncate, left, chunk, scoring)
-
     def _leave(self, inputs: int) -> None:
         with self._lock:
             self._in_flight -= inputs
