@@ -160,3 +160,18 @@ def test_a_decoder_trains_in_bf16_with_gradient_checkpointing(smoke_dir, tmp_pat
     metrics = json.loads((out / files.METRICS).read_text())
     assert metrics["mixed_precision"] == "bf16" and metrics["config"]["gradient_checkpointing"] is True
     assert metrics["test"]["accuracy"] > 0.25 and "FutureWarning" not in result.stderr
+
+
+@pytest.mark.slow
+def test_training_a_decoder_whose_tokenizer_cannot_pad_stops_in_one_line_writing_nothing(smoke_dir, tmp_path):
+    base = write_decoder(tmp_path / "base", "llama", smoke_dir)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(base)
+    out = tmp_path / "out"
+    args = ["--preset", "smoke", "--model_name_or_path", str(base), "--output_dir", str(out), "--max_train_steps", "5"]
+    result, _ = run_train(args, env=cli_env())
+    assert result.returncode == 1, describe(result)
+    assert "Traceback" not in result.stderr, describe(result)
+    assert "neither a pad token nor an end-of-text token" in result.stderr.strip().splitlines()[-1], describe(result)
+    assert not out.exists() or not any(out.iterdir()), sorted(out.iterdir())
