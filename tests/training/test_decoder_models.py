@@ -12,13 +12,14 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerFast
 
 from contract import files
 from contract.padding import NoPadToken, ensure_pad_token
 from inference.app import create_app
 from inference.settings import Settings
 from tests.conftest import cli_env, describe, launch, run_train
+from tests.helpers.tiny_models import tiny_config
 
 EOS = "<|endoftext|>"
 TEXTS = [
@@ -45,14 +46,9 @@ def write_decoder(folder: Path, architecture: str, smoke_dir: Path) -> Path:
     vocab = AutoTokenizer.from_pretrained(smoke_dir / "model").get_vocab()
     tokenizer = decoder_tokenizer(vocab, ARCHITECTURES[architecture])
     assert tokenizer.pad_token is None
-    config = AutoConfig.for_model(
+    config = tiny_config(
         architecture,
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        len(tokenizer),
         max_position_embeddings=512,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=None,

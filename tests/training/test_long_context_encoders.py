@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from contract import files
 from inference.app import create_app
 from inference.settings import Settings
 from tests.conftest import cli_env, describe, run_train
+from tests.helpers.tiny_models import tiny_config
 
 pytestmark = pytest.mark.slow
 LONG = " ".join(["The striker scored twice as the league leaders won the cup final in extra time."] * 40)
@@ -27,13 +28,9 @@ def modernbert(smoke_dir, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("modernbert")
     tokenizer = AutoTokenizer.from_pretrained(smoke_dir / "model")
     tokenizer.model_max_length = 2048
-    config = AutoConfig.for_model(
+    config = tiny_config(
         "modernbert",
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
+        len(tokenizer),
         max_position_embeddings=2048,
         pad_token_id=tokenizer.pad_token_id,
         cls_token_id=tokenizer.cls_token_id,

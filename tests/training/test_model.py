@@ -105,21 +105,12 @@ def test_cpu_training_attention_equals_eager_without_dropout_and_is_the_cpu_defa
 def test_cpu_training_attention_handles_grouped_query_attention_as_eager_does(architecture):
     """Decoder classifiers share each key/value head among several query heads (4 query, 2 key/value heads here):
     the CPU attention gives eager's logits, with left padding too (issue 40: a shape error before)."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
+    from tests.helpers.tiny_models import tiny_config
     from training.cpu_speed import register_attention
 
-    config = AutoConfig.for_model(
-        architecture,
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_labels=3,
-        pad_token_id=0,
-    )
+    config = tiny_config(architecture, 100, num_labels=3, pad_token_id=0)
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_config(config, attn_implementation="eager").eval()
     ids = torch.randint(1, 100, (3, 9))
