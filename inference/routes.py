@@ -58,8 +58,11 @@ public = APIRouter()  # ... and not these
 _ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 424, 429, 503)}
 
 
+PREDICT_PATHS = ("/predict", "/", "/invocations")  # TEI's; the first in the schema, all on the fast routes
+
+
 @router.post(
-    "/predict",
+    PREDICT_PATHS[0],
     response_model=PredictResponse,
     responses=_ERRORS,
     summary="Classify texts and text pairs",
@@ -70,8 +73,8 @@ _ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 424, 429,
         }
     },
 )
-@router.post("/", include_in_schema=False)
-@router.post("/invocations", include_in_schema=False)
+@router.post(PREDICT_PATHS[1], include_in_schema=False)
+@router.post(PREDICT_PATHS[2], include_in_schema=False)
 async def predict(request: Request) -> Response:
     state, started = service(request), time.perf_counter()
     try:
@@ -95,9 +98,6 @@ async def predict(request: Request) -> Response:
     ranked = [row[:k] for row in answer.ranked] if k else answer.ranked
     headers = tei_headers(answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started)
     return JSONResponse(ranked if body.is_batch else ranked[0], headers=headers)
-
-
-PREDICT_PATHS = ("/predict", "/", "/invocations")
 
 
 async def predict_fast(request: Request) -> Response:
