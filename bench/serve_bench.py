@@ -607,16 +607,18 @@ def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, 
 
 
 def measure(servers: dict, texts: list[str], args, work: Path) -> dict[tuple[str, int], dict]:
-    """Every server at every concurrency, the order rotating from one concurrency to the next."""
-    results, processes, names = {}, {}, list(servers)
+    """Every server at every concurrency, `--repeats` times, the order rotating from one measurement to the next;
+    each figure the median of its repeats."""
+    runs: dict[tuple[str, int], list[dict]] = {}
+    processes, names = {}, list(servers)
     try:
         for name, (url, cmd, cwd) in servers.items():
             processes[name] = start(cmd, url, work / f"{name}.log", cwd)
-        for i, concurrency in enumerate(args.concurrency):
+        rounds = [c for _ in range(args.repeats) for c in args.concurrency]
+        for i, concurrency in enumerate(rounds):
             for name in names[i % len(names) :] + names[: i % len(names)]:
-                r = results[name, concurrency] = load(
-                    servers[name][0], texts, concurrency, args.duration, args.load_processes
-                )
+                r = load(servers[name][0], texts, concurrency, args.duration, args.load_processes)
+                runs.setdefault((name, concurrency), []).append(r)
                 print(
                     f"  {name:8s} c={concurrency:<3d} {r['rps']:7.1f} req/s  p50 {r['p50']:7.1f} ms  "
                     f"p99 {r['p99']:7.1f} ms  errors {r['errors']}  (n={r['n']})",
@@ -626,7 +628,7 @@ def measure(servers: dict, texts: list[str], args, work: Path) -> dict[tuple[str
         for process in processes.values():
             process.send_signal(signal.SIGTERM)
             process.wait(60)
-    return results
+    return {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
 
 
 def table(results: dict, names: list[str], concurrencies: list[int]) -> None:
@@ -658,6 +660,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=12, help="seconds measured per server and concurrency")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--repeats", type=int, default=1, help="measurements per server and concurrency (median)")
     parser.add_argument("--precision", default="auto", help="both services' DTYPE: auto, bf16 or fp32")
     parser.add_argument("--baseline", metavar="REF", help="also run the service of this commit (or folder)")
     parser.add_argument(

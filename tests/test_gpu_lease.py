@@ -53,9 +53,9 @@ def test_the_four_calls_cover_every_stage_once():
 def test_a_call_names_every_missing_input_before_running(monkeypatch):
     lease = lease_module()
     assert lease.missing_inputs(("env", "smoke"), {}, dry=False) == []  # this suite's environment has the modules
-    missing = lease.missing_inputs(lease.CALLS[3], {}, dry=False)  # minilm without .lease/
+    missing = lease.missing_inputs(("minilm",), {}, dry=False)  # without .lease/
     assert missing == ["the AG News rows (.lease/, from --pack)", "the MiniLM (.lease/minilm_bf16, from --pack)"]
-    assert lease.missing_inputs(lease.CALLS[3], {}, dry=True) == []  # a dry run makes its own data
+    assert lease.missing_inputs(lease.CALLS[0], {}, dry=True) == []  # a dry run makes its own data
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "fastapi" else real_find_spec(name))
     assert lease.missing_inputs(("serve",), {"BENCH_AG_NEWS": "x"}, dry=False) == [
