@@ -174,3 +174,16 @@ def test_training_a_decoder_whose_tokenizer_cannot_pad_stops_in_one_line_writing
     assert "Traceback" not in result.stderr, describe(result)
     assert "neither a pad token nor an end-of-text token" in result.stderr.strip().splitlines()[-1], describe(result)
     assert not out.exists() or not any(out.iterdir()), sorted(out.iterdir())
+
+
+def test_serving_a_decoder_whose_tokenizer_cannot_pad_is_refused_in_one_line(smoke_dir, tmp_path):
+    """The service, training.evaluate and training.predict read folders through load_model: the same rule, the
+    same one line (a CheckpointError: the service's start exits with it)."""
+    from inference.loading import CheckpointError, load_model
+
+    base = write_decoder(tmp_path / "base", "llama", smoke_dir)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(base)
+    with pytest.raises(CheckpointError, match="neither a pad token nor an end-of-text token"):
+        load_model(str(base), device="cpu", dtype="fp32")
