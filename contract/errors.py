@@ -20,3 +20,7 @@ class UsageError(UserError):
     """A flag, config value or setting that is wrong before any work starts."""
 
     exit_code = 2
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint folder that cannot be read or served; the message names the file or the model id."""

@@ -16,6 +16,9 @@ sides import and which imports neither.
     training_curves.json/.png   loss, validation metrics and learning rate per step
     eval_results.json, confusion_matrix.png, misclassified.csv     written by python -m training.evaluate
     residuals.png, largest_errors.csv                              (regression models)
+    adapter/                    with LoRA (--lora_r): what peft's PeftModel.from_pretrained loads (adapter_config.json,
+                                adapter_model.safetensors: adapters + head) and config.json + tokenizer files; the
+                                files above hold the merged weights
     calibration_texts.json      a sample of training texts: int8 calibration and the agreement check when serving
     runtime/<sha>/              the model converted for an optimized runtime (OpenVINO IR, fp32 or int8) and
                                 runtime.json (what was measured and chosen), per weights hash: inference/runtimes.py
@@ -49,6 +52,10 @@ CONFUSION_PNG = "confusion_matrix.png"
 MISCLASSIFIED_CSV = "misclassified.csv"
 RESIDUALS_PNG = "residuals.png"  # regression
 LARGEST_ERRORS_CSV = "largest_errors.csv"  # regression
+
+ADAPTER_DIR = "adapter"  # LoRA runs: training/lora.py writes it, inference/adapters.py serves such a folder
+ADAPTER_CONFIG = "adapter_config.json"  # peft's names
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 CALIBRATION = "calibration_texts.json"
 RUNTIME_DIR = "runtime"

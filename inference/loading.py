@@ -3,6 +3,8 @@
     this project's folder   distilbert_agnews.pt (state_dict, torch.load(weights_only=True)) + config.json
                             + tokenizer/  (contract/files.py names them); the state_dict wins over an export
     save_pretrained folder  model.safetensors (or its shards) + config.json + tokenizer files
+    peft adapter folder     adapter_config.json + adapter_model.safetensors: merged into its base model at load
+                            (inference/adapters.py; a LoRA run's adapter/ folder)
     Hub id (org/name)       downloaded once (safetensors only) into the Hugging Face cache, then as above
 
 Pickled weights (`pytorch_model.bin`) are refused: unpickling can run code. So is a model without its
@@ -33,22 +35,19 @@ from safetensors.torch import load_file as load_safetensors
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from contract import files, precision
-from contract.errors import UserError
+from contract.errors import CheckpointError
 from contract.files import file_sha256
 from contract.hub import hub_reachable, hub_url, is_offline
 from contract.long_text import LongText, LongTextError
 from contract.padding import NoPadToken, ensure_pad_token, match_pad_token
 from contract.task import SINGLE, Task, TaskError
+from inference import adapters
 from inference.logs import quiet
 
 logger = logging.getLogger(__name__)
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]  # config, weights, tokenizer (never pickles)
-
-
-class CheckpointError(UserError, RuntimeError):
-    """The model cannot be served; the message names the file or the model id."""
 
 
 class TornCheckpoint(CheckpointError):
@@ -92,7 +91,8 @@ def resolve_device(setting: str) -> torch.device:
 def signature(folder: str | Path) -> tuple:
     """(name, mtime, size) of every file the service reads: changes when training writes a new best model."""
     root = Path(folder)
-    paths = [root / name for name in (files.WEIGHTS, files.HF_WEIGHTS, files.HF_WEIGHTS_INDEX, files.CONFIG)]
+    names = (files.WEIGHTS, files.HF_WEIGHTS, files.HF_WEIGHTS_INDEX, files.CONFIG, files.ADAPTER_WEIGHTS)
+    paths = [root / name for name in names]
     paths += sorted(root.glob("model-*.safetensors"))
     paths += sorted((root / files.TOKENIZER_DIR).glob("*")) if (root / files.TOKENIZER_DIR).is_dir() else []
     found = []
@@ -233,6 +233,8 @@ def _short(exc: BaseException) -> str:
 def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
     """(model with weights, weights file, its SHA-256): our state_dict first, else the Hugging Face export; either
     checked against the tensors config.json records (`check_same_save`)."""
+    if adapters.is_adapter_folder(folder) and not (folder / files.WEIGHTS).is_file():
+        return adapters.load_adapter_model(folder)
     if not (folder / files.CONFIG).is_file():
         raise CheckpointError(f"{folder / files.CONFIG}: missing")
     try:
@@ -348,7 +350,10 @@ def _quiet_transformers():
 
 
 def _read_tokenizer(folder: Path):
+    """tokenizer/, else the folder's own tokenizer files, else (an adapter folder without them) its base model's."""
     where = folder / files.TOKENIZER_DIR if (folder / files.TOKENIZER_DIR).is_dir() else folder
+    if adapters.is_adapter_folder(folder) and not (folder / "tokenizer_config.json").is_file():
+        where = adapters.base_model_of(folder)
     try:
         return AutoTokenizer.from_pretrained(where)
     except (OSError, ValueError) as exc:

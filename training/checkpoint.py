@@ -45,7 +45,7 @@ from transformers.utils import logging as transformers_logging
 
 from contract import files
 from contract.errors import UserError
-from training import model_card, provenance, reports
+from training import lora, model_card, provenance, reports
 from training.atomic import atomic_write, replace_dir, write_json
 from training.collective import decided_on_main
 from training.push import push as push_folder
@@ -125,6 +125,16 @@ def _write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf
     tok_staging = Path(tempfile.mkdtemp(prefix=f".{files.TOKENIZER_DIR}.", dir=out))
     tokenizer.save_pretrained(tok_staging)
     replace_dir(tok_staging, out / files.TOKENIZER_DIR)
+
+
+def _write_adapter(out: Path, model, config, tokenizer) -> None:
+    """Main process: adapter/ (peft's files, the run's config.json and tokenizer), swapped in whole."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{files.ADAPTER_DIR}.", dir=out))
+    with _no_progress_bar():
+        lora.save_adapter(model, staging)
+    config.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    replace_dir(staging, out / files.ADAPTER_DIR)
 
 
 @contextlib.contextmanager
@@ -322,20 +332,35 @@ class OutputDir:
 
     def save_model(self, model: torch.nn.Module, tokenizer, export_hf: bool = True) -> None:
         """The servable best model: weights, config.json, tokenizer/ (and with `export_hf` model.safetensors
-        and the tokenizer files beside config.json: `pipeline(model=output_dir)`). Call on all ranks."""
+        and the tokenizer files beside config.json: `pipeline(model=output_dir)`); a LoRA run's weights merged, its
+        adapters and head in adapter/ as well (training/lora.py). Call on all ranks."""
         accelerator = self.accelerator
         accelerator.wait_for_everyone()
+        unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+        adapters = lora.is_lora(unwrapped)
         # Every rank takes part: under FSDP or DeepSpeed ZeRO-3 the full state dict is gathered from all of them.
-        state_dict = accelerator.get_state_dict(model)
+        # (LoRA trains under DDP, where the main process holds every weight.)
+        state_dict = None if adapters else accelerator.get_state_dict(model)
         problem = None
         if accelerator.is_main_process:
             self.root.mkdir(parents=True, exist_ok=True)
+            plain = lora.merged_copy(unwrapped) if adapters else unwrapped
+            state_dict = plain.state_dict() if adapters else state_dict
             weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items()}
-            unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-            problem = attempt(
-                lambda: _write_model_files(self.root, unwrapped, weights, tokenizer, export_hf), self.root
+            if adapters:
+                problem = attempt(lambda: _write_adapter(self.root, unwrapped, plain.config, tokenizer), self.root)
+            problem = problem or attempt(
+                lambda: _write_model_files(self.root, plain, weights, tokenizer, export_hf), self.root
             )
         stop_together(accelerator, problem)  # also the barrier after the write
+
+    def restore_best(self, model: torch.nn.Module) -> None:
+        """The saved best model's weights put back into the run's `model` (a LoRA run's adapters and head)."""
+        unwrapped = self.accelerator.unwrap_model(model, keep_torch_compile=False)
+        if lora.is_lora(unwrapped):
+            lora.restore_adapter(unwrapped, self.path(files.ADAPTER_DIR))
+        else:
+            unwrapped.load_state_dict(load_weights(self.path(files.WEIGHTS)))
 
     def state_path(self, step: int) -> Path:
         return self.root / files.STATE_DIR / f"{files.STATE_PREFIX}{step}"

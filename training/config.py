@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 
 import accelerate.utils
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from contract import precision
@@ -105,6 +105,7 @@ def _precision(value: Any) -> Any:
         ) from None
 
 
+LORA_LEARNING_RATE = 5e-4  # LoRA's default peak rate: docs/benchmarks.md "LoRA against full fine-tuning"
 AtLeast1 = Annotated[int, _bound(">=", 1)]
 Names = Annotated[list[str], BeforeValidator(_comma_list)]
 Fraction = Annotated[float, _bound(">=", 0), _bound("<", 1)]
@@ -144,6 +145,18 @@ class ModelConfig(_Group):
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass instead of keeping them: much less memory for long
     --max_length (and large batches), about a third more compute per step (docs/benchmarks.md)."""
+    lora_r: Annotated[int, _bound(">=", 0)] = 0
+    """LoRA rank (peft: `pip install 'distilbert-agnews[peft]'`): low-rank adapters on --lora_target_modules, the
+    pretrained weights frozen, the classification head trained whole. The checkpoint holds the merged weights (every
+    consumer reads an ordinary classifier) and adapter/ what peft's PeftModel.from_pretrained loads. 0: every weight
+    is trained."""
+    lora_alpha: Annotated[float, _bound(">", 0)] = 16.0
+    """LoRA scaling numerator: the adapters' update is scaled by lora_alpha / lora_r."""
+    lora_dropout: Fraction = 0.1
+    """Dropout on the adapters' input."""
+    lora_target_modules: Names | None = None
+    """Modules LoRA adapts, by name (e.g. query,value). Default: peft's choice for the architecture, else the
+    model's query and value projections (or its fused query-key-value projection)."""
 
 
 class DataConfig(_Group):
@@ -230,7 +243,8 @@ class OptimizationConfig(_Group):
     gradient_accumulation_steps: AtLeast1 = 1
     """Forward/backward passes per optimizer step."""
     learning_rate: Annotated[float, _bound(">", 0)] = 5e-5
-    """Peak learning rate of AdamW (before --scale_lr)."""
+    """Peak learning rate of AdamW (before --scale_lr). With LoRA (--lora_r) and no rate given: 5e-4
+    (LORA_LEARNING_RATE, measured in docs/benchmarks.md)."""
     scale_lr: Literal["none", "linear"] = "none"
     """'linear' multiplies the learning rate by the number of processes (linear scaling rule); 'none' keeps it."""
     weight_decay: Annotated[float, _bound(">=", 0)] = 0.01
@@ -349,6 +363,13 @@ GROUP_TITLES = {
 class TrainConfig(RunConfig, EvaluationConfig, OptimizationConfig, DataConfig, ModelConfig):
     """Every field of every group, flat."""
 
+    @model_validator(mode="after")
+    def _lora_learning_rate(self) -> TrainConfig:
+        """LoRA's own default rate, unless a rate was given (flag, YAML or preset)."""
+        if self.lora_r and "learning_rate" not in self.model_fields_set:
+            self.learning_rate = LORA_LEARNING_RATE
+        return self
+
     def effective_batch_size(self, num_processes: int) -> int:
         """Examples per optimizer step across all ranks."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps * num_processes
@@ -462,7 +483,18 @@ def check(cfg: TrainConfig) -> None:
         "chunk_stride",
         f"must be smaller than max_length ({cfg.max_length})",
     )
+    _check_lora(cfg, need)
     _check_sources(cfg, need)
+
+
+def _check_lora(cfg: TrainConfig, need) -> None:
+    """LoRA flags need --lora_r, and --lora_r needs peft."""
+    given = [name for name in ("lora_alpha", "lora_dropout", "lora_target_modules") if name in cfg.model_fields_set]
+    need(cfg.lora_r > 0 or not given, "lora_r", f"must be set (e.g. 8) for --{given[0] if given else ''} to apply")
+    if cfg.lora_r:
+        from training.lora import peft_installed
+
+        need(peft_installed(), "lora_r", "needs peft: pip install 'distilbert-agnews[peft]'")
 
 
 def _check_sources(cfg: TrainConfig, need) -> None:

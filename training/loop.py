@@ -32,6 +32,7 @@ from training.config import TrainConfig
 from training.data import Splits, model_inputs, num_texts
 from training.evaluate import FIT, evaluate
 from training.guards import StopGuard, TrainingDiverged
+from training.lora import parameter_counts
 from training.metrics import MetricSuite
 from training.objective import Objective
 from training.throughput import Throughput, peak_memory_mb
@@ -382,6 +383,7 @@ def run_summary(run: Run, test_metrics: dict | None = None, runtime_s: float | N
         "world_size": world,
         "effective_batch_size": cfg.effective_batch_size(world),
         "mixed_precision": run.accelerator.mixed_precision,
+        "parameters": parameter_counts(run.accelerator.unwrap_model(run.model, keep_torch_compile=False)),
         "history": progress.history,
         "train_loss": progress.train_loss,
         "config": cfg.to_dict(),

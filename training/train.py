@@ -38,8 +38,8 @@ from contract import files, precision
 from contract.errors import UsageError
 from contract.long_text import LongTextError
 from contract.padding import NoPadToken
-from training import capture, cpu_speed, provenance
-from training.checkpoint import OutputDir, Progress, load_weights
+from training import capture, cpu_speed, lora, provenance
+from training.checkpoint import OutputDir, Progress
 from training.claim import claim_output_dir
 from training.cli import run_command, setup_logging, usage_error
 from training.config import TrainConfig, load_config
@@ -162,6 +162,8 @@ def make_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace, p
     device = accelerator.device
     attention = cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, device)
     model = build_model(cfg, labels, attention, pad_token_id)
+    if cfg.lora_r:
+        model = lora.apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
     swapped = cpu_speed.enable(model, cfg.fast_dropout, device)
     logger.info(
         "Model %s: %.1f M parameters, %s attention, %s AdamW%s",
@@ -326,8 +328,7 @@ def score_best_model(run: Run) -> dict | None:
     """The best saved model scored once on the test split (all ranks), or None without a test split."""
     if run.loaders.test is None:
         return None
-    best = load_weights(run.out.path(files.WEIGHTS))
-    run.accelerator.unwrap_model(run.model, keep_torch_compile=False).load_state_dict(best)
+    run.out.restore_best(run.model)
     thresholds = (run.progress.best_validation or {}).get("thresholds")  # multi-label: the best model's
     results = evaluate(
         run.accelerator, capture.eager(run.model), run.loaders.test, run.metrics, thresholds, run.cfg.windowing()

@@ -187,3 +187,33 @@ def test_serving_a_decoder_whose_tokenizer_cannot_pad_is_refused_in_one_line(smo
     tokenizer.save_pretrained(base)
     with pytest.raises(CheckpointError, match="neither a pad token nor an end-of-text token"):
         load_model(str(base), device="cpu", dtype="fp32")
+
+
+@pytest.mark.slow
+def test_a_decoder_trains_with_lora_in_bf16_with_gradient_checkpointing_and_serves_as_each_text_alone(
+    smoke_dir, tmp_path
+):
+    """The usual recipe for an LLM classifier (issue 40, point 2): LoRA on the query and value projections (peft's
+    default for Llama), the score head trained whole, bf16, gradient checkpointing; the service on adapter/ alone
+    answers each text as the merged model run on it alone."""
+    pytest.importorskip("peft", reason="pip install 'distilbert-agnews[peft]' (dev extra)")
+    base = write_decoder(tmp_path / "base", "llama", smoke_dir)
+    out = tmp_path / "out"
+    args = ["--preset", "smoke", "--from_scratch", "false", "--model_name_or_path", str(base)]
+    args += ["--output_dir", str(out), "--max_train_steps", "30", "--eval_steps", "15", "--checkpointing_steps", "none"]
+    args += ["--mixed_precision", "bf16", "--gradient_checkpointing", "--lora_r", "4", "--learning_rate", "5e-3"]
+    args += ["--ignore_mismatched_sizes"]  # the base's own 2-output head: LoRA trains a 4-output one
+    result, _ = run_train(args, env=cli_env())
+    assert result.returncode == 0, describe(result)
+    assert "LoRA r=4 alpha=16 dropout=0.1 on q_proj, v_proj; head trained whole: score" in result.stderr
+    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out / files.TOKENIZER_DIR)
+    with torch.no_grad():
+        alone = [model(**tokenizer(text, return_tensors="pt")).logits[0].softmax(-1) for text in TEXTS]
+    settings = Settings(model_id=str(out / files.ADAPTER_DIR), dtype="fp32", reload_interval_s=0, backend="torch")
+    with TestClient(create_app(settings)) as client:
+        response = client.post("/predict", json={"inputs": [[t] for t in TEXTS]})
+    assert response.status_code == 200, response.text
+    labels = list(model.config.id2label.values())
+    for answer, expected in zip(response.json(), alone):
+        assert {a["label"]: a["score"] for a in answer} == pytest.approx(dict(zip(labels, expected.tolist())), abs=1e-4)

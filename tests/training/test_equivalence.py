@@ -17,6 +17,7 @@ from tests.helpers.cuda_graphs.stand_in import REPORT
 pytestmark = pytest.mark.slow
 STEPS = 40
 WEIGHTED = ("--class_weights", "1,3,0.5,2", "--label_smoothing_factor", "0.1")
+LORA = ("--lora_r", "4", "--lora_dropout", "0")  # adapters and head trained, the body frozen (peft)
 CHUNKED = ("--preset", "smoke-long")  # long stories cut into 48-token windows: a story's windows span ranks
 LAYOUTS = {  # name: (processes, per-device batch, accumulation, more flags) -> 16 examples per optimizer step
     "1x16": (1, 16, 1, ()),
@@ -28,6 +29,8 @@ LAYOUTS = {  # name: (processes, per-device batch, accumulation, more flags) -> 
     "2x8 weighted": (2, 8, 1, WEIGHTED),
     "1x16 chunked": (1, 16, 1, CHUNKED),
     "2x8 chunked": (2, 8, 1, CHUNKED),
+    "1x16 lora": (1, 16, 1, LORA),
+    "2x8 lora": (2, 8, 1, LORA),
     # DDP with CUDA-graph steps (the step rule of CUDA graph trees on the CPU: tests/helpers/cuda_graphs) and
     # accumulation, which read overwritten gradients before issue 39 (NaN here, a crash on CUDA)
     "2x4 accumulate 2 captured": (2, 4, 2, ("--torch_compile", "reduce-overhead", "--pad_buckets", "4")),
@@ -86,7 +89,7 @@ def max_difference(a: dict, b: dict) -> float:
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.startswith(("1x16", "control"))])
 def test_parameters_and_loss_curve_match_one_process(runs, name):
-    variant = next((v for v in ("weighted", "chunked") if v in name), None)  # captured: against eager 1x16
+    variant = next((v for v in ("weighted", "chunked", "lora") if v in name), None)  # captured: against eager 1x16
     reference_weights, reference_metrics = runs[f"1x16 {variant}" if variant else "1x16"]
     weights, metrics = runs[name]
     worst = max_difference(weights, reference_weights)

@@ -1,0 +1,153 @@
+"""LoRA fine-tuning through peft (the optional `peft` extra): adapters on the attention projections, the
+classification head trained whole (`modules_to_save`), and what a run keeps of it.
+
+What stays the same for every consumer: the run's distilbert_agnews.pt and Hugging Face export hold the *merged*
+weights (W + B·A·alpha/r, the head as trained), so evaluation, prediction, the service, the runtimes and the Hub push
+read an ordinary classifier. Beside them, adapter/ holds what `peft.PeftModel.from_pretrained` loads (the adapters
+and the head) with the run's config.json and tokenizer, so the service can also serve that folder on its own
+(inference/adapters.py merges it at load).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from contract import files
+from contract.errors import UsageError
+
+logger = logging.getLogger(__name__)
+
+# The attention projections LoRA adapts when peft has no default for the architecture: the query and value
+# projections by each family's name (peft's own choice where it has one), else a fused query-key-value projection.
+QUERY_VALUE = ("q_lin", "v_lin", "query", "value", "q_proj", "v_proj", "query_proj", "value_proj")
+FUSED_QKV = ("Wqkv", "qkv_proj", "c_attn", "query_key_value")
+
+
+class LoraError(UsageError, ValueError):
+    """LoRA settings that cannot apply to this model (target modules that match nothing, peft missing)."""
+
+
+def peft_installed() -> bool:
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """Whether `model` (unwrapped) carries peft adapters."""
+    return peft_installed() and isinstance(model, _peft().PeftModel)
+
+
+def _peft():
+    import peft
+
+    return peft
+
+
+def head_modules(model: PreTrainedModel) -> list[str]:
+    """The classifier's own modules with weights, outside the pretrained body (DistilBERT: pre_classifier and
+    classifier; BERT: classifier; Qwen, Llama: score; ModernBERT: head and classifier): trained whole and saved."""
+    return [
+        name
+        for name, child in model.named_children()
+        if name != model.base_model_prefix and any(True for _ in child.parameters())
+    ]
+
+
+def target_modules(model: PreTrainedModel, requested: list[str] | None) -> list[str]:
+    """--lora_target_modules as given, else peft's default for the architecture, else the attention projections
+    found in the model (QUERY_VALUE, FUSED_QKV)."""
+    if requested:
+        return requested
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
+
+    if model.config.model_type in PEFT_DEFAULTS:
+        return list(PEFT_DEFAULTS[model.config.model_type])
+    linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    for family in (QUERY_VALUE, FUSED_QKV):
+        found = [name for name in family if name in linear]
+        if found:
+            return found
+    raise LoraError(
+        f"lora_target_modules: no attention projection found in {model.config.model_type!r} (linear layers: "
+        f"{', '.join(sorted(linear)[:8])}); name the modules to adapt with --lora_target_modules"
+    )
+
+
+def apply_lora(model: PreTrainedModel, r: int, alpha: float, dropout: float, requested: list[str] | None):
+    """The model wrapped by peft: LoRA adapters of rank `r` on the target modules (frozen base), the head trained."""
+    peft = _peft()
+    targets = target_modules(model, requested)
+    config = peft.LoraConfig(
+        task_type=peft.TaskType.SEQ_CLS,
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        modules_to_save=head_modules(model),
+    )
+    try:
+        with warnings.catch_warnings():  # peft asks the model whether it checkpoints by transformers' old name
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            wrapped = peft.get_peft_model(model, config)
+    except ValueError as exc:  # peft's error for target modules that match nothing (its class since 0.15)
+        nothing_matched = getattr(peft.utils.error, "NoMatchingPeftModuleError", ())
+        if not isinstance(exc, nothing_matched) and "not found in the base model" not in str(exc):
+            raise
+        raise LoraError(
+            f"lora_target_modules: {', '.join(targets)} match no module of {model.config.model_type!r}; name "
+            "linear layers of the model (e.g. query,value or q_proj,v_proj)"
+        ) from None
+    counts = parameter_counts(wrapped)
+    logger.info(
+        "LoRA r=%d alpha=%g dropout=%g on %s; head trained whole: %s; trainable parameters %s of %s (%.2f%%)",
+        r,
+        alpha,
+        dropout,
+        ", ".join(targets),
+        ", ".join(head_modules(model)),
+        f"{counts['trainable']:,}",
+        f"{counts['total']:,}",
+        100 * counts["trainable"] / counts["total"],
+    )
+    return wrapped
+
+
+def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
+    """Trainable and total parameters of the unwrapped model (peft's own count for a LoRA model: the head's frozen
+    original copy left out)."""
+    if is_lora(model):
+        trainable, total = model.get_nb_trainable_parameters()
+        return {"trainable": trainable, "total": total}
+    params = list(model.parameters())
+    return {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
+
+
+def merged_copy(model) -> PreTrainedModel:
+    """A plain classifier holding the merged weights, the training model left as it is (merging in place and
+    unmerging would not give back the same bits, and a resumed run must continue from exactly them)."""
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def save_adapter(model, folder: Path) -> None:
+    """adapter_config.json + adapter_model.safetensors (adapters and head) as peft writes them."""
+    model.save_pretrained(folder)
+
+
+def restore_adapter(model, folder: Path) -> None:
+    """The adapters and head saved in `folder` put back into `model` (the best model, before the test split)."""
+    from peft.utils import load_peft_weights, set_peft_model_state_dict
+
+    set_peft_model_state_dict(model, load_peft_weights(str(folder), device="cpu"))
+
+
+def adapter_dir(root: Path) -> Path:
+    return root / files.ADAPTER_DIR
