@@ -105,7 +105,7 @@ def _precision(value: Any) -> Any:
         ) from None
 
 
-LORA_LEARNING_RATE = 5e-4  # LoRA's default peak rate: docs/benchmarks.md "LoRA against full fine-tuning"
+LORA_LEARNING_RATE = 2e-3  # LoRA's default peak rate: docs/benchmarks.md "LoRA against full fine-tuning"
 AtLeast1 = Annotated[int, _bound(">=", 1)]
 Names = Annotated[list[str], BeforeValidator(_comma_list)]
 Fraction = Annotated[float, _bound(">=", 0), _bound("<", 1)]
@@ -243,7 +243,7 @@ class OptimizationConfig(_Group):
     gradient_accumulation_steps: AtLeast1 = 1
     """Forward/backward passes per optimizer step."""
     learning_rate: Annotated[float, _bound(">", 0)] = 5e-5
-    """Peak learning rate of AdamW (before --scale_lr). With LoRA (--lora_r) and no rate given: 5e-4
+    """Peak learning rate of AdamW (before --scale_lr). With LoRA (--lora_r) and no rate given: 2e-3
     (LORA_LEARNING_RATE, measured in docs/benchmarks.md)."""
     scale_lr: Literal["none", "linear"] = "none"
     """'linear' multiplies the learning rate by the number of processes (linear scaling rule); 'none' keeps it."""
