@@ -154,7 +154,7 @@ def trainer_child(spec: dict) -> None:
         per_device_eval_batch_size=64,
         num_train_epochs=spec["epochs"],
         learning_rate=spec["lr"],
-        warmup_ratio=0.1,
+        warmup_steps=0.1,  # a float below 1: a fraction of the steps (transformers 5)
         weight_decay=0.01,
         max_grad_norm=1.0,
         use_cpu=True,

@@ -344,6 +344,7 @@ def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
             "--mixed_precision",
             args.precision,
             *(["--from_scratch"] if args.model in SCRATCH else []),
+            *("--group_by_length", "true"),  # as train.py resolves it for these classes (training/objective.py)
         ]
     )
     accelerator = Accelerator(

@@ -19,7 +19,7 @@ import sys
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from inference import errors, routes
+from inference import errors, routes, text_routes  # text_routes adds /rerank, /tokenize, /decode to routes.router
 from inference.engine import Engine
 from inference.middleware import BodySizeLimit, RequestId, ResponseStatus
 from inference.service import Service, lifespan
@@ -51,7 +51,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         "text-embeddings-inference: POST /predict, GET /info, /health, /metrics.",
     )
     app.state.service = Service(settings, engine)
-    app.router.routes[0:0] = routes.fast_routes()  # matched first: the hot path without FastAPI's machinery
+    app.router.routes[0:0] = text_routes.fast_routes()  # matched first: the hot path without FastAPI's machinery
     app.include_router(routes.router)
     app.include_router(routes.public)
     errors.install(app)

@@ -1,8 +1,8 @@
 """Errors answered as TEI answers them: `{"error": "...", "error_type": "..."}` with TEI's ErrorType names and
 statuses (router/src/lib.rs `ErrorType`, router/src/http/server.rs `From<&ErrorType> for StatusCode`):
 Empty 400, Validation 422, Tokenizer 422, Overloaded 429, Unhealthy 503, Backend 424. Ours beside them:
-Unauthorized 401, NotFound 404, MethodNotAllowed 405, Validation 413 (body over PAYLOAD_LIMIT, or an input needing
-more than MAX_CHUNKS windows).
+Unauthorized 401, NotFound 404, MethodNotAllowed 405, UnsupportedMediaType 415 (a body not sent as
+application/json), Validation 413 (body over PAYLOAD_LIMIT, or an input needing more than MAX_CHUNKS windows).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from inference.schemas import INPUTS_HELP
 logger = logging.getLogger("inference")
 
 EMPTY, VALIDATION, OVERLOADED, UNHEALTHY, BACKEND = "Empty", "Validation", "Overloaded", "Unhealthy", "Backend"
-STATUS = {EMPTY: 400, VALIDATION: 422, OVERLOADED: 429, UNHEALTHY: 503, BACKEND: 424}
+TOKENIZER = "Tokenizer"
+MEDIA_TYPE = "UnsupportedMediaType"  # ours, as 401/404/405: TEI's framework answers 415 in plain text
+STATUS = {EMPTY: 400, VALIDATION: 422, TOKENIZER: 422, OVERLOADED: 429, UNHEALTHY: 503, BACKEND: 424, MEDIA_TYPE: 415}
 _HTTP_TYPES = {401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 413: VALIDATION}
 CLIENT_CLOSED = 499  # nginx's status for a client that left before its answer; never sent, only counted
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import torch
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
@@ -28,6 +30,8 @@ from inference.service import Service, chunks_long_texts
 VERSION = "0.1.0"
 CHARS_PER_TOKEN_LIMIT = 250  # TEI's MAX_CHAR_MULTIPLIER: longer inputs are cut (truncate) or refused, untokenized
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+JSON_CONTENT_TYPE = re.compile(r"application/(json|[^;\s]+\+json)\s*(;|$)", re.IGNORECASE)  # axum's json_content_type
 _bearer = HTTPBearer(auto_error=False, description="The API_KEY setting, when the service has one.")
 
 
@@ -77,6 +81,7 @@ PREDICT_PATHS = ("/predict", "/", "/invocations")  # TEI's; the first in the sch
 @router.post(PREDICT_PATHS[2], include_in_schema=False)
 async def predict(request: Request) -> Response:
     state, started = service(request), time.perf_counter()
+    require_json(request)
     try:
         body = parse(await request.body())
         state.metrics.request_count.labels("batch" if body.is_batch else "single").inc()
@@ -106,12 +111,14 @@ async def predict_fast(request: Request) -> Response:
     return await predict(request)
 
 
-def fast_routes() -> list[Route]:
+def fast_routes(root: Callable[[Request], Awaitable[Response]] = predict_fast) -> list[Route]:
     """POST /predict, / and /invocations as plain Starlette routes, placed before FastAPI's (which stay, for the
     OpenAPI schema, and never run): FastAPI's per-request machinery around an endpoint that reads its own body
     (dependency solving, its exit stack, the response wrapper) cost more Python time than the rest of a request
-    (docs/benchmarks.md, "Per-request path")."""
-    return [Route(path, predict_fast, methods=["POST"]) for path in PREDICT_PATHS]
+    (docs/benchmarks.md, "Per-request path"). `root` answers / and /invocations (text_routes: by the model type)."""
+    return [Route(PREDICT_PATHS[0], predict_fast, methods=["POST"])] + [
+        Route(path, root, methods=["POST"]) for path in PREDICT_PATHS[1:]
+    ]
 
 
 async def unless_gone(request: Request, job: asyncio.Future[T]) -> T:
@@ -139,11 +146,19 @@ async def _disconnected(receive) -> None:
         pass
 
 
-def parse(raw: bytes) -> PredictRequest:
-    """JSON whatever the Content-Type says (curl -d sends a form type), validated as TEI's PredictRequest. Text that
-    is not JSON at all is 400 and valid JSON of the wrong shape 422, as axum's Json extractor answers in TEI."""
+def require_json(request: Request) -> None:
+    """TEI's handlers take axum's Json extractor, which answers 415 to a body whose Content-Type is missing or is not
+    application/json (nor application/*+json); not counted as a failed request there either (the handler never
+    runs). TEI's body is axum's plain text; ours says the same in TEI's error shape."""
+    if not JSON_CONTENT_TYPE.match(request.headers.get("content-type", "")):
+        raise ServiceError(errors.MEDIA_TYPE, "Expected request with `Content-Type: application/json`", status=415)
+
+
+def parse(raw: bytes, model: type[M] = PredictRequest) -> M:
+    """The body validated as TEI's request `model` (PredictRequest by default). Text that is not JSON at all is
+    400 and valid JSON of the wrong shape 422, as axum's Json extractor answers in TEI."""
     try:
-        return PredictRequest.model_validate_json(raw)
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         problems = exc.errors(include_url=False)
         if problems and problems[0]["type"] == "json_invalid":  # TEI (axum's JsonSyntaxError): 400, not 422
@@ -155,8 +170,16 @@ def parse(raw: bytes) -> PredictRequest:
 
 def classify(state: Service, body: PredictRequest) -> asyncio.Future[Answer]:
     """Check the request against the limits and queue it: the future of its Answer (errors: `engine_failure`)."""
-    settings, sequences = state.settings, body.sequences()
-    if body.is_batch and len(sequences) > settings.max_client_batch_size:
+    return queue_sequences(state, body.sequences(), body.is_batch, body.truncate, body.left, body.scoring())
+
+
+def queue_sequences(
+    state: Service, sequences: list, is_batch: bool, asked_truncate: bool | None, left: bool, scoring: str | None
+) -> asyncio.Future[Answer]:
+    """Inputs (texts or pairs: /predict's, /rerank's) checked against the limits and queued; `asked_truncate` is
+    the request's `truncate` (None: AUTO_TRUNCATE)."""
+    settings = state.settings
+    if is_batch and len(sequences) > settings.max_client_batch_size:
         raise ServiceError(
             errors.VALIDATION,
             f"batch size {len(sequences)} > maximum allowed batch size {settings.max_client_batch_size}",
@@ -164,19 +187,19 @@ def classify(state: Service, body: PredictRequest) -> asyncio.Future[Answer]:
         )
     for i, (text, pair) in enumerate(sequences):
         if not text and not pair:  # TEI: only a zero-length input is empty; whitespace is classified
-            raise ServiceError(errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if body.is_batch else ""))
+            raise ServiceError(errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if is_batch else ""))
     engine = state.live_engine()
     served = engine.current
     # LONG_TEXT=chunk windows every long input unless the request asks for TEI's truncation (`truncate: true`)
-    chunk = chunks_long_texts(settings, served) and body.truncate is not True
-    truncate = settings.auto_truncate if body.truncate is None else body.truncate
+    chunk = chunks_long_texts(settings, served) and asked_truncate is not True
+    truncate = settings.auto_truncate if asked_truncate is None else asked_truncate
     if chunk:
         check_characters(sequences, window_length(served) * settings.max_chunks * CHARS_PER_TOKEN_LIMIT)
     else:
-        sequences = limit_characters(sequences, served.max_length * CHARS_PER_TOKEN_LIMIT, truncate, body.left)
+        sequences = limit_characters(sequences, served.max_length * CHARS_PER_TOKEN_LIMIT, truncate, left)
     state.metrics.predict_count.inc(len(sequences))  # TEI: one per input handed to the model (core/src/infer.rs)
     try:
-        return engine.submit(sequences, truncate, body.left, chunk, body.scoring())
+        return engine.submit(sequences, truncate, left, chunk, scoring)
     except Overloaded as exc:
         raise ServiceError(errors.OVERLOADED, str(exc)) from None
 
@@ -244,7 +267,11 @@ def tei_headers(answer: Answer, characters: int, started: float) -> dict[str, st
     }
 
 
-@router.get("/info", response_model=Info, summary="The served model and limits (TEI's Info)")
+@router.get(
+    "/info",
+    response_model=Info,
+    summary="The served model and limits (TEI's Info)",
+)
 async def info(request: Request) -> Info:
     state = service(request)
     served, settings = state.live_engine().current, state.settings
@@ -260,7 +287,10 @@ async def info(request: Request) -> Info:
         model_dtype=precision.tei_name(served.precision),
         served_model_name=settings.model_id,
         model_type={
-            "classifier": {"id2label": served.id2label, "label2id": {v: int(k) for k, v in served.id2label.items()}}
+            "reranker" if len(served.labels) == 1 else "classifier": {
+                "id2label": served.id2label,
+                "label2id": {v: int(k) for k, v in served.id2label.items()},
+            }
         },
         max_concurrent_requests=settings.max_concurrent_requests,
         max_input_length=served.max_length,

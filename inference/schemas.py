@@ -12,7 +12,7 @@ router/src/lib.rs of huggingface/text-embeddings-inference: `PredictRequest`, `P
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
@@ -111,6 +111,55 @@ class PredictRequest(BaseModel):
         return self.parameters.function_to_apply if self.parameters else None
 
 
+class RerankRequest(BaseModel):
+    """TEI's RerankRequest (router/src/http/types.rs)."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"query": "q", "texts": ["a", "b"]}]})
+    query: StrictStr
+    texts: list[StrictStr]
+    truncate: StrictBool | None = Field(None, description="As /predict's: null or absent means AUTO_TRUNCATE.")
+    truncation_direction: Literal["Right", "Left", "right", "left"] = "Right"
+    raw_scores: StrictBool = Field(False, description="The model's output itself instead of its sigmoid.")
+    return_text: StrictBool = Field(False, description="Each rank also carries its text.")
+
+    @property
+    def left(self) -> bool:
+        return self.truncation_direction.lower() == "left"
+
+
+class Rank(BaseModel):
+    index: int
+    text: str | None = None  # only with return_text (TEI skips it otherwise)
+    score: float
+
+
+class TokenizeRequest(BaseModel):
+    """TEI's TokenizeRequest: one text or a batch of texts (no pairs)."""
+
+    model_config = ConfigDict(extra="ignore")
+    inputs: StrictStr | list[StrictStr]
+    add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = Field(
+        None, description="Sentence Transformers prompts: refused, as TEI refuses it for a model without them."
+    )
+
+
+class SimpleToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None  # byte offsets into the input, as TEI reports them; None for special tokens
+    stop: int | None
+
+
+class DecodeRequest(BaseModel):
+    """TEI's DecodeRequest: one list of token ids or a batch of them."""
+
+    model_config = ConfigDict(extra="ignore")
+    ids: list[Annotated[StrictInt, Field(ge=0)]] | list[list[Annotated[StrictInt, Field(ge=0)]]]
+    skip_special_tokens: StrictBool = True
+
+
 class Prediction(BaseModel):
     score: float
     label: str
@@ -132,10 +181,6 @@ class ClassifierModel(BaseModel):
     label2id: dict[str, int]
 
 
-class ModelType(BaseModel):
-    classifier: ClassifierModel
-
-
 class Info(BaseModel):
     """TEI's Info, field for field, then this service's own details under `distilbert_agnews`."""
 
@@ -143,7 +188,10 @@ class Info(BaseModel):
     model_sha: str | None
     model_dtype: str
     served_model_name: str
-    model_type: ModelType
+    model_type: dict[Literal["classifier", "reranker"], ClassifierModel] = Field(
+        description="TEI's ModelType of a classifier (router/src/lib.rs): `classifier` with two or more labels, "
+        "`reranker` with one."
+    )
     max_concurrent_requests: int
     max_input_length: int
     max_batch_tokens: int

@@ -224,8 +224,10 @@ class DataConfig(_Group):
     sees N shapes: what compiled and graph-captured steps need (inference/shapes.py). 0 pads each batch to its
     longest text (--pad_to_multiple_of). Default: 4 on GPU, 16 with --torch_compile on a CPU (a padded token costs a
     CPU as much as a real one: more, narrower widths), else 0."""
-    group_by_length: bool = True
-    """Batch texts of similar length together (less padding); every rank still gets an equal, disjoint shard."""
+    group_by_length: bool | None = None
+    """Batch texts of similar length together (less padding); every rank still gets an equal, disjoint shard.
+    Default: the problem type's choice (training/objective.py): on for classification, off for regression, whose
+    target often follows the length (docs/benchmarks.md "Regression against the Trainer")."""
     dataloader_num_workers: Annotated[int, _bound(">=", 0)] | None = None
     """DataLoader worker processes per rank (0 = load in the training process). Default: 2 on GPU (collating in the
     training process holds up a captured step), 0 on CPU (the cores are busy with the matmuls)."""

@@ -656,14 +656,15 @@ def make_dataloaders(
     compile_mode: str = capture.NONE,
 ) -> tuple[DataLoader, LengthGroupedBatchSampler, DataLoader, DataLoader | None]:
     """Train loader (+ its sampler, whose epoch train.py sets) and evaluation loaders, not yet prepared; batches in
-    fixed widths where the (resolved) compile mode needs them."""
+    fixed widths where the (resolved) compile mode needs them; grouped by length as cfg.group_by_length says once
+    train.py resolved it by the problem type (None: not grouped)."""
     collate = Collator.of(tokenizer, pad_widths(cfg, device_type, compile_mode), pad_multiple(cfg, device_type))
     sampler = LengthGroupedBatchSampler(
         list(splits.train["length"]),
         cfg.per_device_train_batch_size,
         num_processes,
         seed=cfg.seed,
-        group_by_length=cfg.group_by_length,
+        group_by_length=bool(cfg.group_by_length),
         accumulation=cfg.gradient_accumulation_steps,
     )
     workers = loader_workers(cfg, device_type)

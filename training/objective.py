@@ -29,6 +29,14 @@ class Objective:
     weights: torch.Tensor | None = None  # per class (single-label) or per label (multi-label pos_weight)
     label_smoothing: float = 0.0
 
+    @property
+    def groups_by_length(self) -> bool:
+        """The problem type's default for --group_by_length. Off for regression: a score often follows the text's
+        length, and batches of alike lengths then hold alike targets, each a biased sample of the task (measured
+        against the Trainer in docs/benchmarks.md, "Regression against the Trainer"). Classes do not follow length
+        that way: classification keeps the padding it saves."""
+        return self.problem_type != task.REGRESSION
+
     def to(self, device: torch.device) -> Objective:
         return replace(self, weights=self.weights.to(device) if self.weights is not None else None)
 

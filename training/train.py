@@ -191,6 +191,8 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     tokenizer, splits = load_data(cfg, accelerator)
     cfg, metrics = choose_metrics(cfg, splits)
     objective = objective_for(cfg, splits.labels, splits.train["labels"]).to(accelerator.device)
+    if cfg.group_by_length is None:  # the problem type decides (training/objective.py)
+        cfg = cfg.model_copy(update={"group_by_length": objective.groups_by_length})
     model = make_model(cfg, accelerator, splits.labels, tokenizer.pad_token_id)
     world = accelerator.num_processes
     learning_rate, epoch_steps, total_steps, num_epochs = schedule_plan(cfg, world, len(splits.train))

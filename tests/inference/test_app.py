@@ -33,6 +33,8 @@ TEXTS = [
     "The prime minister signed a ceasefire in gaza. Diplomats called for humanitarian aid near the border.",
 ]
 
+JSON = {"content-type": "application/json"}
+
 
 def make_client(checkpoint, **settings) -> TestClient:
     settings.setdefault("dtype", "fp32")
@@ -91,11 +93,11 @@ def test_bad_requests_get_a_clear_error_body(client, body, status, error_type, w
 
 
 def test_bad_json_and_oversized_bodies(client):
-    bad = client.post("/predict", content=b"{not json")
+    bad = client.post("/predict", content=b"{not json", headers=JSON)
     assert bad.status_code == 400 and bad.json()["error_type"] == "Validation" and "not valid JSON" in bad.text
-    # no content-type at all (curl -d): still read as JSON
-    assert client.post("/predict", content=json.dumps({"inputs": "ok"}).encode()).status_code == 200
-    huge = client.post("/predict", content=b"{" + b" " * 2_000_010 + b"}")
+    # no content-type at all (curl -d without -H): TEI's 415 (axum's Json extractor)
+    assert client.post("/predict", content=json.dumps({"inputs": "ok"}).encode()).status_code == 415
+    huge = client.post("/predict", content=b"{" + b" " * 2_000_010 + b"}", headers=JSON)
     assert huge.status_code == 413 and huge.json()["error_type"] == "Validation"
     assert "PAYLOAD_LIMIT" in huge.json()["error"]
 
@@ -103,7 +105,7 @@ def test_bad_json_and_oversized_bodies(client):
         for _ in range(300):
             yield b" " * 10_000
 
-    assert client.post("/predict", content=chunks()).status_code == 413
+    assert client.post("/predict", content=chunks(), headers=JSON).status_code == 413
 
 
 @contextlib.contextmanager
@@ -492,7 +494,7 @@ def test_every_request_is_counted_with_the_status_its_client_saw(smoke_checkpoin
 
     limits = {"max_concurrent_requests": 3, "max_client_batch_size": 3, "payload_limit": 2_000}
     with make_client(smoke_checkpoint, api_key="k", **limits) as c:
-        good = {"Authorization": "Bearer k"}
+        good = {"Authorization": "Bearer k", **JSON}
         calls = [
             c.post("/predict", json={"inputs": "x"}, headers=good),
             c.post("/predict", json={"inputs": "x"}),

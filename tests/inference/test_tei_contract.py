@@ -18,6 +18,7 @@ from tests.inference.conftest import assert_matches
 
 pytestmark = pytest.mark.slow
 
+JSON = {"content-type": "application/json"}
 SPORTS = "The yankees beat the red sox in overtime, the ap reported."
 BUSINESS = "Shares of oracle rose in early trading after the earnings report."
 
@@ -98,11 +99,11 @@ def test_text_that_is_not_json_is_400_and_json_of_the_wrong_shape_422(http, body
     """TEI's handler takes `Json<PredictRequest>` (router/src/http/server.rs, axum 0.7 per router/Cargo.toml): axum
     answers a body that is not syntactically valid JSON with its JsonSyntaxError, 400 Bad Request, and valid JSON
     that does not deserialize into PredictRequest with JsonDataError, 422."""
-    response = http.post("/predict", content=body)
+    response = http.post("/predict", content=body, headers=JSON)
     assert response.status_code == 400, response.text
     assert response.json()["error_type"] == "Validation" and "not valid JSON" in response.json()["error"]
     assert post(http, {"truncate": True}).status_code == 422  # valid JSON, no inputs
-    assert http.post("/predict", content=b'{"inputs": 5}').status_code == 422
+    assert http.post("/predict", content=b'{"inputs": 5}', headers=JSON).status_code == 422
 
 
 # ----------------------------------------------------------------- empty (tokenization.rs: is_empty)
@@ -280,3 +281,87 @@ def test_errors_have_tei_error_bodies(http):
         response = post(http, body)
         assert response.status_code == status and set(response.json()) == {"error", "error_type"}
         assert response.json()["error_type"] == kind
+
+
+# ------------------------------------------- /tokenize, /decode, /rerank, content type (server.rs, types.rs)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smoke_checkpoint):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smoke_checkpoint / "tokenizer")
+
+
+def test_tokenize_answers_tei_simple_tokens(http, tokenizer):
+    """server.rs `tokenize`, core/src/tokenization.rs `into_tokens`: per input a list of {id, text, special, start,
+    stop}; a special token carries its own string and no offsets, the others the input's own characters and their
+    byte offsets (a two-byte character counts two); add_special_tokens (default true); a batch answers in order."""
+    text = "Café owners rallied"
+    [tokens] = post(http, {"inputs": text}, "/tokenize").json()
+    ids = tokenizer(text)["input_ids"]
+    assert [t["id"] for t in tokens] == ids
+    assert tokens[0] == {"id": ids[0], "text": tokenizer.cls_token, "special": True, "start": None, "stop": None}
+    assert tokens[-1]["special"] and tokens[-1]["text"] == tokenizer.sep_token
+    words = tokens[1:-1]
+    assert not any(t["special"] for t in words)
+    raw = text.encode()
+    assert all(raw[t["start"] : t["stop"]].decode() == t["text"] for t in words)
+    assert words[-1]["stop"] == len(raw) == len(text) + 1  # é is two bytes
+    batch = post(http, {"inputs": [text, "ok"], "add_special_tokens": False}, "/tokenize").json()
+    assert [t["id"] for t in batch[0]] == ids[1:-1] and batch[0] == words and len(batch) == 2
+
+
+def test_tokenize_refuses_a_prompt_name_empty_batches_and_oversized_ones_as_tei(http):
+    """prepare_pre_prompt: a prompt name with no Sentence Transformers prompts is a Validation error (422);
+    server.rs: an empty batch is Empty (400), one over MAX_CLIENT_BATCH_SIZE (32) Validation (422)."""
+    prompt = post(http, {"inputs": "a", "prompt_name": "query"}, "/tokenize")
+    assert prompt.status_code == 422 and prompt.json()["error_type"] == "Validation"
+    assert "`default-prompt-name` is set to `query` but no prompts were found" in prompt.json()["error"]
+    empty = post(http, {"inputs": []}, "/tokenize")
+    assert empty.status_code == 400 and empty.json() == {"error": "`inputs` cannot be empty", "error_type": "Empty"}
+    over = post(http, {"inputs": ["a"] * 33}, "/tokenize")
+    assert over.status_code == 422 and "batch size 33 > maximum allowed batch size 32" in over.json()["error"]
+
+
+def test_decode_answers_texts_from_ids_as_tei(http, tokenizer):
+    """server.rs `decode`: one list of ids or a batch, skip_special_tokens (default true), a list of strings; an
+    id outside the vocabulary is the tokenizer's error (422)."""
+    ids = tokenizer("Shares rose")["input_ids"]
+    assert post(http, {"ids": ids}, "/decode").json() == [tokenizer.decode(ids, skip_special_tokens=True)]
+    both = post(http, {"ids": [ids, ids[1:2]], "skip_special_tokens": False}, "/decode").json()
+    assert both == [tokenizer.decode(ids), tokenizer.decode(ids[1:2])] and both[0].startswith(tokenizer.cls_token)
+    # untagged InputIds tries Single(Vec<u32>) first: [] is one empty sequence, not an empty batch
+    assert post(http, {"ids": []}, "/decode").json() == [""]
+    bad = post(http, {"ids": [len(tokenizer) + 5]}, "/decode")
+    assert bad.status_code == 422 and bad.json()["error_type"] == "Tokenizer"
+
+
+def test_rerank_on_a_classifier_is_tei_backend_error(http):
+    """server.rs `rerank`: empty texts first (Empty, 400), then a model that is not a re-ranker (several labels):
+    `Backend error: model is not a re-ranker model`, 424, counted as te_request_failure{err="model_type"}."""
+    empty = post(http, {"query": "q", "texts": []}, "/rerank")
+    assert empty.status_code == 400 and empty.json() == {"error": "`texts` cannot be empty", "error_type": "Empty"}
+    refused = post(http, {"query": "q", "texts": [SPORTS]}, "/rerank")
+    assert refused.status_code == 424
+    assert refused.json() == {"error": "Backend error: model is not a re-ranker model", "error_type": "Backend"}
+    assert 'te_request_failure{err="model_type"}' in http.get("/metrics").text
+    assert post(http, {"inputs": SPORTS}).status_code == 200  # /predict serves this model
+
+
+@pytest.mark.parametrize("path", ["/predict", "/rerank", "/tokenize", "/decode"])
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_not_sent_as_json_is_415_as_axum_answers_it(http, path, content_type):
+    """TEI's handlers take axum's `Json` extractor, which refuses a missing or non-JSON Content-Type with 415
+    Unsupported Media Type before reading the body (application/json and application/*+json pass, with a charset)."""
+    headers = {"content-type": content_type} if content_type else {}
+    response = http.post(path, content=b'{"inputs": "a"}', headers=headers)
+    assert response.status_code == 415, response.text
+    assert response.json() == {
+        "error": "Expected request with `Content-Type: application/json`",
+        "error_type": "UnsupportedMediaType",
+    }
+    typed = http.post(
+        "/predict", content=b'{"inputs": "a"}', headers={"content-type": "application/json; charset=utf-8"}
+    )
+    assert typed.status_code == 200

@@ -97,3 +97,10 @@ def test_balanced_weights_raise_minority_recall_on_a_1_to_20_set(smoke_dir, tmp_
         recall[weights] = json.loads((out / files.METRICS).read_text())["test"]["recall_sports"]
     print(f"minority recall after 80 steps: {recall}")
     assert recall["balanced"] >= recall["none"] + 0.3, recall
+
+
+def test_regression_batches_are_not_grouped_by_length_unless_asked():
+    """The problem type's default for --group_by_length (train.py takes it when the flag is not given): classes keep
+    the padding grouping saves; a regression target that follows the length would make batches of alike targets."""
+    assert Objective(task.SINGLE).groups_by_length and Objective(task.MULTI).groups_by_length
+    assert not Objective(task.REGRESSION).groups_by_length

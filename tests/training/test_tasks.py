@@ -69,6 +69,8 @@ def test_files_carry_the_task_and_the_card_names_it(runs):
     assert scored["problem_type"] == task.REGRESSION and scored["id2label"] == {"0": "pair_score"}
     summary = json.loads((runs["regression"] / files.METRICS).read_text())
     assert summary["metric_for_best_model"] == "mse" and summary["config"]["greater_is_better"] is False
+    assert summary["config"]["group_by_length"] is False  # regression's default (training/objective.py)
+    assert json.loads((runs["single-label"] / files.METRICS).read_text())["config"]["group_by_length"] is True
     assert summary["test"]["pearson"] > 0.8 and summary["test"]["mse"] < 0.1, summary["test"]
     card = (runs["regression"] / files.MODEL_CARD).read_text()
     assert "tags:\n- text-classification\n- regression" in card and "| pearson |" in card
@@ -191,7 +193,8 @@ def test_the_service_scores_by_the_task_for_the_real_client(runs, smoke_dir, nam
             f"{server.url}/predict", json={"inputs": [[text, pair] if pair else [text]], "raw_scores": True}
         )
         info = httpx.get(f"{server.url}/info").json()
-        assert list(info["model_type"]["classifier"]["id2label"].values()) == list(labels.values())
+        kind = "reranker" if len(labels) == 1 else "classifier"  # TEI's rule (router/src/lib.rs): one label re-ranks
+        assert list(info["model_type"][kind]["id2label"].values()) == list(labels.values())
         served_task = info["distilbert_agnews"]["task"]
         assert served_task["problem_type"] == (task.MULTI if pair is None else task.REGRESSION)
     finally:
@@ -303,3 +306,35 @@ def test_a_regression_model_is_served_in_fp32_when_dtype_is_auto(runs, monkeypat
         assert client.get("/info").json()["model_dtype"] == "bfloat16"  # the stand-in takes effect
     with make_client(runs["regression"], backend="torch", dtype="auto") as client:
         assert client.get("/info").json()["model_dtype"] == "float32"
+
+
+def test_rerank_ranks_texts_against_a_query_with_the_pair_regression_model(runs, smoke_dir):
+    """POST /rerank as TEI answers it (router/src/http/server.rs `rerank`; types.rs `RerankRequest`, `Rank`), over
+    real HTTP, with the cross-encoder trained here on pairs (one output, regression: TEI's "reranker"): every
+    (query, text) pair scored by the model, sigmoid unless raw_scores, sorted best first, `index` into `texts`,
+    `text` only with return_text; POST / answers the same for this model (server.rs routes / to rerank for a
+    re-ranker), /predict keeps working, and a batch over MAX_CLIENT_BATCH_SIZE is TEI's 422."""
+    query, _ = examples("regression", smoke_dir, n=1)[0]
+    texts = [pair for _, pair in examples("regression", smoke_dir, n=6)]
+    raw = our_scores(runs["regression"], [(query, text) for text in texts])[:, 0]
+    args = ["--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0", "--max_client_batch_size", "6"]
+    server = Server(runs["regression"], *args).wait_ready()
+    try:
+        ranked = httpx.post(f"{server.url}/rerank", json={"query": query, "texts": texts, "return_text": True}).json()
+        scores = httpx.post(f"{server.url}/rerank", json={"query": query, "texts": texts, "raw_scores": True}).json()
+        root = httpx.post(f"{server.url}/", json={"query": query, "texts": texts, "return_text": True}).json()
+        predicted = httpx.post(f"{server.url}/predict", json={"inputs": [query, texts[0]]})
+        too_many = httpx.post(f"{server.url}/rerank", json={"query": query, "texts": texts * 2})
+        info = httpx.get(f"{server.url}/info").json()
+    finally:
+        server.stop()
+    order = sorted(range(len(texts)), key=lambda i: -raw[i].item())
+    assert [rank["index"] for rank in ranked] == order and root == ranked
+    assert [rank["text"] for rank in ranked] == [texts[i] for i in order]
+    assert [rank["score"] for rank in ranked] == pytest.approx(raw[order].sigmoid().tolist(), abs=1e-5)
+    assert all("text" not in rank for rank in scores)
+    assert [rank["score"] for rank in scores] == pytest.approx(raw[order].tolist(), abs=1e-5)
+    assert predicted.status_code == 200 and predicted.json()[0]["score"] == pytest.approx(raw[0].item(), abs=1e-5)
+    assert too_many.status_code == 422 and too_many.json()["error_type"] == "Validation", too_many.text
+    assert "batch size 12 > maximum allowed batch size 6" in too_many.json()["error"]
+    assert set(info["model_type"]) == {"reranker"}
