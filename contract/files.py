@@ -14,7 +14,7 @@ sides import and which imports neither.
     metrics.json                what training measured, with which config, on which data
     README.md                   the model card
     training_curves.json/.png   loss, validation metrics and learning rate per step
-    eval_results.json, confusion_matrix.png, misclassified.csv     written by python -m training.evaluate
+    eval_results.json, confusion_matrix.png, calibration.png, misclassified.csv   by python -m training.evaluate
     residuals.png, largest_errors.csv                              (regression models)
     adapter/                    with LoRA (--lora_r): what peft's PeftModel.from_pretrained loads (adapter_config.json,
                                 adapter_model.safetensors: adapters + head) and config.json + tokenizer files; the
@@ -49,6 +49,7 @@ CURVES_JSON = "training_curves.json"
 CURVES_PNG = "training_curves.png"
 EVAL_RESULTS = "eval_results.json"
 CONFUSION_PNG = "confusion_matrix.png"
+RELIABILITY_PNG = "calibration.png"  # single-label: confidence against accuracy (training/calibration.py)
 MISCLASSIFIED_CSV = "misclassified.csv"
 RESIDUALS_PNG = "residuals.png"  # regression
 LARGEST_ERRORS_CSV = "largest_errors.csv"  # regression

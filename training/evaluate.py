@@ -30,7 +30,7 @@ from accelerate.logging import get_logger
 from contract import files, precision, task
 from contract.long_text import MODES, LongText
 from inference.loading import CheckpointError, LoadedModel, file_sha256, load_model
-from training import reports
+from training import calibration, reports
 from training.atomic import write_json
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main
@@ -280,6 +280,10 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
         **({"per_class": report["per_class"]} if "per_class" in report else {}),
         "files": [files.EVAL_RESULTS, *reports.written_for(saved.loaded.task.problem_type)],
     }
+    if saved.loaded.task.problem_type == task.SINGLE:  # how far the scores are from probabilities
+        applied = getattr(saved.loaded.model.config, calibration.CONFIG_FIELD, None) if saved.loaded.model else None
+        ece = calibration.expected_calibration_error(scored.scores, scored.labels)
+        evaluation["calibration"] = {"ece": ece, "bins": calibration.BINS, "applied": applied}
     if "confusion_matrix" in report:
         evaluation["confusion_matrix"] = {
             "labels": saved.loaded.labels,
@@ -337,6 +341,8 @@ def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, loaded
     if kind == task.SINGLE:
         confusion = torch.tensor(evaluation["confusion_matrix"]["rows_true_columns_predicted"])
         reports.write_confusion_matrix(root / files.CONFUSION_PNG, confusion, names, title)
+        points = calibration.reliability(scored.scores, scored.labels)
+        reports.write_reliability_diagram(root / files.RELIABILITY_PNG, points, evaluation["calibration"]["ece"], title)
         wrong = reports.write_misclassified(root / files.MISCLASSIFIED_CSV, texts, scored.labels, scored.scores, names)
     elif kind == task.MULTI:
         decided = loaded.task.decisions(scored.scores)

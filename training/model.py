@@ -10,6 +10,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from contract import files
 from contract.errors import UserError
 from contract.padding import ensure_pad_token, match_pad_token
+from training import calibration
 from training.config import TrainConfig
 from training.data import LabelSpace
 from training.hub import explain_missing
@@ -73,6 +74,9 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
             setattr(config, name, value)
         if hasattr(config, files.WEIGHTS_SHA256):  # fine-tuning one of our checkpoints: its hash is not ours
             delattr(config, files.WEIGHTS_SHA256)
+        # nothing calibrated yet (a calibrated starting checkpoint's temperature is in its weights, not ours): the
+        # end of the run records what it applies (training/calibration.py)
+        setattr(config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
         if cfg.dropout is not None:  # e.g. DistilBERT: dropout, attention_dropout, seq_classif_dropout
             for name, value in config.to_dict().items():
                 if "dropout" in name and isinstance(value, float):

@@ -37,6 +37,13 @@ class Objective:
         that way: classification keeps the padding it saves."""
         return self.problem_type != task.REGRESSION
 
+    @property
+    def calibration(self) -> str:
+        """The problem type's default for --calibration: a temperature for single-label (one softmax to calibrate);
+        none for multi-label (one temperature per label was not measured to help yet) and regression (no
+        probabilities)."""
+        return "temperature" if self.problem_type == task.SINGLE else "none"
+
     def to(self, device: torch.device) -> Objective:
         return replace(self, weights=self.weights.to(device) if self.weights is not None else None)
 

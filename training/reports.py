@@ -39,7 +39,7 @@ def written_for(problem_type: str) -> list[str]:
         return [files.RESIDUALS_PNG, files.LARGEST_ERRORS_CSV]
     if problem_type == task.MULTI:
         return [files.MISCLASSIFIED_CSV]
-    return [files.CONFUSION_PNG, files.MISCLASSIFIED_CSV]
+    return [files.CONFUSION_PNG, files.RELIABILITY_PNG, files.MISCLASSIFIED_CSV]
 
 
 def report_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]) -> str:
@@ -96,6 +96,27 @@ def write_confusion_matrix(path: Path, confusion: torch.Tensor, label_names: Seq
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(title)
+    write_bytes(path, _png(figure))
+
+
+def write_reliability_diagram(path: Path, points: Sequence[tuple[float, float, int]], ece: float, title: str) -> None:
+    """Accuracy against mean confidence per confidence bin (training/calibration.py), bar widths the bins', the
+    diagonal a perfectly calibrated model; the expected calibration error in the title."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(5.5, 5.2))
+    ax = figure.add_subplot()
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
+    confidence = [c for c, _, _ in points]
+    ax.bar(confidence, [a for _, a, _ in points], width=0.05, alpha=0.7, label="accuracy per confidence bin")
+    for c, a, n in points:
+        ax.annotate(str(n), (c, a), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("confidence (top score)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{title}\nexpected calibration error {ece:.4f}", fontsize=9)
+    ax.legend(loc="upper left", fontsize=8)
     write_bytes(path, _png(figure))
 
 

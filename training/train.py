@@ -38,7 +38,7 @@ from contract import files, precision
 from contract.errors import UsageError
 from contract.long_text import LongTextError
 from contract.padding import NoPadToken
-from training import capture, cpu_speed, lora, provenance
+from training import calibration, capture, cpu_speed, lora, provenance
 from training.checkpoint import OutputDir, Progress
 from training.claim import claim_output_dir
 from training.cli import run_command, setup_logging, usage_error
@@ -54,7 +54,7 @@ from training.data import (
     steps_in_epoch,
     tokenize_splits,
 )
-from training.evaluate import evaluate
+from training.evaluate import score
 from training.guards import StopGuard, TrainingDiverged, check_world_size
 from training.hub import ensure_hub_or_offline
 from training.loop import Loaders, Run, fit, format_metrics, on_disk, run_summary
@@ -191,8 +191,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     tokenizer, splits = load_data(cfg, accelerator)
     cfg, metrics = choose_metrics(cfg, splits)
     objective = objective_for(cfg, splits.labels, splits.train["labels"]).to(accelerator.device)
-    if cfg.group_by_length is None:  # the problem type decides (training/objective.py)
-        cfg = cfg.model_copy(update={"group_by_length": objective.groups_by_length})
+    cfg = problem_type_defaults(cfg, objective)
     model = make_model(cfg, accelerator, splits.labels, tokenizer.pad_token_id)
     world = accelerator.num_processes
     learning_rate, epoch_steps, total_steps, num_epochs = schedule_plan(cfg, world, len(splits.train))
@@ -244,6 +243,12 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     if splits.calibration:
         run.out.write_json(files.CALIBRATION, {"texts": splits.calibration, "source": "a seeded sample of train"})
     return run
+
+
+def problem_type_defaults(cfg: TrainConfig, objective) -> TrainConfig:
+    """--group_by_length and --calibration where not given: the problem type decides (training/objective.py)."""
+    chosen = {"group_by_length": objective.groups_by_length, "calibration": objective.calibration}
+    return cfg.model_copy(update={k: v for k, v in chosen.items() if getattr(cfg, k) in (None, "auto")})
 
 
 def schedule_plan(cfg: TrainConfig, world: int, train_examples: int) -> tuple[float, int, int, int]:
@@ -326,17 +331,49 @@ def resume(run: Run) -> None:
     )
 
 
-def score_best_model(run: Run) -> dict | None:
-    """The best saved model scored once on the test split (all ranks), or None without a test split."""
-    if run.loaders.test is None:
-        return None
+def score_best_model(run: Run) -> tuple[dict | None, dict]:
+    """The best saved model put back, calibrated (and saved again) when asked, then scored once on the test split
+    (all ranks): (test metrics or None without a test split, what calibration applied and measured)."""
     run.out.restore_best(run.model)
+    calibrated = calibrate(run)
+    if run.loaders.test is None:
+        return None, calibrated
     thresholds = (run.progress.best_validation or {}).get("thresholds")  # multi-label: the best model's
-    results = evaluate(
+    scored, results, _ = score(
         run.accelerator, capture.eager(run.model), run.loaders.test, run.metrics, thresholds, run.cfg.windowing()
     )
+    if "temperature" in calibrated:
+        before = (scored.scores.clamp_min(1e-30).log() * calibrated["temperature"]).softmax(-1)
+        calibrated["ece_before"]["test"] = calibration.expected_calibration_error(before, scored.labels)
+        calibrated["ece_after"]["test"] = calibration.expected_calibration_error(scored.scores, scored.labels)
     logger.info("Test (best model, step %s): %s", run.progress.best_step, format_metrics(results))
-    return results
+    return results, calibrated
+
+
+def calibrate(run: Run) -> dict:
+    """--calibration temperature: T fitted on the validation split's scores of the best model (every rank fits the
+    same T on the same gathered scores), folded into the output layer, and the model saved again; config.json says
+    which calibration was applied (training/calibration.py)."""
+    unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
+    if run.cfg.calibration != calibration.TEMPERATURE:
+        setattr(unwrapped.config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
+        return {"method": calibration.NONE}
+    model, windowing = capture.eager(run.model), run.cfg.windowing()
+    scored, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, windowing=windowing)
+    log_probs = scored.scores.clamp_min(1e-30).log()
+    temperature = calibration.fit_temperature(log_probs, scored.labels)
+    calibration.fold_temperature(unwrapped, len(run.splits.label_names), temperature)
+    applied = {"method": calibration.TEMPERATURE, "temperature": temperature}
+    setattr(unwrapped.config, calibration.CONFIG_FIELD, applied)
+    run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
+    after = (log_probs / temperature).softmax(-1)
+    logger.info("Calibration: temperature %.3f fitted on validation and folded into the output layer", temperature)
+    return {
+        **applied,
+        "bins": calibration.BINS,
+        "ece_before": {"validation": calibration.expected_calibration_error(scored.scores, scored.labels)},
+        "ece_after": {"validation": calibration.expected_calibration_error(after, scored.labels)},
+    }
 
 
 def tracker_config(cfg: TrainConfig) -> dict:
@@ -383,7 +420,9 @@ def train_and_report(cfg: TrainConfig, accelerator: Accelerator, run: Run, start
         speed["train_seconds"],
         speed["peak_memory_mb_per_process"],
     )
-    summary = run_summary(run, score_best_model(run), time.time() - started)
+    test_metrics, calibrated = score_best_model(run)
+    summary = run_summary(run, test_metrics, time.time() - started)
+    summary["calibration"] = calibrated
     summary["throughput"] = speed
     summary["compilation"] = run.compiled.summary()
     run.out.write_final(summary, run.progress, cfg.hub_model_id)
