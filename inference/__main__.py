@@ -45,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     # uvicorn starts worker processes from an import string, so settings reach them only through the environment
     # (inference.app.app_from_env reads it); flags given here must travel the same way.
     os.environ.update(settings.environment())
-    from inference.service import load_configured, ready_engine  # imported once the environment is set
+    from inference.service import load_for_start, ready_engine  # imported once the environment is set
 
     try:
-        loaded = load_configured(settings)
+        loaded = load_for_start(settings)
         if settings.workers > 1:
             del loaded  # each worker process loads its own copy
             return serve_workers(settings)

@@ -187,6 +187,30 @@ def choose_runtime(loaded: LoadedModel, settings) -> LoadedModel:
     return served
 
 
+def needs_measuring(loaded: LoadedModel, settings) -> bool:
+    """Whether choose_runtime would convert and measure candidates: more than PyTorch is considered and no verified
+    choice is recorded for these weights, texts and settings (a new checkpoint's first start)."""
+    options, _ = candidates(settings.backend, settings.dtype, loaded.device.type)
+    if len(options) == 1 and options[0].backend == TORCH:
+        return False
+    texts, _ = calibration_texts(loaded.folder, settings.calibration_file)
+    key = _cache_key(loaded, texts, options, settings.torch_threads)
+    places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
+    for cache in places:
+        report = cache.report_for(key)
+        if report is not None and _damage(cache, report, report["chosen"]) is None:
+            return False
+    return True
+
+
+def provisional(loaded: LoadedModel) -> LoadedModel:
+    """PyTorch fp32 (the reference every candidate is checked against: never refused), serving while the candidates
+    are measured in the background (settings.measure_in_background)."""
+    logger.info("Runtime: torch fp32 serves while the candidates are converted and measured in the background")
+    summary = {"backend": TORCH, "precision": precision.FP32, "agreement": None, "candidates": [], "provisional": True}
+    return _as_torch(loaded, precision.FP32, summary)
+
+
 def _damage(cache: Cache, report: dict, name: str) -> str | None:
     """Why candidate `name` of `report` cannot be served from `cache` (its files fail their digests), or None."""
     measured = next((m for m in report.get("candidates", []) if m.get("name") == name), None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -57,11 +58,21 @@ class Service:
 
     def swap_in(self, loaded: LoadedModel) -> None:
         """A reloaded model, checked as at start-up and warmed up, replaces the served one between micro-batches."""
+        self._swap(loaded)
+        self.reloads += 1
+        self.metrics.reloads.labels("ok").inc()
+
+    def settle_runtime(self, loaded: LoadedModel) -> None:
+        """The runtime measured in the background (the same weights) replaces the provisional PyTorch fp32, unless
+        the service stopped or new weights were loaded meanwhile (the watcher measured those itself)."""
+        if not self.ready or self.engine is None or self.engine.current.sha256 != loaded.sha256:
+            return
+        self._swap(loaded)
+
+    def _swap(self, loaded: LoadedModel) -> None:
         check_servable(self.settings, loaded)
         warm_up(loaded, self.engine.limits)
         self.engine.swap(loaded)
-        self.reloads += 1
-        self.metrics.reloads.labels("ok").inc()
         served = f"{loaded.backend} {loaded.precision}"
         logger.info("Now serving %s (sha256 %s, %s)", loaded.weights_file, loaded.sha256[:12], served)
         memory.freeze_long_lived()  # the new model's objects out of the collector's walks, the old one's freed
@@ -72,8 +83,42 @@ class Service:
 
 def load_configured(settings: Settings) -> LoadedModel:
     """The model in the runtime and precision the settings ask for (converted once per weights hash)."""
-    loaded = load_model(settings.model_id, device=settings.device, dtype=precision.FP32, revision=settings.revision)
+    return runtimes.choose_runtime(_fp32(settings), settings)
+
+
+def load_for_start(settings: Settings) -> LoadedModel:
+    """As load_configured, except that a runtime choice still to be measured (a new checkpoint's first start) is left
+    to a background thread while PyTorch fp32 serves (MEASURE_IN_BACKGROUND; `measure_in_background` starts it)."""
+    loaded = _fp32(settings)
+    if settings.measure_in_background and runtimes.needs_measuring(loaded, settings):
+        return runtimes.provisional(loaded)
     return runtimes.choose_runtime(loaded, settings)
+
+
+def _fp32(settings: Settings) -> LoadedModel:
+    return load_model(settings.model_id, device=settings.device, dtype=precision.FP32, revision=settings.revision)
+
+
+def measure_in_background(service: Service) -> threading.Thread | None:
+    """When a provisional PyTorch fp32 serves: convert and measure on a thread of its own, then swap the chosen
+    runtime in. A failure leaves PyTorch fp32 serving, said in one warning (any runtime's own exception: the
+    conversion runs third-party code)."""
+    if not (service.engine.current.runtime or {}).get("provisional"):
+        return None
+
+    def measure() -> None:
+        try:
+            service.settle_runtime(load_configured(service.settings))
+        except Exception as exc:  # noqa: BLE001 - any runtime's own error; fp32 keeps serving
+            logger.warning(
+                "Runtime: measuring in the background failed (%s: %s); torch fp32 keeps serving",
+                type(exc).__name__,
+                exc,
+            )
+
+    thread = threading.Thread(target=measure, name="runtime-race", daemon=True)
+    thread.start()
+    return thread
 
 
 def chunks_long_texts(settings: Settings, loaded: LoadedModel) -> bool:
@@ -146,7 +191,7 @@ async def lifespan(app: FastAPI):
     logs.configure(service.settings.json_output)
     if service.engine is None:  # uvicorn's factory app_from_env, or a worker of --workers N: load here
         try:
-            loaded = await run_in_threadpool(load_configured, service.settings)
+            loaded = await run_in_threadpool(load_for_start, service.settings)
             service.engine = await run_in_threadpool(ready_engine, service.settings, loaded, service.metrics)
         except (CheckpointError, SettingsError) as exc:
             logger.error("Cannot serve %s: %s", service.settings.model_id, exc)
@@ -156,6 +201,7 @@ async def lifespan(app: FastAPI):
     served = service.engine.current
     memory.freeze_long_lived()  # what start-up made: no garbage-collection pause walks it under load
     service.ready = True
+    measure_in_background(service)
     logger.info(
         "Ready: %s on %s (%s %s), labels %s",
         served.weights_file,

@@ -109,6 +109,12 @@ class Settings(BaseSettings):
     CPU the fastest installed runtime whose answers agree with fp32, measured once per weights hash; torch on a
     GPU [BACKEND]
     """
+    measure_in_background: bool = True
+    """With BACKEND=auto (or a runtime at DTYPE=auto) and no choice recorded yet for these weights: start serving
+    PyTorch fp32 at once and convert and measure the candidates on a background thread, the chosen runtime swapped in
+    when ready (/info's runtime says `provisional` until then); false: measure before the first answer
+    [MEASURE_IN_BACKGROUND]
+    """
     calibration_file: str | None = None
     """Texts for int8 calibration and the agreement check (.txt one per line, .jsonl/.csv with a `text` field, .json
     list); default: the checkpoint's calibration_texts.json [CALIBRATION_FILE]

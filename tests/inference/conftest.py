@@ -120,7 +120,9 @@ class Server:
         self.process = subprocess.Popen(
             [python, "-m", "inference", *flags, *args],
             cwd=ROOT,
-            env={**(env or cli_env()), "PYTHONFAULTHANDLER": "1"},  # see exit_code
+            # MEASURE_IN_BACKGROUND off unless a test asks: a runtime race on a thread during every module's tests
+            # would change what serves mid-test (tests/inference/test_first_answer.py tests the default)
+            env={"MEASURE_IN_BACKGROUND": "false", **(env or cli_env()), "PYTHONFAULTHANDLER": "1"},  # see exit_code
             stdout=self.log,
             stderr=subprocess.STDOUT,
             text=True,

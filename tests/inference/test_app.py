@@ -39,6 +39,7 @@ JSON = {"content-type": "application/json"}
 def make_client(checkpoint, **settings) -> TestClient:
     settings.setdefault("dtype", "fp32")
     settings.setdefault("reload_interval_s", 0)
+    settings.setdefault("measure_in_background", False)  # as Server: tests/inference/test_first_answer.py tests it
     return TestClient(create_app(Settings(model_id=str(checkpoint), **settings)))
 
 

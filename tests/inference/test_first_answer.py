@@ -1,0 +1,60 @@
+"""Time to the first answer on a new checkpoint (issue 41, point 5): with the default MEASURE_IN_BACKGROUND, a start
+whose runtime choice is not recorded yet answers at once with PyTorch fp32 (the reference every candidate is checked
+against) while the candidates are converted and measured on a thread; the choice is then swapped in. Timings:
+bench/first_answer.py (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+import inference.service
+from contract import files
+from tests.inference.conftest import assert_matches, wait_for
+from tests.inference.test_app import TEXTS, make_client
+
+pytestmark = pytest.mark.slow
+
+
+def runtime(client) -> dict:
+    return client.get("/info").json()["distilbert_agnews"]["runtime"]
+
+
+def test_a_new_checkpoint_answers_with_torch_fp32_at_once_then_the_measured_runtime(checkpoint_copy, reference):
+    """BACKEND=auto, DTYPE=fp32: the fp32 candidates of every installed runtime race, not yet measured for this
+    copy. The first answers come from the provisional torch fp32; the measured choice replaces it without a reload
+    (runtime.json written as a measured start writes it), and answers the same."""
+    with make_client(checkpoint_copy, measure_in_background=True) as client:
+        first = runtime(client)
+        answer = client.post("/predict", json={"inputs": TEXTS[0]})
+        settled = wait_for(lambda: runtime(client), lambda r: not r.get("provisional"), timeout=180)
+        after = client.post("/predict", json={"inputs": TEXTS[0]})
+        info = client.get("/info").json()["distilbert_agnews"]
+    assert first["provisional"] is True and (first["backend"], first["precision"]) == ("torch", "fp32")
+    assert answer.status_code == 200 and after.status_code == 200
+    assert_matches(answer.json(), reference.probabilities(TEXTS[0]))
+    assert_matches(after.json(), reference.probabilities(TEXTS[0]), tolerance=1e-4)
+    assert settled["candidates"] and settled["backend"] in ("openvino", "onnxruntime", "torch")
+    assert info["checkpoint"]["reloads"] == 0
+    assert list((checkpoint_copy / files.RUNTIME_DIR).glob(f"*/{files.RUNTIME_CHOICE}"))
+
+
+def test_measuring_before_the_first_answer_stays_available(checkpoint_copy):
+    with make_client(checkpoint_copy, measure_in_background=False) as client:
+        measured = runtime(client)
+    assert "provisional" not in measured and measured["candidates"]
+
+
+def test_a_failed_background_measurement_leaves_torch_fp32_serving(checkpoint_copy, monkeypatch, capfd):
+    def failing(settings):
+        raise RuntimeError("conversion crashed")
+
+    monkeypatch.setattr(inference.service, "load_configured", failing)
+    said = []
+    with make_client(checkpoint_copy, measure_in_background=True) as client:
+        wait_for(lambda: said.append(capfd.readouterr().err) or "".join(said), lambda text: "failed" in text)
+        answer = client.post("/predict", json={"inputs": TEXTS[0]})
+        assert runtime(client)["backend"] == "torch"
+    assert answer.status_code == 200
+    assert "measuring in the background failed (RuntimeError: conversion crashed); torch fp32 keeps serving" in "".join(
+        said
+    )
