@@ -59,7 +59,7 @@ def bearer_token(request: Request) -> str | None:
 
 router = APIRouter(dependencies=[Depends(require_api_key)])  # TEI: the API key guards these
 public = APIRouter()  # ... and not these
-_ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 424, 429, 503)}
+ERROR_RESPONSES = {code: {"model": ErrorBody} for code in (400, 401, 413, 415, 422, 424, 429, 503)}
 
 
 PREDICT_PATHS = ("/predict", "/", "/invocations")  # TEI's; the first in the schema, all on the fast routes
@@ -68,7 +68,7 @@ PREDICT_PATHS = ("/predict", "/", "/invocations")  # TEI's; the first in the sch
 @router.post(
     PREDICT_PATHS[0],
     response_model=PredictResponse,
-    responses=_ERRORS,
+    responses=ERROR_RESPONSES,
     summary="Classify texts and text pairs",
     openapi_extra={
         "requestBody": {

@@ -21,7 +21,7 @@ from inference import errors, routes
 from inference.engine import Answer
 from inference.errors import ServiceError
 from inference.routes import (
-    _ERRORS,
+    ERROR_RESPONSES,
     bearer_token,
     check_api_key,
     engine_failure,
@@ -46,7 +46,7 @@ def is_reranker(state: Service) -> bool:
     return len(state.live_engine().current.labels) == 1
 
 
-@router.post("/rerank", response_model=list[Rank], responses=_ERRORS, summary="Rank texts against a query (TEI)")
+@router.post("/rerank", response_model=list[Rank], responses=ERROR_RESPONSES, summary="Rank texts by a query (TEI)")
 async def rerank(request: Request) -> JSONResponse:
     state, started = service(request), time.perf_counter()
     require_json(request)
@@ -98,7 +98,7 @@ def fast_routes() -> list[Route]:
     return routes.fast_routes(root_fast)
 
 
-@router.post("/tokenize", response_model=list[list[SimpleToken]], responses=_ERRORS, summary="Tokens (TEI)")
+@router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERROR_RESPONSES, summary="Tokens (TEI)")
 async def tokenize(request: Request) -> JSONResponse:
     state = service(request)
     require_json(request)
@@ -143,7 +143,7 @@ def _tokens(engine, texts: list[str], add_special_tokens: bool) -> list[list[dic
     return answer
 
 
-@router.post("/decode", response_model=list[str], responses=_ERRORS, summary="Text from token ids (TEI)")
+@router.post("/decode", response_model=list[str], responses=ERROR_RESPONSES, summary="Text from token ids (TEI)")
 async def decode(request: Request) -> JSONResponse:
     state = service(request)
     require_json(request)
