@@ -74,3 +74,44 @@ def test_generated_configuration_reference_matches_the_code(doc):
     assert (ROOT / doc).read_text(encoding="utf-8") == markdown(), (
         "regenerate it: python -m training.config > docs/configuration.md"
     )
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Each module of contract/, training/ and inference/ and the modules of those packages it imports, anywhere in
+    the file (inside functions and under TYPE_CHECKING too)."""
+    paths = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for package in ("contract", *PACKAGES)
+        for path in (ROOT / package).rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    found = next((m for m in (f"{node.module}.{alias.name}", node.module) if m in paths), None)
+                    graph[name] |= {found} - {name, None}
+            elif isinstance(node, ast.Import):
+                graph[name] |= {alias.name for alias in node.names if alias.name in paths} - {name}
+    return graph
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    """Issue 42: an import loop (a -> b -> ... -> a) makes the order of loading matter and the rooms hard to tell
+    apart; none, lazy and type-only imports counted."""
+    graph, done, path, loops = module_imports(), set(), [], []
+
+    def visit(name: str) -> None:
+        path.append(name)
+        for other in sorted(graph[name]):
+            if other in path:
+                loops.append(" -> ".join([*path[path.index(other) :], other]))
+            elif other not in done:
+                visit(other)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        if name not in done:
+            visit(name)
+    assert not loops, loops

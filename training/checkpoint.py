@@ -30,7 +30,6 @@ import os
 import shutil
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,37 +47,8 @@ from contract.errors import UserError
 from training import lora, model_card, provenance, reports
 from training.atomic import atomic_write, replace_dir, write_json
 from training.collective import decided_on_main
+from training.progress import Progress
 from training.push import push as push_folder
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved with every resumable state."""
-
-    epoch: int = 0
-    """Epoch in progress (0-based)."""
-    batches_done: int = 0
-    """Batches of that epoch each rank has already trained on."""
-    global_step: int = 0
-    """Optimizer steps taken."""
-    best_metric: float | None = None
-    """Best validation value of metric_for_best_model so far."""
-    best_step: int | None = None
-    """Optimizer step at which the best model was saved."""
-    best_validation: dict[str, Any] = field(default_factory=dict)
-    """All validation metrics of the best model."""
-    evals_since_best: int = 0
-    """Evaluations without improvement (early stopping)."""
-    history: list[dict[str, Any]] = field(default_factory=list)
-    """Every evaluation: step, epoch and metrics."""
-    train_loss: list[dict[str, Any]] = field(default_factory=list)
-    """Every logged training loss (mean over ranks): step, loss, learning rate."""
-    layout: dict[str, Any] = field(default_factory=dict)
-    """World size, batch size, accumulation, seed: what fixes the order of the batches."""
-    provenance: dict[str, Any] = field(default_factory=dict)
-    """Data fingerprints, model, labels and result-changing settings of the run (training/provenance.py)."""
-    inexact_resumes: list[dict[str, Any]] = field(default_factory=list)
-    """Resumes with --allow_inexact_resume whose provenance differed: the step and each changed value, both sides."""
 
 
 class ResumeError(UserError, RuntimeError):

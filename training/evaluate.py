@@ -47,24 +47,12 @@ from training.data import (
     tokenize,
 )
 from training.hub import ensure_hub_or_offline
-from training.metrics import MetricSuite, fit_thresholds
+from training.metrics import MetricSuite, Scored, fit_thresholds
 from training.objective import Objective
 from training.smoke import ensure_smoke_assets
 
 logger = get_logger(__name__)
 FIT = "fit"  # score(thresholds=FIT): fit multi-label thresholds on the split scored (validation)
-
-
-@dataclass
-class Scored:
-    """Per-text results in the split's row order, gathered from every rank (CPU tensors): targets (class ids,
-    multi-hot rows or values), scores by the task's function (contract/task.py) of the text's pooled logits, unweighted
-    losses, and how many windows each text was scored in (contract/long_text.py; 1 unless --long_text chunk)."""
-
-    labels: torch.Tensor
-    scores: torch.Tensor
-    losses: torch.Tensor
-    windows: torch.Tensor
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ load (offline) or cannot score this task fails before training, not after.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,18 @@ if TYPE_CHECKING:
     import evaluate
 
 MODULES = Path(__file__).with_name("metric_modules")
+
+
+@dataclass
+class Scored:
+    """Per-text results in the split's row order, gathered from every rank (CPU tensors): targets (class ids,
+    multi-hot rows or values), scores by the task's function (contract/task.py) of the text's pooled logits, unweighted
+    losses, and how many windows each text was scored in (contract/long_text.py; 1 unless --long_text chunk)."""
+
+    labels: torch.Tensor
+    scores: torch.Tensor
+    losses: torch.Tensor
+    windows: torch.Tensor
 
 
 class MetricError(UserError, RuntimeError):

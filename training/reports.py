@@ -17,11 +17,10 @@ import torch
 
 from contract import files, task
 from training.atomic import write_bytes, write_json
-from training.metrics import HEADLINE
+from training.metrics import HEADLINE, Scored
 
 if TYPE_CHECKING:
-    from training.checkpoint import Progress
-    from training.evaluate import Scored
+    from training.progress import Progress
 
 
 def _png(figure) -> bytes:
