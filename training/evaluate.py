@@ -33,7 +33,7 @@ from inference.loading import CheckpointError, LoadedModel, file_sha256, load_mo
 from training import calibration, reports
 from training.atomic import write_json
 from training.cli import run_command, setup_logging
-from training.collective import decided_on_main
+from training.collective import decided_on_main, main_first
 from training.config import TrainConfig, presets
 from training.data import (
     LabelSpace,
@@ -246,10 +246,13 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
     metrics = MetricSuite(saved.loaded.task, saved.loaded.labels, args.extra_metrics)
     tokenizer = saved.loaded.tokenizer
     windowing = windowing_for(saved.loaded, args)
-    with accelerator.main_process_first():  # the main process tokenizes and caches; the others read it
+
+    def load() -> tuple:  # the main process tokenizes and caches; the others read it
         split, source = load_split(args, saved, cfg)
         texts, labels = split["text"], split["labels"]  # for the reports: tokenizing drops the text
-        split = tokenize(split, tokenizer, cfg.max_length, "evaluation", windowing=windowing)
+        return tokenize(split, tokenizer, cfg.max_length, "evaluation", windowing=windowing), source, texts, labels
+
+    split, source, texts, labels = main_first(accelerator, load)
     model, loader = accelerator.prepare(
         saved.loaded.model, make_eval_loader(split, tokenizer, args.per_device_eval_batch_size)
     )

@@ -44,7 +44,7 @@ from contract.long_text import LongText
 from inference.engine import forward
 from inference.loading import LoadedModel, load_model
 from training.cli import run_command, setup_logging
-from training.collective import decided_on_main
+from training.collective import decided_on_main, main_first
 from training.data import DataError, join_texts, load_file, require_columns
 from training.evaluate import add_data_arguments, checkpoint_parser, windowing_for
 
@@ -286,8 +286,9 @@ def predict_file(args: argparse.Namespace, accelerator: Accelerator) -> None:
     output = Path(args.output_file)
     loaded = load_model(args.checkpoint_dir, device=str(accelerator.device), dtype=args.mixed_precision)
     trained_with = (loaded.metrics or {}).get("config", {})
-    with accelerator.main_process_first():  # the main process converts the file to Arrow; the others reuse it
-        reader = Reader(load_file(args.input_file), args, trained_with, windowing_for(loaded, args))
+    reader = main_first(  # the main process converts the file to Arrow; the others reuse it
+        accelerator, lambda: Reader(load_file(args.input_file), args, trained_with, windowing_for(loaded, args))
+    )
     check_columns(reader, loaded, args.overwrite_prediction_columns)
     max_length = args.max_length or trained_with.get("max_length") or loaded.max_length
     reader.windowing.check(loaded.tokenizer, max_length, reader.pair_column is not None)

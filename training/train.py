@@ -36,15 +36,13 @@ from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwa
 
 from contract import files, precision
 from contract.errors import UsageError
-from contract.long_text import LongTextError
-from contract.padding import NoPadToken
 from training import calibration, capture, cpu_speed, lora, provenance
 from training.checkpoint import OutputDir, Progress
 from training.claim import claim_output_dir
 from training.cli import run_command, setup_logging, usage_error
+from training.collective import main_first
 from training.config import TrainConfig, load_config
 from training.data import (
-    DataError,
     LabelSpace,
     Splits,
     load_splits,
@@ -130,15 +128,12 @@ def load_data(cfg: TrainConfig, accelerator: Accelerator):
     if cfg.preset:
         with accelerator.local_main_process_first():
             ensure_smoke_assets()
-    failure = None
-    with accelerator.main_process_first():
-        try:
-            tokenizer = load_tokenizer(cfg)
-            splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
-        except (DataError, LongTextError, NoPadToken) as exc:
-            failure = exc  # raised past the barrier: the other ranks then meet the same error, none left waiting
-    if failure is not None:
-        raise failure
+
+    def load() -> tuple:
+        tokenizer = load_tokenizer(cfg)
+        return tokenizer, tokenize_splits(load_splits(cfg), tokenizer, cfg)
+
+    tokenizer, splits = main_first(accelerator, load)  # a bad file or tokenizer: one line on every rank
     logger.info(
         "Examples: %s train, %s validation, %s test; %s, %d output(s): %s",
         windows_of(splits.train),

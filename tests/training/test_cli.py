@@ -88,3 +88,39 @@ def test_decided_on_main_hands_every_rank_the_result_or_the_same_error():
     assert decided_on_main(accelerator, lambda: {"run": 1}) == {"run": 1}
     with pytest.raises(DataError, match="row 3"):
         decided_on_main(accelerator, raising(DataError("train.csv: row 3: the label is empty")))
+
+
+@pytest.mark.slow
+def test_main_first_stops_every_rank_with_the_main_process_error(tmp_path):
+    """2 processes (gloo): `work` raises a UserError on the main process only. Every rank gets that error from
+    main_first and says so itself (accelerate's main_process_first would leave rank 1 at its barrier until the
+    launcher killed it); the other rank never runs `work`."""
+    from tests.conftest import ROOT, describe, launch
+
+    script = tmp_path / "both.py"
+    script.write_text(
+        f"""import sys
+sys.path.insert(0, {str(ROOT)!r})
+from accelerate import Accelerator
+from contract.errors import UserError
+from training.collective import main_first
+
+accelerator = Accelerator(cpu=True)
+
+def work():
+    if accelerator.is_main_process:
+        raise UserError("the main process could not read the file")
+    print("rank 1 ran work", flush=True)
+
+try:
+    main_first(accelerator, work)
+except UserError as exc:
+    print(f"rank {{accelerator.process_index}} stopped: {{exc}}", flush=True)
+accelerator.end_training()
+"""
+    )
+    result, seconds = launch([str(script)], processes=2, timeout=120)
+    assert result.returncode == 0, describe(result)
+    for rank in (0, 1):
+        assert f"rank {rank} stopped: the main process could not read the file" in result.stdout, describe(result)
+    assert "rank 1 ran work" not in result.stdout

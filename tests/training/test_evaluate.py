@@ -149,3 +149,24 @@ def test_weights_replaced_while_they_are_scored_write_no_results(smoke_model, tm
     [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert f"{out / files.WEIGHTS} changed while it was evaluated" in error and "results not written" in error
     assert not (out / files.EVAL_RESULTS).exists() and not (out / files.MISCLASSIFIED_CSV).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["training.evaluate", "training.predict"])
+def test_a_bad_file_read_by_the_main_process_first_stops_every_rank_in_one_line(smoke_model, tmp_path, module):
+    """The main process reads and tokenizes the file first while the other rank waits (training/collective.py
+    main_first, whose own test is tests/training/test_collective.py); a file without the text column stops the run
+    within seconds, said in one line by the main process, and no rank prints a traceback (issue 42, point 4)."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("headline,label\nShares fell,2\nThe Yankees won,1\n")
+    args = ["--checkpoint_dir", str(smoke_model)]
+    if module == "training.evaluate":
+        args += ["--test_file", str(bad)]
+    else:
+        args += ["--input_file", str(bad), "--output_file", str(tmp_path / "out.csv")]
+    result, seconds = launch(["-m", module, *args], processes=2, timeout=240)
+    assert result.returncode == 1, describe(result)
+    [line] = [line for line in result.stderr.splitlines() if " ERROR " in line]  # said once, by the main process
+    assert "missing column 'text' (found: headline, label)" in line, describe(result)
+    assert "[rank0]: Traceback" not in result.stderr and "[rank1]: Traceback" not in result.stderr
+    assert seconds < 120  # not the barrier's timeout (the launcher's own report of the exit follows the line)
