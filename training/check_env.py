@@ -32,6 +32,7 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, gather_object, is_port_in_use
 
 from contract.errors import UserError
+from training.cli import run_command
 from training.guards import LaunchError, check_world_size
 
 logger = logging.getLogger("check_env")
@@ -306,19 +307,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stdout)
+    logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stdout)  # a report for the terminal
     args = parse_args(argv)
-    try:
+
+    def check() -> int:
         if "WORLD_SIZE" in os.environ:
             run_in_group(args)
         elif args.num_processes and args.num_processes > 1:
             return launch_self(args)
         else:
             run_alone(args)
-    except EnvProblem as exc:
-        logger.error("check_env: FAILED: %s", exc)
-        return 1
-    return 0
+        return 0
+
+    return run_command(check)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import yaml
 from transformers import AutoModel, AutoTokenizer
 
 from contract.hub import hub_reachable, is_offline
+from training.cli import run_command
+from training.data import DataError
 from training.hub import HubUnavailableError, explain_missing
 
 logger = logging.getLogger("download")
@@ -62,7 +64,7 @@ def save_dataset(name: str, folder: Path, label_column: str) -> tuple[dict[str, 
     except (ConnectionError, FileNotFoundError, OSError) as exc:
         raise explain_missing(f"dataset {name!r}", exc) from None
     if "train" not in splits:
-        raise ValueError(f"dataset {name!r} has no 'train' split (found: {', '.join(splits)})")
+        raise DataError(f"dataset {name!r} has no 'train' split (found: {', '.join(splits)})")
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
     for split, ds in splits.items():
@@ -124,14 +126,9 @@ def download(args: argparse.Namespace) -> Path:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stdout)
+    logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stdout)  # a report for the terminal
     args = parse_args(argv)
-    try:
-        download(args)
-    except (HubUnavailableError, ValueError) as exc:
-        logger.error("download: error: %s", exc)
-        return 1
-    return 0
+    return run_command(lambda: download(args))
 
 
 if __name__ == "__main__":
