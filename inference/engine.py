@@ -63,6 +63,11 @@ class InputTooLong(ValueError):
         super().__init__(f"`inputs` must have less than {limit} tokens. Given: {tokens}")
 
 
+# What the engine answers a job with when its inputs cannot be served (not a failure of the model): the routes
+# answer each as TEI answers an invalid input (inference/routes.py engine_failure).
+REFUSALS = (InputTooLong, TooManyWindows, LongTextError)
+
+
 @dataclass(frozen=True)
 class Limits:
     max_batch_requests: int = 32
@@ -300,7 +305,7 @@ class Engine:
                     job.features, job.owner = windows(loaded, job.sequences, self.limits.max_chunks)
                 else:
                     check_length(loaded, job.features)
-            except (InputTooLong, TooManyWindows, LongTextError) as exc:
+            except REFUSALS as exc:
                 self._leave_queue(job)
                 _resolve(job, exc=exc)
                 continue

@@ -20,9 +20,9 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from contract import precision
-from contract.long_text import CHUNK, TRUNCATE, LongTextError, TooManyWindows
+from contract.long_text import CHUNK, TRUNCATE, TooManyWindows
 from inference import errors
-from inference.engine import Answer, InputTooLong, Overloaded, window_length
+from inference.engine import REFUSALS, Answer, Overloaded, window_length
 from inference.errors import ServiceError
 from inference.schemas import ErrorBody, Info, PredictRequest, PredictResponse
 from inference.service import Service, chunks_long_texts
@@ -206,10 +206,10 @@ def queue_sequences(
 
 def engine_failure(exc: Exception) -> ServiceError:
     """A job's failure as TEI answers it."""
-    if isinstance(exc, (InputTooLong, LongTextError)):
-        return ServiceError(errors.VALIDATION, str(exc))
     if isinstance(exc, TooManyWindows):
         return ServiceError(errors.VALIDATION, str(exc), status=413, reason="too_many_windows")
+    if isinstance(exc, REFUSALS):
+        return ServiceError(errors.VALIDATION, str(exc))
     return ServiceError(errors.BACKEND, f"inference failed ({type(exc).__name__}: {exc})")  # TEI: 424 Backend
 
 

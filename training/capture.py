@@ -92,7 +92,7 @@ def grads_outside_graphs(model: torch.nn.Module) -> None:
     """Give every trainable parameter a zeroed .grad of its own, for gradient accumulation under CUDA graphs.
 
     A captured backward writes its gradients into the graph pool, and autograd adopts them as .grad when .grad is
-    None; the next micro-step's mark (`CompileReport.before`) lets the next replay overwrite them, so accumulating
+    None; the next micro-step's mark (`CompileReport.begin_step`) lets the next replay overwrite them, so accumulating
     into them would read overwritten memory (PyTorch: "accessing gradient tensor output of CUDAGraphs that has been
     overwritten"). With .grad allocated here, outside any capture, each backward adds into it instead, and the
     loop zeroes it in place (`CompileReport.grads_to_none` False) rather than dropping it."""
@@ -120,8 +120,9 @@ class CompileReport:
         self._started = 0.0
         self._width = 0
 
-    def before(self, batch: dict) -> bool:
-        """Whether this step is steady (see the class)."""
+    def begin_step(self, batch: dict) -> bool:
+        """Mark a new step for CUDA graph trees (reduce-overhead: the last step's graph outputs may be overwritten
+        now; a correctness mark, not a report) and say whether this step is steady (see the class)."""
         if self.mode == NONE:
             return True
         if self.mode == REDUCE_OVERHEAD:  # a new step for CUDA graph trees: the last step's graph outputs are done
@@ -132,7 +133,7 @@ class CompileReport:
         self.steady = self.uses.get(self._width, 0) >= warming_uses
         return self.steady
 
-    def after(self) -> None:
+    def end_step(self) -> None:
         if self.mode == NONE:
             return
         uses = self.uses[self._width] = self.uses.get(self._width, 0) + 1

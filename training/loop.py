@@ -69,6 +69,11 @@ class Run:
     guard: StopGuard
     objective: Objective  # the loss for the problem type, with class weights and smoothing (training/objective.py)
     compiled: CompileReport  # --torch_compile: the mode, and what compiling cost (training/capture.py)
+    early_stopped: bool = False  # set by validate_and_save when the patience is spent (on every rank alike)
+
+    def finished(self) -> bool:
+        """The one stop rule of `fit`: early stopping fired, or every planned optimizer step was taken."""
+        return self.early_stopped or self.progress.global_step >= self.total_steps
 
 
 # -------------------------------------------------------------------------------------------- decisions
@@ -200,8 +205,9 @@ def save_state(run: Run) -> Path:
         return run.out.save_state(run.progress)
 
 
-def validate_and_save(run: Run) -> bool:
-    """Evaluate on every rank, save the model if it improved; True when early stopping fires (on all ranks)."""
+def validate_and_save(run: Run) -> None:
+    """Evaluate on every rank, save the model if it improved; `run.early_stopped` when early stopping fires (on all
+    ranks)."""
     with run.throughput.paused():
         cfg = run.cfg
         fit = cfg.threshold_strategy == "per_label" and run.metrics.task.problem_type == task.MULTI
@@ -228,7 +234,7 @@ def validate_and_save(run: Run) -> bool:
         run.accelerator.set_trigger()
     # Every rank computed the same metrics from the same gathered predictions; check_trigger (an all-reduce)
     # makes the stop decision collectively all the same, so no rank can be left waiting.
-    return run.accelerator.check_trigger()
+    run.early_stopped = run.accelerator.check_trigger()
 
 
 def preempted_or_diverged(run: Run) -> bool:
@@ -290,15 +296,14 @@ def fit(run: Run) -> bool:
         disable=not accelerator.is_local_main_process,
     )
     losses = LossMeter(accelerator.device)
-    stop = progress.global_step >= run.total_steps
     for epoch in range(progress.epoch, run.num_epochs):
-        if stop:
+        if run.finished():
             break
         progress.epoch = epoch
         model.train()
         for batch in epoch_batches(run, epoch):
             # Forward and backward; the optimizer steps when the accumulation window is full.
-            run.throughput.begin_step(run.compiled.before(batch))  # steady: neither compiling nor recording
+            run.throughput.begin_step(run.compiled.begin_step(batch))  # steady: neither compiling nor recording
             with accelerator.accumulate(model):
                 loss = forward_loss(run, batch)
                 accelerator.backward(loss)
@@ -306,7 +311,7 @@ def fit(run: Run) -> bool:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 run.optimizer.step()
                 run.optimizer.zero_grad(set_to_none=run.compiled.grads_to_none)
-            run.compiled.after()
+            run.compiled.end_step()
             progress.batches_done += 1
             run.throughput.observe(batch)
             losses.add(loss)  # on the device: no host sync here
@@ -322,19 +327,18 @@ def fit(run: Run) -> bool:
                 bar.close()
                 return True
             if plan.evaluate:
-                stop = validate_and_save(run)  # True when early stopping fires
+                validate_and_save(run)
             if plan.save:
                 save_state(run)
-            if stop or progress.global_step >= run.total_steps:
-                stop = True
+            if run.finished():
                 break
         # The epoch's end (or training's): evaluate unless just done; a completed epoch's state.
         where = (progress.global_step, progress.batches_done, per_epoch, run.total_steps)
         plan = plan_step(cfg, *where, epoch_end=True, evaluated=evaluated_now(progress))
         finish_epoch(progress, epoch, per_epoch)
         if plan.evaluate:
-            stop = validate_and_save(run) or stop
-        if plan.save and not stop:
+            validate_and_save(run)
+        if plan.save and not run.finished():
             save_state(run)
         logger.info("Epoch %d: peak memory %.0f MB (this process)", epoch + 1, peak_memory_mb(accelerator.device))
     bar.close()

@@ -207,8 +207,8 @@ def test_a_step_is_steady_once_its_width_has_compiled_and_recorded():
         report = capture.CompileReport(mode)
         verdicts = []
         for width in (16, 16, 32, 16, 32, 32, 16, 32, 32):
-            verdicts.append(report.before({"input_ids": torch.zeros(2, width)}))
-            report.after()
+            verdicts.append(report.begin_step({"input_ids": torch.zeros(2, width)}))
+            report.end_step()
         uses: dict[int, int] = {}
         expected = []
         for width in (16, 16, 32, 16, 32, 32, 16, 32, 32):
