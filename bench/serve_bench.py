@@ -479,7 +479,7 @@ def bf16_agreement(model: str, sample: list[str]) -> float:
 def graph_agreement(model: str, sample: list[str]) -> str:
     """CUDA: per precision, the share of texts where the captured static-shape forward passes (CUDA graphs, rows and
     width padded to the service's buckets) give the argmax of eager passes padded to their own length."""
-    from inference import shapes
+    from contract import shapes
     from inference.engine import Limits, encode, forward, warm_up
     from inference.loading import load_model
 

@@ -7,10 +7,13 @@ giving up. Serving and training both ask this once before touching the Hub.
 from __future__ import annotations
 
 import os
+import re
 import urllib.error
 import urllib.request
 
 import huggingface_hub.constants
+
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # org/name: a Hub repository id, as the service and the model card read it
 
 
 def hub_url() -> str:

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from contract import shapes
 from contract.long_text import CHUNK, LongTextError, PairLeavesNoRoom, TooManyWindows, cut_long_pairs
-from inference import graphs, shapes
+from inference import graphs
 from inference.graphs import CapturedForward, GraphsUnsupported
 from inference.loading import LoadedModel
 from inference.metrics import Metrics
@@ -495,7 +496,7 @@ def forward_buckets(items: list, max_inputs: int, max_tokens: int, ratio: float 
 
 def static_passes(items: list, rows: tuple[int, ...], widths: tuple[int, ...], max_tokens: int) -> list[tuple]:
     """Length-sorted (job, input, features) items in as few forward passes as fit, each padded to the smallest
-    (rows, width) bucket that holds it (inference/shapes.py: `serving_buckets`) within max_tokens padded tokens:
+    (rows, width) bucket that holds it (contract/shapes.py: `serving_buckets`) within max_tokens padded tokens:
     (items, rows, width) per pass."""
     passes: list[list] = []
     for item in items:
@@ -533,7 +534,7 @@ def collate(
 ) -> dict[str, torch.Tensor]:
     """Token ids (and token type ids) padded to `width` (default: the longest input rounded up to PAD_MULTIPLE),
     with the attention mask, in `rows` rows (default: one per input; the rows past the inputs hold one padding token
-    each, a valid input whose logits nobody reads). inference/shapes.py pads for training and serving alike."""
+    each, a valid input whose logits nobody reads). contract/shapes.py pads for training and serving alike."""
     width = width or shapes.width_for(max(len(f["input_ids"]) for f in features), multiple=PAD_MULTIPLE)
     filler = {name: [pad_token_id if name == "input_ids" else 0] for name in features[0]}
     return shapes.pad([*features, *[filler] * ((rows or len(features)) - len(features))], pad_token_id, width, left)

@@ -2,9 +2,9 @@
 
 A replay launches the whole forward pass (hundreds of kernels) in one call, so a micro-batch costs the host a copy
 in, one launch and a copy out, instead of the Python and launch time of every layer. What it needs:
-- static shapes: the engine pads every forward pass to one of the buckets (inference/shapes.py: `serving_buckets`);
+- static shapes: the engine pads every forward pass to one of the buckets (contract/shapes.py: `serving_buckets`);
 - no host syncs inside the forward pass: the model runs attention whose mask is always built
-  (inference/attention.py), so nothing asks the device whether a batch has padding;
+  (contract/attention.py), so nothing asks the device whether a batch has padding;
 - fixed input and output tensors per bucket: a replay reads the inputs copied into them, writes the same output.
 The graphs share one memory pool, captured largest first, so they cost about the activations of the largest bucket
 on top of the weights (docs/serving.md: workers on a GPU). Capture happens once per loaded model (start-up and each
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from inference.attention import sync_free_sdpa
+from contract.attention import sync_free_sdpa
 
 logger = logging.getLogger(__name__)
 WARM_UP_PASSES = 2  # eager passes on a side stream before capturing: lazy initialisation must not be captured

@@ -19,7 +19,6 @@ import io
 import json
 import logging
 import pickle
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from contract import files, precision
 from contract.errors import CheckpointError
 from contract.files import file_sha256
-from contract.hub import hub_reachable, hub_url, is_offline
+from contract.hub import HUB_ID, hub_reachable, hub_url, is_offline
 from contract.long_text import LongText, LongTextError
 from contract.padding import NoPadToken, ensure_pad_token, match_pad_token
 from contract.task import SINGLE, Task, TaskError
@@ -46,7 +45,6 @@ from inference.logs import quiet
 
 logger = logging.getLogger(__name__)
 
-HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]  # config, weights, tokenizer (never pickles)
 
 

@@ -1,10 +1,10 @@
 """A training step the GPU does not wait for: no host syncs inside it, static shapes, and compiled (--torch_compile).
 
-- No syncs: the model runs SDPA whose mask is always built (inference/attention.py: transformers' own SDPA asks the
+- No syncs: the model runs SDPA whose mask is always built (contract/attention.py: transformers' own SDPA asks the
   device, in every forward pass, whether a batch has padding). The loss, the non-finite
   guard and the throughput counters stay on the device (training/loop.py, guards.py, throughput.py); the host reads
   them only on logging and stop-check steps.
-- Static shapes: batches are padded to a few fixed widths (--pad_buckets, inference/shapes.py).
+- Static shapes: batches are padded to a few fixed widths (--pad_buckets, contract/shapes.py).
 - Compiled: the model (forward and backward: one graph per width, enforced: a recompilation past the widths is an
   error, not a silent slowdown) and the optimizer step with the gradient clipping before it (a capturable
   multi-tensor AdamW, which the compiler fuses, reading its learning rate from a tensor that the schedule fills in
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from inference import shapes
+from contract import shapes
 
 AUTO, NONE, REDUCE_OVERHEAD = "auto", "none", "reduce-overhead"
 # Steps of one width before its steps only replay CUDA graphs: CUDA graph trees run a new graph once unrecorded

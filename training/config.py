@@ -221,7 +221,7 @@ class DataConfig(_Group):
     faster there). Used when --pad_buckets is off."""
     pad_buckets: Annotated[int, _bound(">=", 0)] | None = None
     """Pad every batch to the smallest of N fixed widths, evenly spaced up to max_length (multiples of 8), so a run
-    sees N shapes: what compiled and graph-captured steps need (inference/shapes.py). 0 pads each batch to its
+    sees N shapes: what compiled and graph-captured steps need (contract/shapes.py). 0 pads each batch to its
     longest text (--pad_to_multiple_of). Default: 4 on GPU, 16 with --torch_compile on a CPU (a padded token costs a
     CPU as much as a real one: more, narrower widths), else 0."""
     group_by_length: bool | None = None

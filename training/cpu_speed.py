@@ -13,7 +13,7 @@ import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-from inference.attention import sync_free_sdpa
+from contract.attention import sync_free_sdpa
 
 CPU_TRAINING_ATTENTION = "eager_fast_dropout"
 
@@ -83,7 +83,7 @@ def register_attention() -> str:
 
 def attention_for(requested: str | None, fast_dropout_on: bool, device: torch.device) -> str:
     """The requested attention (sdpa or eager, --attn_implementation), else sdpa on GPU and on CPU eager (with
-    FastDropout unless it is off). SDPA is the sync-free registration of inference/attention.py."""
+    FastDropout unless it is off). SDPA is the sync-free registration of contract/attention.py."""
     if requested == "sdpa" or (not requested and device.type != "cpu"):
         return sync_free_sdpa()
     if requested:

@@ -26,10 +26,9 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers import PreTrainedTokenizerBase
 
-from contract import task
+from contract import shapes, task
 from contract.errors import UserError
 from contract.long_text import LongText, PairLeavesNoRoom
-from inference import shapes
 from training import capture
 from training.config import TrainConfig
 from training.hub import explain_missing
@@ -619,7 +618,7 @@ def loader_workers(cfg: TrainConfig, device_type: str) -> int:
 
 @dataclass(frozen=True)
 class Collator:
-    """A batch of tokenized windows: padded (inference/shapes.py) to the smallest of `widths` that holds the longest,
+    """A batch of tokenized windows: padded (contract/shapes.py) to the smallest of `widths` that holds the longest,
     or without widths to the longest rounded up to `multiple`; with its labels and text rows as tensors."""
 
     pad_token_id: int

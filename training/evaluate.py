@@ -28,8 +28,10 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 
 from contract import files, precision, task
+from contract.errors import CheckpointError
+from contract.files import file_sha256
 from contract.long_text import MODES, LongText
-from inference.loading import CheckpointError, LoadedModel, file_sha256, load_model
+from inference.loading import LoadedModel, load_model
 from training import calibration, reports
 from training.atomic import write_json
 from training.cli import run_command, setup_logging

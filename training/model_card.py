@@ -14,7 +14,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from contract import files, task
-from inference.loading import HUB_ID
+from contract.hub import HUB_ID
 from training.atomic import write_bytes
 from training.metrics import HEADLINE
 

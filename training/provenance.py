@@ -17,7 +17,7 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from inference.loading import file_sha256
+from contract.files import file_sha256
 from training.collective import decided_on_main
 from training.config import TrainConfig
 from training.data import Splits

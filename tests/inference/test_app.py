@@ -15,8 +15,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from contract import files
-from inference import shapes
+from contract import files, shapes
 from inference.app import create_app
 from inference.engine import static_passes
 from inference.graphs import CapturedForward

@@ -20,8 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from contract import files
-from inference import shapes
+from contract import files, shapes
 from tests.conftest import ROOT, cli_env, describe, graphs_env, run_train
 from tests.helpers.cuda_graphs.stand_in import REPORT, on_parameters_device
 from training import capture

@@ -148,7 +148,7 @@ def test_batch_prediction_scores_a_decoder_as_each_text_alone(trained_decoder, t
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])  # the CPU default (eager with fast dropout), the GPU's
 def test_a_decoder_trains_in_bf16_with_gradient_checkpointing(smoke_dir, tmp_path, attention):
     """The usual way to fit a decoder classifier: bf16 autocast and activations recomputed in the backward pass, with
-    each attention implementation the project picks (sdpa: the sync-free registration of inference/attention.py)."""
+    each attention implementation the project picks (sdpa: the sync-free registration of contract/attention.py)."""
     base = write_decoder(tmp_path / "base", "llama", smoke_dir)
     out = tmp_path / "out"
     args = ["--preset", "smoke", "--model_name_or_path", str(base), "--output_dir", str(out), "--max_train_steps", "20"]

@@ -81,7 +81,7 @@ def test_use_fast_dropout_swaps_every_dropout_module_and_leaves_eval_outputs_unc
 
 
 def test_cpu_training_attention_equals_eager_without_dropout_and_is_the_cpu_default(smoke_dir):
-    from inference.attention import SYNC_FREE_SDPA
+    from contract.attention import SYNC_FREE_SDPA
     from training.cpu_speed import CPU_TRAINING_ATTENTION, attention_for
 
     cfg = load_config(["--preset", "smoke"])
@@ -145,7 +145,7 @@ def test_the_task_is_written_into_the_model_config(smoke_dir):
 
 
 def test_sync_free_sdpa_gives_the_logits_of_sdpa_with_and_without_padding(smoke_dir):
-    from inference.attention import sync_free_sdpa
+    from contract.attention import sync_free_sdpa
 
     cfg = load_config(["--preset", "smoke"])
     torch.manual_seed(0)
