@@ -200,6 +200,10 @@ def needs_measuring(loaded: LoadedModel, settings) -> bool:
         report = cache.report_for(key)
         if report is not None and _damage(cache, report, report["chosen"]) is None:
             return False
+    try:
+        runtime_cache.writable(places, "")
+    except SettingsError:
+        return False  # nothing can be written: choose_runtime says so at start, in one line
     return True
 
 

@@ -87,8 +87,10 @@ async def _scored_pairs(request: Request, state: Service, body: RerankRequest) -
 
 async def root_fast(request: Request) -> Response:
     """POST / and /invocations: TEI routes them to `rerank` for a re-ranker and to `predict` for a classifier
-    (router/src/http/server.rs, by the model type)."""
-    if is_reranker(service(request)):
+    (router/src/http/server.rs, by the model type). For a re-ranker, a body without `query` (a /predict body, what
+    InferenceClient.text_classification sends to the base URL) is classified instead of refused: a deliberate
+    difference (docs/serving.md)."""
+    if is_reranker(service(request)) and b'"query"' in await request.body():
         check_api_key(request, bearer_token(request))
         return await rerank(request)
     return await predict_fast(request)

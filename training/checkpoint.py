@@ -44,7 +44,7 @@ from transformers.utils import logging as transformers_logging
 
 from contract import files
 from contract.errors import UserError
-from training import lora, model_card, provenance, reports
+from training import calibration, lora, model_card, provenance, reports
 from training.atomic import atomic_write, replace_dir, write_json
 from training.collective import decided_on_main
 from training.progress import Progress
@@ -323,6 +323,11 @@ class OutputDir:
                 lambda: _write_model_files(self.root, plain, weights, tokenizer, export_hf), self.root
             )
         stop_together(accelerator, problem)  # also the barrier after the write
+
+    def saved_calibration(self) -> dict:
+        """What config.json says was applied to the saved best model (training/calibration.py), {} if nothing."""
+        path = self.path(files.CONFIG)
+        return (json.loads(path.read_text()).get(calibration.CONFIG_FIELD) or {}) if path.is_file() else {}
 
     def restore_best(self, model: torch.nn.Module) -> None:
         """The saved best model's weights put back into the run's `model` (a LoRA run's adapters and head)."""

@@ -348,7 +348,8 @@ def score_best_model(run: Run) -> tuple[dict | None, dict]:
 def calibrate(run: Run) -> dict:
     """--calibration temperature: T fitted on the validation split's scores of the best model (every rank fits the
     same T on the same gathered scores), folded into the output layer, and the model saved again; config.json says
-    which calibration was applied (training/calibration.py)."""
+    which calibration was applied (training/calibration.py). A best model that an earlier run of this folder already
+    calibrated (a finished run resumed from one of its states, no better model found since) is kept as it is."""
     unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
     if run.cfg.calibration != calibration.TEMPERATURE:
         setattr(unwrapped.config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
@@ -356,17 +357,23 @@ def calibrate(run: Run) -> dict:
     model, windowing = capture.eager(run.model), run.cfg.windowing()
     scored, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, windowing=windowing)
     log_probs = scored.scores.clamp_min(1e-30).log()
-    temperature = calibration.fit_temperature(log_probs, scored.labels)
-    calibration.fold_temperature(unwrapped, len(run.splits.label_names), temperature)
-    applied = {"method": calibration.TEMPERATURE, "temperature": temperature}
+    kept = run.out.saved_calibration()
+    if kept.get("method") == calibration.TEMPERATURE:
+        applied, before, after = kept, (log_probs * kept["temperature"]).softmax(-1), scored.scores
+        logger.info("Calibration: kept, as an earlier run of this folder applied it (T %.3f)", kept["temperature"])
+    else:
+        temperature = calibration.fit_temperature(log_probs, scored.labels)
+        calibration.fold_temperature(unwrapped, len(run.splits.label_names), temperature)
+        applied, before, after = {"method": calibration.TEMPERATURE, "temperature": temperature}, scored.scores, None
+        logger.info("Calibration: temperature %.3f fitted on validation and folded into the output layer", temperature)
     setattr(unwrapped.config, calibration.CONFIG_FIELD, applied)
-    run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
-    after = (log_probs / temperature).softmax(-1)
-    logger.info("Calibration: temperature %.3f fitted on validation and folded into the output layer", temperature)
+    if after is None:
+        run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
+        after = (log_probs / applied["temperature"]).softmax(-1)
     return {
         **applied,
         "bins": calibration.BINS,
-        "ece_before": {"validation": calibration.expected_calibration_error(scored.scores, scored.labels)},
+        "ece_before": {"validation": calibration.expected_calibration_error(before, scored.labels)},
         "ece_after": {"validation": calibration.expected_calibration_error(after, scored.labels)},
     }
 

@@ -5,6 +5,8 @@ bench/first_answer.py (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 import inference.service
@@ -19,11 +21,20 @@ def runtime(client) -> dict:
     return client.get("/info").json()["distilbert_agnews"]["runtime"]
 
 
-def test_a_new_checkpoint_answers_with_torch_fp32_at_once_then_the_measured_runtime(checkpoint_copy, reference):
+@pytest.fixture
+def new_checkpoint(checkpoint_copy, tmp_path):
+    """The smoke checkpoint with nothing converted or measured for it anywhere: its runtime/ (other tests, and
+    training's --export_runtime, measure into the shared copy) removed, and a RUNTIME_CACHE of its own."""
+    shutil.rmtree(checkpoint_copy / files.RUNTIME_DIR, ignore_errors=True)
+    return checkpoint_copy, {"runtime_cache": str(tmp_path / "runtime_cache")}
+
+
+def test_a_new_checkpoint_answers_with_torch_fp32_at_once_then_the_measured_runtime(new_checkpoint, reference):
     """BACKEND=auto, DTYPE=fp32: the fp32 candidates of every installed runtime race, not yet measured for this
     copy. The first answers come from the provisional torch fp32; the measured choice replaces it without a reload
     (runtime.json written as a measured start writes it), and answers the same."""
-    with make_client(checkpoint_copy, measure_in_background=True) as client:
+    checkpoint_copy, cache = new_checkpoint
+    with make_client(checkpoint_copy, measure_in_background=True, **cache) as client:
         first = runtime(client)
         answer = client.post("/predict", json={"inputs": TEXTS[0]})
         settled = wait_for(lambda: runtime(client), lambda r: not r.get("provisional"), timeout=180)
@@ -38,19 +49,21 @@ def test_a_new_checkpoint_answers_with_torch_fp32_at_once_then_the_measured_runt
     assert list((checkpoint_copy / files.RUNTIME_DIR).glob(f"*/{files.RUNTIME_CHOICE}"))
 
 
-def test_measuring_before_the_first_answer_stays_available(checkpoint_copy):
-    with make_client(checkpoint_copy, measure_in_background=False) as client:
+def test_measuring_before_the_first_answer_stays_available(new_checkpoint):
+    checkpoint_copy, cache = new_checkpoint
+    with make_client(checkpoint_copy, measure_in_background=False, **cache) as client:
         measured = runtime(client)
     assert "provisional" not in measured and measured["candidates"]
 
 
-def test_a_failed_background_measurement_leaves_torch_fp32_serving(checkpoint_copy, monkeypatch, capfd):
+def test_a_failed_background_measurement_leaves_torch_fp32_serving(new_checkpoint, monkeypatch, capfd):
     def failing(settings):
         raise RuntimeError("conversion crashed")
 
     monkeypatch.setattr(inference.service, "load_configured", failing)
     said = []
-    with make_client(checkpoint_copy, measure_in_background=True) as client:
+    checkpoint_copy, cache = new_checkpoint
+    with make_client(checkpoint_copy, measure_in_background=True, **cache) as client:
         wait_for(lambda: said.append(capfd.readouterr().err) or "".join(said), lambda text: "failed" in text)
         answer = client.post("/predict", json={"inputs": TEXTS[0]})
         assert runtime(client)["backend"] == "torch"

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from contract import files
-from inference import routes
+from inference import routes, text_routes
 from inference.app import create_app
 from inference.settings import Settings, SettingsError, from_env
 from tests.conftest import cli_env
@@ -90,8 +90,9 @@ def every_route(app) -> list[tuple[str, str, bool]]:
         router = getattr(route, "original_router", None)  # FastAPI's included routers; the docs are plain routes
         for inner in router.routes if router is not None else [route]:
             for method in sorted(set(inner.methods) - {"HEAD"}):
-                guarded = router is routes.router or getattr(inner, "endpoint", None) is routes.predict_fast
-                found.append((method, inner.path, guarded))  # predict_fast: the hot path checks the key itself
+                fast = (routes.predict_fast, text_routes.root_fast)  # check the key themselves
+                guarded = router is routes.router or getattr(inner, "endpoint", None) in fast
+                found.append((method, inner.path, guarded))
     return found
 
 
