@@ -19,7 +19,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from real_accuracy import split_rows  # noqa: E402
-from train_bench import AG_NEWS, LABELS, prepare_model  # noqa: E402
+from real_accuracy import data_line, real_rows_and_minilm  # noqa: E402
+from train_bench import LABELS  # noqa: E402
 
 from contract import files  # noqa: E402
 
@@ -86,17 +85,11 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", help="fp32 (default: the same numbers on every CPU) or bf16")
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
-    if not AG_NEWS.is_file():
-        sys.exit(f"{AG_NEWS} not found: this benchmark needs real AG News rows")
-    with tempfile.TemporaryDirectory(prefix="lora_bench_") as tmp:
-        work = Path(tmp)
-        sizes = split_rows(work, args.seed)
-        model_dir, model_name = prepare_model("minilm", work)
+    with real_rows_and_minilm(args.seed, "lora_bench_") as (work, sizes, model_dir, model_name):
         print(
-            f"data: {AG_NEWS.name} -> train {sizes['train']}, validation {sizes['validation']}, held-out "
-            f"{sizes['heldout']} (seed {args.seed}); model: {model_name}; {args.steps} steps of {args.batch_size}, "
-            f"max_length {args.max_length}, {args.precision}; LoRA r={args.r} (alpha 16, dropout 0.1, peft's query "
-            "and value projections), head trained whole",
+            f"{data_line(sizes, args.seed, model_name)}; {args.steps} steps of {args.batch_size}, max_length "
+            f"{args.max_length}, {args.precision}; LoRA r={args.r} (alpha 16, dropout 0.1, peft's query and value "
+            "projections), head trained whole",
             flush=True,
         )
         full = train(args, model_dir, work, work / "full", args.full_rate, [])

@@ -20,6 +20,7 @@ Targets (issue 7): ours >= 0.90 held-out accuracy within 25 minutes, and no wors
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -59,6 +60,25 @@ def split_rows(work: Path, seed: int) -> dict[str, int]:
             writer.writerow(["text", "label"])
             writer.writerows(part)
     return {name: len(part) for name, part in parts.items()}
+
+
+@contextlib.contextmanager
+def real_rows_and_minilm(seed: int, prefix: str):
+    """(work folder, split sizes, MiniLM folder, its description) in a temporary folder: the shared real AG News rows
+    split by `split_rows`, and the pretrained MiniLM both runners start from."""
+    if not AG_NEWS.is_file():
+        sys.exit(f"{AG_NEWS} not found: this benchmark needs real AG News rows")
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        sizes = split_rows(work, seed)
+        yield (work, sizes, *prepare_model("minilm", work))
+
+
+def data_line(sizes: dict[str, int], seed: int, model_name: str) -> str:
+    return (
+        f"data: {AG_NEWS.name} -> train {sizes['train']}, validation {sizes['validation']}, "
+        f"held-out {sizes['heldout']} (seed {seed}); model: {model_name}"
+    )
 
 
 def accelerate_launch(target: list[str]) -> list[str]:
@@ -193,16 +213,10 @@ def main() -> None:
     parser.add_argument("--skip_trainer", action="store_true")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
-    if not AG_NEWS.is_file():
-        sys.exit(f"{AG_NEWS} not found: this benchmark needs real AG News rows")
-    with tempfile.TemporaryDirectory(prefix="real_accuracy_") as tmp:
-        work = Path(tmp)
-        sizes = split_rows(work, args.seed)
-        model_dir, model_name = prepare_model("minilm", work)
+    with real_rows_and_minilm(args.seed, "real_accuracy_") as (work, sizes, model_dir, model_name):
         print(
-            f"data: {AG_NEWS.name} -> train {sizes['train']}, validation {sizes['validation']}, "
-            f"held-out {sizes['heldout']} (seed {args.seed}); model: {model_name}; 1 epoch, global batch "
-            f"{args.batch_size}, lr {args.learning_rate}, max_length {args.max_length}, {args.precision}",
+            f"{data_line(sizes, args.seed, model_name)}; 1 epoch, global batch {args.batch_size}, lr "
+            f"{args.learning_rate}, max_length {args.max_length}, {args.precision}",
             flush=True,
         )
         mine = ours(args, model_dir, work, work / "ours")
