@@ -12,6 +12,7 @@ the other start's (the same choice is the point).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -86,6 +87,7 @@ def start(folder: Path, port: int, background: bool) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options; --help says what it does
     with tempfile.TemporaryDirectory(prefix="first_answer_") as tmp:
         work = Path(tmp)
         folder = new_checkpoint(work)
