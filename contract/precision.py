@@ -12,6 +12,12 @@ Accepted names (any of each group, case-insensitive):
 
 `auto` means the same thing everywhere; a resolved precision is always one of fp32, fp16, bf16 (or int8 when
 serving).
+
+What a precision does, by command (issue 42: one meaning per word, two regimes named):
+    training (train.py --mixed_precision, with its own validation)   mixed precision: autocast over fp32 master
+                                                                     weights (what training needs to update them)
+    evaluation, batch prediction, serving (training.evaluate,        the weights cast to it once, no autocast: the
+    training.predict --mixed_precision; the service's DTYPE)         three compute the same numbers on a checkpoint
 """
 
 from __future__ import annotations

@@ -151,9 +151,10 @@ class SavedModel:
         )
 
 
-def load_saved(checkpoint_dir: str) -> SavedModel:
-    """This project's checkpoint folder or any save_pretrained folder (inference/loading.py reads both)."""
-    loaded = load_model(checkpoint_dir, device="cpu", dtype="fp32")
+def load_saved(checkpoint_dir: str, device: str = "cpu", dtype: str = precision.FP32) -> SavedModel:
+    """This project's checkpoint folder or any save_pretrained folder (inference/loading.py reads both), its weights
+    cast to `dtype` as training.predict and the service cast them (one meaning of each precision name)."""
+    loaded = load_model(checkpoint_dir, device=device, dtype=dtype)
     recorded = loaded.metrics or {}
     return SavedModel(loaded, recorded.get("config", {}), recorded.get("label_values"))
 
@@ -183,9 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--mixed_precision",
         type=precision.canonical,
-        help=f"one of {', '.join(precision.ACCEPTED)} (contract/precision.py; default: the preset's, as in "
-        "training (smoke: fp32, so its test score is reproduced on any CPU), else auto, as training, prediction and "
-        "serving read it)",
+        help=f"one of {', '.join(precision.ACCEPTED)} (contract/precision.py): the weights are cast to it, as "
+        "training.predict and the service cast them, so all three compute the same numbers; default: the preset's "
+        "(smoke: fp32, so its test score is reproduced on any CPU), else auto",
     )
     parser.add_argument(
         "--extra_metrics",
@@ -243,7 +244,7 @@ def load_split(args: argparse.Namespace, saved: SavedModel, cfg: TrainConfig) ->
 
 def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> dict:
     root = Path(args.checkpoint_dir)
-    saved = load_saved(str(root))
+    saved = load_saved(str(root), str(accelerator.device), args.mixed_precision)
     cfg = saved.data_config(args)
     metrics = MetricSuite(saved.loaded.task, saved.loaded.labels, args.extra_metrics)
     tokenizer = saved.loaded.tokenizer
@@ -350,10 +351,9 @@ def cli(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    accelerator = Accelerator(
-        cpu=device_type == "cpu",
-        mixed_precision=precision.accelerate_name(precision.resolve(args.mixed_precision, device_type)),
-    )
+    # no autocast: the weights are cast to --mixed_precision (load_saved), so evaluation computes what prediction and
+    # the service compute on the same checkpoint (training's own validation autocasts over fp32 weights)
+    accelerator = Accelerator(cpu=device_type == "cpu")
     return run_command(lambda: evaluate_checkpoint(args, accelerator), accelerator)
 
 

@@ -272,3 +272,48 @@ def test_a_read_only_output_folder_is_one_line_and_exit_1(model_dir, tmp_path, p
     lines = [line for line in result.stderr.splitlines() if " ERROR " in line]
     assert len(lines) == 1 and f"cannot write {folder}: Operation not permitted" in lines[0], describe(result)
     assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize(("precision", "tolerance"), [("fp32", 1e-5), ("bf16", 2e-2)])
+def test_evaluate_and_predict_compute_the_same_numbers_at_each_precision(
+    model_dir, smoke_dir, tmp_path, precision, tolerance
+):
+    """One meaning of each precision name (issue 42, point 3; contract/precision.py): training.evaluate and
+    training.predict both cast the weights to --mixed_precision, so on the same checkpoint and texts evaluate's
+    accuracy equals the accuracy of predict's labels, and evaluate's mean loss the cross-entropy of predict's scores:
+    within 1e-5 in fp32; in bf16 within 2e-2 (the two batch the texts differently, and bf16 rounds each batch's
+    sums in its own order)."""
+    folder = Path(shutil.copytree(model_dir, tmp_path / "ckpt", ignore=shutil.ignore_patterns("state", "runtime")))
+    rows = pd.read_csv(smoke_dir / "test.csv")
+    scored = tmp_path / "scored.csv"
+    common = ["--mixed_precision", precision]
+    result, _ = launch(
+        [
+            "-m",
+            "training.evaluate",
+            "--checkpoint_dir",
+            str(folder),
+            "--test_file",
+            str(smoke_dir / "test.csv"),
+            *common,
+        ]
+    )
+    assert result.returncode == 0, describe(result)
+    result = predict(
+        "--checkpoint_dir",
+        str(folder),
+        "--input_file",
+        str(smoke_dir / "test.csv"),
+        "--output_file",
+        str(scored),
+        *common,
+    )
+    assert result.returncode == 0, describe(result)
+    evaluated = pd.read_json(folder / files.EVAL_RESULTS, typ="series")["metrics"]
+    predicted = pd.read_csv(scored)
+    probabilities = torch.tensor(predicted[[f"score_{label}" for label in LABELS]].to_numpy(), dtype=torch.float64)
+    truth = torch.tensor(rows["label"].to_numpy())
+    loss = torch.nn.functional.nll_loss(probabilities.log(), truth).item()
+    accuracy = (predicted["predicted_label"] == [LABELS[i] for i in rows["label"]]).mean()
+    assert abs(evaluated["loss"] - loss) <= tolerance, (evaluated["loss"], loss)
+    assert abs(evaluated["accuracy"] - accuracy) <= (1e-9 if precision == "fp32" else 2 / len(rows))  # 1e-9: float sums
