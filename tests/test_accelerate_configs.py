@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
 
-from tests.conftest import ROOT
+from tests.helpers.processes import ROOT
 
 EXPECTED = {  # file: (distributed_type, num_machines, num_processes, mixed_precision, use_cpu)
     "cpu.yaml": ("NO", 1, 1, "no", True),

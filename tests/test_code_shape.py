@@ -7,7 +7,7 @@ import ast
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.processes import ROOT
 
 PACKAGES = ("training", "inference")
 MAX_LINES, MAX_POSITIONAL = 60, 8

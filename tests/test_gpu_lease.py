@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, cli_env
+from tests.helpers.processes import ROOT, cli_env
 
 
 def lease_module():

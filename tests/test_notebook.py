@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from contract import files
-from tests.conftest import ROOT, cli_env
+from tests.helpers.processes import ROOT, cli_env
 
 NOTEBOOK = ROOT / "notebooks" / "kaggle_agnews.ipynb"
 

@@ -21,9 +21,10 @@ from inference.engine import static_passes
 from inference.graphs import CapturedForward
 from inference.loading import CheckpointError, load_model
 from inference.settings import Settings, SettingsError, from_env
-from tests.conftest import ROOT, save_new_weights
 from tests.helpers.cuda_graphs.stand_in import install_serving
-from tests.inference.conftest import ag_news_texts, assert_matches, run_cli, wait_for
+from tests.helpers.files import save_new_weights
+from tests.helpers.processes import ROOT
+from tests.helpers.service import ag_news_texts, assert_matches, run_cli, wait_for
 
 TEXTS = [
     "Shares of oracle rose in early trading after the earnings report.",

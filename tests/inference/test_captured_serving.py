@@ -14,7 +14,7 @@ import torch
 from inference.engine import graph_shapes
 from inference.graphs import CapturedForward
 from tests.helpers.cuda_graphs.stand_in import CpuGraphs, install_serving
-from tests.inference.conftest import assert_matches, wait_for
+from tests.helpers.service import assert_matches, wait_for
 from tests.inference.test_app import TEXTS, make_client, recording_shapes
 from tests.inference.test_reload import permuted_copy
 

@@ -14,7 +14,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
 
-from tests.inference.conftest import Server
+from tests.helpers.service import Server
 
 pytestmark = pytest.mark.slow
 TEXT = "Shares of oracle rose in early trading after the earnings report."

@@ -11,7 +11,7 @@ import pytest
 
 import inference.service
 from contract import files
-from tests.inference.conftest import assert_matches, wait_for
+from tests.helpers.service import assert_matches, wait_for
 from tests.inference.test_app import TEXTS, make_client
 
 pytestmark = pytest.mark.slow

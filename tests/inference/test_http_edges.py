@@ -16,8 +16,8 @@ from contract import files
 from inference import routes, text_routes
 from inference.app import create_app
 from inference.settings import Settings, SettingsError, from_env
-from tests.conftest import cli_env
-from tests.inference.conftest import run_cli
+from tests.helpers.processes import cli_env
+from tests.helpers.service import run_cli
 from tests.inference.test_app import TEXTS, make_client
 
 

@@ -19,8 +19,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from contract import files
 from inference.loading import CheckpointError, load_model
-from tests.conftest import ROOT, cli_env
-from tests.inference.conftest import Server, assert_matches
+from tests.helpers.processes import ROOT, cli_env
+from tests.helpers.service import Server, assert_matches
 
 MINILM_LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 

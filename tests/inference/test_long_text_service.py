@@ -19,7 +19,7 @@ from huggingface_hub import InferenceClient
 
 from contract import files
 from inference.loading import load_model
-from tests.inference.conftest import Server, run_cli
+from tests.helpers.service import Server, run_cli
 from tests.inference.test_app import make_client
 
 pytestmark = pytest.mark.slow

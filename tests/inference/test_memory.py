@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, cli_env
+from tests.helpers.processes import ROOT, cli_env
 
 # A model of DistilBERT-base width (one layer, random weights) on the smoke tokenizer, fed 60 micro-batches of
 # 1-32 texts of 3-95 words through the engine's own tokenizer and forward pass, as the service runs them.

@@ -21,7 +21,7 @@ from contract import files
 from inference import reload
 from inference.loading import TornCheckpoint, load_model, signature
 from inference.reload import CheckpointWatcher
-from tests.inference.conftest import wait_for
+from tests.helpers.service import wait_for
 from tests.inference.test_app import TEXTS, make_client
 
 

@@ -23,8 +23,9 @@ from contract import files
 from inference import runtimes
 from inference.runtime_cache import Cache
 from inference.settings import SettingsError
-from tests.conftest import cli_env, read_only, save_new_weights
-from tests.inference.conftest import Reference, Server, run_cli, wait_for
+from tests.helpers.files import read_only, save_new_weights
+from tests.helpers.processes import cli_env
+from tests.helpers.service import Reference, Server, run_cli, wait_for
 from tests.inference.test_app import TEXTS, make_client
 from tests.inference.test_runtimes import runtime_log, serve, served_logits, smoke_texts, torch_fp32_logits
 

@@ -24,8 +24,9 @@ from inference import runtimes
 from inference.engine import encode, forward
 from inference.service import load_configured
 from inference.settings import SettingsError, from_env
-from tests.conftest import ROOT, describe, save_new_weights
-from tests.inference.conftest import Reference, ag_news_texts
+from tests.helpers.files import save_new_weights
+from tests.helpers.processes import ROOT, describe
+from tests.helpers.service import Reference, ag_news_texts
 from tests.inference.test_app import TEXTS, make_client
 from training.smoke import make_split
 

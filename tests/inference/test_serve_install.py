@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from contract import precision
-from tests.conftest import cli_env
-from tests.inference.conftest import Server
+from tests.helpers.processes import cli_env
+from tests.helpers.service import Server
 
 pytestmark = pytest.mark.slow
 PYTHON = os.environ.get("SERVE_ONLY_PYTHON")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from contract import files
-from tests.inference.conftest import Server, wait_for
+from tests.helpers.service import Server, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -145,7 +145,7 @@ def test_quickstart_demo_serves_one_prediction_and_stops(smoke_checkpoint):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT, cli_env
+    from tests.helpers.processes import ROOT, cli_env
 
     result = subprocess.run(
         [sys.executable, "-m", "inference.demo", "--model_id", str(smoke_checkpoint)],
@@ -312,7 +312,7 @@ def test_uvicorn_app_drains_then_ends_by_sigterm_as_documented(smoke_checkpoint)
     import subprocess
     import sys
 
-    from tests.conftest import ROOT, cli_env, free_port
+    from tests.helpers.processes import ROOT, cli_env, free_port
 
     port = free_port()
     env = cli_env(MODEL_ID=str(smoke_checkpoint), RELOAD_INTERVAL_S="0")

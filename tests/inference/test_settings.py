@@ -11,8 +11,8 @@ import pytest
 from pydantic_settings import CliApp
 
 from inference.settings import Settings, SettingsError, from_env
-from tests.conftest import ROOT, cli_env, free_port
-from tests.inference.conftest import Server, run_cli
+from tests.helpers.processes import ROOT, cli_env, free_port
+from tests.helpers.service import Server, run_cli
 
 TEI_ENVIRONMENT = {
     "MODEL_ID": "/models/topics",

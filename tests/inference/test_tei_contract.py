@@ -14,7 +14,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.inference.conftest import assert_matches
+from tests.helpers.service import assert_matches
 
 pytestmark = pytest.mark.slow
 

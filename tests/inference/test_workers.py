@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.inference.conftest import Server
+from tests.helpers.service import Server
 
 pytestmark = pytest.mark.slow
 

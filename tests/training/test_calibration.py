@@ -14,7 +14,7 @@ import transformers
 
 from contract import files
 from inference.loading import load_model
-from tests.conftest import describe, run_train
+from tests.helpers.processes import describe, run_train
 from training import calibration
 
 TEXTS = ["Shares fell after the bank cut its forecast.", "The striker scored twice.", "A new chip doubles battery life"]

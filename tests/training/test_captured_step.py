@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import load_file
 
 from contract import files, shapes
-from tests.conftest import ROOT, cli_env, describe, graphs_env, run_train
 from tests.helpers.cuda_graphs.stand_in import REPORT, on_parameters_device
+from tests.helpers.processes import ROOT, cli_env, describe, graphs_env, run_train
 from training import capture
 from training.config import load_config
 from training.data import Collator, load_splits, make_dataloaders, pad_multiple, pad_widths, tokenize_splits

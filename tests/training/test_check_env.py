@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import cli_env, describe, free_port, launch
+from tests.helpers.processes import cli_env, describe, free_port, launch
 from training.check_env import node_problems
 
 

@@ -95,7 +95,7 @@ def test_main_first_stops_every_rank_with_the_main_process_error(tmp_path):
     """2 processes (gloo): `work` raises a UserError on the main process only. Every rank gets that error from
     main_first and says so itself (accelerate's main_process_first would leave rank 1 at its barrier until the
     launcher killed it); the other rank never runs `work`."""
-    from tests.conftest import ROOT, describe, launch
+    from tests.helpers.processes import ROOT, describe, launch
 
     script = tmp_path / "both.py"
     script.write_text(

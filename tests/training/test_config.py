@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.helpers.processes import ROOT
 from training.config import GROUPS, ConfigError, TrainConfig, build_parser, load_config, presets
 from training.train import cli, resolve_mixed_precision
 

@@ -7,7 +7,7 @@ import datasets
 import pytest
 import torch
 
-from tests.conftest import write_rows
+from tests.helpers.files import write_rows
 from training.config import load_config
 from training.data import (
     GPU_LOADER_WORKERS,

@@ -18,7 +18,7 @@ from contract import files
 from contract.padding import NoPadToken, ensure_pad_token
 from inference.app import create_app
 from inference.settings import Settings
-from tests.conftest import cli_env, describe, launch, run_train
+from tests.helpers.processes import cli_env, describe, launch, run_train
 from tests.helpers.tiny_models import tiny_config
 
 EOS = "<|endoftext|>"

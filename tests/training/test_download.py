@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from contract import files
-from tests.conftest import ROOT, cli_env, describe, launch, run_train
+from tests.helpers.processes import ROOT, cli_env, describe, launch, run_train
 
 pytestmark = pytest.mark.slow
 

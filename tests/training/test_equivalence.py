@@ -11,8 +11,8 @@ import pytest
 from safetensors.torch import load_file
 
 from contract import files
-from tests.conftest import describe, graphs_env, run_train
 from tests.helpers.cuda_graphs.stand_in import REPORT
+from tests.helpers.processes import describe, graphs_env, run_train
 
 pytestmark = pytest.mark.slow
 STEPS = 40

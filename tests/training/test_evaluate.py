@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from contract import files
-from tests.conftest import describe, launch
+from tests.helpers.processes import describe, launch
 
 pytestmark = pytest.mark.slow
 

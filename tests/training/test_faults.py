@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from contract import files
-from tests.conftest import ROOT, cli_env, describe, fault_env, launch_command, run_train, write_rows
+from tests.helpers.files import write_rows
+from tests.helpers.processes import ROOT, cli_env, describe, fault_env, launch_command, run_train
 from training.checkpoint import find_latest_state, read_progress
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,8 @@ import torch
 from safetensors.torch import load_file
 
 from contract import files
-from tests.conftest import ROOT, SMOKE_2PROC_ARGS, cli_env, describe, fault_env, launch_command, run_train
+from tests.conftest import SMOKE_2PROC_ARGS
+from tests.helpers.processes import ROOT, cli_env, describe, fault_env, launch_command, run_train
 from training.checkpoint import find_latest_state, read_progress
 
 pytestmark = pytest.mark.slow

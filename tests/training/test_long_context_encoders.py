@@ -15,7 +15,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from contract import files
 from inference.app import create_app
 from inference.settings import Settings
-from tests.conftest import cli_env, describe, run_train
+from tests.helpers.processes import cli_env, describe, run_train
 from tests.helpers.tiny_models import tiny_config
 
 pytestmark = pytest.mark.slow

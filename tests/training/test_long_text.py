@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from contract import files
 from inference.loading import load_model
-from tests.conftest import ROOT, describe, launch, run_train
+from tests.helpers.processes import ROOT, describe, launch, run_train
 from training.checkpoint import load_weights
 
 pytestmark = pytest.mark.slow

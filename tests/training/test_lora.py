@@ -20,7 +20,7 @@ from contract.errors import CheckpointError
 from inference.app import create_app
 from inference.loading import load_model
 from inference.settings import Settings
-from tests.conftest import cli_env, describe, run_train
+from tests.helpers.processes import cli_env, describe, run_train
 from training.checkpoint import load_weights
 
 peft = pytest.importorskip("peft", reason="pip install 'distilbert-agnews[peft]' (dev extra)")

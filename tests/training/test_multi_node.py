@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from contract import files
-from tests.conftest import ROOT, cli_env, free_port
+from tests.helpers.processes import ROOT, cli_env, free_port
 
 pytestmark = pytest.mark.slow
 

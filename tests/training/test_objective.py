@@ -13,7 +13,8 @@ from sklearn.utils.class_weight import compute_class_weight
 from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
 from contract import files, task
-from tests.conftest import describe, run_train, write_rows
+from tests.helpers.files import write_rows
+from tests.helpers.processes import describe, run_train
 from training.data import DataError, LabelSpace
 from training.objective import Objective, class_weights
 from training.smoke import make_split

@@ -19,7 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from contract import files
-from tests.conftest import ROOT, SMOKE_MODEL_ARGS, describe, fault_env, launch_command, read_only, run_train
+from tests.conftest import SMOKE_MODEL_ARGS
+from tests.helpers.files import read_only
+from tests.helpers.processes import ROOT, describe, fault_env, launch_command, run_train
 from training import provenance
 from training.checkpoint import ResumeError, complete_states, damaged_file, pick_state
 from training.config import TrainConfig

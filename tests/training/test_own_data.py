@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 from contract import files
 from inference.app import create_app
 from inference.settings import Settings
-from tests.conftest import cli_env, describe, run_train, write_rows
+from tests.helpers.files import write_rows
+from tests.helpers.processes import cli_env, describe, run_train
 from training.smoke import LABELS, make_example, make_split
 
 pytestmark = pytest.mark.slow

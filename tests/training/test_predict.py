@@ -16,7 +16,8 @@ import torch
 
 from contract import files
 from inference.loading import load_model
-from tests.conftest import ROOT, cli_env, describe, launch, read_only, write_rows
+from tests.helpers.files import read_only, write_rows
+from tests.helpers.processes import ROOT, cli_env, describe, launch
 
 pytestmark = pytest.mark.slow
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]

@@ -15,7 +15,7 @@ from huggingface_hub import ModelCard
 from huggingface_hub.utils import filter_repo_objects
 
 from contract import files
-from tests.conftest import ROOT, cli_env, describe, run_train
+from tests.helpers.processes import ROOT, cli_env, describe, run_train
 from training import model_card, push
 
 FAKE_HUB = ROOT / "tests" / "helpers" / "fake_hub"

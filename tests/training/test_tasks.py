@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 
 from contract import files, task
 from inference.loading import load_model
-from tests.conftest import describe, launch, run_train
-from tests.inference.conftest import Server
+from tests.helpers.processes import describe, launch, run_train
+from tests.helpers.service import Server
 from training.checkpoint import load_weights
 from training.metrics import THRESHOLD_GRID
 

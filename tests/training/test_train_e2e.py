@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from contract import files
-from tests.conftest import ROOT, SMOKE_2PROC_ARGS, cli_env, describe, free_port, run_train
+from tests.conftest import SMOKE_2PROC_ARGS
+from tests.helpers.processes import ROOT, cli_env, describe, free_port, run_train
 from training import calibration
 from training.checkpoint import find_latest_state, read_progress
 

@@ -1,0 +1,83 @@
+"""Real processes as the tests start them: a hermetic environment (offline, quiet, the test's smoke assets), the one
+way to launch 1 or N processes (`accelerate launch` over gloo), and the tail of a failed run for assertion messages."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+CPU_2PROC = ROOT / "accelerate_configs" / "cpu_2proc.yaml"
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """Environment for a real training process: offline, quiet, and pointing at the test's smoke assets."""
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def run_train(
+    args: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300
+) -> tuple[subprocess.CompletedProcess, float]:
+    """Run training/train.py as users do: plain `python` for 1 process, `accelerate launch` (gloo) for more."""
+    return launch([str(ROOT / "training" / "train.py"), *args], processes=processes, env=env, timeout=timeout)
+
+
+def fault_env(fault: str, **extra: str) -> dict[str, str]:
+    """cli_env with a fault injected into every process of the run (tests/helpers/faults/sitecustomize.py)."""
+    path = os.pathsep.join(filter(None, [str(ROOT / "tests" / "helpers" / "faults"), os.environ.get("PYTHONPATH")]))
+    return cli_env(DISTILBERT_AGNEWS_FAULT=fault, PYTHONPATH=path, **extra)
+
+
+def graphs_env(**extra: str) -> dict[str, str]:
+    """cli_env with CUDA graphs on the CPU in every process of the run (tests/helpers/cuda_graphs/stand_in.py)."""
+    path = [str(ROOT / "tests" / "helpers" / "cuda_graphs"), os.environ.get("PYTHONPATH")]
+    return cli_env(PYTHONPATH=os.pathsep.join(filter(None, path)), **extra)
+
+
+def launch_command(target: list[str], processes: int = 2) -> list[str]:
+    """The one way the tests start N processes: `python TARGET...` for 1, else the `accelerate launch` users run,
+    with the 2-process CPU config, N processes and a free port; TARGET is a script and its arguments, or
+    ["-m", module, ...]."""
+    if processes == 1:
+        return [sys.executable, *target]
+    return [
+        shutil.which("accelerate", path=Path(sys.executable).parent) or "accelerate",  # this environment's
+        "launch",
+        "--config_file",
+        str(CPU_2PROC),
+        "--num_processes",
+        str(processes),
+        "--main_process_port",
+        str(free_port()),
+        *target,
+    ]
+
+
+def launch(
+    target: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300
+) -> tuple[subprocess.CompletedProcess, float]:
+    """Run launch_command(target, processes) to completion; (result, seconds)."""
+    cmd = launch_command(target, processes)
+    started = time.time()
+    result = subprocess.run(cmd, cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=timeout)
+    return result, time.time() - started
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def describe(result: subprocess.CompletedProcess) -> str:
+    """The tail of a failed run's output, for assertion messages."""
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"
