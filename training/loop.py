@@ -30,11 +30,11 @@ from training.capture import CompileReport, eager
 from training.checkpoint import OutputDir, Progress
 from training.config import TrainConfig
 from training.data import Splits, model_inputs, num_texts
-from training.evaluate import FIT, evaluate
 from training.guards import StopGuard, TrainingDiverged
 from training.lora import parameter_counts
 from training.metrics import MetricSuite
 from training.objective import Objective
+from training.scoring import FIT, evaluate
 from training.throughput import Throughput, peak_memory_mb
 
 logger = get_logger(__name__)

@@ -52,7 +52,6 @@ from training.data import (
     steps_in_epoch,
     tokenize_splits,
 )
-from training.evaluate import score
 from training.guards import StopGuard, TrainingDiverged, check_world_size
 from training.hub import ensure_hub_or_offline
 from training.loop import Loaders, Run, fit, format_metrics, on_disk, run_summary
@@ -60,6 +59,7 @@ from training.metrics import DEFAULT_SELECTION, MetricSuite, greater_is_better
 from training.model import build_model, build_optimizer, keep_optimizer_kind, load_tokenizer
 from training.objective import objective_for
 from training.push import check_can_push
+from training.scoring import score
 from training.smoke import ensure_smoke_assets
 from training.throughput import Throughput
 
