@@ -115,3 +115,23 @@ def test_no_two_modules_import_each_other_even_through_others():
         if name not in done:
             visit(name)
     assert not loops, loops
+
+
+# What training/ still imports of inference/ (issue 42, point 1 moves these into contract/ or behind a command): the
+# list may only shrink.
+TRAINING_USES_OF_INFERENCE = {
+    "training.config": {"inference.backends"},  # which runtimes --export_runtime can name
+    "training.checkpoint": {"inference.runtimes"},  # --export_runtime converts through the service's code
+    "training.evaluate": {"inference.loading"},  # the checkpoint reader
+    "training.predict": {"inference.engine", "inference.loading"},  # the model call, the checkpoint reader
+}
+
+
+def test_serving_imports_nothing_of_training_and_training_only_what_is_listed():
+    """The rooms stand side by side on contract/: inference/ never imports training/; training/ imports of inference/
+    only the leftovers listed above."""
+    graph = module_imports()
+    serving = {m: sorted(i for i in graph[m] if i.startswith("training")) for m in graph if m.startswith("inference")}
+    assert not {m: i for m, i in serving.items() if i}
+    training = {m: {i for i in graph[m] if i.startswith("inference")} for m in graph if m.startswith("training")}
+    assert {m: i for m, i in training.items() if i} == TRAINING_USES_OF_INFERENCE
