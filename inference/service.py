@@ -58,20 +58,21 @@ class Service:
 
     def swap_in(self, loaded: LoadedModel) -> None:
         """A reloaded model, checked as at start-up and warmed up, replaces the served one between micro-batches."""
-        self._swap(loaded)
-        self.reloads += 1
-        self.metrics.reloads.labels("ok").inc()
+        self._swap(loaded, reload=True)
 
     def settle_runtime(self, loaded: LoadedModel) -> None:
         """The runtime measured in the background (the same weights) replaces the provisional PyTorch fp32, unless
         the service stopped or new weights were loaded meanwhile (the watcher measured those itself)."""
         if not self.ready or self.engine is None or self.engine.current.sha256 != loaded.sha256:
             return
-        self._swap(loaded)
+        self._swap(loaded, reload=False)
 
-    def _swap(self, loaded: LoadedModel) -> None:
+    def _swap(self, loaded: LoadedModel, reload: bool) -> None:
         check_servable(self.settings, loaded)
         warm_up(loaded, self.engine.limits)
+        if reload:  # counted before the new weights show: /info never shows them uncounted
+            self.reloads += 1
+            self.metrics.reloads.labels("ok").inc()
         self.engine.swap(loaded)
         served = f"{loaded.backend} {loaded.precision}"
         logger.info("Now serving %s (sha256 %s, %s)", loaded.weights_file, loaded.sha256[:12], served)
