@@ -63,6 +63,9 @@ async def rerank(request: Request) -> JSONResponse:
         {"index": i, **({"text": body.texts[i]} if body.return_text else {}), "score": row[0]["score"]}
         for i, row in enumerate(answer.ranked)
     ]
+    if any(rank["score"] != rank["score"] for rank in ranks):  # NaN: TEI refuses to rank it (server.rs)
+        state.metrics.request_failure.labels("backend").inc()
+        raise ServiceError(errors.BACKEND, "score is NaN")
     ranks.sort(key=lambda rank: rank["score"], reverse=True)  # stable: equal scores keep the texts' order
     characters = len(body.query) * len(body.texts) + sum(len(t) for t in body.texts)
     return JSONResponse(ranks, headers=tei_headers(answer, characters, started))
