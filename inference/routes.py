@@ -85,13 +85,7 @@ async def predict(request: Request) -> Response:
     try:
         body = parse(await request.body())
         state.metrics.request_count.labels("batch" if body.is_batch else "single").inc()
-        job = classify(state, body)
-        try:
-            answer = await unless_gone(request, job)
-        except ClientDisconnect:
-            raise
-        except Exception as exc:  # noqa: BLE001 - what the engine answered the job with, as TEI answers it
-            raise engine_failure(exc) from None
+        answer = await answered(request, classify(state, body))
     except ServiceError as exc:
         state.metrics.request_failure.labels(exc.reason).inc()
         raise
@@ -119,6 +113,17 @@ def fast_routes(root: Callable[[Request], Awaitable[Response]] = predict_fast) -
     return [Route(PREDICT_PATHS[0], predict_fast, methods=["POST"])] + [
         Route(path, root, methods=["POST"]) for path in PREDICT_PATHS[1:]
     ]
+
+
+async def answered(request: Request, job: asyncio.Future[Answer]) -> Answer:
+    """The job's Answer, unless the client left (ClientDisconnect); what the engine failed it with, as TEI answers
+    it (`engine_failure`)."""
+    try:
+        return await unless_gone(request, job)
+    except ClientDisconnect:
+        raise
+    except Exception as exc:  # noqa: BLE001 - what the engine answered the job with, as TEI answers it
+        raise engine_failure(exc) from None
 
 
 async def unless_gone(request: Request, job: asyncio.Future[T]) -> T:
@@ -179,12 +184,8 @@ def queue_sequences(
     """Inputs (texts or pairs: /predict's, /rerank's) checked against the limits and queued; `asked_truncate` is
     the request's `truncate` (None: AUTO_TRUNCATE)."""
     settings = state.settings
-    if is_batch and len(sequences) > settings.max_client_batch_size:
-        raise ServiceError(
-            errors.VALIDATION,
-            f"batch size {len(sequences)} > maximum allowed batch size {settings.max_client_batch_size}",
-            reason="batch_size",
-        )
+    if is_batch:
+        check_batch_size(settings, len(sequences))
     for i, (text, pair) in enumerate(sequences):
         if not text and not pair:  # TEI: only a zero-length input is empty; whitespace is classified
             raise ServiceError(errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if is_batch else ""))
@@ -202,6 +203,16 @@ def queue_sequences(
         return engine.submit(sequences, truncate, left, chunk, scoring)
     except Overloaded as exc:
         raise ServiceError(errors.OVERLOADED, str(exc)) from None
+
+
+def check_batch_size(settings, size: int) -> None:
+    """TEI's bound on a client's batch (MAX_CLIENT_BATCH_SIZE), the same message on every route."""
+    if size > settings.max_client_batch_size:
+        raise ServiceError(
+            errors.VALIDATION,
+            f"batch size {size} > maximum allowed batch size {settings.max_client_batch_size}",
+            reason="batch_size",
+        )
 
 
 def engine_failure(exc: Exception) -> ServiceError:

@@ -14,7 +14,6 @@ import time
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
-from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from inference import errors, routes
@@ -22,9 +21,10 @@ from inference.engine import Answer
 from inference.errors import ServiceError
 from inference.routes import (
     ERROR_RESPONSES,
+    answered,
     bearer_token,
     check_api_key,
-    engine_failure,
+    check_batch_size,
     observe,
     parse,
     predict_fast,
@@ -33,7 +33,6 @@ from inference.routes import (
     router,
     service,
     tei_headers,
-    unless_gone,
 )
 from inference.schemas import DecodeRequest, Rank, RerankRequest, SimpleToken, TokenizeRequest
 from inference.service import Service
@@ -53,19 +52,18 @@ async def rerank(request: Request) -> JSONResponse:
     try:
         body = parse(await request.body(), RerankRequest)
         answer = await _scored_pairs(request, state, body)
+        ranks = [
+            {"index": i, **({"text": body.texts[i]} if body.return_text else {}), "score": row[0]["score"]}
+            for i, row in enumerate(answer.ranked)
+        ]
+        if any(rank["score"] != rank["score"] for rank in ranks):  # NaN: TEI refuses to rank it (server.rs)
+            raise ServiceError(errors.BACKEND, "score is NaN")
     except ServiceError as exc:
         state.metrics.request_failure.labels(exc.reason).inc()
         raise
     state.metrics.request_success.labels("batch").inc()
     state.metrics.predict_success.inc(len(answer.ranked))
     observe(state, answer, time.perf_counter() - started)
-    ranks = [
-        {"index": i, **({"text": body.texts[i]} if body.return_text else {}), "score": row[0]["score"]}
-        for i, row in enumerate(answer.ranked)
-    ]
-    if any(rank["score"] != rank["score"] for rank in ranks):  # NaN: TEI refuses to rank it (server.rs)
-        state.metrics.request_failure.labels("backend").inc()
-        raise ServiceError(errors.BACKEND, "score is NaN")
     ranks.sort(key=lambda rank: rank["score"], reverse=True)  # stable: equal scores keep the texts' order
     characters = len(body.query) * len(body.texts) + sum(len(t) for t in body.texts)
     return JSONResponse(ranks, headers=tei_headers(answer, characters, started))
@@ -80,12 +78,7 @@ async def _scored_pairs(request: Request, state: Service, body: RerankRequest) -
     state.metrics.request_count.labels("batch").inc()
     pairs = [(body.query, text) for text in body.texts]
     job = queue_sequences(state, pairs, True, body.truncate, body.left, "none" if body.raw_scores else "sigmoid")
-    try:
-        return await unless_gone(request, job)
-    except ClientDisconnect:
-        raise
-    except Exception as exc:  # noqa: BLE001 - what the engine answered the job with, as TEI answers it
-        raise engine_failure(exc) from None
+    return await answered(request, job)
 
 
 async def root_fast(request: Request) -> Response:
@@ -174,14 +167,10 @@ def _check_batch(state: Service, items: list, field: str, batch: bool) -> None:
     """TEI's checks of a batch: not empty, at most MAX_CLIENT_BATCH_SIZE (each counted as a failed request)."""
     if not batch:
         return
-    limit = state.settings.max_client_batch_size
-    problem = None
-    if not items:
-        problem = ServiceError(errors.EMPTY, f"`{field}` cannot be empty", reason="validation")
-    elif len(items) > limit:
-        problem = ServiceError(
-            errors.VALIDATION, f"batch size {len(items)} > maximum allowed batch size {limit}", reason="batch_size"
-        )
-    if problem:
-        state.metrics.request_failure.labels(problem.reason).inc()
-        raise problem
+    try:
+        if not items:
+            raise ServiceError(errors.EMPTY, f"`{field}` cannot be empty", reason="validation")
+        check_batch_size(state.settings, len(items))
+    except ServiceError as exc:
+        state.metrics.request_failure.labels(exc.reason).inc()
+        raise
