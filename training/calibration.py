@@ -1,41 +1,111 @@
-"""Calibrated scores carried in the weights (--calibration temperature): after the best model is chosen, one
-temperature T is fitted on the validation split (the T that minimises the negative log-likelihood of softmax(z / T)),
-and folded into the final linear layer (weight and bias divided by T). Every consumer of the checkpoint (the
-service, transformers' pipeline, any TEI client, the ONNX / OpenVINO runtimes, the int8 guard) then computes
-calibrated probabilities with no code of its own, and the argmax is unchanged: z / T keeps every row's order.
+"""Calibrated scores carried in the weights (--calibration temperature): after the best model is chosen, temperatures
+are fitted on the validation split and folded into the final linear layer, so every consumer of the checkpoint (the
+service, transformers' pipeline, any TEI client, the ONNX / OpenVINO runtimes, the int8 guard) computes calibrated
+probabilities with no code of its own, and every decision stays what it was:
+
+    single-label   one T for the softmax (the T minimising the negative log-likelihood of softmax(z / T)); weight and
+                   bias divided by T; z / T keeps every row's order, so the argmax is unchanged
+    multi-label    one T_j per label (each minimising its label's binary cross-entropy of sigmoid(z_j / T_j)); output
+                   row j and bias j divided by T_j; each decision threshold t_j moves to sigmoid(logit(t_j) / T_j), so
+                   sigmoid(z_j / T_j) >= t_j' exactly when sigmoid(z_j) >= t_j: the label sets are unchanged
 
 The expected calibration error (ECE, 15 equal-width confidence bins: the gap between confidence and accuracy,
-weighted by each bin's share of the texts) is measured before and after; metrics.json records both, and
-`python -m training.evaluate` draws the reliability diagram (calibration.png).
+weighted by each bin's share) is measured before and after: over the top label for single-label, over every (text,
+label) yes/no for multi-label. metrics.json records both, and `python -m training.evaluate` draws the reliability
+diagram (calibration.png).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from contract import task
 
 BINS = 15
 NONE, TEMPERATURE = "none", "temperature"
-CONFIG_FIELD = "calibration"  # config.json: {"method": ..., "temperature": T}
+CONFIG_FIELD = "calibration"  # config.json: {"method": ..., "temperature": T} or {..., "temperatures": [T_j]}
+LIMITS = (0.05, 20.0)  # a fitted temperature is kept within these
 
 
-def fit_temperature(log_probs: torch.Tensor, labels: torch.Tensor) -> float:
-    """The T > 0 minimising the mean NLL of softmax(log_probs / T) (log-probabilities are logits up to a per-row
-    constant, which softmax ignores), found by L-BFGS on log T in float64."""
-    scores, targets = log_probs.double(), labels.long()
-    log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
+@dataclass(frozen=True)
+class Scale:
+    """How one problem type's scores are calibrated: which logits its scores come from, the loss a temperature
+    minimises, and how the calibration error is counted. `per_label`: one temperature per output, else one for all."""
 
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(scores / log_t.exp(), targets)
-        loss.backward()
-        return loss
+    per_label: bool
 
-    optimizer.step(closure)
-    temperature = float(log_t.detach().exp())
-    return min(max(temperature, 0.05), 20.0) if math.isfinite(temperature) else 1.0
+    def probabilities(self, logits: torch.Tensor, temperatures: Sequence[float] = (1.0,)) -> torch.Tensor:
+        """The scores of logits / T (float64): what a model with these temperatures folded in scores."""
+        scaled = logits.double() / torch.tensor(temperatures, dtype=torch.float64)
+        return scaled.sigmoid() if self.per_label else scaled.softmax(-1)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.per_label:  # the labels' losses are independent: their sum is minimised label by label
+            return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none").mean(0).sum()
+        return F.cross_entropy(logits, labels.long())
+
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> list[float]:
+        """The temperatures (one, or one per label) minimising the loss of logits / T: L-BFGS on log T in float64."""
+        log_t = torch.zeros(logits.shape[-1] if self.per_label else 1, dtype=torch.float64, requires_grad=True)
+        optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
+        scores = logits.double()
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = self.loss(scores / log_t.exp(), labels)
+            loss.backward()
+            return loss
+
+        optimizer.step(closure)
+        return [min(max(t, LIMITS[0]), LIMITS[1]) if math.isfinite(t) else 1.0 for t in log_t.detach().exp().tolist()]
+
+    def error(self, probs: torch.Tensor, labels: torch.Tensor) -> float:
+        return expected_calibration_error(*self.top_label(probs, labels))
+
+    def points(self, probs: torch.Tensor, labels: torch.Tensor) -> list[tuple[float, float, int]]:
+        return reliability(*self.top_label(probs, labels))
+
+    def top_label(self, probs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(probabilities, labels) whose top label the error counts: each (text, label) as a yes/no for sigmoids."""
+        if not self.per_label:
+            return probs, labels
+        yes = probs.double().reshape(-1)
+        return torch.stack([1 - yes, yes], dim=-1), labels.reshape(-1).long()
+
+    def record(self, temperatures: Sequence[float]) -> dict:
+        """config.json's calibration field once these temperatures are folded in."""
+        if self.per_label:
+            return {"method": TEMPERATURE, "temperatures": list(temperatures)}
+        return {"method": TEMPERATURE, "temperature": temperatures[0]}
+
+    @staticmethod
+    def temperatures(record: dict) -> list[float]:
+        return list(record["temperatures"]) if "temperatures" in record else [record["temperature"]]
+
+
+SCALES = {task.SINGLE: Scale(per_label=False), task.MULTI: Scale(per_label=True)}  # regression: no probabilities
+
+
+def moved_thresholds(thresholds: Sequence[float], temperatures: Sequence[float]) -> list[float]:
+    """Each multi-label decision threshold t moved to sigmoid(logit(t) / T): the decisions of the calibrated model
+    at the moved thresholds are those of the uncalibrated one at t (0 and 1 stay where they are)."""
+    moved = []
+    for t, temperature in zip(thresholds, temperatures, strict=True):
+        if t <= 0 or t >= 1:
+            moved.append(float(t))
+        else:
+            moved.append(1 / (1 + math.exp(-math.log(t / (1 - t)) / temperature)))
+    return moved
+
+
+def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The single-label temperature: the T > 0 minimising the mean NLL of softmax(logits / T)."""
+    return SCALES[task.SINGLE].fit(logits, labels)[0]
 
 
 def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = BINS) -> float:
@@ -67,9 +137,11 @@ def output_layer(model: torch.nn.Module, num_labels: int) -> torch.nn.Linear:
 
 
 @torch.no_grad()
-def fold_temperature(model: torch.nn.Module, num_labels: int, temperature: float) -> None:
-    """Divide the output layer's weight and bias by `temperature`: the model's logits become z / T."""
+def fold_temperature(model: torch.nn.Module, num_labels: int, temperature: float | Sequence[float]) -> None:
+    """Divide the output layer's weight and bias by `temperature` (one for all outputs, or one per output): the
+    model's logits become z / T."""
     layer = output_layer(model, num_labels)
-    layer.weight.div_(temperature)
+    divisor = torch.tensor(temperature, dtype=layer.weight.dtype, device=layer.weight.device).reshape(-1)
+    layer.weight.div_(divisor[:, None])
     if layer.bias is not None:
-        layer.bias.div_(temperature)
+        layer.bias.div_(divisor)

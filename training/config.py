@@ -290,10 +290,11 @@ class EvaluationConfig(_Group):
     """Whether a larger metric_for_best_model is better. Default: by the metric's nature (loss, mse, mae and names
     ending in _loss or error: lower is better; anything else: higher)."""
     calibration: Literal["auto", "temperature", "none"] = "auto"
-    """'temperature': once the best model is chosen, fit one temperature on the validation split and fold it into the
-    output layer (training/calibration.py): every consumer of the checkpoint gets calibrated probabilities, the argmax
-    unchanged; metrics.json records T and the expected calibration error before and after. 'auto': temperature for
-    single-label, none otherwise (the problem type's choice, training/objective.py)."""
+    """'temperature': once the best model is chosen, fit a temperature on the validation split (one for single-label,
+    one per label for multi-label) and fold it into the output layer (training/calibration.py): every consumer of the
+    checkpoint gets calibrated probabilities and the same decisions (multi-label thresholds move with their
+    temperatures); metrics.json records T and the expected calibration error before and after. 'auto': temperature
+    for classification, none for regression (the problem type's choice, training/objective.py)."""
     threshold_strategy: Literal["fixed", "per_label"] = "fixed"
     """Multi-label decision thresholds: 'fixed' 0.5 for every label, or 'per_label': the threshold maximising each
     label's F1 on the validation data. Written to config.json; evaluation, prediction and the service use it."""

@@ -221,9 +221,10 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
         **({"per_class": report["per_class"]} if "per_class" in report else {}),
         "files": [files.EVAL_RESULTS, *reports.written_for(saved.loaded.task.problem_type)],
     }
-    if saved.loaded.task.problem_type == task.SINGLE:  # how far the scores are from probabilities
+    scale = calibration.SCALES.get(saved.loaded.task.problem_type)
+    if scale is not None:  # how far the scores are from probabilities
         applied = getattr(saved.loaded.model.config, calibration.CONFIG_FIELD, None) if saved.loaded.model else None
-        ece = calibration.expected_calibration_error(scored.scores, scored.labels)
+        ece = scale.error(scored.scores, scored.labels)
         evaluation["calibration"] = {"ece": ece, "bins": calibration.BINS, "applied": applied}
     if "confusion_matrix" in report:
         evaluation["confusion_matrix"] = {
@@ -279,11 +280,12 @@ def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, loaded
         f"{k} {evaluation['metrics'][k]:.4f}" for k in ("accuracy", "micro_f1", "r2") if k in evaluation["metrics"]
     )
     kind, names = loaded.task.problem_type, loaded.labels
+    if kind in calibration.SCALES:
+        points = calibration.SCALES[kind].points(scored.scores, scored.labels)
+        reports.write_reliability_diagram(root / files.RELIABILITY_PNG, points, evaluation["calibration"]["ece"], title)
     if kind == task.SINGLE:
         confusion = torch.tensor(evaluation["confusion_matrix"]["rows_true_columns_predicted"])
         reports.write_confusion_matrix(root / files.CONFUSION_PNG, confusion, names, title)
-        points = calibration.reliability(scored.scores, scored.labels)
-        reports.write_reliability_diagram(root / files.RELIABILITY_PNG, points, evaluation["calibration"]["ece"], title)
         wrong = reports.write_misclassified(root / files.MISCLASSIFIED_CSV, texts, scored.labels, scored.scores, names)
     elif kind == task.MULTI:
         decided = loaded.task.decisions(scored.scores)

@@ -32,12 +32,14 @@ MODULES = Path(__file__).with_name("metric_modules")
 class Scored:
     """Per-text results in the split's row order, gathered from every rank (CPU tensors): targets (class ids,
     multi-hot rows or values), scores by the task's function (contract/task.py) of the text's pooled logits, unweighted
-    losses, and how many windows each text was scored in (contract/long_text.py; 1 unless --long_text chunk)."""
+    losses, how many windows each text was scored in (contract/long_text.py; 1 unless --long_text chunk), and the
+    pooled fp32 logits themselves (calibration fits on them: a saturated score has lost its logit)."""
 
     labels: torch.Tensor
     scores: torch.Tensor
     losses: torch.Tensor
     windows: torch.Tensor
+    logits: torch.Tensor
 
 
 class MetricError(UserError, RuntimeError):

@@ -39,10 +39,10 @@ class Objective:
 
     @property
     def calibration(self) -> str:
-        """The problem type's default for --calibration: a temperature for single-label (one softmax to calibrate);
-        none for multi-label (one temperature per label was not measured to help yet) and regression (no
-        probabilities)."""
-        return "temperature" if self.problem_type == task.SINGLE else "none"
+        """The problem type's default for --calibration: temperatures for single-label (one for the softmax) and
+        multi-label (one per label: measured to help, docs/benchmarks.md "Calibration of multi-label scores"); none
+        for regression (no probabilities)."""
+        return "none" if self.problem_type == task.REGRESSION else "temperature"
 
     def to(self, device: torch.device) -> Objective:
         return replace(self, weights=self.weights.to(device) if self.weights is not None else None)

@@ -37,7 +37,7 @@ def written_for(problem_type: str) -> list[str]:
     if problem_type == task.REGRESSION:
         return [files.RESIDUALS_PNG, files.LARGEST_ERRORS_CSV]
     if problem_type == task.MULTI:
-        return [files.MISCLASSIFIED_CSV]
+        return [files.RELIABILITY_PNG, files.MISCLASSIFIED_CSV]
     return [files.CONFUSION_PNG, files.RELIABILITY_PNG, files.MISCLASSIFIED_CSV]
 
 

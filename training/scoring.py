@@ -46,7 +46,7 @@ def score(
     text_labels[documents] = labels  # every window carries its text's label
     losses = Objective(metrics.task.problem_type).per_example(pooled, text_labels)
     windows = torch.bincount(documents, minlength=texts)
-    scored = Scored(text_labels, metrics.task.scores(pooled), losses, windows)
+    scored = Scored(text_labels, metrics.task.scores(pooled), losses, windows, pooled)
     if thresholds == FIT:
         thresholds = fit_thresholds(scored.scores, scored.labels)
     results, report = metrics.compute(scored.scores, scored.labels, thresholds or ())

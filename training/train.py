@@ -34,14 +34,14 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs, set_seed
 
-from contract import files, precision
+from contract import files, precision, task
 from contract.errors import UsageError
 from training import calibration, capture, cpu_speed, lora, provenance
 from training.checkpoint import OutputDir, Progress
 from training.claim import claim_output_dir
 from training.cli import run_command, setup_logging, usage_error
 from training.collective import main_first
-from training.config import TrainConfig, load_config
+from training.config import ConfigError, TrainConfig, load_config
 from training.data import (
     LabelSpace,
     Splits,
@@ -243,7 +243,10 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
 def problem_type_defaults(cfg: TrainConfig, objective) -> TrainConfig:
     """--group_by_length and --calibration where not given: the problem type decides (training/objective.py)."""
     chosen = {"group_by_length": objective.groups_by_length, "calibration": objective.calibration}
-    return cfg.model_copy(update={k: v for k, v in chosen.items() if getattr(cfg, k) in (None, "auto")})
+    cfg = cfg.model_copy(update={k: v for k, v in chosen.items() if getattr(cfg, k) in (None, "auto")})
+    if cfg.calibration == calibration.TEMPERATURE and objective.problem_type not in calibration.SCALES:
+        raise ConfigError(f"calibration: a {objective.problem_type} model has no probabilities to calibrate")
+    return cfg
 
 
 def schedule_plan(cfg: TrainConfig, world: int, train_examples: int) -> tuple[float, int, int, int]:
@@ -333,49 +336,61 @@ def score_best_model(run: Run) -> tuple[dict | None, dict]:
     calibrated = calibrate(run)
     if run.loaders.test is None:
         return None, calibrated
-    thresholds = (run.progress.best_validation or {}).get("thresholds")  # multi-label: the best model's
+    # multi-label: the best model's thresholds, moved with its temperatures when calibrated
+    thresholds = calibrated.get("thresholds") or (run.progress.best_validation or {}).get("thresholds")
     scored, results, _ = score(
         run.accelerator, capture.eager(run.model), run.loaders.test, run.metrics, thresholds, run.cfg.windowing()
     )
-    if "temperature" in calibrated:
-        before = (scored.scores.clamp_min(1e-30).log() * calibrated["temperature"]).softmax(-1)
-        calibrated["ece_before"]["test"] = calibration.expected_calibration_error(before, scored.labels)
-        calibrated["ece_after"]["test"] = calibration.expected_calibration_error(scored.scores, scored.labels)
+    if "ece_after" in calibrated:
+        scale = calibration.SCALES[run.objective.problem_type]
+        undone = [1 / t for t in calibration.Scale.temperatures(calibrated)]  # the logits are the calibrated ones
+        calibrated["ece_before"]["test"] = scale.error(scale.probabilities(scored.logits, undone), scored.labels)
+        calibrated["ece_after"]["test"] = scale.error(scale.probabilities(scored.logits), scored.labels)
     logger.info("Test (best model, step %s): %s", run.progress.best_step, format_metrics(results))
     return results, calibrated
 
 
 def calibrate(run: Run) -> dict:
-    """--calibration temperature: T fitted on the validation split's scores of the best model (every rank fits the
-    same T on the same gathered scores), folded into the output layer, and the model saved again; config.json says
-    which calibration was applied (training/calibration.py). A best model that an earlier run of this folder already
-    calibrated (a finished run resumed from one of its states, no better model found since) is kept as it is."""
+    """--calibration temperature: temperatures fitted on the validation split's scores of the best model (every rank
+    fits the same on the same gathered scores), folded into the output layer, multi-label thresholds moved with them,
+    and the model saved again; config.json says which calibration was applied (training/calibration.py). A best model
+    that an earlier run of this folder already calibrated (a finished run resumed from one of its states, no better
+    model found since) is kept as it is."""
     unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
     if run.cfg.calibration != calibration.TEMPERATURE:
         setattr(unwrapped.config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
         return {"method": calibration.NONE}
+    scale = calibration.SCALES[run.objective.problem_type]
     model, windowing = capture.eager(run.model), run.cfg.windowing()
     scored, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, windowing=windowing)
-    log_probs = scored.scores.clamp_min(1e-30).log()
     kept = run.out.saved_calibration()
     if kept.get("method") == calibration.TEMPERATURE:
-        applied, before, after = kept, (log_probs * kept["temperature"]).softmax(-1), scored.scores
-        logger.info("Calibration: kept, as an earlier run of this folder applied it (T %.3f)", kept["temperature"])
+        temperatures = calibration.Scale.temperatures(kept)
+        logits = scored.logits.double() * torch.tensor(temperatures, dtype=torch.float64)  # as before calibration
+        logger.info("Calibration: kept, as an earlier run of this folder applied it (T %s)", _rounded(temperatures))
     else:
-        temperature = calibration.fit_temperature(log_probs, scored.labels)
-        calibration.fold_temperature(unwrapped, len(run.splits.label_names), temperature)
-        applied, before, after = {"method": calibration.TEMPERATURE, "temperature": temperature}, scored.scores, None
-        logger.info("Calibration: temperature %.3f fitted on validation and folded into the output layer", temperature)
+        temperatures, logits = scale.fit(scored.logits, scored.labels), scored.logits
+        calibration.fold_temperature(unwrapped, len(run.splits.label_names), temperatures)
+        logger.info("Calibration: temperature %s fitted on validation, folded in", _rounded(temperatures))
+    applied = scale.record(temperatures)
     setattr(unwrapped.config, calibration.CONFIG_FIELD, applied)
-    if after is None:
+    thresholds = (run.progress.best_validation or {}).get("thresholds")
+    if thresholds:  # multi-label: the same decisions from the calibrated scores
+        applied = {**applied, "thresholds": calibration.moved_thresholds(thresholds, temperatures)}
+        setattr(unwrapped.config, task.THRESHOLDS, applied["thresholds"])
+    if kept.get("method") != calibration.TEMPERATURE:
         run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
-        after = (log_probs / applied["temperature"]).softmax(-1)
+    after = scale.probabilities(logits, temperatures)
     return {
         **applied,
         "bins": calibration.BINS,
-        "ece_before": {"validation": calibration.expected_calibration_error(before, scored.labels)},
-        "ece_after": {"validation": calibration.expected_calibration_error(after, scored.labels)},
+        "ece_before": {"validation": scale.error(scale.probabilities(logits), scored.labels)},
+        "ece_after": {"validation": scale.error(after, scored.labels)},
     }
+
+
+def _rounded(numbers: list[float]) -> str:
+    return ", ".join(f"{n:.3f}" for n in numbers)
 
 
 def tracker_config(cfg: TrainConfig) -> dict:

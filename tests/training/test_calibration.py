@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from contract import files
+from contract import files, task
 from inference.loading import load_model
 from tests.helpers.processes import describe, run_train
 from training import calibration
@@ -33,6 +33,34 @@ def test_the_fitted_temperature_is_the_one_the_labels_were_drawn_with():
     assert after < before / 3, (before, after)
 
 
+def test_per_label_temperatures_are_the_ones_each_label_was_drawn_with():
+    """Multi-label: each label's yes drawn from sigmoid(z_j / T_j), T = 0.5, 1, 2, 4: each fitted T_j is its own
+    (within 10 %), and the error over every (text, label) yes/no falls."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(20_000, 4, generator=generator) * 3
+    drawn = torch.tensor([0.5, 1.0, 2.0, 4.0])
+    labels = torch.bernoulli((logits / drawn).sigmoid(), generator=generator)
+    scale = calibration.SCALES[task.MULTI]
+    fitted = scale.fit(logits, labels)
+    assert fitted == pytest.approx(drawn.tolist(), rel=0.1)
+    before = scale.error(scale.probabilities(logits), labels)
+    after = scale.error(scale.probabilities(logits, fitted), labels)
+    assert after < before / 3, (before, after)
+
+
+def test_moved_thresholds_keep_every_multi_label_decision():
+    """sigmoid(z / T) >= sigmoid(logit(t) / T) exactly when sigmoid(z) >= t, in float32 as the service computes."""
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(50_000, 4, generator=generator) * 3
+    thresholds, temperatures = [0.2, 0.5, 0.7, 0.95], [0.3, 1.7, 0.8, 2.5]
+    moved = calibration.moved_thresholds(thresholds, temperatures)
+    assert moved[1] == 0.5 and moved[0] < 0.2 and moved[2] > 0.7 and moved[3] < 0.95
+    before = logits.sigmoid() >= torch.tensor(thresholds)
+    after = (logits / torch.tensor(temperatures)).sigmoid() >= torch.tensor(moved)
+    assert torch.equal(before, after)
+    assert calibration.moved_thresholds([0.0, 1.0], [0.5, 2.0]) == [0.0, 1.0]
+
+
 def test_the_expected_calibration_error_is_the_weighted_gap_per_bin():
     probs = torch.tensor([[0.9, 0.1], [0.9, 0.1], [0.6, 0.4], [0.6, 0.4]])
     labels = torch.tensor([0, 1, 0, 0])  # bin of 0.9: accuracy 0.5; bin of 0.6: accuracy 1.0
@@ -50,8 +78,19 @@ def test_folding_divides_the_logits_by_the_temperature(smoke_dir):
         before = model(**batch).logits
         calibration.fold_temperature(model, 4, 1.7)
         after = model(**batch).logits
+        calibration.fold_temperature(model, 4, [1.0, 2.0, 0.5, 4.0])  # one per label: each output row its own
+        per_label = model(**batch).logits
     assert calibration.output_layer(model, 4) is model.classifier  # not pre_classifier
     assert torch.allclose(after, before / 1.7, atol=1e-6) and torch.equal(after.argmax(-1), before.argmax(-1))
+    assert torch.allclose(per_label, after / torch.tensor([1.0, 2.0, 0.5, 4.0]), atol=1e-6)
+
+
+def test_a_regression_model_has_nothing_to_calibrate(smoke_dir, tmp_path):
+    out = tmp_path / "out"
+    result, _ = run_train(["--preset", "smoke-regression", "--calibration", "temperature", "--output_dir", str(out)])
+    assert result.returncode == 2, describe(result)
+    assert "calibration: a regression model has no probabilities to calibrate" in result.stderr
+    assert not (out / files.WEIGHTS).exists()
 
 
 @pytest.mark.slow

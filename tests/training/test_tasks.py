@@ -21,6 +21,7 @@ from contract import files, task
 from inference.loading import load_model
 from tests.helpers.processes import describe, launch, run_train
 from tests.helpers.service import Server
+from training import calibration
 from training.checkpoint import load_weights
 from training.metrics import THRESHOLD_GRID
 
@@ -58,10 +59,12 @@ def test_files_carry_the_task_and_the_card_names_it(runs):
     assert multi["problem_type"] == task.MULTI
     assert list(multi["id2label"].values()) == ["Business", "Sci/Tech", "Sports", "World"]  # the sorted union
     fitted = multi[task.THRESHOLDS]
-    assert len(fitted) == 4 and set(fitted) <= set(THRESHOLD_GRID)
     summary = json.loads((runs["multi-label"] / files.METRICS).read_text())
     assert summary["metric_for_best_model"] == "micro_f1" and summary["config"]["greater_is_better"] is True
-    assert summary["validation"]["thresholds"] == fitted == summary["test"]["thresholds"]
+    # fitted on the grid on validation, then moved with each label's temperature (training/calibration.py)
+    on_grid, temperatures = summary["validation"]["thresholds"], multi["calibration"]["temperatures"]
+    assert len(on_grid) == 4 and set(on_grid) <= set(THRESHOLD_GRID) and len(temperatures) == 4
+    assert fitted == pytest.approx(calibration.moved_thresholds(on_grid, temperatures)) == summary["test"]["thresholds"]
     assert summary["test"]["micro_f1"] > 0.75, summary["test"]
     assert "multi-label-classification" in (runs["multi-label"] / files.MODEL_CARD).read_text()
 
@@ -106,6 +109,27 @@ def test_the_pipeline_scores_the_export_as_we_score_the_state_dict(runs, smoke_d
         )
 
 
+@torch.no_grad()
+def test_multi_label_scores_are_calibrated_per_label_and_decide_as_before(runs, smoke_dir):
+    """--calibration's default for multi-label: one temperature per label folded into its output row, each threshold
+    moved with it. The expected calibration error after is at most the one before on validation and test; the
+    served logits times each label's T are the uncalibrated model's, whose decisions at the grid thresholds are the
+    calibrated model's at the moved ones, text for text."""
+    summary = json.loads((runs["multi-label"] / files.METRICS).read_text())
+    recorded = summary["calibration"]
+    assert recorded["method"] == "temperature" and len(recorded["temperatures"]) == 4
+    for split in ("validation", "test"):
+        assert recorded["ece_after"][split] <= recorded["ece_before"][split], recorded
+    loaded = load_model(str(runs["multi-label"]), device="cpu", dtype="fp32")
+    texts = [json.loads(line)["text"] for line in (smoke_dir / "multi_label_test.jsonl").read_text().splitlines()]
+    batch = loaded.tokenizer(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
+    logits = loaded.model(**batch).logits.float()
+    calibrated = loaded.task.decisions(loaded.task.scores(logits))
+    uncalibrated = (logits * torch.tensor(recorded["temperatures"])).sigmoid()
+    assert torch.equal(calibrated, uncalibrated >= torch.tensor(summary["validation"]["thresholds"]))
+    assert 0 < calibrated.float().mean() < 1
+
+
 def evaluate_copy(out: Path, tmp_path: Path, preset: str, processes: int = 1) -> tuple[Path, dict]:
     copy = tmp_path / f"model{processes}"
     shutil.copytree(out, copy, ignore=shutil.ignore_patterns(files.STATE_DIR))
@@ -122,7 +146,10 @@ def test_evaluate_reports_per_label_for_multi_label(runs, tmp_path):
     assert set(results["per_class"]) == {"Business", "Sci/Tech", "Sports", "World"}
     for key in ("micro_f1", "macro_f1", "subset_accuracy", "loss"):  # the same model on the same test file
         assert results["metrics"][key] == pytest.approx(trained[key], abs=1e-5)
-    assert results["files"] == [files.EVAL_RESULTS, files.MISCLASSIFIED_CSV]
+    assert results["files"] == [files.EVAL_RESULTS, files.RELIABILITY_PNG, files.MISCLASSIFIED_CSV]
+    assert results["calibration"]["ece"] == pytest.approx(
+        json.loads((copy / files.METRICS).read_text())["calibration"]["ece_after"]["test"], abs=1e-5
+    )
     wrong = pd.read_csv(copy / files.MISCLASSIFIED_CSV)
     assert len(wrong) == round((1 - results["metrics"]["subset_accuracy"]) * results["metrics"]["num_examples"])
     assert not (copy / files.CONFUSION_PNG).exists()
