@@ -31,8 +31,8 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification  # noqa: E402
 
 from contract import files  # noqa: E402
+from contract.loading import load_model  # noqa: E402
 from contract.long_text import CHUNK, LongText  # noqa: E402
-from inference.loading import load_model  # noqa: E402
 from training.predict import score_chunk  # noqa: E402
 from training.smoke import LABELS, ensure_smoke_assets, make_long_documents  # noqa: E402
 

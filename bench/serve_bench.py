@@ -188,7 +188,8 @@ def prepare_runtime(checkpoint: Path, texts: list[str]) -> None:
     service under test starts at once with what BACKEND=auto chose."""
     if not importlib.util.find_spec("openvino") or bench_device() != "cpu":
         return
-    from inference import backends, runtimes
+    from contract import backends
+    from inference import runtimes
 
     if not (checkpoint / files.CALIBRATION).is_file():  # a checkpoint trained by our CLI has its own
         calibration = load_texts(600, offset=len(texts))[0]
@@ -400,8 +401,8 @@ def flops_per_text(config, tokens: float) -> float:
 
 def in_process_single(checkpoint: Path, texts: list[str], dtype: str) -> float:
     """Median ms of tokenize + forward for one text, in this process, as the service does it."""
+    from contract.loading import load_model
     from inference.engine import encode, forward
-    from inference.loading import load_model
 
     loaded = load_model(str(checkpoint), device=bench_device(), dtype=dtype)
     times = []
@@ -415,8 +416,8 @@ def in_process_single(checkpoint: Path, texts: list[str], dtype: str) -> float:
 def runtime_agreement(checkpoint: Path, texts: list[str]) -> None:
     """How often each OpenVINO precision keeps the PyTorch fp32 argmax on the benchmark's texts (for a checkpoint
     trained on other texts than these), what runtimes.py's guard measured on its held-out calibration texts."""
+    from contract.loading import load_model
     from inference.engine import encode, forward
-    from inference.loading import load_model
     from inference.service import load_configured
     from inference.settings import from_env
 
@@ -465,8 +466,8 @@ SAMPLE = "smoke-trained tiny DistilBERT, 1000 synthetic + 1000 benchmark texts"
 
 def bf16_agreement(model: str, sample: list[str]) -> float:
     """Share of texts where bf16 weights give the fp32 argmax."""
+    from contract.loading import load_model
     from inference.engine import encode, forward
-    from inference.loading import load_model
 
     fp32, bf16 = (load_model(model, device="cpu", dtype=dtype) for dtype in ("fp32", "bf16"))
     agree = 0
@@ -480,8 +481,8 @@ def graph_agreement(model: str, sample: list[str]) -> str:
     """CUDA: per precision, the share of texts where the captured static-shape forward passes (CUDA graphs, rows and
     width padded to the service's buckets) give the argmax of eager passes padded to their own length."""
     from contract import shapes
+    from contract.loading import load_model
     from inference.engine import Limits, encode, forward, warm_up
-    from inference.loading import load_model
 
     found = []
     for dtype in ("fp32", "bf16"):

@@ -54,7 +54,7 @@ MISCLASSIFIED_CSV = "misclassified.csv"
 RESIDUALS_PNG = "residuals.png"  # regression
 LARGEST_ERRORS_CSV = "largest_errors.csv"  # regression
 
-ADAPTER_DIR = "adapter"  # LoRA runs: training/lora.py writes it, inference/adapters.py serves such a folder
+ADAPTER_DIR = "adapter"  # LoRA runs: training/lora.py writes it, contract/adapters.py serves such a folder
 ADAPTER_CONFIG = "adapter_config.json"  # peft's names
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 

@@ -37,15 +37,15 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from contract import shapes
+from contract.loading import LoadedModel
 from contract.long_text import CHUNK, LongTextError, PairLeavesNoRoom, TooManyWindows, cut_long_pairs
+from contract.model_call import PAD_MULTIPLE, forward
 from inference import graphs
 from inference.graphs import CapturedForward, GraphsUnsupported
-from inference.loading import LoadedModel
 from inference.metrics import Metrics
 from inference.schemas import Sequence
 
 logger = logging.getLogger(__name__)
-PAD_MULTIPLE = shapes.GPU_MULTIPLE
 # An idle worker wakes this often. On the main thread (`python -m inference`) that is what lets SIGTERM/SIGINT
 # work: the kernel may deliver a process's signal to any of its threads, and Python runs the handler only when
 # the main thread executes Python again, which a wait with no timeout would postpone until the next request.
@@ -527,38 +527,6 @@ def warm_up(loaded: LoadedModel, limits: Limits) -> None:
         except GraphsUnsupported as exc:
             logger.warning("No CUDA graphs (static shapes, eager forward passes): %s", exc)
     forward(loaded, encode(loaded, [("warm up the kernels", None)], truncate=True, left=False))
-
-
-def collate(
-    features: list[dict], pad_token_id: int, left: bool = False, rows: int | None = None, width: int | None = None
-) -> dict[str, torch.Tensor]:
-    """Token ids (and token type ids) padded to `width` (default: the longest input rounded up to PAD_MULTIPLE),
-    with the attention mask, in `rows` rows (default: one per input; the rows past the inputs hold one padding token
-    each, a valid input whose logits nobody reads). contract/shapes.py pads for training and serving alike."""
-    width = width or shapes.width_for(max(len(f["input_ids"]) for f in features), multiple=PAD_MULTIPLE)
-    filler = {name: [pad_token_id if name == "input_ids" else 0] for name in features[0]}
-    return shapes.pad([*features, *[filler] * ((rows or len(features)) - len(features))], pad_token_id, width, left)
-
-
-@torch.inference_mode()
-def forward(
-    loaded: LoadedModel, features: list[dict], rows: int | None = None, width: int | None = None
-) -> torch.Tensor:
-    """The fp32 logits of one forward pass over `features` (padded as `collate` pads), left where the model ran:
-    the caller copies a micro-batch's back at once."""
-    tokenizer = loaded.tokenizer
-    if isinstance(loaded.runner, CapturedForward) and rows is None:  # only captured shapes can replay
-        rows, width = loaded.runner.bucket(len(features), max(len(f["input_ids"]) for f in features))
-    batch = collate(features, tokenizer.pad_token_id, tokenizer.padding_side == "left", rows, width)
-    if loaded.runner is not None:
-        logits = loaded.runner(batch)
-    elif loaded.device.type == "cuda":  # pinned, so the copy does not block the host
-        logits = loaded.model(
-            **{k: v.pin_memory().to(loaded.device, non_blocking=True) for k, v in batch.items()}
-        ).logits
-    else:
-        logits = loaded.model(**batch).logits
-    return logits[: len(features)].float()
 
 
 def _resolve(job: _Job, value=None, exc: BaseException | None = None) -> None:

@@ -9,10 +9,8 @@ inference/middleware.py) is in every line logged while a request is handled, acc
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-from collections.abc import Iterator
 from contextvars import ContextVar
 
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
@@ -51,18 +49,3 @@ def configure(json_output: bool = False) -> None:
         log.handlers[:] = [handler]
         log.setLevel(logging.INFO)
         log.propagate = False
-
-
-@contextlib.contextmanager
-def quiet(*names: str, level: int = logging.ERROR) -> Iterator[None]:
-    """Other libraries' loggers `names` hold back lines below `level` for the duration (a model conversion's
-    chatter about things the service does not use), then log as before."""
-    loggers = [logging.getLogger(name) for name in names]
-    before = [log.level for log in loggers]
-    for log in loggers:
-        log.setLevel(level)
-    try:
-        yield
-    finally:
-        for log, old in zip(loggers, before):
-            log.setLevel(old)

@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from inference.loading import CheckpointError, LoadedModel, TornCheckpoint, signature
+from contract.loading import CheckpointError, LoadedModel, TornCheckpoint, signature
 
 logger = logging.getLogger(__name__)
 

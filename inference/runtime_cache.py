@@ -26,7 +26,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from contract import files
-from inference.loading import file_sha256
+from contract.loading import file_sha256
 from inference.settings import SettingsError
 
 logger = logging.getLogger(__name__)

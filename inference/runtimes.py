@@ -18,7 +18,7 @@ once, best of two rounds with the candidates' order reversed between them. Calib
 CALIBRATION_FILE, else the checkpoint's calibration_texts.json (training records a sample of its training split),
 else the English sample shipped in inference/texts/ (any save_pretrained folder or Hub model); /info names them.
 
-Each optimized runtime is declared once in inference/backends.py (what it needs, its precisions, its build and runner,
+Each optimized runtime is declared once in contract/backends.py (what it needs, its precisions, its build and runner,
 in its own module); this dispatcher holds no runtime's own code. The converted models and runtime.json live beside
 the checkpoint or in RUNTIME_CACHE (inference/runtime_cache.py):
 
@@ -54,17 +54,18 @@ from pathlib import Path
 import torch
 
 from contract import files, precision
+from contract.backends import AGREEMENT_BOUND, RUNTIMES, Runtime
+from contract.loading import LoadedModel, load_model
+from contract.model_call import collate
 from contract.task import MULTI, REGRESSION, Task
 from inference import runtime_cache
-from inference.backends import AGREEMENT_BOUND, RUNTIMES, Runtime
-from inference.engine import collate, encode
-from inference.loading import LoadedModel, load_model
+from inference.engine import encode
 from inference.runtime_cache import Cache
 from inference.settings import BACKENDS, SettingsError, from_env
 
 logger = logging.getLogger(__name__)
 
-AUTO, TORCH, *OPTIMIZED = BACKENDS  # the optimized runtimes in auto's order among equals (inference/backends.py)
+AUTO, TORCH, *OPTIMIZED = BACKENDS  # the optimized runtimes in auto's order among equals (contract/backends.py)
 MIN_HELD_OUT = 50  # fewer held-out texts cannot show AGREEMENT_BOUND
 HELD_OUT_EVERY = 3  # every third calibration text is held out for the agreement check
 TIE_MARGIN = 0.02  # fp32's top two probabilities closer than this: a tie, whose label any rounding may flip

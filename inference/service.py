@@ -13,10 +13,10 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
 from contract import precision
+from contract.loading import CheckpointError, LoadedModel, load_model
 from contract.long_text import CHUNK, LongTextError
 from inference import errors, logs, memory, metrics, runtimes
 from inference.engine import Engine, Limits, warm_up, window_length
-from inference.loading import CheckpointError, LoadedModel, load_model
 from inference.metrics import Metrics
 from inference.reload import CheckpointWatcher
 from inference.settings import Settings, SettingsError

@@ -15,8 +15,8 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator, mode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contract import precision
+from contract.backends import AGREEMENT_BOUND, RUNTIMES
 from contract.errors import UsageError
-from inference.backends import AGREEMENT_BOUND, RUNTIMES
 
 BACKENDS = ("auto", "torch", *RUNTIMES)  # what serves the model: inference/runtimes.py chooses, backends.py declares
 

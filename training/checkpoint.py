@@ -28,6 +28,8 @@ import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -53,6 +55,10 @@ from training.push import push as push_folder
 
 class ResumeError(UserError, RuntimeError):
     """A resumable state that cannot continue this run exactly."""
+
+
+class ExportFailed(UserError, RuntimeError):
+    """--export_runtime: the service's conversion command failed (its own log says why)."""
 
 
 class SaveError(UserError, RuntimeError):
@@ -401,13 +407,19 @@ class OutputDir:
             model_card.write_model_card(self.root, summary, hub_model_id)
 
     def export_runtime(self, backend: str) -> None:
-        """The best model converted for an optimized CPU runtime (inference/runtimes.py), from the main process;
-        the others wait for it."""
-        if self.accelerator.is_main_process:
-            from inference.runtimes import export  # OpenVINO is imported only when asked for
+        """The best model converted for an optimized CPU runtime by the service's own command (`python -m
+        inference.export`, in a process of its own: training imports nothing of the service), from the main process;
+        a failed conversion is one line on every rank."""
 
-            export(self.root, backend)
-        self.accelerator.wait_for_everyone()
+        def convert() -> None:
+            command = [sys.executable, "-m", "inference.export", str(self.root), "--runtime", backend]
+            root = str(Path(__file__).resolve().parent.parent)  # inference/ importable without installing
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+            code = subprocess.run(command, env=env, check=False).returncode
+            if code != 0:
+                raise ExportFailed(f"export_runtime: {' '.join(command[1:])} failed (exit {code}; its log is above)")
+
+        decided_on_main(self.accelerator, convert)
 
     def push(self, repo_id: str, private: bool) -> None:
         """Upload the folder (training/push.py) from the main process; the others wait for it."""

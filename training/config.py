@@ -438,8 +438,8 @@ def presets() -> dict[str, dict[str, Any]]:
 
 
 def _runtime_installed(backend: str) -> bool:
-    """Whether this runtime can convert (inference/backends.py declares what it needs)."""
-    from inference.backends import RUNTIMES
+    """Whether this runtime can convert (contract/backends.py declares what it needs)."""
+    from contract.backends import RUNTIMES
 
     return RUNTIMES[backend].installed()
 

@@ -30,8 +30,8 @@ from accelerate.logging import get_logger
 from contract import files, precision, task
 from contract.errors import CheckpointError
 from contract.files import file_sha256
+from contract.loading import LoadedModel, load_model
 from contract.long_text import MODES, LongText
-from inference.loading import LoadedModel, load_model
 from training import calibration, reports
 from training.atomic import write_json
 from training.cli import run_command, setup_logging
@@ -99,7 +99,7 @@ class SavedModel:
 
 
 def load_saved(checkpoint_dir: str, device: str = "cpu", dtype: str = precision.FP32) -> SavedModel:
-    """This project's checkpoint folder or any save_pretrained folder (inference/loading.py reads both), its weights
+    """This project's checkpoint folder or any save_pretrained folder (contract/loading.py reads both), its weights
     cast to `dtype` as training.predict and the service cast them (one meaning of each precision name)."""
     loaded = load_model(checkpoint_dir, device=device, dtype=dtype)
     recorded = loaded.metrics or {}

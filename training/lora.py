@@ -5,7 +5,7 @@ What stays the same for every consumer: the run's distilbert_agnews.pt and Huggi
 weights (W + B·A·alpha/r, the head as trained), so evaluation, prediction, the service, the runtimes and the Hub push
 read an ordinary classifier. Beside them, adapter/ holds what `peft.PeftModel.from_pretrained` loads (the adapters
 and the head) with the run's config.json and tokenizer, so the service can also serve that folder on its own
-(inference/adapters.py merges it at load).
+(contract/adapters.py merges it at load).
 """
 
 from __future__ import annotations

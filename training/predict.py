@@ -16,7 +16,7 @@ output is written under a temporary name of this run and renamed, so it is compl
 share their staging files. Nothing is destroyed: an output that is the input is refused, and so is an input that
 already has prediction columns, unless --overwrite_prediction_columns replaces them. Memory stays bounded by the
 chunk size, whatever the size of the file. The model is this project's checkpoint folder or any
-save_pretrained folder (inference/loading.py reads both), served at the precision the service would use.
+save_pretrained folder (contract/loading.py reads both), served at the precision the service would use.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
 from contract import precision, task
+from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
-from inference.engine import forward
-from inference.loading import LoadedModel, load_model
+from contract.model_call import forward
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.data import DataError, join_texts, load_file, require_columns

@@ -16,10 +16,10 @@ import torch
 from fastapi.testclient import TestClient
 
 from contract import files, shapes
+from contract.loading import CheckpointError, load_model
 from inference.app import create_app
 from inference.engine import static_passes
 from inference.graphs import CapturedForward
-from inference.loading import CheckpointError, load_model
 from inference.settings import Settings, SettingsError, from_env
 from tests.helpers.cuda_graphs.stand_in import install_serving
 from tests.helpers.files import save_new_weights

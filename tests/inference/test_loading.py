@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from contract import files
-from inference.loading import CheckpointError, load_model
+from contract.loading import CheckpointError, load_model
 from tests.helpers.processes import ROOT, cli_env
 from tests.helpers.service import Server, assert_matches
 
@@ -164,7 +164,7 @@ def test_a_hub_id_offline_and_not_cached_fails_in_seconds(tmp_path):
 
 def test_hub_downloads_ask_for_safetensors_and_tokenizer_files_only(monkeypatch, tmp_path, minilm_folder):
     """With the Hub reachable, the download is one snapshot_download that can never fetch pickled weights."""
-    import inference.loading as loading
+    import contract.loading as loading
 
     calls = {}
 

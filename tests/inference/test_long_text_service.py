@@ -18,7 +18,7 @@ import torch
 from huggingface_hub import InferenceClient
 
 from contract import files
-from inference.loading import load_model
+from contract.loading import load_model
 from tests.helpers.service import Server, run_cli
 from tests.inference.test_app import make_client
 

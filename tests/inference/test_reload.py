@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from contract import files
+from contract.loading import TornCheckpoint, load_model, signature
 from inference import reload
-from inference.loading import TornCheckpoint, load_model, signature
 from inference.reload import CheckpointWatcher
 from tests.helpers.service import wait_for
 from tests.inference.test_app import TEXTS, make_client

@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from contract import files, task
-from inference.loading import load_model
+from contract.loading import load_model
 from tests.helpers.processes import describe, run_train
 from training import calibration
 

@@ -9,9 +9,9 @@ import logging
 import pytest
 
 from contract.errors import UsageError, UserError
+from contract.loading import CheckpointError
 from contract.long_text import LongTextError
 from contract.task import TaskError
-from inference.loading import CheckpointError
 from inference.settings import SettingsError
 from training.check_env import EnvProblem
 from training.checkpoint import ResumeError, SaveError

@@ -96,7 +96,7 @@ def test_a_decoder_trains_with_its_end_of_text_token_as_padding(trained_decoder)
 @pytest.mark.slow
 def test_the_service_answers_a_decoder_as_the_model_run_on_each_text_alone(trained_decoder):
     """One batch of texts of different lengths (padded on the tokenizer's side) equals each text run alone, with no
-    padding at all (1e-4, fp32); evaluate and predict read the same folder the same way (inference/loading.py)."""
+    padding at all (1e-4, fp32); evaluate and predict read the same folder the same way (contract/loading.py)."""
     _, out = trained_decoder
     model = AutoModelForSequenceClassification.from_pretrained(out).eval()
     tokenizer = AutoTokenizer.from_pretrained(out / files.TOKENIZER_DIR)
@@ -179,7 +179,7 @@ def test_training_a_decoder_whose_tokenizer_cannot_pad_stops_in_one_line_writing
 def test_serving_a_decoder_whose_tokenizer_cannot_pad_is_refused_in_one_line(smoke_dir, tmp_path):
     """The service, training.evaluate and training.predict read folders through load_model: the same rule, the
     same one line (a CheckpointError: the service's start exits with it)."""
-    from inference.loading import CheckpointError, load_model
+    from contract.loading import CheckpointError, load_model
 
     base = write_decoder(tmp_path / "base", "llama", smoke_dir)
     tokenizer = AutoTokenizer.from_pretrained(base)

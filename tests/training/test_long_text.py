@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from contract import files
-from inference.loading import load_model
+from contract.loading import load_model
 from tests.helpers.processes import ROOT, describe, launch, run_train
 from training.checkpoint import load_weights
 

@@ -17,8 +17,8 @@ from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassificati
 
 from contract import files
 from contract.errors import CheckpointError
+from contract.loading import load_model
 from inference.app import create_app
-from inference.loading import load_model
 from inference.settings import Settings
 from tests.helpers.processes import cli_env, describe, run_train
 from training.checkpoint import load_weights

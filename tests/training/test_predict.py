@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from contract import files
-from inference.loading import load_model
+from contract.loading import load_model
 from tests.helpers.files import read_only, write_rows
 from tests.helpers.processes import ROOT, cli_env, describe, launch
 

@@ -18,7 +18,7 @@ from huggingface_hub import InferenceClient
 from safetensors.torch import load_file
 
 from contract import files, task
-from inference.loading import load_model
+from contract.loading import load_model
 from tests.helpers.processes import describe, launch, run_train
 from tests.helpers.service import Server
 from training import calibration

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from contract import files
 from contract.errors import CheckpointError
 from contract.files import file_sha256
-from inference.logs import quiet
+from contract.quiet import quiet
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
                             + tokenizer/  (contract/files.py names them); the state_dict wins over an export
     save_pretrained folder  model.safetensors (or its shards) + config.json + tokenizer files
     peft adapter folder     adapter_config.json + adapter_model.safetensors: merged into its base model at load
-                            (inference/adapters.py; a LoRA run's adapter/ folder)
+                            (contract/adapters.py; a LoRA run's adapter/ folder)
     Hub id (org/name)       downloaded once (safetensors only) into the Hugging Face cache, then as above
 
 Pickled weights (`pytorch_model.bin`) are refused: unpickling can run code. So is a model without its
@@ -33,15 +33,14 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file as load_safetensors
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from contract import files, precision
+from contract import adapters, files, precision
 from contract.errors import CheckpointError
 from contract.files import file_sha256
 from contract.hub import HUB_ID, hub_reachable, hub_url, is_offline
 from contract.long_text import LongText, LongTextError
 from contract.padding import NoPadToken, ensure_pad_token, match_pad_token
+from contract.quiet import quiet
 from contract.task import SINGLE, Task, TaskError
-from inference import adapters
-from inference.logs import quiet
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,40 @@
+"""`python -m inference.export CHECKPOINT_DIR --runtime openvino`: convert a checkpoint folder for an optimized CPU
+runtime now, measured against PyTorch for the service's default settings (BACKEND=auto, DTYPE=auto on this CPU), and
+recorded in CHECKPOINT_DIR/runtime/, so the service's first start only compiles (inference/runtimes.py).
+
+Training's `--export_runtime` runs this command in a process of its own at the end of a run: the conversion is the
+service's code, and training imports nothing of the service. Exit 0 when converted, 1 with one line when the folder
+cannot be served, 2 for a runtime that is not installed or not known.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from contract.backends import RUNTIMES
+from contract.errors import UserError
+from inference import logs
+
+logger = logging.getLogger("inference")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inference.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint_dir", help="a checkpoint folder (training's output_dir) or save_pretrained folder")
+    parser.add_argument("--runtime", required=True, choices=sorted(RUNTIMES), help="the runtime to convert for")
+    args = parser.parse_args(argv)
+    logs.configure()
+    from inference.runtimes import export  # OpenVINO and ONNX Runtime are imported only once the arguments are good
+
+    try:
+        export(Path(args.checkpoint_dir), args.runtime)
+    except UserError as exc:
+        logger.error("%s", exc)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
