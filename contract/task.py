@@ -11,6 +11,7 @@ transformers' own field (`problem_type`) plus one of ours (THRESHOLDS):
 A config without `problem_type` (a model not trained here) is read the way transformers' text-classification
 pipeline reads it: one output is a one-logit classifier (sigmoid, threshold 0.5), several are single-label.
 TEI instead softmaxes every model with more than one label; docs/serving.md says where we follow the pipeline.
+What each type does is its object's (contract/problem_types.py): `Task.kind`.
 """
 
 from __future__ import annotations
@@ -20,22 +21,23 @@ from typing import Any
 
 import torch
 
-from contract.errors import UserError
-
-SINGLE = "single_label_classification"
-MULTI = "multi_label_classification"
-REGRESSION = "regression"
-PROBLEM_TYPES = (SINGLE, MULTI, REGRESSION)
-
-SOFTMAX, SIGMOID, NONE = "softmax", "sigmoid", "none"
-FUNCTIONS = (SOFTMAX, SIGMOID, NONE)
+from contract.problem_types import (  # noqa: F401 - the names every reader spells as task.SINGLE, task.MULTI, ...
+    FUNCTIONS,
+    MULTI,
+    NONE,
+    PROBLEM_TYPES,
+    REGRESSION,
+    SIGMOID,
+    SINGLE,
+    SOFTMAX,
+    ProblemType,
+    TaskError,
+    kind_of,
+    scored,
+)
 
 THRESHOLDS = "decision_thresholds"  # config.json: one per label, multi-label models only
 DEFAULT_THRESHOLD = 0.5
-
-
-class TaskError(UserError, ValueError):
-    """A config whose problem type or thresholds cannot be served; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -45,49 +47,40 @@ class Task:
     thresholds: tuple[float, ...] = ()  # multi-label only: one per label; DEFAULT_THRESHOLD each when not given
 
     def __post_init__(self) -> None:
-        if self.problem_type == MULTI and not self.thresholds:
+        if self.kind.thresholded and not self.thresholds:
             object.__setattr__(self, "thresholds", (DEFAULT_THRESHOLD,) * self.num_labels)
+
+    @property
+    def kind(self) -> ProblemType:
+        """Everything that differs by problem type (contract/problem_types.py)."""
+        return kind_of(self.problem_type)
 
     @classmethod
     def of(cls, config: Any) -> Task:
         """The task a transformers config describes (see the module docstring for a config without one)."""
         num = int(config.num_labels)
-        kind = getattr(config, "problem_type", None) or (MULTI if num == 1 else SINGLE)
-        if kind not in PROBLEM_TYPES:
-            raise TaskError(f"config.json: problem_type {kind!r} is not one of {', '.join(PROBLEM_TYPES)}")
-        if kind == SINGLE and num < 2:
-            raise TaskError(f"config.json: a {SINGLE} model needs two or more labels (has {num})")
-        if kind == REGRESSION and num != 1:  # what would 4 raw values ranked as label scores mean?
-            raise TaskError(f"config.json: a {REGRESSION} model has one output here (has {num} in id2label)")
-        given = (getattr(config, THRESHOLDS, None) or ()) if kind == MULTI else ()
+        kind = kind_of(getattr(config, "problem_type", None) or (MULTI if num == 1 else SINGLE))
+        kind.check_outputs(num)
+        given = (getattr(config, THRESHOLDS, None) or ()) if kind.thresholded else ()
         numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in given)
         if given and (len(given) != num or not numbers):
             raise TaskError(f"config.json: {THRESHOLDS} must hold {num} numbers in [0, 1] (got {given!r})")
-        return cls(kind, num, tuple(float(t) for t in given))
+        return cls(kind.name, num, tuple(float(t) for t in given))
 
     @property
     def function(self) -> str:
         """The default scoring function: the pipeline's rule (regression raw, multi-label sigmoid, else softmax)."""
-        return {REGRESSION: NONE, MULTI: SIGMOID}.get(self.problem_type, SOFTMAX)
+        return self.kind.function
 
     def scores(self, logits: torch.Tensor, function: str | None = None) -> torch.Tensor:
         """Scores from fp32 logits (texts x outputs) by `function`, this task's default when None. A softmax over one
         output (always 1) is a sigmoid, as TEI scores it."""
-        function = function or self.function
-        if function == SIGMOID or (function == SOFTMAX and logits.shape[-1] == 1):
-            return logits.sigmoid()
-        if function == SOFTMAX:
-            return logits.softmax(dim=-1)
-        return logits
+        return scored(logits, function or self.function)
 
     def decisions(self, scores: torch.Tensor) -> torch.Tensor:
         """From this task's default scores: the class id (single-label), a boolean per label (multi-label), the
         value (regression)."""
-        if self.problem_type == SINGLE:
-            return scores.argmax(dim=-1)
-        if self.problem_type == MULTI:
-            return scores >= torch.tensor(self.thresholds, dtype=scores.dtype)
-        return scores[..., 0]
+        return self.kind.decisions(scores, self.thresholds)
 
     def config_fields(self) -> dict[str, Any]:
         """What a writer sets on the model config so that every reader gets this task back."""

@@ -57,7 +57,7 @@ from contract import files, precision
 from contract.backends import AGREEMENT_BOUND, RUNTIMES, Runtime
 from contract.loading import LoadedModel, load_model
 from contract.model_call import collate
-from contract.task import MULTI, REGRESSION, Task
+from contract.task import Task
 from inference import runtime_cache
 from inference.engine import encode
 from inference.runtime_cache import Cache
@@ -68,8 +68,6 @@ logger = logging.getLogger(__name__)
 AUTO, TORCH, *OPTIMIZED = BACKENDS  # the optimized runtimes in auto's order among equals (contract/backends.py)
 MIN_HELD_OUT = 50  # fewer held-out texts cannot show AGREEMENT_BOUND
 HELD_OUT_EVERY = 3  # every third calibration text is held out for the agreement check
-TIE_MARGIN = 0.02  # fp32's top two probabilities closer than this: a tie, whose label any rounding may flip
-REGRESSION_TOLERANCE = 0.1  # a regression value agrees within this many standard deviations of fp32's outputs
 MAX_CALIBRATION, MAX_HELD_OUT, BATCH = 300, 200, 32
 TIMED_BATCHES = 4  # the speed race: TIMED_BATCHES x BATCH held-out texts per round
 INSTALL_HINT = f"pip install 'distilbert-agnews[{OPTIMIZED[0]}]'" + "".join(f" or '[{name}]'" for name in OPTIMIZED[1:])
@@ -146,7 +144,7 @@ def choose_runtime(loaded: LoadedModel, settings) -> LoadedModel:
     options, why = candidates(settings.backend, settings.dtype, loaded.device.type)
     if len(options) == 1 and options[0].backend == TORCH:
         chosen = options[0].precision
-        if loaded.task.problem_type == REGRESSION and settings.dtype == precision.AUTO and chosen != precision.FP32:
+        if loaded.task.kind.keeps_fp32 and settings.dtype == precision.AUTO and chosen != precision.FP32:
             chosen, why = precision.FP32, f"{why}; DTYPE=auto keeps a regression model's raw values in fp32"
         logger.info("Runtime: torch %s (%s)", chosen, why)
         return _as_torch(loaded, chosen, None)
@@ -411,39 +409,18 @@ def _cannot_check(candidate: Candidate, held: list[str], calibration: list[str])
 
 
 def agreement(outputs: list[torch.Tensor], reference: list[torch.Tensor], model_task: Task) -> tuple[float | None, int]:
-    """(share of fp32's decisions the candidate keeps, number of ties left out), by problem type (contract/task.py):
-    - single-label: the argmax; a text whose fp32 top two probabilities are within TIE_MARGIN is a tie (fp32 itself
-      is a coin flip there: a padding change can turn it), neither blamed nor credited;
-    - multi-label (and one-logit models): every label's thresholded decision; a score within TIE_MARGIN of its
-      threshold is a tie;
-    - regression: a text agrees when the value is within REGRESSION_TOLERANCE standard deviations of fp32's outputs
-      (the target's spread as the model sees it) of fp32's value.
-    None when fewer than MIN_HELD_OUT decisions are left."""
+    """(share of fp32's decisions the candidate keeps, number of ties left out), by the problem type's agreement rule
+    (contract/problem_types.py `agreement`: the argmax, each label's thresholded decision, or a value within a
+    tolerance; decisions fp32 itself makes by a hair are ties, neither blamed nor credited). None when fewer than
+    MIN_HELD_OUT decisions are left."""
     out, ref = torch.cat(outputs).float(), torch.cat(reference).float()
-    if model_task.problem_type == REGRESSION:
-        bound = REGRESSION_TOLERANCE * ref[:, 0].std().clamp(min=1e-6)
-        same, ties = (out[:, 0] - ref[:, 0]).abs() <= bound, 0
-    elif model_task.problem_type == MULTI:
-        thresholds = torch.tensor(model_task.thresholds)
-        expected, got = ref.sigmoid(), out.sigmoid()
-        decided = (expected - thresholds).abs() >= TIE_MARGIN
-        same = ((got >= thresholds) == (expected >= thresholds))[decided]
-        ties = int((~decided).sum())
-    else:
-        top = ref.softmax(-1).topk(2, dim=-1).values
-        decided = top[:, 0] - top[:, 1] >= TIE_MARGIN
-        same = (out.argmax(-1) == ref.argmax(-1))[decided]
-        ties = len(ref) - int(decided.sum())
+    same, ties = model_task.kind.agreement(out, ref, model_task.thresholds)
     return (same.float().mean().item() if len(same) >= MIN_HELD_OUT else None), ties
 
 
 def guard_description(model_task: Task) -> str:
     """How agreement is measured for this task: part of the cache key, so a changed rule measures again."""
-    if model_task.problem_type == REGRESSION:
-        return f"regression values within {REGRESSION_TOLERANCE} standard deviations of fp32's"
-    if model_task.problem_type == MULTI:
-        return f"per-label decisions at thresholds {list(model_task.thresholds)}, ties within {TIE_MARGIN} left out"
-    return f"argmax agreement on texts fp32 decides by {TIE_MARGIN} or more"
+    return model_task.kind.agreement_rule(model_task.thresholds)
 
 
 def _verdict(candidate: Candidate, share: float | None, ties: int) -> dict:

@@ -133,3 +133,29 @@ def test_training_and_serving_stand_side_by_side_on_the_contract():
     assert not {module: imported for module, imported in crossing.items() if imported}
     assert {"training.predict", "inference.engine"} <= {m for m in graph if "contract.model_call" in graph[m]}
     assert {"training.evaluate", "inference.service"} <= {m for m in graph if "contract.loading" in graph[m]}
+
+
+TYPE_NAMES = {"problem_type", "SINGLE", "MULTI", "REGRESSION"}
+
+
+def _names_a_problem_type(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr in TYPE_NAMES) or (
+        isinstance(node, ast.Name) and node.id in TYPE_NAMES
+    )
+
+
+def test_only_the_problem_type_objects_branch_on_the_problem_type():
+    """Issue 42, point 2: what differs by problem type lives in its class (contract/problem_types.py); nowhere else
+    compares a problem type or keys a table by one (choosing the type from the data, training/data.py, returns
+    names and compares none)."""
+    found = []
+    for package in ("contract", *PACKAGES):
+        for path in (ROOT / package).rglob("*.py"):
+            if path == ROOT / "contract" / "problem_types.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                compared = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+                keyed = [k for k in node.keys if k is not None] if isinstance(node, ast.Dict) else []
+                if any(_names_a_problem_type(n) for n in (*compared, *keyed)):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from contract import task
+from contract.problem_types import kind_of
 
 BINS = 15
 NONE, TEMPERATURE = "none", "temperature"
@@ -88,7 +89,11 @@ class Scale:
         return list(record["temperatures"]) if "temperatures" in record else [record["temperature"]]
 
 
-SCALES = {task.SINGLE: Scale(per_label=False), task.MULTI: Scale(per_label=True)}  # regression: no probabilities
+def scale_for(problem_type: str) -> Scale | None:
+    """How this problem type's scores are calibrated (contract/problem_types.py `temperatures`), None when they are
+    not probabilities (regression)."""
+    temperatures = kind_of(problem_type).temperatures
+    return None if temperatures == task.NONE else Scale(per_label=temperatures == "per_label")
 
 
 def moved_thresholds(thresholds: Sequence[float], temperatures: Sequence[float]) -> list[float]:
@@ -105,7 +110,7 @@ def moved_thresholds(thresholds: Sequence[float], temperatures: Sequence[float])
 
 def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
     """The single-label temperature: the T > 0 minimising the mean NLL of softmax(logits / T)."""
-    return SCALES[task.SINGLE].fit(logits, labels)[0]
+    return Scale(per_label=False).fit(logits, labels)[0]
 
 
 def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = BINS) -> float:

@@ -12,6 +12,7 @@ The pieces, in the order train.py calls them:
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import logging
 import math
@@ -29,6 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from contract import shapes, task
 from contract.errors import UserError
 from contract.long_text import LongText, PairLeavesNoRoom
+from contract.problem_types import ProblemType, kind_of
 from training import capture
 from training.config import TrainConfig
 from training.hub import explain_missing
@@ -293,31 +295,25 @@ class LabelSpace:
     @classmethod
     def of_training_data(cls, ds: datasets.Dataset, source: str, column: str, cfg: TrainConfig) -> LabelSpace:
         feature, raw = ds.features[column], ds[column]
-        kind = _problem_type(feature, raw, cfg.label_delimiter, cfg.do_regression)
-        if kind != task.MULTI and cfg.do_regression is None:
+        kind = kind_of(_problem_type(feature, raw, cfg.label_delimiter, cfg.do_regression))
+        if not kind.label_lists and cfg.do_regression is None:
             _check_one_label_type(feature, raw, source, column)
-        if cfg.threshold_strategy == "per_label" and kind != task.MULTI:
+        if cfg.threshold_strategy == "per_label" and not kind.thresholded:
             raise DataError(
                 f"--threshold_strategy per_label fits a threshold per label of multi-label data; {source} column "
-                f"{column!r} is {kind}"
+                f"{column!r} is {kind.name}"
             )
         names = cfg.label_names
-        if kind == task.REGRESSION:
-            for row, value in enumerate(raw, start=1):
-                _target(value, source, row)
+        space = cls(values=[], names=[], source=source, problem_type=kind.name, delimiter=cfg.label_delimiter)
+        seen = {value for row, cell in enumerate(raw, start=1) for value in kind.cell_values(cell, row, source, space)}
+        if not kind.classes:
             if names and len(names) != 1:
                 raise DataError(f"label_names: a regression model has one output; give one name (got {len(names)})")
-            return cls(values=[], names=list(names or [column]), source=source, problem_type=kind)
-        space = cls(values=[], names=[], source=source, problem_type=kind, delimiter=cfg.label_delimiter)
+            return cls(values=[], names=list(names or [column]), source=source, problem_type=kind.name)
         inner = getattr(feature, "feature", feature)
         if isinstance(inner, datasets.ClassLabel):
             values, found = list(range(inner.num_classes)), list(inner.names)
         else:
-            rows = enumerate(raw, start=1)
-            if kind == task.MULTI:
-                seen = {value for row, labels in rows for value in space.row_values(labels, row)}
-            else:
-                seen = {_label_value(value, source, row) for row, value in rows}
             if len({type(v) for v in seen}) > 1:
                 raise DataError(f"{source}: column {column!r} mixes label types ({sorted(map(repr, seen))[:6]})")
             values = sorted(seen)
@@ -340,6 +336,20 @@ class LabelSpace:
         """The model's task (contract/task.py); multi-label starts at the default threshold for every label."""
         return task.Task(self.problem_type, len(self.names))
 
+    @property
+    def kind(self) -> ProblemType:
+        return kind_of(self.problem_type)
+
+    @property
+    def count(self) -> int:
+        return len(self.values)
+
+    def label_value(self, value, row: int, source: str):
+        return _label_value(value, source, row)
+
+    def target(self, value, row: int, source: str) -> float:
+        return _target(value, source, row)
+
     def row_values(self, labels, row: int, source: str | None = None) -> list:
         """A multi-label row's label values (a list, or a delimited string); an empty one is an error."""
         source = source or self.source
@@ -351,32 +361,25 @@ class LabelSpace:
             raise DataError(f"{source}: row {row}: no labels; every multi-label example needs one or more")
         return [_label_value(value, source, row) for value in labels]
 
+    def class_id(self, value, row: int, source: str) -> int:
+        """The id of a class the training data had; one it never had is an error naming it and the row."""
+        key = _label_value(value, source, row)
+        index = self._ids.get(key)
+        if index is None or isinstance(key, bool) != isinstance(self.values[0], bool):
+            raise DataError(
+                f"{source}: row {row}: label {value!r} never appears in the training data "
+                f"({self.source}: {', '.join(map(str, self.values))})"
+            )
+        return index
+
+    @functools.cached_property
+    def _ids(self) -> dict:
+        return {v: i for i, v in enumerate(self.values)}
+
     def encode(self, ds: datasets.Dataset, source: str, column: str) -> list:
-        """Every row's label as the model's target: a class id, a multi-hot list, or a float. A class the training
-        data never had is an error naming it and the row."""
-        raw = ds[column]
-        if self.problem_type == task.REGRESSION:
-            return [_target(value, source, row) for row, value in enumerate(raw, start=1)]
-        by_value = {v: i for i, v in enumerate(self.values)}
-
-        def class_id(value, row: int) -> int:
-            key = _label_value(value, source, row)
-            if key not in by_value or isinstance(key, bool) != isinstance(self.values[0], bool):
-                raise DataError(
-                    f"{source}: row {row}: label {value!r} never appears in the training data "
-                    f"({self.source}: {', '.join(map(str, self.values))})"
-                )
-            return by_value[key]
-
-        if self.problem_type == task.SINGLE:
-            return [class_id(value, row) for row, value in enumerate(raw, start=1)]
-        hot = []
-        for row, labels in enumerate(raw, start=1):
-            vector = [0.0] * len(self.values)
-            for value in self.row_values(labels, row, source):
-                vector[class_id(value, row)] = 1.0
-            hot.append(vector)
-        return hot
+        """Every row's label as the model's target (contract/problem_types.py `encode`): a class id, a multi-hot
+        list, or a float."""
+        return [self.kind.encode(value, row, source, self) for row, value in enumerate(ds[column], start=1)]
 
 
 def labelled(ds: datasets.Dataset, source: str, cfg: TrainConfig, labels: LabelSpace) -> datasets.Dataset:

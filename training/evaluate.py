@@ -27,7 +27,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 
-from contract import files, precision, task
+from contract import files, precision
 from contract.errors import CheckpointError
 from contract.files import file_sha256
 from contract.loading import LoadedModel, load_model
@@ -83,7 +83,7 @@ class SavedModel:
         else the class names."""
         names, kind = self.loaded.labels, self.loaded.task.problem_type
         values = self.label_values
-        if kind == task.REGRESSION:
+        if not self.loaded.task.kind.classes:
             values = []
         elif values is None:
             first = ds[0][column] if len(ds) else None
@@ -221,7 +221,7 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
         **({"per_class": report["per_class"]} if "per_class" in report else {}),
         "files": [files.EVAL_RESULTS, *reports.written_for(saved.loaded.task.problem_type)],
     }
-    scale = calibration.SCALES.get(saved.loaded.task.problem_type)
+    scale = calibration.scale_for(saved.loaded.task.problem_type)
     if scale is not None:  # how far the scores are from probabilities
         applied = getattr(saved.loaded.model.config, calibration.CONFIG_FIELD, None) if saved.loaded.model else None
         ece = scale.error(scored.scores, scored.labels)
@@ -279,20 +279,7 @@ def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, loaded
     title = f"{evaluation['data']}: " + "  ".join(
         f"{k} {evaluation['metrics'][k]:.4f}" for k in ("accuracy", "micro_f1", "r2") if k in evaluation["metrics"]
     )
-    kind, names = loaded.task.problem_type, loaded.labels
-    if kind in calibration.SCALES:
-        points = calibration.SCALES[kind].points(scored.scores, scored.labels)
-        reports.write_reliability_diagram(root / files.RELIABILITY_PNG, points, evaluation["calibration"]["ece"], title)
-    if kind == task.SINGLE:
-        confusion = torch.tensor(evaluation["confusion_matrix"]["rows_true_columns_predicted"])
-        reports.write_confusion_matrix(root / files.CONFUSION_PNG, confusion, names, title)
-        wrong = reports.write_misclassified(root / files.MISCLASSIFIED_CSV, texts, scored.labels, scored.scores, names)
-    elif kind == task.MULTI:
-        decided = loaded.task.decisions(scored.scores)
-        wrong = reports.write_wrong_label_sets(root / files.MISCLASSIFIED_CSV, texts, scored, decided, names)
-    else:
-        reports.write_residuals(root / files.RESIDUALS_PNG, scored.scores[:, 0], scored.labels, title)
-        wrong = reports.write_largest_errors(root / files.LARGEST_ERRORS_CSV, texts, scored.scores[:, 0], scored.labels)
+    wrong = reports.write_reports(root, reports.Evaluated(texts, scored, loaded.task, loaded.labels, evaluation, title))
     logger.info("Wrote %s in %s (%d rows in its error table)", ", ".join(evaluation["files"]), root, wrong)
 
 

@@ -210,7 +210,7 @@ def validate_and_save(run: Run) -> None:
     ranks)."""
     with run.throughput.paused():
         cfg = run.cfg
-        fit = cfg.threshold_strategy == "per_label" and run.metrics.task.problem_type == task.MULTI
+        fit = cfg.threshold_strategy == "per_label" and run.metrics.task.kind.thresholded
         thresholds = FIT if fit else None
         model = eager(run.model)  # evaluation's shapes would only add graphs to a compiled model
         results = evaluate(run.accelerator, model, run.loaders.validation, run.metrics, thresholds, cfg.windowing())

@@ -74,17 +74,6 @@ def greater_is_better(metric: str, given: bool | None = None) -> bool:
     return not lower
 
 
-HEADLINE = {  # the metrics a card, a curve plot or a summary shows first, by problem type
-    task.SINGLE: ("accuracy", "macro_f1"),
-    task.MULTI: ("micro_f1", "macro_f1", "subset_accuracy"),
-    task.REGRESSION: ("mse", "pearson", "spearman"),
-}
-DEFAULT_SELECTION = {task.SINGLE: "accuracy", task.MULTI: "micro_f1", task.REGRESSION: "mse"}
-_OWN = {
-    task.SINGLE: ("accuracy", "macro_f1", "classification_report"),
-    task.MULTI: ("multilabel",),
-    task.REGRESSION: ("regression",),
-}
 THRESHOLD_GRID = [round(0.05 * i, 2) for i in range(1, 20)]  # per-label thresholds are fitted on these
 
 
@@ -103,20 +92,14 @@ class MetricSuite:
 
     def __init__(self, labels_task: task.Task, label_names: Sequence[str], extra: Sequence[str] = ()):
         self.task, self.label_names = labels_task, list(label_names)
-        self.modules = {name: load_module(str(MODULES / name)) for name in _OWN[labels_task.problem_type]}
+        self.modules = {name: load_module(str(MODULES / name)) for name in labels_task.kind.metric_modules}
         self.extra = {name: _load_extra(name) for name in extra}
         for name in self.extra:
             self._try(name)
 
     def _example(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A tiny split with every kind of answer: scores and references."""
-        count = len(self.label_names)
-        if self.task.problem_type == task.REGRESSION:
-            return torch.tensor([[0.0], [1.0], [3.0]]), torch.tensor([0.5, 1.0, 2.0])
-        if self.task.problem_type == task.MULTI:
-            hot = torch.eye(count)
-            return hot * 0.9 + 0.05, hot
-        return torch.eye(count), torch.arange(count)
+        return self.task.kind.example(len(self.label_names))
 
     def _try(self, name: str) -> None:
         predictions, references = self._inputs(*self._example(), self.task.thresholds)
@@ -131,9 +114,7 @@ class MetricSuite:
     def _inputs(self, scores: torch.Tensor, references: torch.Tensor, thresholds) -> tuple[list, list]:
         """What the modules are given: class ids, 0/1 lists per text, or values."""
         decided = replace(self.task, thresholds=tuple(thresholds)).decisions(scores)
-        if self.task.problem_type == task.MULTI:
-            return decided.long().tolist(), references.long().tolist()
-        return decided.tolist(), references.tolist()
+        return self.task.kind.metric_inputs(decided, references)
 
     def compute(self, scores: torch.Tensor, references: torch.Tensor, thresholds=()) -> tuple[dict, dict]:
         """(flat metrics: the module results plus precision_/recall_/f1_<label> per class, the per-class report)."""

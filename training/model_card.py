@@ -15,10 +15,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from contract import files, task
 from contract.hub import HUB_ID
+from contract.problem_types import ProblemType, kind_of
 from training.atomic import write_bytes
-from training.metrics import HEADLINE
-
-TASK_TAGS = {task.MULTI: "multi-label-classification", task.REGRESSION: "regression"}
 
 
 def hub_id_or_none(name: str | None) -> str | None:
@@ -31,7 +29,7 @@ def hub_id_or_none(name: str | None) -> str | None:
 def eval_results(summary: dict[str, Any], dataset: str) -> list[EvalResult]:
     results = []
     for split, name in (("validation", "validation (best model)"), ("test", "test")):
-        for metric in HEADLINE[summary.get("problem_type", task.SINGLE)]:
+        for metric in summary_kind(summary).headline:
             value = (summary.get(split) or {}).get(metric)
             if value is not None:
                 results.append(
@@ -48,15 +46,21 @@ def eval_results(summary: dict[str, Any], dataset: str) -> list[EvalResult]:
     return results
 
 
+def summary_kind(summary: dict[str, Any]) -> ProblemType:
+    """The problem type a run summary (metrics.json) describes; single-label for one written before it was kept."""
+    return kind_of(summary.get("problem_type", task.SINGLE))
+
+
 def card_data(summary: dict[str, Any], repo_id: str | None = None) -> ModelCardData:
     cfg = summary["config"]
     hub_dataset = None if cfg.get("train_file") else hub_id_or_none(cfg.get("dataset_name"))
+    tag = summary_kind(summary).card_tag
     return ModelCardData(
         library_name="transformers",
         pipeline_tag="text-classification",
         base_model=None if cfg.get("from_scratch") else hub_id_or_none(cfg["model_name_or_path"]),
         datasets=[hub_dataset] if hub_dataset else None,
-        tags=["text-classification", *filter(None, [TASK_TAGS.get(summary.get("problem_type"))]), "distilbert-agnews"],
+        tags=["text-classification", *([tag] if tag else []), "distilbert-agnews"],
         model_name=repo_id or Path(cfg["output_dir"]).name,
         eval_results=eval_results(summary, hub_dataset or "local") or None,
     )
@@ -79,7 +83,7 @@ def _data_line(cfg: dict, counts: dict) -> str:
 
 
 def _results_section(summary: dict) -> list[str]:
-    shown = HEADLINE[summary.get("problem_type", task.SINGLE)]
+    shown = summary_kind(summary).headline
     rows = [
         f"| {name} | " + " | ".join(f"{m[k]:.4f}" for k in (*shown, "loss")) + f" | {m['num_examples']} |"
         for name, m in (("validation (best)", summary.get("validation")), ("test", summary.get("test")))

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 
 from contract import task
+from contract.problem_types import ProblemType, kind_of
 from training.config import TrainConfig, class_weight_values
 from training.data import DataError, LabelSpace
 
@@ -30,56 +30,42 @@ class Objective:
     label_smoothing: float = 0.0
 
     @property
+    def kind(self) -> ProblemType:
+        return kind_of(self.problem_type)
+
+    @property
     def groups_by_length(self) -> bool:
-        """The problem type's default for --group_by_length. Off for regression: a score often follows the text's
-        length, and batches of alike lengths then hold alike targets, each a biased sample of the task (measured
-        against the Trainer in docs/benchmarks.md, "Regression against the Trainer"). Classes do not follow length
-        that way: classification keeps the padding it saves."""
-        return self.problem_type != task.REGRESSION
+        """The problem type's default for --group_by_length (off for regression: contract/problem_types.py)."""
+        return self.kind.groups_by_length
 
     @property
     def calibration(self) -> str:
-        """The problem type's default for --calibration: temperatures for single-label (one for the softmax) and
-        multi-label (one per label: measured to help, docs/benchmarks.md "Calibration of multi-label scores"); none
+        """The problem type's default for --calibration: temperatures for classification (one for the softmax, one
+        per label for multi-label: measured to help, docs/benchmarks.md "Calibration of multi-label scores"); none
         for regression (no probabilities)."""
-        return "none" if self.problem_type == task.REGRESSION else "temperature"
+        return "none" if self.kind.temperatures == task.NONE else "temperature"
 
     def to(self, device: torch.device) -> Objective:
         return replace(self, weights=self.weights.to(device) if self.weights is not None else None)
 
     def per_example(self, logits: torch.Tensor, labels: torch.Tensor, weighted: bool = False) -> torch.Tensor:
         """Each example's loss (fp32); unweighted unless asked (evaluation reports the plain loss)."""
-        logits = logits.float()
-        weights = self.weights if weighted else None
-        if self.problem_type == task.REGRESSION:
-            return F.mse_loss(logits.squeeze(-1), labels.float(), reduction="none")
-        if self.problem_type == task.MULTI:
-            targets = labels.float() * (1 - self.label_smoothing) + self.label_smoothing / 2
-            losses = F.binary_cross_entropy_with_logits(logits, targets, pos_weight=weights, reduction="none")
-            return losses.mean(dim=-1)
-        losses = F.cross_entropy(logits, labels, reduction="none", label_smoothing=self.label_smoothing)
-        return losses * weights[labels] if weights is not None else losses
+        return self.kind.loss(logits, labels, self.weights if weighted else None, self.label_smoothing)
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The batch's training loss."""
-        if self.weights is None and self.problem_type == task.SINGLE:  # transformers' own loss, exactly
-            return F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
-        return self.per_example(logits, labels, weighted=True).mean()
+        return self.kind.batch_loss(logits, labels, self.weights, self.label_smoothing)
 
 
 def class_weights(spec: str, labels: LabelSpace, targets: list) -> torch.Tensor | None:
     """--class_weights for the training targets: None, balanced, or the given numbers (one per class)."""
     if spec == "none":
         return None
-    if labels.problem_type == task.REGRESSION:
+    if not labels.kind.classes:
         raise DataError("class_weights: a regression model has no classes; leave it at 'none'")
     count = len(labels.names)
     if spec == "balanced":
-        if labels.problem_type == task.MULTI:
-            positives = torch.tensor(targets, dtype=torch.float64).sum(dim=0)
-            return ((len(targets) - positives) / positives.clamp(min=1)).float()
-        counts = torch.bincount(torch.tensor(targets), minlength=count).double()
-        return (len(targets) / (count * counts.clamp(min=1))).float()
+        return labels.kind.balanced_weights(targets, count)
     values = class_weight_values(spec) or []
     if len(values) != count:
         raise DataError(f"class_weights: {len(values)} weights for {count} classes ({', '.join(labels.names)})")
@@ -87,6 +73,6 @@ def class_weights(spec: str, labels: LabelSpace, targets: list) -> torch.Tensor 
 
 
 def objective_for(cfg: TrainConfig, labels: LabelSpace, targets: list) -> Objective:
-    if labels.problem_type == task.REGRESSION and cfg.label_smoothing_factor:
+    if not labels.kind.classes and cfg.label_smoothing_factor:
         raise DataError("label_smoothing_factor: a regression target cannot be smoothed; leave it at 0")
     return Objective(labels.problem_type, class_weights(cfg.class_weights, labels, targets), cfg.label_smoothing_factor)

@@ -39,7 +39,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from contract import precision, task
+from contract import precision
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
 from contract.model_call import forward
@@ -159,13 +159,8 @@ def prediction_names(loaded: LoadedModel, windowing: LongText) -> list[str]:
     """The columns a prediction adds, by problem type: the label and its score (single-label), the list of labels
     at or above their thresholds (multi-label), with one score column per label; the value (regression); and, when
     long texts are chunked, the number of windows of each row."""
-    per_label = [f"score_{label}" for label in loaded.labels]
     windows = [WINDOWS_COLUMN] if windowing.chunked else []
-    if loaded.task.problem_type == task.REGRESSION:
-        return ["predicted_value", *windows]
-    if loaded.task.problem_type == task.MULTI:
-        return ["predicted_labels", *per_label, *windows]
-    return ["predicted_label", "predicted_score", *per_label, *windows]
+    return [*loaded.task.kind.prediction_names(loaded.labels), *windows]
 
 
 def prediction_columns(table: pa.Table, loaded: LoadedModel, windowing: LongText) -> dict[str, pa.Array]:
@@ -176,22 +171,17 @@ def prediction_columns(table: pa.Table, loaded: LoadedModel, windowing: LongText
 
 
 def _decided(table: pa.Table, loaded: LoadedModel) -> dict[str, pa.Array]:
-    labels = loaded.labels
+    """The problem type's columns (contract/problem_types.py `prediction_values`) from the scores."""
     values = table.column("scores").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    scores = torch.tensor(values).reshape(-1, len(labels))
-    decided = loaded.task.decisions(scores)
-    if loaded.task.problem_type == task.REGRESSION:
-        return {"predicted_value": pa.array(decided.numpy())}
-    if loaded.task.problem_type == task.MULTI:
-        chosen = [[labels[j] for j in row.nonzero().flatten().tolist()] for row in decided]
-        columns = {"predicted_labels": pa.array(chosen, type=pa.list_(pa.string()))}
-    else:
-        columns = {
-            "predicted_label": pa.array([labels[i] for i in decided.tolist()]),
-            "predicted_score": pa.array(scores.gather(1, decided[:, None]).squeeze(1).numpy()),
-        }
-    columns.update({f"score_{label}": pa.array(scores[:, i].numpy()) for i, label in enumerate(labels)})
-    return columns
+    scores = torch.tensor(values).reshape(-1, len(loaded.labels))
+    decided = loaded.task.kind.prediction_values(scores, loaded.task.decisions(scores), loaded.labels)
+    return {name: _arrow(column) for name, column in decided.items()}
+
+
+def _arrow(column) -> pa.Array:
+    """A list of label lists stays a list<string> column even when every list is empty."""
+    listed = isinstance(column, list) and any(isinstance(row, list) for row in column[:1])
+    return pa.array(column, type=pa.list_(pa.string())) if listed else pa.array(column)
 
 
 CSV_LIST_DELIMITER = "|"  # a list cell (predicted_labels, a multi-label input column) in a csv output: "a|b"

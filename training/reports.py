@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from contract import files, task
+from contract.problem_types import KINDS, kind_of
+from training import calibration
 from training.atomic import write_bytes, write_json
-from training.metrics import HEADLINE, Scored
+from training.metrics import Scored
 
 if TYPE_CHECKING:
     from training.progress import Progress
@@ -32,13 +35,30 @@ def _png(figure) -> bytes:
 # ------------------------------------------------------------------------------------------- evaluation
 
 
+@dataclass
+class Evaluated:
+    """What python -m training.evaluate's reports are drawn from."""
+
+    texts: Sequence[str]
+    scored: Scored
+    task: task.Task
+    labels: list[str]
+    evaluation: dict  # eval_results.json
+    title: str
+
+
 def written_for(problem_type: str) -> list[str]:
     """The files python -m training.evaluate writes beside eval_results.json for this problem type."""
-    if problem_type == task.REGRESSION:
-        return [files.RESIDUALS_PNG, files.LARGEST_ERRORS_CSV]
-    if problem_type == task.MULTI:
-        return [files.RELIABILITY_PNG, files.MISCLASSIFIED_CSV]
-    return [files.CONFUSION_PNG, files.RELIABILITY_PNG, files.MISCLASSIFIED_CSV]
+    return [REPORTS[name][0] for name in kind_of(problem_type).reports]
+
+
+def write_reports(root: Path, evaluated: Evaluated) -> int:
+    """The problem type's reports (contract/problem_types.py `reports`) into `root`: the rows of its error table."""
+    rows = 0
+    for name in evaluated.task.kind.reports:
+        file, draw = REPORTS[name]
+        rows += draw(root / file, evaluated) or 0
+    return rows
 
 
 def report_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]) -> str:
@@ -202,6 +222,42 @@ def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
 # --------------------------------------------------------------------------------------------- training
 
 
+def _confusion_matrix(path: Path, e: Evaluated) -> None:
+    confusion = torch.tensor(e.evaluation["confusion_matrix"]["rows_true_columns_predicted"])
+    write_confusion_matrix(path, confusion, e.labels, e.title)
+
+
+def _calibration(path: Path, e: Evaluated) -> None:
+    points = calibration.scale_for(e.task.problem_type).points(e.scored.scores, e.scored.labels)
+    write_reliability_diagram(path, points, e.evaluation["calibration"]["ece"], e.title)
+
+
+def _misclassified(path: Path, e: Evaluated) -> int:
+    return write_misclassified(path, e.texts, e.scored.labels, e.scored.scores, e.labels)
+
+
+def _wrong_label_sets(path: Path, e: Evaluated) -> int:
+    return write_wrong_label_sets(path, e.texts, e.scored, e.task.decisions(e.scored.scores), e.labels)
+
+
+def _residuals(path: Path, e: Evaluated) -> None:
+    write_residuals(path, e.scored.scores[:, 0], e.scored.labels, e.title)
+
+
+def _largest_errors(path: Path, e: Evaluated) -> int:
+    return write_largest_errors(path, e.texts, e.scored.scores[:, 0], e.scored.labels)
+
+
+REPORTS: dict[str, tuple[str, Callable[[Path, Evaluated], int | None]]] = {  # name: (file, how it is drawn)
+    "confusion_matrix": (files.CONFUSION_PNG, _confusion_matrix),
+    "calibration": (files.RELIABILITY_PNG, _calibration),
+    "misclassified": (files.MISCLASSIFIED_CSV, _misclassified),
+    "wrong_label_sets": (files.MISCLASSIFIED_CSV, _wrong_label_sets),
+    "residuals": (files.RESIDUALS_PNG, _residuals),
+    "largest_errors": (files.LARGEST_ERRORS_CSV, _largest_errors),
+}
+
+
 def write_training_curves(output_dir: Path, progress: Progress, plot: bool = True) -> None:
     """training_curves.json (the raw series) and, with `plot`, training_curves.png: loss per logging step,
     validation metrics per evaluation, learning rate. (Drawing the PNG costs the main process a second or two
@@ -213,9 +269,10 @@ def write_training_curves(output_dir: Path, progress: Progress, plot: bool = Tru
 
 
 def headline(results: dict) -> tuple[str, ...]:
-    """The headline metric names of a results dict, by the problem type its keys show."""
-    kind = task.MULTI if "micro_f1" in results else task.REGRESSION if "mse" in results else task.SINGLE
-    return HEADLINE[kind]
+    """The headline metric names of a results dict: those of the problem type whose headline it holds (the longer
+    lists tried first, so extra metrics cannot make a multi-label result look single-label)."""
+    kinds = sorted(KINDS.values(), key=lambda kind: -len(kind.headline))
+    return next((kind.headline for kind in kinds if set(kind.headline) <= results.keys()), ())
 
 
 def _curves_figure(progress: Progress):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
-from contract import task
 from contract.long_text import LongText
 from training.data import model_inputs
 from training.metrics import MetricSuite, Scored, fit_thresholds
@@ -53,7 +52,7 @@ def score(
     results.update(num_examples=texts, loss=scored.losses.mean().item())
     if windowing is not None and windowing.chunked:
         results["num_windows"] = len(documents)
-    if metrics.task.problem_type == task.MULTI:
+    if metrics.task.kind.thresholded:
         results["thresholds"] = list(thresholds or metrics.task.thresholds)
     return scored, results, report
 

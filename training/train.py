@@ -55,7 +55,7 @@ from training.data import (
 from training.guards import StopGuard, TrainingDiverged, check_world_size
 from training.hub import ensure_hub_or_offline
 from training.loop import Loaders, Run, fit, format_metrics, on_disk, run_summary
-from training.metrics import DEFAULT_SELECTION, MetricSuite, greater_is_better
+from training.metrics import MetricSuite, greater_is_better
 from training.model import build_model, build_optimizer, keep_optimizer_kind, load_tokenizer
 from training.objective import objective_for
 from training.push import check_can_push
@@ -175,7 +175,7 @@ def choose_metrics(cfg: TrainConfig, splits: Splits) -> tuple[TrainConfig, Metri
     """The problem type's metrics (extras loaded and tried here, not after training) and the config with the metric
     that picks the best model and its direction decided (metrics.json records them)."""
     metrics = MetricSuite(splits.labels.task, splits.label_names, cfg.extra_metrics or [])
-    metric = cfg.metric_for_best_model or DEFAULT_SELECTION[splits.labels.problem_type]
+    metric = cfg.metric_for_best_model or splits.labels.kind.selection
     metrics.check_selection(metric)
     greater = greater_is_better(metric, cfg.greater_is_better)
     return cfg.model_copy(update={"metric_for_best_model": metric, "greater_is_better": greater}), metrics
@@ -244,7 +244,7 @@ def problem_type_defaults(cfg: TrainConfig, objective) -> TrainConfig:
     """--group_by_length and --calibration where not given: the problem type decides (training/objective.py)."""
     chosen = {"group_by_length": objective.groups_by_length, "calibration": objective.calibration}
     cfg = cfg.model_copy(update={k: v for k, v in chosen.items() if getattr(cfg, k) in (None, "auto")})
-    if cfg.calibration == calibration.TEMPERATURE and objective.problem_type not in calibration.SCALES:
+    if cfg.calibration == calibration.TEMPERATURE and calibration.scale_for(objective.problem_type) is None:
         raise ConfigError(f"calibration: a {objective.problem_type} model has no probabilities to calibrate")
     return cfg
 
@@ -342,7 +342,7 @@ def score_best_model(run: Run) -> tuple[dict | None, dict]:
         run.accelerator, capture.eager(run.model), run.loaders.test, run.metrics, thresholds, run.cfg.windowing()
     )
     if "ece_after" in calibrated:
-        scale = calibration.SCALES[run.objective.problem_type]
+        scale = calibration.scale_for(run.objective.problem_type)
         undone = [1 / t for t in calibration.Scale.temperatures(calibrated)]  # the logits are the calibrated ones
         calibrated["ece_before"]["test"] = scale.error(scale.probabilities(scored.logits, undone), scored.labels)
         calibrated["ece_after"]["test"] = scale.error(scale.probabilities(scored.logits), scored.labels)
@@ -360,7 +360,7 @@ def calibrate(run: Run) -> dict:
     if run.cfg.calibration != calibration.TEMPERATURE:
         setattr(unwrapped.config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
         return {"method": calibration.NONE}
-    scale = calibration.SCALES[run.objective.problem_type]
+    scale = calibration.scale_for(run.objective.problem_type)
     model, windowing = capture.eager(run.model), run.cfg.windowing()
     scored, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, windowing=windowing)
     kept = run.out.saved_calibration()

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from contract import files, precision
+from contract.problem_types import TIE_MARGIN
 from contract.task import MULTI, REGRESSION, SINGLE, Task
 from inference import runtimes
 from inference.engine import encode, forward
@@ -222,7 +223,7 @@ def test_a_one_output_model_is_guarded_by_its_decisions_not_by_an_argmax_that_is
     logits = torch.randn(200, 1, generator=gen) * 3
     one_logit = Task(MULTI, 1, (0.5,))
     share, ties = runtimes.agreement([-logits], [logits], one_logit)  # every decision flips
-    assert share == 0.0 and ties == int(((logits.sigmoid() - 0.5).abs() < runtimes.TIE_MARGIN).sum())
+    assert share == 0.0 and ties == int(((logits.sigmoid() - 0.5).abs() < TIE_MARGIN).sum())
     assert runtimes.agreement([logits], [logits], one_logit)[0] == 1.0
     values = torch.randn(200, 1, generator=gen) * 4 + 10
     regression = Task(REGRESSION, 1)

@@ -40,7 +40,7 @@ def test_per_label_temperatures_are_the_ones_each_label_was_drawn_with():
     logits = torch.randn(20_000, 4, generator=generator) * 3
     drawn = torch.tensor([0.5, 1.0, 2.0, 4.0])
     labels = torch.bernoulli((logits / drawn).sigmoid(), generator=generator)
-    scale = calibration.SCALES[task.MULTI]
+    scale = calibration.scale_for(task.MULTI)
     fitted = scale.fit(logits, labels)
     assert fitted == pytest.approx(drawn.tolist(), rel=0.1)
     before = scale.error(scale.probabilities(logits), labels)

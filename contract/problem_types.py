@@ -1,0 +1,314 @@
+"""One object per problem type: everything that differs between single-label, multi-label and regression lives in
+its class here, and nowhere else branches on the problem type. Training asks it for the loss, the targets of a label
+column, the metrics, the report tables and the prediction columns; every reader (evaluation, prediction, the service
+and its agreement guard) asks it how logits become scores and decisions. contract/task.py carries the type, the number
+of outputs and the thresholds in config.json; `Task.kind` is the object below.
+
+Adding a type is one new class (a subclass of ProblemType, registered in KINDS) plus its tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from contract.errors import UserError
+
+SINGLE = "single_label_classification"
+MULTI = "multi_label_classification"
+REGRESSION = "regression"
+
+SOFTMAX, SIGMOID, NONE = "softmax", "sigmoid", "none"
+FUNCTIONS = (SOFTMAX, SIGMOID, NONE)
+
+TIE_MARGIN = 0.02  # the agreement guard leaves out a decision fp32 itself makes by less than this
+REGRESSION_TOLERANCE = 0.1  # a value agrees within this many standard deviations of fp32's outputs
+
+
+class TaskError(UserError, ValueError):
+    """A config whose problem type or thresholds cannot be served; the message names the field."""
+
+
+class LabelReader(Protocol):
+    """What a problem type needs from training's label space (training/data.py LabelSpace) to read a label cell."""
+
+    count: int  # classes known from the training data
+
+    def label_value(self, value: Any, row: int, source: str) -> Any: ...
+
+    def class_id(self, value: Any, row: int, source: str) -> int: ...
+
+    def row_values(self, labels: Any, row: int, source: str) -> list: ...
+
+    def target(self, value: Any, row: int, source: str) -> float: ...
+
+
+def scored(logits: torch.Tensor, function: str) -> torch.Tensor:
+    """Scores from fp32 logits (texts x outputs) by `function`. A softmax over one output (always 1) is a sigmoid, as
+    TEI scores it."""
+    if function == SIGMOID or (function == SOFTMAX and logits.shape[-1] == 1):
+        return logits.sigmoid()
+    if function == SOFTMAX:
+        return logits.softmax(dim=-1)
+    return logits
+
+
+class ProblemType:
+    """The interface; each class below fills it for its type."""
+
+    name: ClassVar[str]  # transformers' config.problem_type
+    function: ClassVar[str]  # the default scoring function: the text-classification pipeline's rule
+    classes: ClassVar[bool] = True  # labels are classes (else: a value, one output)
+    label_lists: ClassVar[bool] = False  # a label cell holds a list of labels (or a delimited string)
+    thresholded: ClassVar[bool] = False  # decisions at per-label thresholds (config.json decision_thresholds)
+    headline: ClassVar[tuple[str, ...]]  # the metrics a card, a curve plot or a summary shows first
+    selection: ClassVar[str]  # the default metric_for_best_model
+    metric_modules: ClassVar[tuple[str, ...]]  # the project's own `evaluate` modules (training/metric_modules)
+    reports: ClassVar[tuple[str, ...]]  # the tables and pictures training.evaluate draws (training/reports.py REPORTS)
+    card_tag: ClassVar[str | None] = None  # the model card's tag beside text-classification
+    temperatures: ClassVar[str] = NONE  # --calibration temperature: "one" for all outputs, "per_label", or none
+    groups_by_length: ClassVar[bool] = True  # --group_by_length's default
+    keeps_fp32: ClassVar[bool] = False  # DTYPE=auto serves fp32 on a CPU without an optimized runtime
+
+    def check_outputs(self, num: int) -> None:
+        """A config with `num` outputs can be served as this type, else a TaskError naming the field."""
+
+    def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
+        """Each example's loss (fp32 logits); `weights` per class or per label, or None."""
+        raise NotImplementedError
+
+    def batch_loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
+        """A batch's training loss: the mean of the weighted per-example losses (not divided by the sum of weights:
+        that mean does not depend on how a global batch is split over processes and accumulation steps)."""
+        return self.loss(logits, labels, weights, smoothing).mean()
+
+    def balanced_weights(self, targets: list, count: int) -> torch.Tensor:
+        """--class_weights balanced: weights averaging 1 over the training targets (classes only)."""
+        raise NotImplementedError
+
+    def cell_values(self, value: Any, row: int, source: str, reader: LabelReader) -> list:
+        """The class values a label cell holds (the training data's classes are their union)."""
+        raise NotImplementedError
+
+    def encode(self, value: Any, row: int, source: str, reader: LabelReader) -> Any:
+        """A label cell as the model's target: a class id, a multi-hot list, or a float."""
+        raise NotImplementedError
+
+    def metric_inputs(self, decided: torch.Tensor, references: torch.Tensor) -> tuple[list, list]:
+        """What the `evaluate` modules are given: class ids, 0/1 lists per text, or values."""
+        return decided.tolist(), references.tolist()
+
+    def example(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A tiny split with every kind of answer (scores, references): metrics are tried on it at start."""
+        raise NotImplementedError
+
+    def prediction_names(self, labels: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+        """The columns a prediction file adds, each a list or array in row order."""
+        raise NotImplementedError
+
+    def agreement(
+        self, out: torch.Tensor, ref: torch.Tensor, thresholds: tuple[float, ...]
+    ) -> tuple[torch.Tensor, int]:
+        """(for each text fp32 decides clearly: does the candidate's output decide the same, ties left out)."""
+        raise NotImplementedError
+
+    def agreement_rule(self, thresholds: tuple[float, ...]) -> str:
+        raise NotImplementedError
+
+
+def _per_label_scores(scores: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+    return {f"score_{label}": scores[:, i].numpy() for i, label in enumerate(labels)}
+
+
+class SingleLabel(ProblemType):
+    """One class per text: a softmax over the labels; the decision is the top label."""
+
+    name, function = SINGLE, SOFTMAX
+    headline, selection = ("accuracy", "macro_f1"), "accuracy"
+    metric_modules = ("accuracy", "macro_f1", "classification_report")
+    reports = ("confusion_matrix", "calibration", "misclassified")
+    temperatures = "one"
+
+    def check_outputs(self, num: int) -> None:
+        if num < 2:
+            raise TaskError(f"config.json: a {SINGLE} model needs two or more labels (has {num})")
+
+    def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
+        return scores.argmax(dim=-1)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
+        losses = F.cross_entropy(logits.float(), labels, reduction="none", label_smoothing=smoothing)
+        return losses * weights[labels] if weights is not None else losses
+
+    def batch_loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
+        if weights is None:  # transformers' own loss, exactly
+            return F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
+        return super().batch_loss(logits, labels, weights, smoothing)
+
+    def balanced_weights(self, targets: list, count: int) -> torch.Tensor:
+        """Each class weighted by texts / (classes x its texts): the rarer, the heavier."""
+        counts = torch.bincount(torch.tensor(targets), minlength=count).double()
+        return (len(targets) / (count * counts.clamp(min=1))).float()
+
+    def cell_values(self, value: Any, row: int, source: str, reader: LabelReader) -> list:
+        return [reader.label_value(value, row, source)]
+
+    def encode(self, value: Any, row: int, source: str, reader: LabelReader) -> int:
+        return reader.class_id(value, row, source)
+
+    def example(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.eye(count), torch.arange(count)
+
+    def prediction_names(self, labels: list[str]) -> list[str]:
+        return ["predicted_label", "predicted_score", *[f"score_{label}" for label in labels]]
+
+    def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+        return {
+            "predicted_label": [labels[i] for i in decided.tolist()],
+            "predicted_score": scores.gather(1, decided[:, None]).squeeze(1).numpy(),
+            **_per_label_scores(scores, labels),
+        }
+
+    def agreement(
+        self, out: torch.Tensor, ref: torch.Tensor, thresholds: tuple[float, ...]
+    ) -> tuple[torch.Tensor, int]:
+        """The argmax; a text whose fp32 top two probabilities are within TIE_MARGIN is a tie (fp32 itself is a coin
+        flip there: a padding change can turn it), neither blamed nor credited."""
+        top = ref.softmax(-1).topk(2, dim=-1).values
+        decided = top[:, 0] - top[:, 1] >= TIE_MARGIN
+        return (out.argmax(-1) == ref.argmax(-1))[decided], len(ref) - int(decided.sum())
+
+    def agreement_rule(self, thresholds: tuple[float, ...]) -> str:
+        return f"argmax agreement on texts fp32 decides by {TIE_MARGIN} or more"
+
+
+class MultiLabel(ProblemType):
+    """Any number of labels per text: a sigmoid per label; a label is predicted when its score reaches its threshold
+    (0.5 each unless training fitted one per label on validation, or calibration moved them)."""
+
+    name, function, thresholded, label_lists = MULTI, SIGMOID, True, True
+    headline, selection = ("micro_f1", "macro_f1", "subset_accuracy"), "micro_f1"
+    metric_modules = ("multilabel",)
+    reports = ("calibration", "wrong_label_sets")
+    card_tag = "multi-label-classification"
+    temperatures = "per_label"
+
+    def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
+        return scores >= torch.tensor(thresholds, dtype=scores.dtype)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
+        """Binary cross-entropy per label, averaged over the labels; `weights` are BCE's pos_weight."""
+        targets = labels.float() * (1 - smoothing) + smoothing / 2
+        losses = F.binary_cross_entropy_with_logits(logits.float(), targets, pos_weight=weights, reduction="none")
+        return losses.mean(dim=-1)
+
+    def balanced_weights(self, targets: list, count: int) -> torch.Tensor:
+        """Each label's pos_weight: its negatives over its positives."""
+        positives = torch.tensor(targets, dtype=torch.float64).sum(dim=0)
+        return ((len(targets) - positives) / positives.clamp(min=1)).float()
+
+    def cell_values(self, value: Any, row: int, source: str, reader: LabelReader) -> list:
+        return reader.row_values(value, row, source)
+
+    def encode(self, value: Any, row: int, source: str, reader: LabelReader) -> list[float]:
+        """A multi-hot row over the classes."""
+        hot = [0.0] * reader.count
+        for label in reader.row_values(value, row, source):
+            hot[reader.class_id(label, row, source)] = 1.0
+        return hot
+
+    def metric_inputs(self, decided: torch.Tensor, references: torch.Tensor) -> tuple[list, list]:
+        return decided.long().tolist(), references.long().tolist()
+
+    def example(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        hot = torch.eye(count)
+        return hot * 0.9 + 0.05, hot
+
+    def prediction_names(self, labels: list[str]) -> list[str]:
+        return ["predicted_labels", *[f"score_{label}" for label in labels]]
+
+    def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+        chosen = [[labels[j] for j in row.nonzero().flatten().tolist()] for row in decided]
+        return {"predicted_labels": chosen, **_per_label_scores(scores, labels)}
+
+    def agreement(
+        self, out: torch.Tensor, ref: torch.Tensor, thresholds: tuple[float, ...]
+    ) -> tuple[torch.Tensor, int]:
+        """Every label's thresholded decision; a score within TIE_MARGIN of its threshold is a tie."""
+        bounds = torch.tensor(thresholds)
+        expected, got = ref.sigmoid(), out.sigmoid()
+        decided = (expected - bounds).abs() >= TIE_MARGIN
+        return ((got >= bounds) == (expected >= bounds))[decided], int((~decided).sum())
+
+    def agreement_rule(self, thresholds: tuple[float, ...]) -> str:
+        return f"per-label decisions at thresholds {list(thresholds)}, ties within {TIE_MARGIN} left out"
+
+
+class Regression(ProblemType):
+    """One output: the raw value, no squashing."""
+
+    name, function, classes = REGRESSION, NONE, False
+    headline, selection = ("mse", "pearson", "spearman"), "mse"
+    metric_modules = ("regression",)
+    reports = ("residuals", "largest_errors")
+    card_tag = "regression"
+    # a score often follows the text's length, and batches of alike lengths then hold alike targets, each a biased
+    # sample of the task (docs/benchmarks.md, "Regression against the Trainer")
+    groups_by_length = False
+    keeps_fp32 = True  # raw values: a precision drop moves them
+
+    def check_outputs(self, num: int) -> None:
+        if num != 1:  # what would 4 raw values ranked as label scores mean?
+            raise TaskError(f"config.json: a {REGRESSION} model has one output here (has {num} in id2label)")
+
+    def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
+        return scores[..., 0]
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
+        return F.mse_loss(logits.float().squeeze(-1), labels.float(), reduction="none")
+
+    def cell_values(self, value: Any, row: int, source: str, reader: LabelReader) -> list:
+        reader.target(value, row, source)  # checked: a finite number float32 can train on
+        return []
+
+    def encode(self, value: Any, row: int, source: str, reader: LabelReader) -> float:
+        return reader.target(value, row, source)
+
+    def example(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor([[0.0], [1.0], [3.0]]), torch.tensor([0.5, 1.0, 2.0])
+
+    def prediction_names(self, labels: list[str]) -> list[str]:
+        return ["predicted_value"]
+
+    def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+        return {"predicted_value": decided.numpy()}
+
+    def agreement(
+        self, out: torch.Tensor, ref: torch.Tensor, thresholds: tuple[float, ...]
+    ) -> tuple[torch.Tensor, int]:
+        """A text agrees when its value is within REGRESSION_TOLERANCE standard deviations of fp32's outputs (the
+        target's spread as the model sees it) of fp32's value."""
+        bound = REGRESSION_TOLERANCE * ref[:, 0].std().clamp(min=1e-6)
+        return (out[:, 0] - ref[:, 0]).abs() <= bound, 0
+
+    def agreement_rule(self, thresholds: tuple[float, ...]) -> str:
+        return f"regression values within {REGRESSION_TOLERANCE} standard deviations of fp32's"
+
+
+KINDS: dict[str, ProblemType] = {kind.name: kind for kind in (SingleLabel(), MultiLabel(), Regression())}
+PROBLEM_TYPES = tuple(KINDS)
+
+
+def kind_of(name: str) -> ProblemType:
+    """The problem type named by config.json's problem_type (or a run summary's)."""
+    if name not in KINDS:
+        raise TaskError(f"config.json: problem_type {name!r} is not one of {', '.join(PROBLEM_TYPES)}")
+    return KINDS[name]
