@@ -146,7 +146,7 @@ def _names_a_problem_type(node: ast.AST) -> bool:
 
 def test_only_the_problem_type_objects_branch_on_the_problem_type():
     """Issue 42, point 2: what differs by problem type lives in its class (contract/problem_types.py); nowhere else
-    compares a problem type or keys a table by one (choosing the type from the data, training/data.py, returns
+    compares a problem type or keys a table by one (choosing the type from the data, training/data/labels.py, returns
     names and compares none)."""
     found = []
     for package in ("contract", *PACKAGES):

@@ -26,7 +26,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from contract.hub import hub_reachable, is_offline
 from training.cli import run_command
-from training.data import DataError
+from training.data.errors import DataError
 from training.hub import HubUnavailableError, explain_missing
 
 logger = logging.getLogger("download")

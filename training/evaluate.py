@@ -37,16 +37,10 @@ from training.atomic import write_json
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.config import TrainConfig, presets
-from training.data import (
-    LabelSpace,
-    hub_split,
-    labelled,
-    load_file,
-    load_hub,
-    make_eval_loader,
-    require_columns,
-    tokenize,
-)
+from training.data.batching import make_eval_loader
+from training.data.labels import LabelSpace
+from training.data.reading import hub_split, labelled, load_file, load_hub, require_columns
+from training.data.tokenizing import tokenize
 from training.hub import ensure_hub_or_offline
 from training.metrics import MetricSuite, Scored
 from training.scoring import score

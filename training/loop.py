@@ -29,7 +29,8 @@ from contract import files, task
 from training.capture import CompileReport, eager
 from training.checkpoint import OutputDir, Progress
 from training.config import TrainConfig
-from training.data import Splits, model_inputs, num_texts
+from training.data.batching import model_inputs, num_texts
+from training.data.reading import Splits
 from training.guards import StopGuard, TrainingDiverged
 from training.lora import parameter_counts
 from training.metrics import MetricSuite

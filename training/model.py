@@ -12,7 +12,7 @@ from contract.errors import UserError
 from contract.padding import ensure_pad_token, match_pad_token
 from training import calibration
 from training.config import TrainConfig
-from training.data import LabelSpace
+from training.data.labels import LabelSpace
 from training.hub import explain_missing
 
 logger = logging.getLogger(__name__)

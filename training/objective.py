@@ -20,7 +20,8 @@ import torch
 from contract import task
 from contract.problem_types import ProblemType, kind_of
 from training.config import TrainConfig, class_weight_values
-from training.data import DataError, LabelSpace
+from training.data.errors import DataError
+from training.data.labels import LabelSpace
 
 
 @dataclass

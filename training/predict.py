@@ -45,7 +45,8 @@ from contract.long_text import LongText
 from contract.model_call import forward
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
-from training.data import DataError, join_texts, load_file, require_columns
+from training.data.errors import DataError
+from training.data.reading import join_texts, load_file, require_columns
 from training.evaluate import add_data_arguments, checkpoint_parser, windowing_for
 
 logger = get_logger(__name__)

@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from contract.files import file_sha256
 from training.collective import decided_on_main
 from training.config import TrainConfig
-from training.data import Splits
+from training.data.reading import Splits
 
 MAY_CHANGE = (  # settings a resumed run may change: where it writes and reports, how it reads, when it checks
     "output_dir",

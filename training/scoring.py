@@ -9,7 +9,7 @@ import torch
 from accelerate import Accelerator
 
 from contract.long_text import LongText
-from training.data import model_inputs
+from training.data.batching import model_inputs
 from training.metrics import MetricSuite, Scored, fit_thresholds
 from training.objective import Objective
 

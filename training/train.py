@@ -42,16 +42,10 @@ from training.claim import claim_output_dir
 from training.cli import run_command, setup_logging, usage_error
 from training.collective import main_first
 from training.config import ConfigError, TrainConfig, load_config
-from training.data import (
-    LabelSpace,
-    Splits,
-    load_splits,
-    make_dataloaders,
-    num_texts,
-    pad_widths,
-    steps_in_epoch,
-    tokenize_splits,
-)
+from training.data.batching import make_dataloaders, num_texts, pad_widths, steps_in_epoch
+from training.data.labels import LabelSpace
+from training.data.reading import Splits, load_splits
+from training.data.tokenizing import tokenize_splits
 from training.guards import StopGuard, TrainingDiverged, check_world_size
 from training.hub import ensure_hub_or_offline
 from training.loop import Loaders, Run, fit, format_metrics, on_disk, run_summary

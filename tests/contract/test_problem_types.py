@@ -15,7 +15,7 @@ LABELS = ["a", "b", "c"]
 
 
 class Reader:
-    """training/data.py LabelSpace's part a problem type reads label cells through: classes a, b, c."""
+    """training/data/labels.py LabelSpace's part a problem type reads label cells through: classes a, b, c."""
 
     count = len(LABELS)
 

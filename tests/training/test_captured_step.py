@@ -25,7 +25,9 @@ from tests.helpers.cuda_graphs.stand_in import REPORT, on_parameters_device
 from tests.helpers.processes import ROOT, cli_env, describe, graphs_env, run_train
 from training import capture
 from training.config import load_config
-from training.data import Collator, load_splits, make_dataloaders, pad_multiple, pad_widths, tokenize_splits
+from training.data.batching import Collator, make_dataloaders, pad_multiple, pad_widths
+from training.data.reading import load_splits
+from training.data.tokenizing import tokenize_splits
 from training.model import load_tokenizer
 
 STEPS = 50

@@ -18,7 +18,7 @@ from training.checkpoint import ResumeError, SaveError
 from training.claim import OutputDirError
 from training.cli import run_command
 from training.config import ConfigError
-from training.data import DataError
+from training.data.errors import DataError
 from training.guards import LaunchError, TrainingDiverged
 from training.hub import HubUnavailableError
 from training.metrics import MetricError

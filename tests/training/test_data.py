@@ -9,15 +9,11 @@ import torch
 
 from tests.helpers.files import write_rows
 from training.config import load_config
-from training.data import (
-    GPU_LOADER_WORKERS,
-    DataError,
-    LabelSpace,
-    load_splits,
-    loader_workers,
-    make_dataloaders,
-    tokenize_splits,
-)
+from training.data.batching import GPU_LOADER_WORKERS, loader_workers, make_dataloaders
+from training.data.errors import DataError
+from training.data.labels import LabelSpace
+from training.data.reading import load_splits
+from training.data.tokenizing import tokenize_splits
 from training.model import load_tokenizer
 
 NAMES = ["World", "Sports", "Business", "Sci/Tech"]

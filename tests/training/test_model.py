@@ -7,7 +7,7 @@ import torch
 
 from contract.task import MULTI, REGRESSION, Task
 from training.config import load_config
-from training.data import LabelSpace
+from training.data.labels import LabelSpace
 from training.model import build_model, build_optimizer
 
 

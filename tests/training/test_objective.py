@@ -15,7 +15,8 @@ from transformers import DistilBertConfig, DistilBertForSequenceClassification
 from contract import files, task
 from tests.helpers.files import write_rows
 from tests.helpers.processes import describe, run_train
-from training.data import DataError, LabelSpace
+from training.data.errors import DataError
+from training.data.labels import LabelSpace
 from training.objective import Objective, class_weights
 from training.smoke import make_split
 

@@ -7,7 +7,8 @@ import random
 import pytest
 from accelerate.data_loader import BatchSamplerShard
 
-from training.data import DataError, LengthGroupedBatchSampler
+from training.data.batching import LengthGroupedBatchSampler
+from training.data.errors import DataError
 
 
 def lengths(n: int = 1003, seed: int = 0) -> list[int]:

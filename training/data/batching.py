@@ -1,0 +1,211 @@
+"""Batches: a length-grouped batch sampler for training, length-sorted batches for evaluation, padding to a few
+fixed widths (--pad_buckets) or to the longest text in the batch, and the data loaders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import datasets
+import torch
+from torch.utils.data import DataLoader, Sampler
+from transformers import PreTrainedTokenizerBase
+
+from contract import shapes
+from training import capture
+from training.config import TrainConfig
+from training.data.errors import DataError
+from training.data.reading import Splits
+
+GPU_LOADER_WORKERS = 2  # collation off the training thread: a captured step waits on it otherwise
+
+
+class LengthGroupedBatchSampler(Sampler[list[int]]):
+    """Training batches for ALL ranks, in the order accelerate deals them out (batch i -> rank i % world).
+
+    One optimizer step consumes `num_replicas x accumulation` batches (one per rank per accumulation
+    micro-step); call that group a step. Each epoch (seeded by seed + epoch, so it reshuffles and is
+    reproducible):
+    1. shuffle all indices and drop the remainder that would not fill one whole step, so each rank gets the
+       same number of full batches and no example is seen twice;
+    2. if group_by_length: sort chunks of `megabatch` steps by length, so a batch holds texts of similar
+       length (little padding) and the ranks of one step get similar lengths (little waiting);
+    3. cut into batches, group them into steps, shuffle the steps, and put the step with the longest texts
+       first (an out-of-memory error shows up at once, not hours in).
+    The examples of each optimizer step depend only on (per-device batch x processes x accumulation), so
+    1 x 16, 2 x 8, 1 x 8 x accumulation 2 and 2 x 4 x accumulation 2 train on the same global batches.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int,
+        num_replicas: int = 1,
+        seed: int = 0,
+        group_by_length: bool = True,
+        megabatch: int = 50,
+        accumulation: int = 1,
+    ):
+        super().__init__()
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.num_replicas = num_replicas
+        self.accumulation = accumulation
+        self.seed = seed
+        self.group_by_length = group_by_length
+        self.megabatch = megabatch
+        self.drop_last = True
+        self.epoch = 0
+        self.batches_per_step = num_replicas * accumulation
+        self.num_steps = steps_in_epoch(len(self.lengths), batch_size, num_replicas, accumulation)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_steps * self.batches_per_step
+
+    def __iter__(self) -> Iterator[list[int]]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        step_size = self.batch_size * self.batches_per_step
+        order = torch.randperm(len(self.lengths), generator=generator)[: self.num_steps * step_size].tolist()
+        if self.group_by_length:
+            chunk = step_size * self.megabatch
+            order = [
+                i
+                for start in range(0, len(order), chunk)
+                for i in sorted(order[start : start + chunk], key=self.lengths.__getitem__, reverse=True)
+            ]
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        steps = [batches[i : i + self.batches_per_step] for i in range(0, len(batches), self.batches_per_step)]
+        steps = [steps[i] for i in torch.randperm(len(steps), generator=generator).tolist()]
+        longest = max(range(len(steps)), key=lambda s: max(self.lengths[i] for batch in steps[s] for i in batch))
+        steps.insert(0, steps.pop(longest))
+        for step in steps:
+            yield from step
+
+
+def steps_in_epoch(examples: int, batch_size: int, num_replicas: int, accumulation: int) -> int:
+    """Optimizer steps in one epoch, as the sampler deals them (whole steps only); DataError when not even one."""
+    steps = examples // (batch_size * num_replicas * accumulation)
+    if steps == 0:
+        raise DataError(
+            f"only {examples} training examples, fewer than one optimizer step "
+            f"({batch_size} per device x {num_replicas} processes x {accumulation} accumulation)"
+        )
+    return steps
+
+
+def _model_columns(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, *extra: str) -> datasets.Dataset:
+    keep = [c for c in (*tokenizer.model_input_names, "labels", *extra) if c in ds.column_names]
+    return ds.select_columns(keep)
+
+
+NOT_MODEL_INPUTS = ("labels", "document")  # batch keys the model is not called with
+
+
+def model_inputs(batch: dict) -> dict:
+    return {key: value for key, value in batch.items() if key not in NOT_MODEL_INPUTS}
+
+
+def pad_multiple(cfg: TrainConfig, device_type: str) -> int:
+    """--pad_to_multiple_of, else 8 on GPU (tensor cores want multiples of 8) and 1 on CPU (measured faster)."""
+    return cfg.pad_to_multiple_of or (shapes.GPU_MULTIPLE if device_type == "cuda" else 1)
+
+
+def pad_widths(cfg: TrainConfig, device_type: str, compile_mode: str = capture.NONE) -> tuple[int, ...]:
+    """The fixed widths batches are padded to (--pad_buckets; training/capture.py decides the default from the
+    resolved compile mode), or (): dynamic widths."""
+    count = capture.bucket_count(cfg.pad_buckets, compile_mode, device_type)
+    return shapes.bucket_widths(cfg.max_length, count) if count else ()
+
+
+def loader_workers(cfg: TrainConfig, device_type: str) -> int:
+    """--dataloader_num_workers, else GPU_LOADER_WORKERS on GPU and 0 on CPU."""
+    if cfg.dataloader_num_workers is not None:
+        return cfg.dataloader_num_workers
+    return GPU_LOADER_WORKERS if device_type == "cuda" else 0
+
+
+@dataclass(frozen=True)
+class Collator:
+    """A batch of tokenized windows: padded (contract/shapes.py) to the smallest of `widths` that holds the longest,
+    or without widths to the longest rounded up to `multiple`; with its labels and text rows as tensors."""
+
+    pad_token_id: int
+    left: bool = False
+    widths: tuple[int, ...] = ()
+    multiple: int = 1
+
+    @classmethod
+    def of(cls, tokenizer: PreTrainedTokenizerBase, widths: tuple[int, ...] = (), multiple: int = 1) -> Collator:
+        return cls(tokenizer.pad_token_id, tokenizer.padding_side == "left", widths, multiple)
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        longest = max(len(f["input_ids"]) for f in features)
+        batch = shapes.pad(
+            features, self.pad_token_id, shapes.width_for(longest, self.widths, self.multiple), self.left
+        )
+        for key in NOT_MODEL_INPUTS:
+            if key in features[0]:
+                batch[key] = torch.tensor([f[key] for f in features])  # ints: int64; floats, multi-hot: float32
+        return batch
+
+
+def num_texts(split: datasets.Dataset | None) -> int:
+    """Texts (rows of the data) in a tokenized split; len(split) counts windows."""
+    return 0 if split is None else len(set(split["document"]))
+
+
+def make_dataloaders(
+    splits: Splits,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: TrainConfig,
+    num_processes: int,
+    device_type: str = "cpu",
+    compile_mode: str = capture.NONE,
+) -> tuple[DataLoader, LengthGroupedBatchSampler, DataLoader, DataLoader | None]:
+    """Train loader (+ its sampler, whose epoch train.py sets) and evaluation loaders, not yet prepared; batches in
+    fixed widths where the (resolved) compile mode needs them; grouped by length as cfg.group_by_length says once
+    train.py resolved it by the problem type (None: not grouped)."""
+    collate = Collator.of(tokenizer, pad_widths(cfg, device_type, compile_mode), pad_multiple(cfg, device_type))
+    sampler = LengthGroupedBatchSampler(
+        list(splits.train["length"]),
+        cfg.per_device_train_batch_size,
+        num_processes,
+        seed=cfg.seed,
+        group_by_length=bool(cfg.group_by_length),
+        accumulation=cfg.gradient_accumulation_steps,
+    )
+    workers = loader_workers(cfg, device_type)
+    common = dict(
+        collate_fn=collate, num_workers=workers, persistent_workers=workers > 0, pin_memory=device_type == "cuda"
+    )
+    # Its own generator, so creating the loader iterator never draws from the global RNG (dropout): a
+    # resumed run then sees exactly the random numbers the uninterrupted one saw.
+    train_loader = DataLoader(
+        _model_columns(splits.train, tokenizer),
+        batch_sampler=sampler,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        **common,
+    )
+
+    def eval_loader(ds: datasets.Dataset) -> DataLoader:
+        return make_eval_loader(ds, tokenizer, cfg.per_device_eval_batch_size, common)
+
+    test_loader = eval_loader(splits.test) if splits.test is not None else None
+    return train_loader, sampler, eval_loader(splits.validation), test_loader
+
+
+def make_eval_loader(
+    ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int, loader_kwargs: dict | None = None
+) -> DataLoader:
+    """Windows shortest first (ties in row order), so consecutive batches need little padding; each keeps its text's
+    row (`document`), by which evaluation puts the results back in row order and pools a text's windows."""
+    loader_kwargs = loader_kwargs or {"collate_fn": Collator.of(tokenizer)}
+    lengths = list(ds["length"])
+    by_length = ds.select(sorted(range(len(ds)), key=lengths.__getitem__))
+    return DataLoader(
+        _model_columns(by_length, tokenizer, "document"), batch_size=batch_size, shuffle=False, **loader_kwargs
+    )

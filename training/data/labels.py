@@ -1,0 +1,210 @@
+"""Labels as run_classification.py reads them: the problem type chosen from the label column, the label space
+(class values and names), and each row's target through the problem type's object (contract/problem_types.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import datasets
+import torch
+
+from contract import task
+from contract.problem_types import ProblemType, kind_of
+from training.config import TrainConfig
+from training.data.errors import DataError
+
+
+def _label_value(value, source: str, row: int):
+    """A label as the key it is compared by: an int (integer-valued floats too), a bool, or a str."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (bool, int, str)) and value != "":
+        return value
+    raise DataError(f"{source}: row {row}: label {value!r} is not a class (expected an integer or a string)")
+
+
+LARGEST_TARGET = math.sqrt(torch.finfo(torch.float32).max)  # targets are fp32, and the MSE loss squares them
+
+
+def _target(value, source: str, row: int) -> float:
+    """A regression target: a finite number whose square (the MSE loss) is finite in float32, the dtype regression
+    trains in (a larger one would overflow the loss to inf and the evaluation to NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DataError(f"{source}: row {row}: target {value!r} is not a finite number (regression)")
+    if abs(value) > LARGEST_TARGET:
+        raise DataError(
+            f"{source}: row {row}: target {value!r} is too large for float32 training (its square overflows the MSE "
+            f"loss; |target| must be at most {LARGEST_TARGET:.3g}): rescale the targets"
+        )
+    return float(value)
+
+
+def _is_list_feature(feature) -> bool:
+    return isinstance(feature, (datasets.Sequence, datasets.List, datasets.LargeList))
+
+
+def _problem_type(feature, values: list, delimiter: str | None, regression: bool | None) -> str:
+    """run_classification.py's rule: list labels (or --label_delimiter) are multi-label, a float column (or
+    --do_regression) is regression, anything else is single-label; --do_regression false keeps floats as classes. A
+    column of whole numbers with missing values (pandas reads it as floats) stays classes, so the gap is reported."""
+    if regression:
+        return task.REGRESSION
+    if delimiter is not None or _is_list_feature(feature) or any(isinstance(v, list) for v in values):
+        return task.MULTI
+    if regression is False:
+        return task.SINGLE
+    present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    fractions = any(isinstance(v, float) and not v.is_integer() for v in present)
+    floats = isinstance(feature, datasets.Value) and feature.dtype.startswith("float")
+    # a float column of whole numbers with gaps is an integer column with missing labels (pandas reads it as float)
+    return task.REGRESSION if fractions or (floats and len(present) == len(values)) else task.SINGLE
+
+
+def _check_one_label_type(feature, values: list, source: str, column: str) -> None:
+    """A label column read with one meaning: not numbers and strings mixed in a JSON file (datasets reads such a
+    column as JSON values), and not fractional numbers with a stray word in a csv (pandas then reads every value as
+    text, which would make each distinct number a class)."""
+    if type(feature).__name__ == "Json" and not any(isinstance(v, (list, dict)) for v in values):
+        raise DataError(
+            f"{source}: column {column!r} mixes label types (numbers and strings): write every label as a number "
+            "(regression) or every label as a string (classes)"
+        )
+    if not (isinstance(feature, datasets.Value) and "string" in feature.dtype):
+        return
+    numbers = [_as_number(v) for v in values]
+    fractions = [v for v in numbers if v is not None and not v.is_integer()]
+    if not fractions or 2 * sum(v is not None for v in numbers) < len(values):
+        return
+    words = [(row, v) for row, (v, n) in enumerate(zip(values, numbers), start=1) if n is None]
+    where = f"row {words[0][0]} holds {words[0][1]!r}, which is not a number" if words else "all are written as text"
+    raise DataError(
+        f"{source}: column {column!r} holds fractional numbers ({fractions[0]:g}, ...) but {where}: fix the row for "
+        f"regression, or pass --do_regression false to train {len(set(values))} classes named by these values"
+    )
+
+
+def _check_label_names(names: list[str], source: str) -> None:
+    """Label names become csv column names (`score_<label>`) and are joined with `|` in list cells: none may hold a
+    control character or `|`."""
+    for name in names:
+        if "|" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise DataError(
+                f"{source}: label {name!r} holds '|' or a control character (prediction files join labels with '|' "
+                "and name columns after them): pass --label_delimiter '|' if it lists several labels, or rename the "
+                "labels with --label_names"
+            )
+
+
+def _as_number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+@dataclass
+class LabelSpace:
+    """Labels as `run_classification.py` reads them. Classes (single- and multi-label): the training data's distinct
+    label values, sorted (integers numerically, strings as strings), are ids 0..N-1; names are those values as strings
+    unless --label_names renames them in that order; a Hub ClassLabel keeps its names (and its ids). A multi-label row
+    becomes a multi-hot vector over those ids; a regression target stays a number (one output, named by
+    --label_names or after the label column)."""
+
+    values: list  # the label value of each id, as found in the data ([] for regression)
+    names: list[str]
+    source: str  # where the values were found, for error messages
+    problem_type: str = task.SINGLE
+    delimiter: str | None = None  # --label_delimiter: a multi-label string column's separator
+
+    @classmethod
+    def of_training_data(cls, ds: datasets.Dataset, source: str, column: str, cfg: TrainConfig) -> LabelSpace:
+        feature, raw = ds.features[column], ds[column]
+        kind = kind_of(_problem_type(feature, raw, cfg.label_delimiter, cfg.do_regression))
+        if not kind.label_lists and cfg.do_regression is None:
+            _check_one_label_type(feature, raw, source, column)
+        if cfg.threshold_strategy == "per_label" and not kind.thresholded:
+            raise DataError(
+                f"--threshold_strategy per_label fits a threshold per label of multi-label data; {source} column "
+                f"{column!r} is {kind.name}"
+            )
+        names = cfg.label_names
+        space = cls(values=[], names=[], source=source, problem_type=kind.name, delimiter=cfg.label_delimiter)
+        seen = {value for row, cell in enumerate(raw, start=1) for value in kind.cell_values(cell, row, source, space)}
+        if not kind.classes:
+            if names and len(names) != 1:
+                raise DataError(f"label_names: a regression model has one output; give one name (got {len(names)})")
+            return cls(values=[], names=list(names or [column]), source=source, problem_type=kind.name)
+        inner = getattr(feature, "feature", feature)
+        if isinstance(inner, datasets.ClassLabel):
+            values, found = list(range(inner.num_classes)), list(inner.names)
+        else:
+            if len({type(v) for v in seen}) > 1:
+                raise DataError(f"{source}: column {column!r} mixes label types ({sorted(map(repr, seen))[:6]})")
+            values = sorted(seen)
+            found = [str(v) for v in values]
+        if len(values) < 2:
+            raise DataError(
+                f"{source}: column {column!r} has {len(values)} distinct label(s); a classifier needs two or more"
+            )
+        if names and len(names) != len(values):
+            raise DataError(
+                f"label_names: {len(names)} names for the {len(values)} label values of {source} "
+                f"({', '.join(map(str, values))}, in id order)"
+            )
+        space.values, space.names = values, list(names or found)
+        _check_label_names(space.names, source if not names else "--label_names")
+        return space
+
+    @property
+    def task(self) -> task.Task:
+        """The model's task (contract/task.py); multi-label starts at the default threshold for every label."""
+        return task.Task(self.problem_type, len(self.names))
+
+    @property
+    def kind(self) -> ProblemType:
+        return kind_of(self.problem_type)
+
+    @property
+    def count(self) -> int:
+        return len(self.values)
+
+    def label_value(self, value, row: int, source: str):
+        return _label_value(value, source, row)
+
+    def target(self, value, row: int, source: str) -> float:
+        return _target(value, source, row)
+
+    def row_values(self, labels, row: int, source: str | None = None) -> list:
+        """A multi-label row's label values (a list, or a delimited string); an empty one is an error."""
+        source = source or self.source
+        if self.delimiter is not None and isinstance(labels, str):
+            labels = [part.strip() for part in labels.split(self.delimiter) if part.strip()]
+        if not isinstance(labels, list):
+            raise DataError(f"{source}: row {row}: labels {labels!r} are not a list (multi-label)")
+        if not labels:
+            raise DataError(f"{source}: row {row}: no labels; every multi-label example needs one or more")
+        return [_label_value(value, source, row) for value in labels]
+
+    def class_id(self, value, row: int, source: str) -> int:
+        """The id of a class the training data had; one it never had is an error naming it and the row."""
+        key = _label_value(value, source, row)
+        index = self._ids.get(key)
+        if index is None or isinstance(key, bool) != isinstance(self.values[0], bool):
+            raise DataError(
+                f"{source}: row {row}: label {value!r} never appears in the training data "
+                f"({self.source}: {', '.join(map(str, self.values))})"
+            )
+        return index
+
+    @functools.cached_property
+    def _ids(self) -> dict:
+        return {v: i for i, v in enumerate(self.values)}
+
+    def encode(self, ds: datasets.Dataset, source: str, column: str) -> list:
+        """Every row's label as the model's target (contract/problem_types.py `encode`): a class id, a multi-hot
+        list, or a float."""
+        return [self.kind.encode(value, row, source, self) for row, value in enumerate(ds[column], start=1)]

@@ -1,0 +1,224 @@
+"""Reading the data: Hub or local csv/jsonl/parquet, text columns joined, labels encoded, validation split
+and test held out: `load_splits`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+import pyarrow
+import pyarrow.parquet
+
+from training.config import TrainConfig
+from training.data.errors import DataError
+from training.data.labels import LabelSpace
+from training.hub import explain_missing
+
+_LOADERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+CALIBRATION_TEXTS = 600  # the service splits them: held out for the int8 agreement check, the rest calibrate int8
+
+
+@dataclass
+class Splits:
+    train: datasets.Dataset
+    validation: datasets.Dataset
+    test: datasets.Dataset | None
+    labels: LabelSpace
+    calibration: list[str] = field(default_factory=list)  # training texts recorded for int8 serving
+    sources: dict[str, dict] = field(default_factory=dict)  # where each split was read (training/provenance.py)
+
+    @property
+    def label_names(self) -> list[str]:
+        return self.labels.names
+
+    def named(self) -> dict[str, datasets.Dataset | None]:
+        return {"train": self.train, "validation": self.validation, "test": self.test}
+
+
+def load_file(path: str) -> datasets.Dataset:
+    """One local csv / jsonl / parquet file as a Dataset, with clear errors for missing or unreadable files."""
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"{path}: file not found")
+    if file.stat().st_size == 0:
+        raise DataError(f"{path}: file is empty")
+    check_header(file)
+    try:
+        loaded = datasets.load_dataset(_LOADERS[file.suffix.lower()], data_files=str(file), split="train")
+    except (datasets.exceptions.DatasetGenerationError, ValueError, OSError) as exc:
+        cause = exc.__cause__ or exc
+        if "corresponds to no data" in str(cause):  # datasets' words for a file with a header and no rows
+            raise DataError(f"{path}: no rows") from None
+        raise DataError(
+            f"{path}: cannot parse as {file.suffix.lower()[1:]} ({' '.join(str(cause).split())[:200]})"
+        ) from None
+    if len(loaded) == 0:
+        raise DataError(f"{path}: no rows")
+    return loaded
+
+
+def check_header(file: Path) -> None:
+    """A column named twice is refused: pandas would silently rename the second one (`text.1`) and the run would
+    train on whichever it picked. Read from the csv header, the parquet schema, or a jsonl file's first object."""
+    try:
+        names, where = _column_names(file)
+    except (OSError, ValueError, csv.Error, pyarrow.ArrowException):
+        return  # unreadable here: load_file's parser says why, in its own words
+    for name in dict.fromkeys(names):
+        if names.count(name) > 1:
+            raise DataError(
+                f"{file}: column {name!r} is named {names.count(name)} times in its {where}; rename or drop the "
+                "extra ones, so that it is clear which column to read"
+            )
+
+
+def _column_names(file: Path) -> tuple[list[str], str]:
+    suffix = file.suffix.lower()
+    if suffix == ".csv":
+        with open(file, newline="", encoding="utf-8", errors="replace") as fh:
+            return next(csv.reader(fh), []), "header"
+    if suffix == ".parquet":
+        return pyarrow.parquet.read_schema(file).names, "schema"
+    with open(file, encoding="utf-8", errors="replace") as fh:  # jsonl: keys of the first object, duplicates kept
+        first = fh.readline()
+    pairs = json.loads(first, object_pairs_hook=list) if first.lstrip().startswith("{") else []
+    return [key for key, _ in pairs], "first object"
+
+
+def load_hub(name: str, config_name: str | None = None) -> datasets.DatasetDict:
+    try:
+        return datasets.load_dataset(name, config_name)
+    except (ConnectionError, FileNotFoundError, OSError) as exc:
+        raise explain_missing(f"dataset {name!r}", exc) from None
+
+
+def hub_split(hub: datasets.DatasetDict, name: str, split: str) -> datasets.Dataset:
+    if split not in hub:
+        raise DataError(f"dataset {name!r}: no {split!r} split (found: {', '.join(hub)})")
+    return hub[split]
+
+
+def without_columns(ds: datasets.Dataset, source: str, columns: Sequence[str] | None) -> datasets.Dataset:
+    """--remove_columns: dropped from every split before anything reads them; a name no split has is an error."""
+    if not columns:
+        return ds
+    require_columns(ds, source, columns)
+    return ds.remove_columns(list(columns))
+
+
+def require_columns(ds: datasets.Dataset, source: str, columns: Sequence[str]) -> None:
+    for column in columns:
+        if column not in ds.column_names:
+            raise DataError(f"{source}: missing column {column!r} (found: {', '.join(ds.column_names)})")
+
+
+def text_columns(cfg: TrainConfig) -> list[str]:
+    return [*cfg.text_column_names, *([cfg.text_pair_column] if cfg.text_pair_column else [])]
+
+
+def join_texts(parts: Sequence[str | None], delimiter: str) -> str:
+    """Several text columns of one row as one text; missing (None) or empty parts are left out."""
+    return delimiter.join(part for part in parts if part)
+
+
+def check_texts(ds: datasets.Dataset, source: str, cfg: TrainConfig) -> None:
+    """Every text column holds strings, none is empty in every row, and no row's (joined) text is empty."""
+    require_columns(ds, source, text_columns(cfg))
+    values = {column: ds[column] for column in text_columns(cfg)}
+    for column, column_values in values.items():
+        for row, value in enumerate(column_values, start=1):
+            if value is not None and not isinstance(value, str):
+                raise DataError(f"{source}: row {row}: {column} is {value!r}, expected a string")
+        if not any(value and value.strip() for value in column_values):
+            raise DataError(f"{source}: text column {column!r} is empty in every row")
+    texts = zip(*(values[c] for c in cfg.text_column_names))
+    for row, parts in enumerate(texts, start=1):
+        if not join_texts(parts, cfg.text_column_delimiter).strip():
+            raise DataError(f"{source}: row {row}: empty text")
+    for row, pair in enumerate(values.get(cfg.text_pair_column, ()), start=1):
+        if not (pair and pair.strip()):
+            raise DataError(f"{source}: row {row}: empty {cfg.text_pair_column}")
+
+
+def with_texts(ds: datasets.Dataset, cfg: TrainConfig) -> datasets.Dataset:
+    """A `text` column (the text columns joined) and `text_pair` for pair tasks, as a cached `datasets.map`."""
+    names, delimiter, pair = list(cfg.text_column_names), cfg.text_column_delimiter, cfg.text_pair_column
+
+    def join(batch):
+        out = {"text": [join_texts(parts, delimiter) for parts in zip(*(batch[c] for c in names))]}
+        if pair:
+            out["text_pair"] = batch[pair]
+        return out
+
+    return ds.map(join, batched=True, remove_columns=ds.column_names, desc="Joining text columns")
+
+
+def labelled(ds: datasets.Dataset, source: str, cfg: TrainConfig, labels: LabelSpace) -> datasets.Dataset:
+    """Validated texts and labels: `text` (+ `text_pair`) and an integer `labels` column."""
+    require_columns(ds, source, [cfg.label_column])
+    check_texts(ds, source, cfg)
+    return with_texts(ds, cfg).add_column("labels", labels.encode(ds, source, cfg.label_column))
+
+
+def _subsample(ds: datasets.Dataset, n: int | None, seed: int) -> datasets.Dataset:
+    return ds if n is None or n >= len(ds) else ds.shuffle(seed=seed).select(range(n))
+
+
+def _read_sources(cfg: TrainConfig) -> tuple[dict[str, tuple[str, datasets.Dataset]], dict[str, dict]]:
+    """{split: (source, dataset)} from local files or the Hub (train first), and where each was read."""
+    files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
+    sources = {split: {"file": path} for split, path in files.items() if path}
+    read = {split: (path, load_file(path)) for split, path in files.items() if path}
+    if not cfg.train_file:
+        name, hub = cfg.dataset_name, load_hub(cfg.dataset_name, cfg.dataset_config_name)
+        wanted = {"train": cfg.train_split_name, "validation": cfg.validation_split_name, "test": cfg.test_split_name}
+        for split, hub_name in wanted.items():
+            if split in read or hub_name is None or (split == "test" and hub_name not in hub):
+                continue  # a local file wins; the Hub test split is optional
+            read[split] = (f"{name}[{hub_name}]", hub_split(hub, name, hub_name))
+            sources[split] = {"dataset": name, "config": cfg.dataset_config_name, "split": hub_name}
+            sources[split]["fingerprint"] = read[split][1]._fingerprint
+    read = {split: (source, without_columns(ds, source, cfg.remove_columns)) for split, (source, ds) in read.items()}
+    return {split: read[split] for split in ("train", "validation", "test") if split in read}, sources
+
+
+def load_splits(cfg: TrainConfig) -> Splits:
+    """Train / validation / test from the Hub or local files, validated, labels encoded for the problem type."""
+    read, sources = _read_sources(cfg)
+    train_source, train = read.pop("train")
+    require_columns(train, train_source, [*text_columns(cfg), cfg.label_column])
+    labels = LabelSpace.of_training_data(train, train_source, cfg.label_column, cfg)
+    # every split is checked before any is transformed: a bad test file fails in seconds, not after training
+    train = labelled(train, train_source, cfg, labels)
+    others = {name: labelled(ds, source, cfg, labels) for name, (source, ds) in read.items()}
+    if cfg.shuffle_train_dataset:
+        train = train.shuffle(seed=cfg.seed)
+    if "validation" in others:
+        validation = others["validation"]
+    else:  # a seeded slice of train, identical on every rank and every run with the same seed
+        parts = train.train_test_split(test_size=cfg.validation_split, seed=cfg.seed, shuffle=True)
+        train, validation = parts["train"], parts["test"]
+    test = others.get("test")
+    return Splits(
+        train=_subsample(train, cfg.num_samples, cfg.seed),
+        validation=_subsample(validation, cfg.num_samples, cfg.seed),
+        test=_subsample(test, cfg.num_samples, cfg.seed) if test is not None else None,
+        labels=labels,
+        calibration=calibration_sample(train, cfg.seed),
+        sources=sources,
+    )
+
+
+def calibration_sample(train: datasets.Dataset, seed: int, n: int = CALIBRATION_TEXTS) -> list[str]:
+    """A seeded sample of training texts, recorded beside the model: the service calibrates int8 on it and checks
+    the agreement with fp32 (inference/runtimes.py). None for text-pair tasks."""
+    if "text_pair" in train.column_names:
+        return []
+    return list(_subsample(train, n, seed + 1)["text"])
