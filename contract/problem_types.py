@@ -32,7 +32,7 @@ class TaskError(UserError, ValueError):
 
 
 class LabelReader(Protocol):
-    """What a problem type needs from training's label space (training/data/labels.py LabelSpace) to read a label cell."""
+    """What a problem type reads label cells through: training/data/labels.py LabelSpace."""
 
     count: int  # classes known from the training data
 

@@ -19,7 +19,9 @@ CALIBRATION_FILE, else the checkpoint's calibration_texts.json (training records
 else the English sample shipped in inference/texts/ (any save_pretrained folder or Hub model); /info names them.
 
 Each optimized runtime is declared once in contract/backends.py (what it needs, its precisions, its build and runner,
-in its own module); this dispatcher holds no runtime's own code. The converted models and runtime.json live beside
+in its own module); this dispatcher holds no runtime's own code. Beside it: inference/runtime_texts.py (which texts),
+inference/measuring.py (agreement, speed, the key a measurement is valid for), inference/conversion.py (building a
+candidate's runner, converting into the cache). The converted models and runtime.json live beside
 the checkpoint or in RUNTIME_CACHE (inference/runtime_cache.py):
 
     <checkpoint>/runtime/<sha256[:16]>/      or RUNTIME_CACHE/<sha256[:16]>/
@@ -39,50 +41,26 @@ Conversion runs inside load_configured, so on hot reload it happens on the watch
 
 from __future__ import annotations
 
-import copy
-import csv
-import hashlib
-import json
 import logging
 import os
-import platform
-import shutil
-import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from contract import files, precision
-from contract.backends import AGREEMENT_BOUND, RUNTIMES, Runtime
+from contract import precision
+from contract.backends import RUNTIMES
 from contract.loading import LoadedModel, load_model
-from contract.model_call import collate
-from contract.task import Task
 from inference import runtime_cache
-from inference.engine import encode
+from inference.conversion import AUTO, OPTIMIZED, TORCH, Candidate
+from inference.measuring import cache_key, measure, percent
 from inference.runtime_cache import Cache
-from inference.settings import BACKENDS, SettingsError, from_env
+from inference.runtime_texts import calibration_texts
+from inference.settings import SettingsError, from_env
 
 logger = logging.getLogger(__name__)
 
-AUTO, TORCH, *OPTIMIZED = BACKENDS  # the optimized runtimes in auto's order among equals (contract/backends.py)
-MIN_HELD_OUT = 50  # fewer held-out texts cannot show AGREEMENT_BOUND
-HELD_OUT_EVERY = 3  # every third calibration text is held out for the agreement check
-MAX_CALIBRATION, MAX_HELD_OUT, BATCH = 300, 200, 32
-TIMED_BATCHES = 4  # the speed race: TIMED_BATCHES x BATCH held-out texts per round
 INSTALL_HINT = f"pip install 'distilbert-agnews[{OPTIMIZED[0]}]'" + "".join(f" or '[{name}]'" for name in OPTIMIZED[1:])
-SAMPLE = Path(__file__).parent / "texts" / "english.txt"  # sentences written for this project, many registers
-SAMPLE_TEXTS = 600
-
-
-@dataclass(frozen=True)
-class Candidate:
-    backend: str
-    precision: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.backend} {self.precision}"
 
 
 def installed(backend: str) -> bool:
@@ -150,7 +128,7 @@ def choose_runtime(loaded: LoadedModel, settings) -> LoadedModel:
         return _as_torch(loaded, chosen, None)
     texts, source = calibration_texts(loaded.folder, settings.calibration_file)
     torch.set_num_threads(settings.torch_threads)
-    key = _cache_key(loaded, texts, options, settings.torch_threads)
+    key = cache_key(loaded, texts, options, settings.torch_threads)
     places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
     damaged = []
     for cache in places:  # a finished, verified conversion is read where it lies: no lock, no write
@@ -193,7 +171,7 @@ def needs_measuring(loaded: LoadedModel, settings) -> bool:
     if len(options) == 1 and options[0].backend == TORCH:
         return False
     texts, _ = calibration_texts(loaded.folder, settings.calibration_file)
-    key = _cache_key(loaded, texts, options, settings.torch_threads)
+    key = cache_key(loaded, texts, options, settings.torch_threads)
     places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
     for cache in places:
         report = cache.report_for(key)
@@ -260,259 +238,10 @@ def pick_candidate(measured: list[dict], race: bool) -> str:
     for m in measured:
         mark = "*" if m is chosen else " "
         ties = f" ({m['ties']} ties left out)" if m.get("ties") else ""
-        detail = f"agreement {_percent(m['agreement'])}{ties}, {m['texts_per_s']:.1f} texts/s"
+        detail = f"agreement {percent(m['agreement'])}{ties}, {m['texts_per_s']:.1f} texts/s"
         detail = f"{m['refused']} ({m['texts_per_s']:.1f} texts/s)" if m["refused"] else detail
         logger.info("Runtime %s %-14s %s", mark, m["name"], detail)
     return chosen["name"]
-
-
-def _percent(value: float | None) -> str:
-    return "not measured (fp32)" if value is None else f"{100 * value:.2f} %"
-
-
-# ------------------------------------------------------------------------------------------- calibration texts
-
-
-def calibration_texts(folder: Path, calibration_file: str | None) -> tuple[list[str], str]:
-    """Real texts for int8 calibration and the agreement check, and where they came from ([] when none)."""
-    if calibration_file:
-        texts = _read_texts(Path(calibration_file))
-        return texts, f"CALIBRATION_FILE {calibration_file} ({len(texts)} texts)"
-    recorded = folder / files.CALIBRATION
-    if recorded.is_file():
-        texts = _read_texts(recorded)
-        return texts, f"{files.CALIBRATION} of the checkpoint ({len(texts)} texts)"
-    texts = sample_texts()
-    return texts, f"the English sample shipped with the service ({len(texts)} texts; set CALIBRATION_FILE for yours)"
-
-
-def sample_texts(n: int = SAMPLE_TEXTS) -> list[str]:
-    """`n` texts of one to three sentences of the shipped sample, the same every time; every sentence is used."""
-    sentences = [line.strip() for line in SAMPLE.read_text(encoding="utf-8").splitlines() if line.strip()]
-    count = len(sentences)
-    return [" ".join(sentences[(i * 67 + j * 89) % count] for j in range(1 + i % 3)) for i in range(n)]
-
-
-def _read_texts(path: Path) -> list[str]:
-    """Texts of a .txt (one per line), .jsonl or .csv (a `text` column) or .json (a list, or {"texts": [...]})."""
-    try:
-        raw = path.read_text(encoding="utf-8")
-        if path.suffix == ".json":
-            data = json.loads(raw)
-            texts = data["texts"] if isinstance(data, dict) else data
-        elif path.suffix == ".jsonl":
-            texts = [json.loads(line)["text"] for line in raw.splitlines() if line.strip()]
-        elif path.suffix == ".csv":
-            texts = [row["text"] for row in csv.DictReader(raw.splitlines())]
-        else:
-            texts = raw.splitlines()
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SettingsError(f"CALIBRATION_FILE: {path}: cannot read texts ({type(exc).__name__}: {exc})") from None
-    texts = [t for t in texts if isinstance(t, str) and t.strip()]
-    if not texts:
-        raise SettingsError(f"CALIBRATION_FILE: {path}: holds no texts")
-    return texts
-
-
-def split(texts: list[str]) -> tuple[list[str], list[str]]:
-    """(calibration, held out): every HELD_OUT_EVERY-th text is held out for the agreement check."""
-    held = texts[::HELD_OUT_EVERY][:MAX_HELD_OUT]
-    calibration = [t for i, t in enumerate(texts) if i % HELD_OUT_EVERY][:MAX_CALIBRATION]
-    return calibration, held
-
-
-# -------------------------------------------------------------------------------------------- the cache key
-
-
-def cpu_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
-
-
-def _digest(texts: list[str]) -> str:
-    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12] if texts else "none"
-
-
-def _cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], threads: int) -> dict:
-    backends = sorted({c.backend for c in options} - {TORCH})
-    return {
-        "sha256": loaded.sha256,
-        "texts": _digest(texts),
-        "options": [c.name for c in options],
-        "cpu": cpu_name(),
-        "threads": threads,
-        "guard": guard_description(loaded.task),  # how agreement is measured
-        **{b: RUNTIMES[b].load().version() for b in backends},
-        "torch": torch.__version__,
-    }
-
-
-# ------------------------------------------------------------------------------------------ measuring, building
-
-
-def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cache: Cache, threads: int) -> dict:
-    """Agreement with PyTorch fp32 (on held-out texts) and texts/s of each candidate."""
-    calibration, held = split(texts)
-    real = len(held) >= MIN_HELD_OUT
-    batches = _batches(loaded, held) if real else _synthetic_batches(loaded)
-    fp32 = _torch_runner(loaded.model)
-    reference = [fp32(b) for b in batches]
-    results, runners = {}, {}
-    for candidate in options:
-        refused = _cannot_check(candidate, held, calibration)
-        if refused:
-            results[candidate] = {"name": candidate.name, "refused": refused, "agreement": None, "texts_per_s": 0.0}
-            continue
-        is_fp32 = candidate == Candidate(TORCH, precision.FP32)
-        runner = fp32 if is_fp32 else _runner(loaded, candidate, cache, threads, calibration)
-        if isinstance(runner, str):  # the conversion failed: the other candidates are still measured
-            results[candidate] = {"name": candidate.name, "refused": runner, "agreement": None, "texts_per_s": 0.0}
-            continue
-        # every batch shape once (first-shape set-up is not speed), and the answers; torch fp32 gave them already
-        outputs = reference if runner is fp32 else [runner(b) for b in batches]
-        results[candidate] = _verdict(candidate, *(agreement(outputs, reference, loaded.task) if real else (None, 0)))
-        if candidate.backend != TORCH:
-            results[candidate]["ir"] = _conversion(candidate, calibration)
-        runners[candidate] = runner
-    for candidate, speed in _speeds(runners, batches[:TIMED_BATCHES]).items():
-        results[candidate]["texts_per_s"] = speed
-    return {"candidates": list(results.values()), "held_out_texts": len(held), "calibration_texts": len(calibration)}
-
-
-def _speeds(runners: dict, batches: list[dict], rounds: int = 2) -> dict:
-    """texts/s of each runner, best of `rounds` passes over the same (warm) batches, the order reversed from one
-    round to the next: a noisy neighbour or a slow start then favours no candidate."""
-    texts = sum(len(b["input_ids"]) for b in batches)
-    best = dict.fromkeys(runners, 0.0)
-    order = list(runners)
-    for _ in range(rounds):
-        for candidate in order:
-            started = time.perf_counter()
-            for batch in batches:
-                runners[candidate](batch)
-            best[candidate] = max(best[candidate], texts / (time.perf_counter() - started))
-        order.reverse()
-    return best
-
-
-def _cannot_check(candidate: Candidate, held: list[str], calibration: list[str]) -> str | None:
-    if candidate.precision == precision.FP32 or len(held) >= MIN_HELD_OUT:
-        return None
-    return (
-        f"refused: {len(held)} held-out texts, {MIN_HELD_OUT} needed to check agreement "
-        f"(give CALIBRATION_FILE with {HELD_OUT_EVERY * MIN_HELD_OUT} or more texts)"
-    )
-
-
-def agreement(outputs: list[torch.Tensor], reference: list[torch.Tensor], model_task: Task) -> tuple[float | None, int]:
-    """(share of fp32's decisions the candidate keeps, number of ties left out), by the problem type's agreement rule
-    (contract/problem_types.py `agreement`: the argmax, each label's thresholded decision, or a value within a
-    tolerance; decisions fp32 itself makes by a hair are ties, neither blamed nor credited). None when fewer than
-    MIN_HELD_OUT decisions are left."""
-    out, ref = torch.cat(outputs).float(), torch.cat(reference).float()
-    same, ties = model_task.kind.agreement(out, ref, model_task.thresholds)
-    return (same.float().mean().item() if len(same) >= MIN_HELD_OUT else None), ties
-
-
-def guard_description(model_task: Task) -> str:
-    """How agreement is measured for this task: part of the cache key, so a changed rule measures again."""
-    return model_task.kind.agreement_rule(model_task.thresholds)
-
-
-def _verdict(candidate: Candidate, share: float | None, ties: int) -> dict:
-    refused = None  # fp32 is the reference precision: its agreement is reported, never refused
-    if candidate.precision != precision.FP32:
-        if share is None:
-            refused = f"refused: only {MIN_HELD_OUT - 1} or fewer held-out texts decided by fp32 ({ties} ties)"
-        elif share < AGREEMENT_BOUND:
-            refused = f"refused: agreement {_percent(share)} < {_percent(AGREEMENT_BOUND)} with fp32"
-    return {"name": candidate.name, "refused": refused, "agreement": share, "ties": ties, "texts_per_s": 0.0}
-
-
-def _batches(loaded: LoadedModel, texts: list[str]) -> list[dict]:
-    features = encode(loaded, [(t, None) for t in texts], truncate=True, left=False)
-    pad = loaded.tokenizer.pad_token_id
-    return [collate(features[i : i + BATCH], pad) for i in range(0, len(features), BATCH)]
-
-
-def _synthetic_batches(loaded: LoadedModel) -> list[dict]:
-    """For speed alone: random token ids at a typical news-text length."""
-    generator = torch.Generator().manual_seed(0)
-    vocab = loaded.tokenizer.vocab_size
-    ids = torch.randint(1000 % vocab, vocab, (4, BATCH, 64), generator=generator)
-    batches = [{"input_ids": i, "attention_mask": torch.ones_like(i)} for i in ids]
-    if "token_type_ids" in loaded.tokenizer.model_input_names:
-        for batch in batches:
-            batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
-    return batches
-
-
-def _torch_runner(model: torch.nn.Module):
-    def forward(batch: dict) -> torch.Tensor:
-        with torch.inference_mode():
-            return model(**batch).logits.float()
-
-    return forward
-
-
-def _runner(loaded: LoadedModel, candidate: Candidate, cache: Cache, threads: int, calibration: list[str]):
-    """The candidate's runner, or why it could not be built (a converter or runtime that fails on this model)."""
-    if candidate.backend == TORCH:
-        return _torch_runner(copy.deepcopy(loaded.model).to(precision.torch_dtype(candidate.precision)))
-    try:
-        path = _converted(loaded, candidate, cache, calibration)
-        return RUNTIMES[candidate.backend].load().Runner(path, candidate.precision, threads)
-    except Exception as exc:  # noqa: BLE001 - any failure of a third-party converter refuses this candidate alone
-        cache.discard(_conversion(candidate, calibration))
-        logger.warning("Runtime: %s cannot be built: %s: %s", candidate.name, type(exc).__name__, _short(exc))
-        return f"refused: conversion failed ({type(exc).__name__}: {_short(exc)})"
-
-
-def _short(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200]
-
-
-def _conversion(candidate: Candidate, calibration: list[str]) -> str:
-    """The name of the candidate's converted model's folder in the cache."""
-    return RUNTIMES[candidate.backend].folder(candidate.precision, _digest(calibration))
-
-
-def _converted(loaded: LoadedModel, candidate: Candidate, cache: Cache, calibration: list[str]) -> Path:
-    """The candidate's converted model (quantized for int8): an earlier conversion whose files match runtime.json's
-    digests, else a new one (what was there is named and removed)."""
-    runtime: Runtime = RUNTIMES[candidate.backend]
-    name = _conversion(candidate, calibration)
-    folder = cache.folder / name
-    if name in cache.converted:  # by this measurement, for another precision (a hinted one shares the fp32 model)
-        return folder / runtime.model_file
-    if folder.exists():
-        problem = cache.damage(name)
-        if problem is None:
-            return folder / runtime.model_file
-        logger.warning("Runtime: %s; converting again", problem)
-        cache.discard(name)
-    started = time.perf_counter()
-    # traced on a text pair: every input the tokenizer gives (a BERT's token_type_ids too) becomes a model input
-    example = collate(encode(loaded, [("an example text", "and its pair")], True, False), loaded.tokenizer.pad_token_id)
-    calibrating = runtime.calibrated and candidate.precision == precision.INT8
-    staging = cache.folder / runtime_cache.staging_name(name)
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    samples = _batches_of_one(loaded, calibration) if calibrating else []
-    runtime.load().build(loaded.model, example, candidate.precision, samples, staging)
-    os.replace(staging, folder)
-    cache.converted.add(name)
-    logger.info("Runtime: converted %s in %.1f s into %s", candidate.name, time.perf_counter() - started, folder)
-    return folder / runtime.model_file
-
-
-def _batches_of_one(loaded: LoadedModel, texts: list[str]) -> list[dict]:
-    features = encode(loaded, [(t, None) for t in texts], truncate=True, left=False)
-    return [collate([f], loaded.tokenizer.pad_token_id) for f in features]
 
 
 def _build(loaded: LoadedModel, report: dict, name: str, cache: Cache, threads: int) -> LoadedModel:
@@ -535,7 +264,7 @@ def _build(loaded: LoadedModel, report: dict, name: str, cache: Cache, threads: 
         "Runtime: serving %s from %s (agreement with fp32 %s, %.1f texts/s when measured)",
         chosen["name"],
         xml.parent,
-        _percent(chosen["agreement"]),
+        percent(chosen["agreement"]),
         chosen["texts_per_s"],
     )
     return replace(loaded, model=None, runner=runner, backend=backend, precision=chosen_precision, runtime=summary)

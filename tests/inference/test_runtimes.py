@@ -21,7 +21,7 @@ import torch
 from contract import files, precision
 from contract.problem_types import TIE_MARGIN
 from contract.task import MULTI, REGRESSION, SINGLE, Task
-from inference import runtimes
+from inference import measuring, runtime_texts, runtimes
 from inference.engine import encode, forward
 from inference.service import load_configured
 from inference.settings import SettingsError, from_env
@@ -102,7 +102,7 @@ def test_optimized_runtimes_give_torch_fp32_labels(checkpoint_copy, backend, dty
     fresh sample may sit a little below it (one text in 200 is 0.5 %), so the bound here is 99 %."""
     loaded = serve(checkpoint_copy, backend=backend, dtype=dtype)  # what training exported
     assert (loaded.backend, loaded.precision, loaded.model) == (backend, dtype, None)
-    assert loaded.runtime["agreement"] >= runtimes.AGREEMENT_BOUND
+    assert loaded.runtime["agreement"] >= measuring.AGREEMENT_BOUND
     texts = smoke_texts()
     expected = torch_fp32_logits(Reference(checkpoint_copy), texts)
     got = served_logits(loaded, texts)
@@ -140,7 +140,7 @@ def test_conversion_happens_once_per_weights_hash(checkpoint_copy):
 
 
 def test_int8_below_the_agreement_bound_is_refused_and_fp32_serves(checkpoint_copy, monkeypatch):
-    monkeypatch.setattr(runtimes, "AGREEMENT_BOUND", 1.001)  # no int8 model can reach it: the guard must refuse
+    monkeypatch.setattr(measuring, "AGREEMENT_BOUND", 1.001)  # no int8 model can reach it: the guard must refuse
     with runtime_log() as lines:
         loaded = serve(checkpoint_copy, backend="openvino", dtype="int8")
     assert (loaded.backend, loaded.precision) == ("openvino", "fp32")
@@ -162,14 +162,14 @@ def test_int8_on_real_news_serves_only_if_it_keeps_the_fp32_labels(checkpoint_co
     int8 = loaded.runtime["candidates"][0]
     print(f"openvino int8 on real AG News texts: {int8}")
     assert int8["name"] == "openvino int8" and loaded.runtime["held_out_texts"] == 200
-    if int8["agreement"] is None or int8["agreement"] < runtimes.AGREEMENT_BOUND:
+    if int8["agreement"] is None or int8["agreement"] < measuring.AGREEMENT_BOUND:
         assert int8["refused"].startswith("refused: ") and loaded.precision != "int8"
         return
     assert int8["refused"] is None and loaded.precision == "int8"
-    _, held = runtimes.split(texts)  # the texts the guard held out
+    _, held = runtime_texts.split(texts)  # the texts the guard held out
     reference = torch_fp32_logits(Reference(checkpoint_copy), held)
-    share, ties = runtimes.agreement([served_logits(loaded, held)], [reference], loaded.task)
-    assert share >= runtimes.AGREEMENT_BOUND and share == pytest.approx(int8["agreement"], abs=0.01)
+    share, ties = measuring.agreement([served_logits(loaded, held)], [reference], loaded.task)
+    assert share >= measuring.AGREEMENT_BOUND and share == pytest.approx(int8["agreement"], abs=0.01)
     assert ties == pytest.approx(int8["ties"], abs=2)
 
 
@@ -189,13 +189,13 @@ def test_a_save_pretrained_folder_without_recorded_texts_gets_int8_measured_on_t
     assert int8["name"] == "openvino int8" and int8["agreement"] is not None
     print(f"openvino int8 on the shipped sample: {int8}")
     if int8["refused"]:
-        assert runtime["precision"] == "fp32" and int8["agreement"] < runtimes.AGREEMENT_BOUND
+        assert runtime["precision"] == "fp32" and int8["agreement"] < measuring.AGREEMENT_BOUND
         return
     loaded = serve(folder, backend="openvino", dtype="int8")
-    _, held = runtimes.split(runtimes.sample_texts())
+    _, held = runtime_texts.split(runtime_texts.sample_texts())
     reference = torch_fp32_logits(Reference.from_pretrained(folder), held)  # transformers' own reading of the folder
-    share, _ = runtimes.agreement([served_logits(loaded, held)], [reference], loaded.task)
-    assert int8["agreement"] >= runtimes.AGREEMENT_BOUND and runtime["precision"] == "int8"
+    share, _ = measuring.agreement([served_logits(loaded, held)], [reference], loaded.task)
+    assert int8["agreement"] >= measuring.AGREEMENT_BOUND and runtime["precision"] == "int8"
     assert share == pytest.approx(int8["agreement"], abs=0.01)
 
 
@@ -209,11 +209,11 @@ def test_the_guard_leaves_out_fp32_ties_and_counts_every_decided_flip():
     tie = torch.tensor([[1.0, 1.0 - 0.01, 0.0]])  # probabilities 0.42 / 0.42: within 0.02
     reference = torch.cat([decided, tie])
     turned_tie = torch.cat([decided, tie[:, [1, 0, 2]]])
-    assert runtimes.agreement([turned_tie], [reference], THREE) == (1.0, 1)
+    assert measuring.agreement([turned_tie], [reference], THREE) == (1.0, 1)
     turned_decided = torch.cat([decided[:98], decided[:1, [1, 0, 2]], tie])
-    assert runtimes.agreement([turned_decided], [reference], THREE) == (pytest.approx(98 / 99), 1)
+    assert measuring.agreement([turned_decided], [reference], THREE) == (pytest.approx(98 / 99), 1)
     ties_only = torch.cat([tie] * 60 + [decided[:49]])
-    assert runtimes.agreement([ties_only], [ties_only], THREE) == (None, 60)
+    assert measuring.agreement([ties_only], [ties_only], THREE) == (None, 60)
 
 
 def test_a_one_output_model_is_guarded_by_its_decisions_not_by_an_argmax_that_is_always_0():
@@ -222,25 +222,26 @@ def test_a_one_output_model_is_guarded_by_its_decisions_not_by_an_argmax_that_is
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(200, 1, generator=gen) * 3
     one_logit = Task(MULTI, 1, (0.5,))
-    share, ties = runtimes.agreement([-logits], [logits], one_logit)  # every decision flips
+    share, ties = measuring.agreement([-logits], [logits], one_logit)  # every decision flips
     assert share == 0.0 and ties == int(((logits.sigmoid() - 0.5).abs() < TIE_MARGIN).sum())
-    assert runtimes.agreement([logits], [logits], one_logit)[0] == 1.0
+    assert measuring.agreement([logits], [logits], one_logit)[0] == 1.0
     values = torch.randn(200, 1, generator=gen) * 4 + 10
     regression = Task(REGRESSION, 1)
     close = values + 0.05 * values.std() * torch.randn(200, 1, generator=gen).clamp(-1, 1)
-    assert runtimes.agreement([close], [values], regression) == (1.0, 0)
+    assert measuring.agreement([close], [values], regression) == (1.0, 0)
     off = values.clone()
     off[:3] += values.std()  # three texts off by one standard deviation
-    assert runtimes.agreement([off], [values], regression) == (pytest.approx(197 / 200), 0)
+    assert measuring.agreement([off], [values], regression) == (pytest.approx(197 / 200), 0)
 
 
 def test_the_shipped_sample_is_varied_english_and_every_sentence_is_used():
-    texts = runtimes.sample_texts()
-    sentences = [line for line in runtimes.SAMPLE.read_text().splitlines() if line.strip()]
-    assert len(texts) == runtimes.SAMPLE_TEXTS == len(set(texts))
+    texts = runtime_texts.sample_texts()
+    sentences = [line for line in runtime_texts.SAMPLE.read_text().splitlines() if line.strip()]
+    assert len(texts) == runtime_texts.SAMPLE_TEXTS == len(set(texts))
     assert {s for t in texts for s in sentences if s in t} == set(sentences)
-    assert [len(runtimes.split(texts)[i]) for i in (0, 1)] == [runtimes.MAX_CALIBRATION, runtimes.MAX_HELD_OUT]
-    assert runtimes.sample_texts() == texts  # the same every start: part of the cache key
+    bounds = [runtime_texts.MAX_CALIBRATION, runtime_texts.MAX_HELD_OUT]
+    assert [len(runtime_texts.split(texts)[i]) for i in (0, 1)] == bounds
+    assert runtime_texts.sample_texts() == texts  # the same every start: part of the cache key
 
 
 @pytest.mark.slow  # converts a model
@@ -250,7 +251,7 @@ def test_calibration_file_is_used_and_a_bad_one_is_one_line(checkpoint_copy, tmp
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(smoke_texts()))
     loaded = serve(folder, backend="openvino", dtype="int8", calibration_file=str(texts))
-    assert loaded.precision == "int8" and loaded.runtime["held_out_texts"] >= runtimes.MIN_HELD_OUT
+    assert loaded.precision == "int8" and loaded.runtime["held_out_texts"] >= measuring.MIN_HELD_OUT
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     with pytest.raises(SettingsError, match="CALIBRATION_FILE: .*empty.jsonl: holds no texts"):
@@ -325,7 +326,7 @@ def test_info_reports_the_runtime_and_an_openvino_model_is_hot_reloaded(checkpoi
         info = c.get("/info").json()
         runtime = info["distilbert_agnews"]["runtime"]
         assert (info["model_dtype"], runtime["backend"], runtime["precision"]) == ("int8", "openvino", "int8")
-        assert runtime["agreement"] >= runtimes.AGREEMENT_BOUND
+        assert runtime["agreement"] >= measuring.AGREEMENT_BOUND
         weights = checkpoint_copy / files.WEIGHTS
         state = torch.load(weights, weights_only=True)
         state["classifier.bias"] = torch.tensor([0.0, 0.0, 0.0, 50.0])  # now everything is Sci/Tech

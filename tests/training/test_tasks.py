@@ -262,7 +262,7 @@ def one_output_folder(runs: dict, tmp_path: Path, variant: str) -> Path:
 def test_an_int8_runtime_is_guarded_by_what_a_one_output_model_decides(runs, tmp_path, variant):
     """The argmax of one output is always 0; the guard compares the value (regression) or the thresholded sigmoid
     (one-logit pair model) with PyTorch fp32, and its figure is what those rules give on the held-out texts."""
-    from inference import runtimes
+    from inference import measuring, runtime_texts
     from inference.engine import encode, forward
     from inference.service import load_configured
     from inference.settings import from_env
@@ -275,7 +275,8 @@ def test_an_int8_runtime_is_guarded_by_what_a_one_output_model_decides(runs, tmp
     int8 = loaded.runtime["candidates"][0]
     print(f"{variant}: {int8}")
     assert int8["name"] == "onnxruntime int8" and int8["agreement"] is not None
-    _, held = runtimes.split(runtimes.sample_texts())  # a pair task records no calibration texts: the shipped sample
+    # a pair task records no calibration texts: the shipped sample
+    _, held = runtime_texts.split(runtime_texts.sample_texts())
     fp32 = load_model(str(folder), device="cpu", dtype="fp32")
 
     def logits(model) -> torch.Tensor:
@@ -287,11 +288,11 @@ def test_an_int8_runtime_is_guarded_by_what_a_one_output_model_decides(runs, tmp
         if loaded.precision == "int8"
         else load_configured(from_env(**{**settings.model_dump(), "dtype": "int8"}))
     )
-    share, _ = runtimes.agreement([logits(quantized)], [logits(fp32)], fp32.task)
+    share, _ = measuring.agreement([logits(quantized)], [logits(fp32)], fp32.task)
     if loaded.precision == "int8":
-        assert share == pytest.approx(int8["agreement"], abs=0.01) and share >= runtimes.AGREEMENT_BOUND
+        assert share == pytest.approx(int8["agreement"], abs=0.01) and share >= measuring.AGREEMENT_BOUND
     else:
-        assert int8["refused"].startswith("refused: agreement") and int8["agreement"] < runtimes.AGREEMENT_BOUND
+        assert int8["refused"].startswith("refused: agreement") and int8["agreement"] < measuring.AGREEMENT_BOUND
 
 
 def test_predict_scores_a_one_logit_model_as_the_service_does(runs, smoke_dir, tmp_path):
