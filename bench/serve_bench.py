@@ -402,7 +402,8 @@ def flops_per_text(config, tokens: float) -> float:
 def in_process_single(checkpoint: Path, texts: list[str], dtype: str) -> float:
     """Median ms of tokenize + forward for one text, in this process, as the service does it."""
     from contract.loading import load_model
-    from inference.engine import encode, forward
+    from contract.model_call import forward
+    from inference.tokenizing import encode
 
     loaded = load_model(str(checkpoint), device=bench_device(), dtype=dtype)
     times = []
@@ -417,9 +418,10 @@ def runtime_agreement(checkpoint: Path, texts: list[str]) -> None:
     """How often each OpenVINO precision keeps the PyTorch fp32 argmax on the benchmark's texts (for a checkpoint
     trained on other texts than these), what runtimes.py's guard measured on its held-out calibration texts."""
     from contract.loading import load_model
-    from inference.engine import encode, forward
+    from contract.model_call import forward
     from inference.service import load_configured
     from inference.settings import from_env
+    from inference.tokenizing import encode
 
     def labels(loaded) -> list[int]:
         chunks = [texts[i : i + 32] for i in range(0, len(texts), 32)]
@@ -467,7 +469,8 @@ SAMPLE = "smoke-trained tiny DistilBERT, 1000 synthetic + 1000 benchmark texts"
 def bf16_agreement(model: str, sample: list[str]) -> float:
     """Share of texts where bf16 weights give the fp32 argmax."""
     from contract.loading import load_model
-    from inference.engine import encode, forward
+    from contract.model_call import forward
+    from inference.tokenizing import encode
 
     fp32, bf16 = (load_model(model, device="cpu", dtype=dtype) for dtype in ("fp32", "bf16"))
     agree = 0
@@ -482,7 +485,9 @@ def graph_agreement(model: str, sample: list[str]) -> str:
     width padded to the service's buckets) give the argmax of eager passes padded to their own length."""
     from contract import shapes
     from contract.loading import load_model
-    from inference.engine import Limits, encode, forward, warm_up
+    from contract.model_call import forward
+    from inference.engine import Limits, warm_up
+    from inference.tokenizing import encode
 
     found = []
     for dtype in ("fp32", "bf16"):

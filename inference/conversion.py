@@ -20,9 +20,9 @@ from contract.backends import RUNTIMES, Runtime
 from contract.loading import LoadedModel
 from contract.model_call import collate
 from inference import runtime_cache
-from inference.engine import encode
 from inference.runtime_cache import Cache
 from inference.settings import BACKENDS
+from inference.tokenizing import encode
 
 logger = logging.getLogger("inference.runtimes")  # one channel for the runtime choice, whichever part logs
 

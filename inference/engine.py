@@ -32,18 +32,19 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
 from contract import shapes
 from contract.loading import LoadedModel
-from contract.long_text import CHUNK, LongTextError, PairLeavesNoRoom, TooManyWindows, cut_long_pairs
-from contract.model_call import PAD_MULTIPLE, forward
+from contract.model_call import forward
 from inference import graphs
 from inference.graphs import CapturedForward, GraphsUnsupported
 from inference.metrics import Metrics
+from inference.passes import forward_buckets, static_passes
 from inference.schemas import Sequence
+from inference.tokenizing import REFUSALS, check_length, encode, encode_unchecked, windows
 
 logger = logging.getLogger(__name__)
 # An idle worker wakes this often. On the main thread (`python -m inference`) that is what lets SIGTERM/SIGINT
@@ -55,18 +56,6 @@ READY_BATCHES = 2  # tokenized micro-batches waiting for the model thread: enoug
 
 class Overloaded(RuntimeError):
     """max_concurrent_requests inputs are in flight already."""
-
-
-class InputTooLong(ValueError):
-    """An input over the model's maximum with truncation off (TEI's wording)."""
-
-    def __init__(self, tokens: int, limit: int):
-        super().__init__(f"`inputs` must have less than {limit} tokens. Given: {tokens}")
-
-
-# What the engine answers a job with when its inputs cannot be served (not a failure of the model): the routes
-# answer each as TEI answers an invalid input (inference/routes.py engine_failure).
-REFUSALS = (InputTooLong, TooManyWindows, LongTextError)
 
 
 @dataclass(frozen=True)
@@ -402,113 +391,6 @@ def _by_settings(jobs):
     for job in jobs:
         groups.setdefault((job.truncate, job.left), []).append(job)
     return groups.items()
-
-
-def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
-    """Token ids (and token type ids where the model takes them) of each input, texts and pairs alike.
-    Truncation keeps the start (right) or the end (left) of a long input; pairs are cut longest first.
-    InputTooLong when an input is longer than the model takes."""
-    features = encode_unchecked(loaded, sequences, truncate, left)
-    check_length(loaded, features)
-    return features
-
-
-def check_length(loaded: LoadedModel, features: list[dict]) -> None:
-    """InputTooLong when an input is longer than the model takes."""
-    longest = max(len(f["input_ids"]) for f in features)
-    if longest > loaded.max_length:
-        raise InputTooLong(longest, loaded.max_length)
-
-
-def encode_unchecked(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
-    """encode without the length check (the caller checks each job's inputs): one tokenizer call per kind."""
-    tokenizer = loaded.tokenizer
-    tokenizer.truncation_side = "left" if left else "right"  # under Engine._tokenizing (and at warm-up)
-    options = {
-        "truncation": truncate,
-        "max_length": loaded.max_length if truncate else None,
-        "return_attention_mask": False,
-    }
-    features: list[dict | None] = [None] * len(sequences)
-    for where, texts, pairs in by_kind(sequences):
-        if pairs is not None and truncate:  # each side cut to what truncation keeps: a bounded cost per pair
-            texts, pairs = cut_long_pairs(tokenizer, texts, pairs, loaded.max_length, left)
-        encoded = tokenizer(texts, pairs, **options)
-        for k, i in enumerate(where):
-            features[i] = {name: encoded[name][k] for name in ("input_ids", "token_type_ids") if name in encoded}
-    return features
-
-
-def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> tuple[list[dict], list[int]]:
-    """(every window of each input, the input of each window), texts and pairs alike, windowed as the model's
-    config.json says (contract/long_text.py); TooManyWindows beyond `max_chunks` windows for one input."""
-    chunking = replace(loaded.long_text, mode=CHUNK)
-    loaded.tokenizer.truncation_side = "right"  # under Engine._tokenizing
-    chunking.refuse_too_long(loaded.tokenizer, sequences, window_length(loaded), max_chunks)
-    per_input: list[list[dict]] = [[] for _ in sequences]
-    for where, texts, pairs in by_kind(sequences):
-        try:
-            found = chunking.encode(loaded.tokenizer, texts, pairs, window_length(loaded), max_chunks)
-        except PairLeavesNoRoom as exc:  # its index is among the pairs: name the request's input
-            raise LongTextError(f"inputs[{where[exc.index]}]: {exc.detail}") from None
-        for feature, k in zip(found.features, found.owner):
-            per_input[where[k]].append(feature)
-    return [f for found in per_input for f in found], [i for i, found in enumerate(per_input) for _ in found]
-
-
-def by_kind(sequences: list[Sequence]):
-    """(input indices, texts, pairs or None) for the single texts, then for the pairs: one tokenizer call each."""
-    for is_pair in (False, True):
-        where = [i for i, (_, pair) in enumerate(sequences) if (pair is not None) == is_pair]
-        if where:
-            yield where, [sequences[i][0] for i in where], [sequences[i][1] for i in where] if is_pair else None
-
-
-def window_length(loaded: LoadedModel) -> int:
-    """Tokens per window when chunking: as in training (config.json), at most the model's maximum."""
-    return min(loaded.long_text.window or loaded.max_length, loaded.max_length)
-
-
-def _padded(length: int) -> int:
-    return shapes.round_up(length, PAD_MULTIPLE)
-
-
-def forward_buckets(items: list, max_inputs: int, max_tokens: int, ratio: float = 1.5, slack: int = 16) -> list[list]:
-    """Split length-sorted (job, input, features) items into forward passes: a new pass starts where the length
-    grows past ratio x the pass's shortest (+ slack tokens), or the pass would exceed max_inputs inputs or
-    max_tokens padded tokens."""
-    buckets: list[list] = []
-    for item in items:
-        length = len(item[2]["input_ids"])
-        if buckets:
-            bucket = buckets[-1]
-            shortest = len(bucket[0][2]["input_ids"])
-            if (
-                length <= ratio * shortest + slack
-                and len(bucket) < max_inputs
-                and (len(bucket) + 1) * _padded(length) <= max_tokens
-            ):
-                bucket.append(item)
-                continue
-        buckets.append([item])
-    return buckets
-
-
-def static_passes(items: list, rows: tuple[int, ...], widths: tuple[int, ...], max_tokens: int) -> list[tuple]:
-    """Length-sorted (job, input, features) items in as few forward passes as fit, each padded to the smallest
-    (rows, width) bucket that holds it (contract/shapes.py: `serving_buckets`) within max_tokens padded tokens:
-    (items, rows, width) per pass."""
-    passes: list[list] = []
-    for item in items:
-        width = shapes.width_for(len(item[2]["input_ids"]), widths)  # the longest so far: items are sorted
-        if passes and len(passes[-1]) < rows[-1] and shapes.width_for(len(passes[-1]) + 1, rows) * width <= max_tokens:
-            passes[-1].append(item)
-        else:
-            passes.append([item])
-    return [
-        (part, shapes.width_for(len(part), rows), shapes.width_for(len(part[-1][2]["input_ids"]), widths))
-        for part in passes
-    ]
 
 
 def graph_shapes(loaded: LoadedModel, limits: Limits) -> list[tuple[int, int]]:

@@ -17,9 +17,9 @@ from contract.loading import LoadedModel
 from contract.model_call import collate
 from contract.task import Task
 from inference.conversion import TORCH, Candidate, conversion_name, digest, runner_for, torch_runner
-from inference.engine import encode
 from inference.runtime_cache import Cache
 from inference.runtime_texts import HELD_OUT_EVERY, split
+from inference.tokenizing import encode
 
 logger = logging.getLogger("inference.runtimes")  # one channel for the runtime choice, whichever part logs
 

@@ -22,10 +22,11 @@ from starlette.routing import Route
 from contract import precision
 from contract.long_text import CHUNK, TRUNCATE, TooManyWindows
 from inference import errors
-from inference.engine import REFUSALS, Answer, Overloaded, window_length
+from inference.engine import Answer, Overloaded
 from inference.errors import ServiceError
 from inference.schemas import ErrorBody, Info, PredictRequest, PredictResponse
 from inference.service import Service, chunks_long_texts
+from inference.tokenizing import REFUSALS, window_length
 
 VERSION = "0.1.0"
 CHARS_PER_TOKEN_LIMIT = 250  # TEI's MAX_CHAR_MULTIPLIER: longer inputs are cut (truncate) or refused, untokenized

@@ -16,10 +16,11 @@ from contract import precision
 from contract.loading import CheckpointError, LoadedModel, load_model
 from contract.long_text import CHUNK, LongTextError
 from inference import errors, logs, memory, metrics, runtimes
-from inference.engine import Engine, Limits, warm_up, window_length
+from inference.engine import Engine, Limits, warm_up
 from inference.metrics import Metrics
 from inference.reload import CheckpointWatcher
 from inference.settings import Settings, SettingsError
+from inference.tokenizing import window_length
 
 logger = logging.getLogger("inference")
 

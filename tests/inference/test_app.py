@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 from contract import files, shapes
 from contract.loading import CheckpointError, load_model
 from inference.app import create_app
-from inference.engine import static_passes
 from inference.graphs import CapturedForward
+from inference.passes import static_passes
 from inference.settings import Settings, SettingsError, from_env
 from tests.helpers.cuda_graphs.stand_in import install_serving
 from tests.helpers.files import save_new_weights

@@ -19,7 +19,8 @@ from tests.helpers.processes import ROOT, cli_env
 SCRIPT = """
 import random, sys, psutil
 from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification
-from inference import engine
+from contract.model_call import forward
+from inference.tokenizing import encode
 from inference.metrics import Metrics
 from inference.service import load_configured, ready_engine
 from inference.settings import from_env
@@ -35,7 +36,7 @@ rng = random.Random(0)
 levels = []
 for step in range(1, 61):
     texts = [(" ".join(rng.choices(words, k=rng.randint(3, 95))), None) for _ in range(rng.randint(1, 32))]
-    engine.forward(loaded, engine.encode(loaded, texts, truncate=True, left=False))
+    forward(loaded, encode(loaded, texts, truncate=True, left=False))
     if step in (15, 60):
         levels.append(psutil.Process().memory_info().rss / 2**20)
 print(levels[0], levels[1])

@@ -19,12 +19,13 @@ import pytest
 import torch
 
 from contract import files, precision
+from contract.model_call import forward
 from contract.problem_types import TIE_MARGIN
 from contract.task import MULTI, REGRESSION, SINGLE, Task
 from inference import measuring, runtime_texts, runtimes
-from inference.engine import encode, forward
 from inference.service import load_configured
 from inference.settings import SettingsError, from_env
+from inference.tokenizing import encode
 from tests.helpers.files import save_new_weights
 from tests.helpers.processes import ROOT, describe
 from tests.helpers.service import Reference, ag_news_texts

@@ -262,10 +262,11 @@ def one_output_folder(runs: dict, tmp_path: Path, variant: str) -> Path:
 def test_an_int8_runtime_is_guarded_by_what_a_one_output_model_decides(runs, tmp_path, variant):
     """The argmax of one output is always 0; the guard compares the value (regression) or the thresholded sigmoid
     (one-logit pair model) with PyTorch fp32, and its figure is what those rules give on the held-out texts."""
+    from contract.model_call import forward
     from inference import measuring, runtime_texts
-    from inference.engine import encode, forward
     from inference.service import load_configured
     from inference.settings import from_env
+    from inference.tokenizing import encode
 
     folder = one_output_folder(runs, tmp_path, variant)
     settings = from_env(model_id=str(folder), device="cpu", reload_interval_s=0, backend="onnxruntime", dtype="int8")
