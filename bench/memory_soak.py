@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serve_bench  # noqa: E402  (bench/ is not a package)
+import load_generator  # noqa: E402  (bench/ is not a package)
+import serve_bench  # noqa: E402
 
 
 def texts_for(rng: random.Random, words: list[str], max_words: int) -> list[str]:
@@ -39,7 +40,7 @@ async def soak(url: str, pid: int, words: list[str], args) -> list[tuple[int, fl
     async def client(worker: int) -> None:
         nonlocal sent, answered, failures
         rng = random.Random(worker)
-        async with serve_bench.Connection(host, int(port)) as http:
+        async with load_generator.Connection(host, int(port)) as http:
             while sent < args.requests:
                 sent += 1
                 texts = texts_for(rng, words, args.max_words)
@@ -71,11 +72,11 @@ def main() -> None:
     checkpoint = work / "checkpoint"
     config = serve_bench.write_checkpoint(checkpoint, layers=args.layers)
     words = [w for w in _vocabulary(checkpoint) if w.isalpha()]
-    port = serve_bench.free_port()
+    port = load_generator.free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "inference", "--model_id", str(checkpoint), "--port", str(port)]
     command += ["--backend", args.backend, "--dtype", args.dtype, "--reload_interval_s", "0"]
-    server = serve_bench.start(command, url, work / "service.log")
+    server = load_generator.start(command, url, work / "service.log")
     try:
         print(f"BACKEND={args.backend} DTYPE={args.dtype}, {config.n_layers} layer(s) of width {config.dim}")
         samples = asyncio.run(soak(url, server.pid, words, args))

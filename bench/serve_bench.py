@@ -30,8 +30,6 @@ linear layers and 2·2·L²·d in attention (QKᵀ and AV); the embedding lookup
 from __future__ import annotations
 
 import argparse
-import asyncio
-import concurrent.futures
 import csv
 import importlib.util
 import json
@@ -41,7 +39,6 @@ import platform
 import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,11 +48,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from ceilings import bench_device, flops_per_text, openvino_int8_peak, peak_gemm_flops  # noqa: E402
+from load_generator import free_port, load, start  # noqa: E402
+
 from contract import files  # noqa: E402
 
 AG_NEWS = Path(os.environ.get("BENCH_AG_NEWS", ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"))
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
-STARTED = "Application startup complete."  # uvicorn logs it once per worker process
 
 
 # ------------------------------------------------------------------------------------------------ the peer
@@ -218,185 +218,6 @@ def smoke_texts(n: int = 2000) -> tuple[list[str], str]:
 
 
 # ------------------------------------------------------------------------------------------ measurements
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def worker_count(cmd: list[str]) -> int:
-    for flag in ("--workers", "--serve-null"):
-        if flag in cmd:
-            return int(cmd[cmd.index(flag) + 1])
-    return 1
-
-
-def start(cmd: list[str], url: str, log: Path, cwd: Path = ROOT) -> subprocess.Popen:
-    """The server, once every worker process is ready: /ready answers from whichever worker takes the connection,
-    so with several the log must also show each worker's 'Application startup complete.' (uvicorn's, at INFO)."""
-    import httpx
-
-    # the previous service runs from its own checkout, ahead of anything else on the path
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(cwd), os.environ.get("PYTHONPATH")]))}
-    process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    deadline = time.time() + 600  # the int8 peer quantizes at start
-    while time.time() < deadline:
-        if process.poll() is not None:
-            sys.exit(f"{cmd} exited; see {log}")
-        try:
-            ready = httpx.get(f"{url}/ready", timeout=1).status_code == 200
-        except httpx.TransportError:
-            ready = False
-        workers = worker_count(cmd)
-        if ready and (workers == 1 or log.read_text(errors="replace").count(STARTED) >= workers):
-            return process
-        time.sleep(0.3)
-    sys.exit(f"{cmd} not ready; see {log}")
-
-
-class Connection:
-    """A minimal HTTP/1.1 keep-alive client on asyncio streams. httpx's per-request Python cost, paid by a load
-    generator that shares the server's cores, would be added to every latency it reports; this one's is a
-    fraction of it."""
-
-    def __init__(self, host: str, port: int):
-        self.host, self.port = host, port
-
-    async def __aenter__(self) -> Connection:
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.writer.close()
-
-    async def post_json(self, path: str, payload) -> tuple[int, bytes]:
-        body = json.dumps(payload).encode()
-        self.writer.write(
-            f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-        headers = dict(line.lower().split(": ", 1) for line in head[1:] if ": " in line)
-        return int(head[0].split()[1]), await self.reader.readexactly(int(headers["content-length"]))
-
-
-async def drive(url: str, texts: list[str], clients: range, duration: float, start_at: float) -> tuple[list, int]:
-    """Clients (numbered: each its own random texts) send one text per request back to back from `start_at` (wall
-    clock) for 2 s of warm-up and `duration` s measured: (the measured latencies, the failed answers)."""
-    host, port = url.removeprefix("http://").split(":")
-    latencies: list[float] = []
-    errors = 0
-    await asyncio.sleep(max(0.0, start_at - time.time()))
-    stop_at = time.perf_counter() + 2 + duration
-    measure_from = time.perf_counter() + 2
-
-    async def client(worker: int) -> None:
-        nonlocal errors
-        rng = random.Random(worker)
-        async with Connection(host, int(port)) as http:
-            while time.perf_counter() < stop_at:
-                sent = time.perf_counter()
-                status, answer = await http.post_json("/predict", {"inputs": rng.choice(texts)})
-                if sent >= measure_from:
-                    latencies.append(time.perf_counter() - sent)
-                    errors += status != 200 or not json.loads(answer)
-
-    await asyncio.gather(*(client(w) for w in clients))
-    return latencies, errors
-
-
-def drive_share(url: str, texts: list[str], clients: range, duration: float, start_at: float) -> tuple[list, int]:
-    """One load process's share of the clients (a process pool's task)."""
-    return asyncio.run(drive(url, texts, clients, duration, start_at))
-
-
-def load(url: str, texts: list[str], concurrency: int, duration: float, processes: int) -> dict:
-    """`concurrency` clients spread over `processes` load processes (one Python process cannot offer more than a few
-    thousand requests/s: several, where the machine has the cores, keep the load generator from being the ceiling),
-    all starting at once."""
-    processes = max(1, min(processes, concurrency))
-    shares = [range(concurrency)[p::processes] for p in range(processes)]
-    start_at = time.time() + (1.5 if processes > 1 else 0.0)  # the pool's processes start meanwhile
-    if processes == 1:
-        parts = [drive_share(url, texts, shares[0], duration, start_at)]
-    else:
-        with concurrent.futures.ProcessPoolExecutor(processes) as pool:
-            parts = list(pool.map(drive_share, *zip(*((url, texts, c, duration, start_at) for c in shares))))
-    latencies = sorted(latency for part, _ in parts for latency in part)
-    return {
-        "rps": len(latencies) / duration,
-        "p50": statistics.median(latencies) * 1000,
-        "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000,
-        "errors": sum(errors for _, errors in parts),
-        "n": len(latencies),
-    }
-
-
-def bench_device() -> str:
-    """Where the services run: the GPU when there is one (the service's DEVICE=auto does the same)."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def peak_gemm_flops(dtype, threads: int, trials: int = 7) -> float:
-    """Best of several timed matmul runs (2048² on CPU, 8192² on GPU): a peak, robust to a noisy neighbour."""
-    import torch
-
-    torch.set_num_threads(threads)
-    device = bench_device()
-    n = 8192 if device == "cuda" else 2048
-    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
-    for _ in range(2):
-        a @ b
-    best = 0.0
-    for _ in range(trials):
-        synchronize()
-        start_t = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        synchronize()
-        best = max(best, 2 * n**3 * 4 / (time.perf_counter() - start_t))
-    return best
-
-
-def openvino_int8_peak(threads: int, trials: int = 7) -> float:
-    """Best of several timed 2048² int8 matrix products in OpenVINO (a linear layer quantized by NNCF, as in the
-    served model): the peak of the int8 path ours serves, which torch's CPU int8 GEMM is not."""
-    import nncf
-    import openvino as ov
-    import torch
-
-    n = 2048
-    x = torch.randn(n, n)
-    layer = torch.nn.Linear(n, n, bias=False).eval()
-    quantized = nncf.quantize(ov.convert_model(layer, example_input=x), nncf.Dataset([x.numpy()]), subset_size=1)
-    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
-    request = ov.Core().compile_model(quantized, "CPU", config).create_infer_request()
-    for _ in range(2):
-        request.infer([x.numpy()])
-    best = 0.0
-    for _ in range(trials):
-        start_t = time.perf_counter()
-        for _ in range(4):
-            request.infer([x.numpy()])
-        best = max(best, 2 * n**3 * 4 / (time.perf_counter() - start_t))
-    return best
-
-
-def synchronize() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def flops_per_text(config, tokens: float) -> float:
-    d, f, n = config.dim, config.hidden_dim, config.n_layers
-    return n * (2 * tokens * (4 * d * d + 2 * d * f) + 4 * tokens * tokens * d)
 
 
 def in_process_single(checkpoint: Path, texts: list[str], dtype: str) -> float:
@@ -662,7 +483,7 @@ def table(results: dict, names: list[str], concurrencies: list[int]) -> None:
         )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=12, help="seconds measured per server and concurrency")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
@@ -704,6 +525,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.workers = sorted({1, *args.workers})  # "ours" (one worker) is what every ratio compares
+    return args
+
+
+def serve_child(args: argparse.Namespace) -> bool:
+    """When this process was started as one of the servers (the null model or a peer): serve, and say so."""
     if args.serve_null:  # child process: the null model, in as many uvicorn workers
         import uvicorn
 
@@ -717,24 +543,24 @@ def main() -> None:
             log_level="info",  # each worker's STARTED line, which start() waits for
             access_log=False,
         )
-        return
+        return True
     if args.serve_peer or args.serve_openvino_peer:  # child process: run a peer
         import uvicorn
 
         app = make_peer_app(args.serve_peer) if args.serve_peer else make_openvino_peer_app(args.serve_openvino_peer)
         uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
-        return
+        return True
 
+    return False
+
+
+def setup(args: argparse.Namespace, work: Path):
+    """(checkpoint, its config, the texts, their mean token count, the services' precision), printed."""
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from contract import files, precision
-    from inference.settings import available_cores
+    from contract import precision
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the runtime measurement's lines
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness poll
-
-    work = Path(tempfile.mkdtemp(prefix="serve_bench_"))
     if args.smoke:
         train_smoke(str(work / "smoke"))
         args.checkpoint = str(work / "smoke")
@@ -750,15 +576,23 @@ def main() -> None:
     weights = "the smoke preset's, trained here" if args.smoke else weights
     print(f"model: {config.model_type} ({weights}), {params:.1f} M params")
     print(f"texts: {source}, mean {mean_tokens:.1f} tokens; on {bench_device()}: services at {served}, peer at fp32")
-    prepare_runtime(checkpoint, texts)
-    servers = server_commands(checkpoint, args, work)
-    results = measure(servers, texts, args, work)
-    table(results, list(servers), args.concurrency)
+    return checkpoint, config, texts, mean_tokens, served
+
+
+def report_runtime(work: Path, servers: dict) -> list[str]:
+    """What our runtime choice measured, and what CUDA-graph capture cost each of our worker processes."""
     runtime_lines = [line for line in (work / "ours.log").read_text().splitlines() if "Runtime" in line]
     print("\nours, what its runtime choice measured (inference/runtimes.py):", *runtime_lines, sep="\n  ")
     for name in (n for n in servers if n.startswith("ours")):  # CUDA: what capture cost each worker process
         graphs = [line for line in (work / f"{name}.log").read_text().splitlines() if "CUDA graphs" in line]
         print(*(f"{name}: {line.split(' [-] ')[-1]}" for line in graphs), sep="\n", end="\n" if graphs else "")
+    return runtime_lines
+
+
+def report_ceiling(args, results: dict, config, mean_tokens: float, served: str, runtime_lines: list[str]) -> None:
+    """Our best requests/s against the machine's ceiling at the precision served (bench/ceilings.py)."""
+    from contract import precision
+    from inference.settings import available_cores
 
     threads = available_cores()
     chosen = re.findall(r"Runtime: serving \w+ (\w+)", "\n".join(runtime_lines))
@@ -773,24 +607,44 @@ def main() -> None:
         f"{per_text / 1e9:.2f} GFLOP per text "
         f"= {ceiling:.0f} texts/s; ours at best {best:.1f} = {best / ceiling:.0%} of it"
     )
+
+
+def report_agreement(args, checkpoint: Path, texts: list[str]) -> None:
+    """How often the served precisions keep fp32's decisions: the trained checkpoint's runtimes, else a smoke
+    model's bf16 (and CUDA graphs on a GPU)."""
+    if args.checkpoint and importlib.util.find_spec("openvino") and bench_device() == "cpu":
+        print("agreement with PyTorch fp32 on the trained checkpoint:")
+        runtime_agreement(checkpoint, texts)
+        return
+    with tempfile.TemporaryDirectory() as model:
+        train_smoke(model)
+        sample = agreement_sample(texts)
+        print(f"bf16 vs fp32 argmax agreement: {bf16_agreement(model, sample):.2%} of {len(sample)} texts ({SAMPLE})")
+        if bench_device() == "cuda":
+            print(f"CUDA graphs vs eager argmax agreement: {graph_agreement(model, sample)} ({SAMPLE})")
+
+
+def main() -> None:
+    args = parse_args()
+    if serve_child(args):
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the runtime measurement's lines
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness poll
+    work = Path(tempfile.mkdtemp(prefix="serve_bench_"))
+    checkpoint, config, texts, mean_tokens, served = setup(args, work)
+    prepare_runtime(checkpoint, texts)
+    servers = server_commands(checkpoint, args, work)
+    results = measure(servers, texts, args, work)
+    table(results, list(servers), args.concurrency)
+    runtime_lines = report_runtime(work, servers)
+    report_ceiling(args, results, config, mean_tokens, served, runtime_lines)
     if 1 in args.concurrency:
         single = in_process_single(checkpoint, texts, args.precision)
         print(
             f"concurrency 1: in-process tokenize+forward {single:.1f} ms; ours p50 {results['ours', 1]['p50']:.1f} ms "
             f"= {results['ours', 1]['p50'] / single:.2f}x"
         )
-    if args.checkpoint and importlib.util.find_spec("openvino") and bench_device() == "cpu":
-        print("agreement with PyTorch fp32 on the trained checkpoint:")
-        runtime_agreement(checkpoint, texts)
-    else:
-        with tempfile.TemporaryDirectory() as model:
-            train_smoke(model)
-            sample = agreement_sample(texts)
-            print(
-                f"bf16 vs fp32 argmax agreement: {bf16_agreement(model, sample):.2%} of {len(sample)} texts ({SAMPLE})"
-            )
-            if bench_device() == "cuda":
-                print(f"CUDA graphs vs eager argmax agreement: {graph_agreement(model, sample)} ({SAMPLE})")
+    report_agreement(args, checkpoint, texts)
 
 
 if __name__ == "__main__":
