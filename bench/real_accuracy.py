@@ -109,40 +109,22 @@ def run(command: list[str], verbose: bool) -> float:
 
 def ours(args, model_dir: Path, work: Path, out: Path) -> dict:
     per_device = args.batch_size // 2
-    train_seconds = run(
-        accelerate_launch(
-            [
-                str(ROOT / "training" / "train.py"),
-                "--model_name_or_path",
-                str(model_dir),
-                "--train_file",
-                str(work / "train.csv"),
-                "--validation_file",
-                str(work / "validation.csv"),
-                "--label_names",
-                *LABELS,
-                "--num_train_epochs",
-                "1",
-                "--per_device_train_batch_size",
-                str(per_device),
-                "--learning_rate",
-                str(args.learning_rate),
-                "--max_length",
-                str(args.max_length),
-                "--seed",
-                str(args.seed),
-                "--mixed_precision",
-                args.precision,
-                "--checkpointing_steps",
-                "none",
-                "--logging_steps",
-                "20",
-                "--output_dir",
-                str(out),
-            ]
-        ),
-        args.verbose,
-    )
+    flags = {
+        "--model_name_or_path": model_dir,
+        "--train_file": work / "train.csv",
+        "--validation_file": work / "validation.csv",
+        "--num_train_epochs": 1,
+        "--per_device_train_batch_size": per_device,
+        "--learning_rate": args.learning_rate,
+        "--max_length": args.max_length,
+        "--seed": args.seed,
+        "--mixed_precision": args.precision,
+        "--checkpointing_steps": "none",
+        "--logging_steps": 20,
+        "--output_dir": out,
+    }
+    command = [str(ROOT / "training" / "train.py"), "--label_names", *LABELS]
+    train_seconds = run(accelerate_launch(command + [str(x) for flag in flags.items() for x in flag]), args.verbose)
     eval_seconds = run(
         accelerate_launch(
             [

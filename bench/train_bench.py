@@ -127,45 +127,32 @@ def minilm_package() -> Path:
 # ------------------------------------------------------------------------------------------------ runners
 
 
+def ours_command(args, model_dir: Path, work: Path, out: Path) -> list[str]:
+    """training/train.py with the settings the Trainer gets too."""
+    flags = {
+        "--model_name_or_path": model_dir,
+        "--train_file": work / "train.csv",
+        "--validation_file": work / "validation.csv",
+        "--per_device_train_batch_size": args.batch_size,
+        "--per_device_eval_batch_size": 64,
+        "--max_length": args.max_length,
+        "--num_train_epochs": args.num_train_epochs,
+        "--learning_rate": args.learning_rate,
+        "--warmup_ratio": 0.1,
+        "--weight_decay": 0.01,
+        "--max_grad_norm": 1.0,
+        "--mixed_precision": args.precision,
+        "--checkpointing_steps": "none",
+        "--logging_steps": 10,
+        "--seed": args.seed,
+        "--output_dir": out,
+    }
+    command = [sys.executable, str(ROOT / "training" / "train.py"), "--label_names", *LABELS]
+    return command + [str(part) for flag in flags.items() for part in flag]
+
+
 def run_ours(args, model_dir: Path, work: Path, out: Path, compiled: bool = False) -> dict:
-    cmd = [
-        sys.executable,
-        str(ROOT / "training" / "train.py"),
-        "--model_name_or_path",
-        str(model_dir),
-        "--train_file",
-        str(work / "train.csv"),
-        "--validation_file",
-        str(work / "validation.csv"),
-        "--label_names",
-        *LABELS,
-        "--per_device_train_batch_size",
-        str(args.batch_size),
-        "--per_device_eval_batch_size",
-        "64",
-        "--max_length",
-        str(args.max_length),
-        "--num_train_epochs",
-        str(args.num_train_epochs),
-        "--learning_rate",
-        str(args.learning_rate),
-        "--warmup_ratio",
-        "0.1",
-        "--weight_decay",
-        "0.01",
-        "--max_grad_norm",
-        "1.0",
-        "--mixed_precision",
-        args.precision,
-        "--checkpointing_steps",
-        "none",
-        "--logging_steps",
-        "10",
-        "--seed",
-        str(args.seed),
-        "--output_dir",
-        str(out),
-    ]
+    cmd = ours_command(args, model_dir, work, out)
     if args.model in SCRATCH:
         cmd.append("--from_scratch")
     cmd += ["--torch_compile", COMPILE[args.device] if compiled else "none"]
@@ -221,6 +208,34 @@ def run_trainer(args, model_dir: Path, work: Path, out: Path, strategy: str) -> 
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def trainer_arguments(spec: dict, cuda: bool):
+    """The Trainer's settings, matched to ours: schedule, weight decay, clipping, precision; no evaluation or saving
+    while timed."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=spec["out"],
+        per_device_train_batch_size=spec["batch_size"],
+        per_device_eval_batch_size=64,
+        num_train_epochs=spec.get("epochs", 1),
+        learning_rate=spec["learning_rate"],
+        warmup_steps=0.1,
+        lr_scheduler_type="linear",
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        bf16=spec["precision"] == "bf16",
+        fp16=spec["precision"] == "fp16",
+        use_cpu=not cuda,
+        eval_strategy="no",
+        save_strategy="no",
+        logging_steps=10,
+        report_to="none",
+        seed=spec["seed"],
+        train_sampling_strategy=spec["strategy"],
+        disable_tqdm=True,
+    )
+
+
 def trainer_child(spec: dict) -> None:
     """In a fresh process: the Hugging Face Trainer with its best comparable settings; prints one JSON line."""
     import datasets
@@ -233,7 +248,6 @@ def trainer_child(spec: dict) -> None:
         AutoTokenizer,
         DataCollatorWithPadding,
         Trainer,
-        TrainingArguments,
     )
 
     from training.throughput import peak_memory_mb
@@ -261,27 +275,7 @@ def trainer_child(spec: dict) -> None:
     else:
         model = AutoModelForSequenceClassification.from_pretrained(spec["model_dir"], **labels)
     cuda = torch.cuda.is_available()
-    training_args = TrainingArguments(
-        output_dir=spec["out"],
-        per_device_train_batch_size=spec["batch_size"],
-        per_device_eval_batch_size=64,
-        num_train_epochs=spec.get("epochs", 1),
-        learning_rate=spec["learning_rate"],
-        warmup_steps=0.1,
-        lr_scheduler_type="linear",
-        weight_decay=0.01,
-        max_grad_norm=1.0,
-        bf16=spec["precision"] == "bf16",
-        fp16=spec["precision"] == "fp16",
-        use_cpu=not cuda,
-        eval_strategy="no",
-        save_strategy="no",
-        logging_steps=10,
-        report_to="none",
-        seed=spec["seed"],
-        train_sampling_strategy=spec["strategy"],
-        disable_tqdm=True,
-    )
+    training_args = trainer_arguments(spec, cuda)
     trainer = Trainer(
         model=model,
         args=training_args,
@@ -295,25 +289,41 @@ def trainer_child(spec: dict) -> None:
     seconds = trained.metrics.get("train_runtime") or time.perf_counter() - started
     peak = peak_memory_mb(torch.device("cuda" if cuda else "cpu"))
     accuracy = trainer.evaluate()["eval_accuracy"]
+    print(json.dumps(trainer_figures(trainer, spec, seconds, peak, accuracy, len(data["train"]))))
+
+
+def trainer_figures(trainer, spec: dict, seconds: float, peak: float, accuracy: float, rows: int) -> dict:
+    """What the Trainer's run measured, with its padding counted through its own sampler and collator."""
     real = slots = 0
     for batch in trainer.get_train_dataloader():  # the same sampler and collator, after the timed run
         real += int(batch["attention_mask"].sum())
         slots += batch["attention_mask"].numel()
     epochs = spec.get("epochs", 1)  # one pass counted, every pass timed
-    examples, real, slots = len(data["train"]) * epochs, real * epochs, slots * epochs
-    print(
-        json.dumps(
-            {
-                "examples_per_second": examples / seconds,
-                "tokens_per_second": real / seconds,
-                "padding_fraction": 1 - real / slots,
-                "peak_memory_mb": peak,
-                "accuracy": accuracy,
-                "examples": examples,
-                "mean_length": real / examples,
-            }
-        )
-    )
+    examples, real, slots = rows * epochs, real * epochs, slots * epochs
+    return {
+        "examples_per_second": examples / seconds,
+        "tokens_per_second": real / seconds,
+        "padding_fraction": 1 - real / slots,
+        "peak_memory_mb": peak,
+        "accuracy": accuracy,
+        "examples": examples,
+        "mean_length": real / examples,
+    }
+
+
+def profile_flags(args, model_dir: Path, work: Path) -> list[str]:
+    """The config the profiled step is built from: the settings of the timed runs."""
+    flags = {
+        "--model_name_or_path": model_dir,
+        "--train_file": work / "train.csv",
+        "--validation_file": work / "validation.csv",
+        "--per_device_train_batch_size": args.batch_size,
+        "--max_length": args.max_length,
+        "--mixed_precision": args.precision,
+        "--group_by_length": "true",  # as train.py resolves it for these classes (training/objective.py)
+    }
+    scratch = ["--from_scratch"] if args.model in SCRATCH else []
+    return ["--label_names", *LABELS, *scratch, *[str(part) for flag in flags.items() for part in flag]]
 
 
 def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
@@ -329,26 +339,7 @@ def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
     from training.data.tokenizing import tokenize_splits
     from training.model import build_model, build_optimizer, load_tokenizer
 
-    cfg = load_config(
-        [
-            "--model_name_or_path",
-            str(model_dir),
-            "--train_file",
-            str(work / "train.csv"),
-            "--validation_file",
-            str(work / "validation.csv"),
-            "--label_names",
-            *LABELS,
-            "--per_device_train_batch_size",
-            str(args.batch_size),
-            "--max_length",
-            str(args.max_length),
-            "--mixed_precision",
-            args.precision,
-            *(["--from_scratch"] if args.model in SCRATCH else []),
-            *("--group_by_length", "true"),  # as train.py resolves it for these classes (training/objective.py)
-        ]
-    )
+    cfg = load_config(profile_flags(args, model_dir, work))
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(), mixed_precision=precision.accelerate_name(args.precision)
     )
@@ -356,7 +347,7 @@ def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
     splits = tokenize_splits(load_splits(cfg), tokenizer, cfg)
     loader, _, _, _ = make_dataloaders(splits, tokenizer, cfg, 1, device_type=accelerator.device.type)
     model = build_model(
-        cfg, LABELS, cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, accelerator.device)
+        cfg, splits.labels, cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, accelerator.device)
     )
     optimizer = build_optimizer(model, cfg, cfg.learning_rate)
     cpu_speed.enable(model, cfg.fast_dropout, accelerator.device)
