@@ -333,7 +333,7 @@ def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
 
     from contract import precision
     from training import cpu_speed
-    from training.config import load_config
+    from training.config_parsing import load_config
     from training.data.batching import make_dataloaders
     from training.data.reading import load_splits
     from training.data.tokenizing import tokenize_splits

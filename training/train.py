@@ -41,7 +41,8 @@ from training.checkpoint import OutputDir, Progress
 from training.claim import claim_output_dir
 from training.cli import run_command, setup_logging, usage_error
 from training.collective import main_first
-from training.config import ConfigError, TrainConfig, load_config
+from training.config import ConfigError, TrainConfig
+from training.config_parsing import load_config
 from training.data.batching import make_dataloaders, num_texts, pad_widths, steps_in_epoch
 from training.data.labels import LabelSpace
 from training.data.reading import Splits, load_splits

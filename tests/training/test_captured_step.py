@@ -24,7 +24,7 @@ from contract import files, shapes
 from tests.helpers.cuda_graphs.stand_in import REPORT, on_parameters_device
 from tests.helpers.processes import ROOT, cli_env, describe, graphs_env, run_train
 from training import capture
-from training.config import load_config
+from training.config_parsing import load_config
 from training.data.batching import Collator, make_dataloaders, pad_multiple, pad_widths
 from training.data.reading import load_splits
 from training.data.tokenizing import tokenize_splits

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tests.helpers.processes import ROOT
-from training.config import GROUPS, ConfigError, TrainConfig, build_parser, load_config, presets
+from training.config import GROUPS, ConfigError, TrainConfig, presets
+from training.config_parsing import build_parser, load_config
 from training.train import cli, resolve_mixed_precision
 
 

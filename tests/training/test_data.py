@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers.files import write_rows
-from training.config import load_config
+from training.config_parsing import load_config
 from training.data.batching import GPU_LOADER_WORKERS, loader_workers, make_dataloaders
 from training.data.errors import DataError
 from training.data.labels import LabelSpace

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from training.checkpoint import Progress
-from training.config import load_config
+from training.config_parsing import load_config
 from training.loop import (
     evaluated_now,
     every,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from contract.task import MULTI, REGRESSION, Task
-from training.config import load_config
+from training.config_parsing import load_config
 from training.data.labels import LabelSpace
 from training.model import build_model, build_optimizer
 

@@ -1,0 +1,123 @@
+"""The command line and YAML into a checked TrainConfig (training/config.py holds the schema): one flag per field in
+one argument group per concern, a YAML file flat or by group, `none` for optional fields, and the precedence
+defaults < --preset < --config YAML < flags. Every error is one ConfigError line; the caller exits 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import typing
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from training.config import GROUP_TITLES, GROUPS, RENAMED, ConfigError, TrainConfig, check, one_line, presets
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors become ConfigError (one line, no usage dump); the caller exits 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+
+def _is_optional(annotation: Any) -> bool:
+    return type(None) in typing.get_args(annotation)
+
+
+def _flag_kwargs(field) -> dict[str, Any]:
+    """argparse options for one field: bools take an optional true/false, lists one or more names."""
+    doc = " ".join((field.description or "").split()).replace("%", "%%")  # argparse formats help with %
+    kwargs: dict[str, Any] = {"help": f"{doc} (default: {field.default})"}
+    shown = repr(field.annotation)
+    if field.annotation in (bool, bool | None):
+        kwargs.update(nargs="?", const="true", metavar="{true,false}")
+    elif "list" in shown:
+        kwargs.update(nargs="+", metavar="NAME")
+    else:
+        kwargs["metavar"] = next((word for word in ("int", "float") if word in shown), "str").upper()
+    return kwargs
+
+
+def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
+    """One flag per field, in one argument group per concern; only flags given reach the namespace."""
+    parser = _OneLineParser(
+        prog=prog,
+        description="Fine-tune a text classifier (DistilBERT on AG News by default). "
+        "Precedence: defaults < --preset < --config YAML < flags. All fields: docs/configuration.md.",
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,
+    )
+    parser.add_argument("--config", help="YAML file of fields, flat or under their group's name (model, data, ...)")
+    for old, new in RENAMED.items():
+        parser.add_argument(f"--{old}", dest=new, nargs="+", metavar="NAME", help=f"old name of --{new}")
+    for group, cls in GROUPS.items():
+        section = parser.add_argument_group(GROUP_TITLES[group])
+        for name, field in cls.model_fields.items():
+            section.add_argument(f"--{name}", **_flag_kwargs(field))
+    return parser
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    """A YAML config as flat field: value; group sections (`optimization: {learning_rate: ...}`) are flattened."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config: file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config: {path} is not valid YAML ({' '.join(str(exc).split())})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path} must hold a mapping of field: value")
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in GROUPS and isinstance(value, dict):
+            unknown = [k for k in value if RENAMED.get(k, k) not in GROUPS[key].model_fields]
+            if unknown:
+                raise ConfigError(f"{key}.{unknown[0]}: unknown field of group {key!r} in the YAML config")
+            flat.update({RENAMED.get(k, k): v for k, v in value.items()})
+        elif RENAMED.get(key, key) in TrainConfig.model_fields:
+            flat[RENAMED.get(key, key)] = value
+        else:
+            raise ConfigError(f"{key}: unknown field in the YAML config")
+    return flat
+
+
+def _none_strings(values: dict[str, Any]) -> dict[str, Any]:
+    """`none` / `null` from a flag or YAML means None for optional fields; a list flag given `none` alone (e.g.
+    `--remove_columns none` over a YAML list) is cleared, None or [] as the field takes."""
+    fields = TrainConfig.model_fields
+
+    def said_none(value: Any) -> bool:
+        words = [value] if isinstance(value, str) else value if isinstance(value, list) and len(value) == 1 else []
+        return bool(words) and isinstance(words[0], str) and words[0].lower() in ("none", "null")
+
+    def cleared(name: str, value: Any) -> Any:
+        if not said_none(value):
+            return value
+        if _is_optional(fields[name].annotation):
+            return None
+        return [] if isinstance(value, list) else value
+
+    return {name: cleared(name, value) for name, value in values.items()}
+
+
+def load_config(argv: list[str] | None = None) -> TrainConfig:
+    """Parse CLI flags (and the YAML they point to) into a checked TrainConfig. Raises ConfigError."""
+    cli = vars(build_parser().parse_args(argv))
+    from_yaml = read_yaml(cli.pop("config")) if "config" in cli else {}
+    preset = cli.get("preset", from_yaml.get("preset"))
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in presets():
+            raise ConfigError(f"preset: must be one of {', '.join(presets())} (got {preset!r})")
+        values.update(presets()[preset])
+    values.update(from_yaml)
+    values.update(cli)
+    try:
+        cfg = TrainConfig(**_none_strings(values))
+    except ValidationError as exc:
+        raise ConfigError(one_line(exc)) from None
+    check(cfg)
+    return cfg
