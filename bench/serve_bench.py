@@ -458,29 +458,21 @@ def measure(servers: dict, texts: list[str], args, work: Path) -> dict[tuple[str
     return {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
 
 
+def markdown_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
 def table(results: dict, names: list[str], concurrencies: list[int]) -> None:
+    """Requests/s, ours against each other server, and p50 / p99 latency, per concurrency: a markdown table."""
     others = names[1:]
-    print(
-        "\n| concurrency | "
-        + " | ".join(f"{n} req/s" for n in names)
-        + " | "
-        + " | ".join(f"ours / {n}" for n in others)
-        + " | "
-        + " | ".join(f"{n} p50 / p99 ms" for n in names)
-        + " |"
-    )
+    header = ["concurrency", *(f"{n} req/s" for n in names), *(f"ours / {n}" for n in others)]
+    print("\n" + markdown_row([*header, *(f"{n} p50 / p99 ms" for n in names)]))
     print("|---" * (1 + 2 * len(names) + len(others)) + "|")
     for c in concurrencies:
         row = [results[n, c] for n in names]
-        print(
-            f"| {c} | "
-            + " | ".join(f"{r['rps']:.1f}" for r in row)
-            + " | "
-            + " | ".join(f"{row[0]['rps'] / results[n, c]['rps']:.2f}x" for n in others)
-            + " | "
-            + " | ".join(f"{r['p50']:.1f} / {r['p99']:.1f}" for r in row)
-            + " |"
-        )
+        speeds = [f"{r['rps']:.1f}" for r in row]
+        ratios = [f"{row[0]['rps'] / results[n, c]['rps']:.2f}x" for n in others]
+        print(markdown_row([str(c), *speeds, *ratios, *(f"{r['p50']:.1f} / {r['p99']:.1f}" for r in row)]))
 
 
 def parse_args() -> argparse.Namespace:
