@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.processes import describe, run_train
+from tests.helpers.service import Reference
 
 
 def pytest_configure(config):
@@ -109,3 +110,20 @@ def smoke_2proc_run(smoke_dir, tmp_path_factory) -> tuple[Path, subprocess.Compl
     folder = built_once(tmp_path_factory, "smoke_2proc", train)
     output = [(folder / name).read_text() for name in ("stdout.txt", "stderr.txt")]
     return folder / "out", subprocess.CompletedProcess(SMOKE_2PROC_ARGS, 0, *output)
+
+
+@pytest.fixture(scope="session")
+def smoke_checkpoint(smoke_model) -> Path:
+    """The session's trained smoke model (tests/conftest.py); tests that change files use checkpoint_copy."""
+    return smoke_model
+
+
+@pytest.fixture
+def checkpoint_copy(smoke_checkpoint, tmp_path) -> Path:
+    """A private copy a test may overwrite (reload, corruption)."""
+    return Path(shutil.copytree(smoke_checkpoint, tmp_path / "ckpt"))
+
+
+@pytest.fixture(scope="session")
+def reference(smoke_checkpoint) -> Reference:
+    return Reference(smoke_checkpoint)

@@ -1,5 +1,6 @@
-"""What the service can serve: this project's folder, any save_pretrained folder (another architecture too),
-a Hub id; and what it refuses, in one line naming the file."""
+"""The checkpoint reader both sides use (contract/loading.py): what it reads (this project's folder, any
+save_pretrained folder, another architecture too, a Hub id) and serves, and what it refuses, in one line naming the
+file."""
 
 from __future__ import annotations
 
