@@ -86,7 +86,7 @@ def _body(folder: Path, base: str, config) -> torch.nn.Module:
             f"{' '.join(str(exc).split())[:200]}"
         ) from None
     wrong = [*info["missing_keys"], *(key for key, *_ in info["mismatched_keys"])]
-    wrong = [key for key in wrong if key.split(".")[0] not in head]
+    wrong = sorted(key for key in wrong if key.split(".")[0] not in head)  # transformers reports them in any order
     if wrong:
         raise CheckpointError(
             f"{folder}: the adapter does not fit its base model {base!r}: {wrong[0]} is missing from it or of "
