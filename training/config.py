@@ -30,6 +30,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Val
 from pydantic_core import PydanticCustomError
 
 from contract import precision
+from contract.backends import RUNTIMES
 from contract.errors import UsageError
 from contract.long_text import DEFAULT_STRIDE, LongText
 from training.smoke import LABELS as SMOKE_LABELS
@@ -50,6 +51,9 @@ TRACKERS = (
     "dvclive",
     "swanlab",
 )
+
+
+ExportRuntime = Literal[("none", *RUNTIMES)]  # --export_runtime: the names contract/backends.py declares
 
 
 class ConfigError(UsageError, ValueError):
@@ -304,7 +308,7 @@ class EvaluationConfig(_Group):
     export_hf_format: bool = True
     """Also write the best model in Hugging Face format (model.safetensors and tokenizer files beside config.json), so
     `transformers.pipeline("text-classification", model=output_dir)` loads it. Doubles the weights on disk."""
-    export_runtime: Literal["none", "openvino", "onnxruntime"] = "none"
+    export_runtime: ExportRuntime = "none"
     """At the end of the run, also convert the best model for the optimized CPU runtimes (every installed one, in fp32
     and in int8 when it agrees with fp32 on the recorded calibration texts) into output_dir/runtime/, so the service
     starts without converting; needs `pip install 'distilbert-agnews[openvino]'` (or `[onnxruntime]`)."""
@@ -435,8 +439,6 @@ def presets() -> dict[str, dict[str, Any]]:
 
 def _runtime_installed(backend: str) -> bool:
     """Whether this runtime can convert (contract/backends.py declares what it needs)."""
-    from contract.backends import RUNTIMES
-
     return RUNTIMES[backend].installed()
 
 
