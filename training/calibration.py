@@ -108,11 +108,6 @@ def moved_thresholds(thresholds: Sequence[float], temperatures: Sequence[float])
     return moved
 
 
-def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """The single-label temperature: the T > 0 minimising the mean NLL of softmax(logits / T)."""
-    return Scale(per_label=False).fit(logits, labels)[0]
-
-
 def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = BINS) -> float:
     """Sum over equal-width confidence bins of (share of texts) x |accuracy - mean confidence| (top label)."""
     points = reliability(probs, labels, bins)

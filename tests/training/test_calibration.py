@@ -26,7 +26,7 @@ def test_the_fitted_temperature_is_the_one_the_labels_were_drawn_with():
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(20_000, 4, generator=generator) * 4
     labels = torch.multinomial((logits / 2.5).softmax(-1), 1, generator=generator)[:, 0]
-    temperature = calibration.fit_temperature(logits.log_softmax(-1), labels)
+    (temperature,) = calibration.scale_for(task.SINGLE).fit(logits.log_softmax(-1), labels)
     assert temperature == pytest.approx(2.5, rel=0.1)
     before = calibration.expected_calibration_error(logits.softmax(-1), labels)
     after = calibration.expected_calibration_error((logits / temperature).softmax(-1), labels)
