@@ -100,6 +100,7 @@ def serve_workers(settings: Settings) -> int:
 def serve_on_main_thread(settings: Settings, engine) -> int:
     """uvicorn on a side thread, the engine's worker loop here; SIGTERM/SIGINT drain both, then exit 0."""
     from inference.app import create_app
+    from inference.service import exit_abandoning_race
 
     server = uvicorn.Server(
         uvicorn.Config(
@@ -124,7 +125,9 @@ def serve_on_main_thread(settings: Settings, engine) -> int:
     thread.start()
     engine.serve_forever()
     thread.join()
-    return 0 if server.started else 1
+    code = 0 if server.started else 1
+    exit_abandoning_race(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -75,10 +75,12 @@ def app_from_env() -> FastAPI:
     process of `python -m inference --workers N`): a bad setting is one line on stderr and exit code 2, not a
     traceback."""
     try:
-        return create_app()
+        app = create_app()
     except SettingsError as exc:
         sys.stderr.write(f"inference: error: {exc}\n")
         raise SystemExit(2) from None
+    app.state.service.owns_process = True
+    return app
 
 
 def __getattr__(name: str) -> FastAPI:

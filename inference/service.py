@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import sys
 import threading
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -22,6 +25,7 @@ from inference.reload import CheckpointWatcher
 from inference.settings import Settings, SettingsError
 from inference.tokenizing import window_length
 
+RACE_THREAD = "runtime-race"  # the thread measuring runtimes in the background (MEASURE_IN_BACKGROUND)
 logger = logging.getLogger("inference")
 
 
@@ -35,6 +39,7 @@ class Service:
         self.ready = False
         self.reloads = 0
         self.watcher: CheckpointWatcher | None = None
+        self.owns_process = False  # app_from_env: the process ends when uvicorn returns (exit_abandoning_race)
 
     def live_engine(self) -> Engine:
         if not self.ready or self.engine is None or not self.engine.alive:
@@ -118,9 +123,25 @@ def measure_in_background(service: Service) -> threading.Thread | None:
                 exc,
             )
 
-    thread = threading.Thread(target=measure, name="runtime-race", daemon=True)
+    thread = threading.Thread(target=measure, name=RACE_THREAD, daemon=True)
     thread.start()
+    if service.owns_process:  # `uvicorn inference.app:app_from_env --factory`: no main() of ours ends the process
+        atexit.register(exit_abandoning_race, 0)
     return thread
+
+
+def exit_abandoning_race(code: int) -> None:
+    """End the process now when a background runtime race is still converting: the converter's own native threads
+    (OpenVINO, NNCF) are then running, and letting the interpreter finalise around them aborts the process
+    (std::terminate, exit -6) after a clean drain. The race is abandoned: its half-written conversion carries this
+    process's id and the next start removes it and measures again (inference/runtime_cache.py)."""
+    if not any(t.name == RACE_THREAD and t.is_alive() for t in threading.enumerate()):
+        return
+    logger.info("Runtime: the background measurement is abandoned at shutdown; the next start measures again")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def chunks_long_texts(settings: Settings, loaded: LoadedModel) -> bool:

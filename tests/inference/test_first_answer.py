@@ -11,7 +11,8 @@ import pytest
 
 import inference.service
 from contract import files
-from tests.helpers.service import assert_matches, wait_for
+from tests.helpers.processes import cli_env
+from tests.helpers.service import Server, assert_matches, wait_for
 from tests.inference.test_app import TEXTS, make_client
 
 pytestmark = pytest.mark.slow
@@ -71,3 +72,23 @@ def test_a_failed_background_measurement_leaves_torch_fp32_serving(new_checkpoin
     assert "measuring in the background failed (RuntimeError: conversion crashed); torch fp32 keeps serving" in "".join(
         said
     )
+
+
+def test_sigterm_during_the_background_race_exits_cleanly_and_the_next_start_measures_again(new_checkpoint):
+    """A real `python -m inference` stopped while its candidates are still being converted (SIGTERM right after
+    /ready): the drain ends with exit 0, not with the converter's native threads aborting the finalising interpreter
+    (std::terminate, exit -6, as it did); the half-written conversion is removed by the next start, which measures
+    again and records its choice."""
+    checkpoint_copy, cache = new_checkpoint
+    env = cli_env(MEASURE_IN_BACKGROUND="true", RUNTIME_CACHE=cache["runtime_cache"])
+    first = Server(checkpoint_copy, env=env).wait_ready()
+    wait_for(first.output, lambda out: "Runtime: measuring" in out, timeout=60)
+    first.process.terminate()
+    code, output = first.exit_code(60), first.output()
+    assert code == 0, output
+    assert "terminate called" not in output and "abandoned at shutdown" in output, output
+    second = Server(checkpoint_copy, env=env).wait_ready()
+    try:
+        wait_for(lambda: list((checkpoint_copy / files.RUNTIME_DIR).glob(f"*/{files.RUNTIME_CHOICE}")), bool, 180)
+    finally:
+        second.stop()
