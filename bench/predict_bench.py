@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from serve_bench import AG_NEWS, machine, tokenizer_dir  # noqa: E402
 
-CPU_2PROC = ROOT / "accelerate_configs" / "cpu_2proc.yaml"
+from tests.helpers.processes import launch_command  # noqa: E402  (the one way to start 1 or N processes)
 
 
 def minilm_classifier(folder: Path) -> None:
@@ -69,21 +68,7 @@ def run(processes: int, model: Path, source: Path, output: Path) -> float:
         "--mixed_precision",
         "fp32",
     ]
-    command = (
-        [sys.executable, *target]
-        if processes == 1
-        else [
-            shutil.which("accelerate") or "accelerate",
-            "launch",
-            "--config_file",
-            str(CPU_2PROC),
-            "--num_processes",
-            str(processes),
-            "--main_process_port",
-            "0",
-            *target,
-        ]
-    )
+    command = launch_command(target, processes)  # plain python for 1, accelerate launch (gloo) for more
     started = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
     return time.perf_counter() - started

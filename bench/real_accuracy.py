@@ -26,8 +26,6 @@ import json
 import os
 import platform
 import random
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,8 +39,7 @@ sys.path.insert(0, str(ROOT))
 from train_bench import AG_NEWS, LABELS, prepare_model  # noqa: E402
 
 from contract import files  # noqa: E402
-
-CPU_2PROC = ROOT / "accelerate_configs" / "cpu_2proc.yaml"
+from tests.helpers.processes import launch_command  # noqa: E402  (2 processes: accelerate launch over gloo)
 
 
 def split_rows(work: Path, seed: int) -> dict[str, int]:
@@ -81,23 +78,6 @@ def data_line(sizes: dict[str, int], seed: int, model_name: str) -> str:
     )
 
 
-def accelerate_launch(target: list[str]) -> list[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return [
-        shutil.which("accelerate") or "accelerate",
-        "launch",
-        "--config_file",
-        str(CPU_2PROC),
-        "--num_processes",
-        "2",
-        "--main_process_port",
-        str(port),
-        *target,
-    ]
-
-
 def run(command: list[str], verbose: bool) -> float:
     started = time.perf_counter()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -124,9 +104,9 @@ def ours(args, model_dir: Path, work: Path, out: Path) -> dict:
         "--output_dir": out,
     }
     command = [str(ROOT / "training" / "train.py"), "--label_names", *LABELS]
-    train_seconds = run(accelerate_launch(command + [str(x) for flag in flags.items() for x in flag]), args.verbose)
+    train_seconds = run(launch_command(command + [str(x) for flag in flags.items() for x in flag]), args.verbose)
     eval_seconds = run(
-        accelerate_launch(
+        launch_command(
             [
                 "-m",
                 "training.evaluate",

@@ -133,12 +133,15 @@ class LabelSpace:
             )
         names = cfg.label_names
         space = cls(values=[], names=[], source=source, problem_type=kind.name, delimiter=cfg.label_delimiter)
-        seen = {value for row, cell in enumerate(raw, start=1) for value in kind.cell_values(cell, row, source, space)}
+        inner = getattr(feature, "feature", feature)
+        if isinstance(inner, datasets.ClassLabel):  # its ids and names are given: no pass over the rows
+            seen = set()
+        else:  # every cell read (and checked) once: a regression target, a class, or a list of classes
+            seen = {v for row, cell in enumerate(raw, start=1) for v in kind.cell_values(cell, row, source, space)}
         if not kind.classes:
             if names and len(names) != 1:
                 raise DataError(f"label_names: a regression model has one output; give one name (got {len(names)})")
             return cls(values=[], names=list(names or [column]), source=source, problem_type=kind.name)
-        inner = getattr(feature, "feature", feature)
         if isinstance(inner, datasets.ClassLabel):
             values, found = list(range(inner.num_classes)), list(inner.names)
         else:
