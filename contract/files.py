@@ -22,7 +22,7 @@ sides import and which imports neither.
     calibration_texts.json      a sample of training texts: int8 calibration and the agreement check when serving
     runtime/<sha>/              the model converted for an optimized runtime (OpenVINO IR, fp32 or int8) and
                                 runtime.json (what was measured and chosen), per weights hash: inference/runtimes.py
-    state/step_N/               resumable training state (accelerator.save_state + progress.json)
+    state/step_N/               resumable training state (accelerator.save_state + lr_scheduler.pt + progress.json)
     .distilbert_agnews.lock     held (flock) by the training run writing the folder; holds its PID and host
 """
 

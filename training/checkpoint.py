@@ -6,7 +6,7 @@
     model.safetensors      the same weights in Hugging Face format, with the tokenizer files beside config.json
                            (--export_hf_format, default on): `transformers.pipeline(model=output_dir)` loads it
     metrics.json           validation (best) and test metrics, config, versions, world size
-    state/step_N/          resumable state: accelerator.save_state + progress.json
+    state/step_N/          resumable state: accelerator.save_state + lr_scheduler.pt + progress.json
     .distilbert_agnews.lock  held by the run writing the folder (training/claim.py)
 
 `OutputDir` owns that folder during a run: every path in it (names from contract/files.py), every write
@@ -27,6 +27,8 @@ import dataclasses
 import errno
 import json
 import os
+import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +42,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import gather_object
+from accelerate.utils import load as accelerate_load
 from accelerate.utils.constants import RNG_STATE_NAME
 from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as transformers_logging
@@ -67,6 +70,8 @@ class SaveError(UserError, RuntimeError):
 
 logger = get_logger(__name__)
 RNG_FILE = f"{RNG_STATE_NAME}_{{}}.pkl"  # each rank's RNG state inside a state folder, as accelerate names it
+SCHEDULE_FILE = "lr_scheduler.pt"  # the schedule's state, written by us: accelerate unpickles registered objects
+CUSTOM_STATE = re.compile(r"custom_checkpoint_\d+\.pkl")  # accelerate reads these with weights_only=False
 
 
 # ------------------------------------------------------------------------------------------ best model
@@ -162,7 +167,7 @@ def damaged_file(folder: Path) -> tuple[Path, str] | None:
     are zip archives whose members carry CRCs; a safetensors header must cover its file. Nothing is unpickled."""
     for path in sorted(folder.iterdir()):
         try:
-            if path.suffix in (".bin", ".pkl", ".pt"):
+            if path.suffix in PICKLED:
                 with zipfile.ZipFile(path) as archive:
                     bad = archive.testzip()
                 if bad:
@@ -173,6 +178,43 @@ def damaged_file(folder: Path) -> tuple[Path, str] | None:
         except (OSError, zipfile.BadZipFile, SafetensorError) as exc:
             return path, str(exc)
     return None
+
+
+PICKLED = (".bin", ".pkl", ".pt")  # torch.save archives: a pickle beside the tensors
+
+
+def unsafe_file(folder: Path) -> str | None:
+    """Why a state folder must not be read at all, naming the file, or None. Every pickle in it is read here as
+    accelerate reads the state's own files (`weights_only=True`: tensors, numbers, strings, containers and numpy's
+    RNG arrays; no object that could run code); a registered object's state (`custom_checkpoint_N.pkl`) is refused
+    outright, because accelerate unpickles those with weights_only=False."""
+    for path in sorted(folder.iterdir()):
+        if CUSTOM_STATE.fullmatch(path.name):
+            return (
+                f"{path}: a registered object's pickle, which this project never writes and accelerate would unpickle "
+                "without restriction (it could run code); refused"
+            )
+        if path.suffix not in PICKLED:
+            continue
+        try:
+            accelerate_load(path, map_location="cpu", mmap=True)  # mmap: tensors are not read, only the pickle
+        except pickle.UnpicklingError as exc:
+            what = str(exc).splitlines()[-1] if "GLOBAL" not in str(exc) else _forbidden_global(str(exc))
+            return f"{path}: holds more than tensors and numbers ({what}); refused (unpickling it could run code)"
+        except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile):
+            continue  # damaged, not unsafe: damaged_file names it
+    return None
+
+
+def _forbidden_global(message: str) -> str:
+    """torch's refusal, down to the object it would have imported ("Unsupported global: GLOBAL posix.system")."""
+    found = re.search(r"GLOBAL ([\w.]+)", message)
+    return f"it would import {found.group(1)}" if found else "an object torch refuses to load"
+
+
+def read_schedule(folder: Path) -> dict:
+    """The learning-rate schedule's state (pick_state has checked that it is there and holds only data)."""
+    return torch.load(folder / SCHEDULE_FILE, map_location="cpu", weights_only=True)
 
 
 def missing_rng(folder: Path, num_processes: int) -> str | None:
@@ -191,6 +233,8 @@ def find_latest_state(output_dir: str | Path) -> Path | None:
 
 def unusable(folder: Path, num_processes: int, allow_inexact: bool) -> str | None:
     """Why this state cannot be resumed from (a damaged file; RNG files missing or damaged, unless allowed)."""
+    if not (folder / SCHEDULE_FILE).is_file():
+        return f"{folder / SCHEDULE_FILE}: missing (the learning-rate schedule cannot continue)"
     damaged = damaged_file(folder)
     rng_only = damaged is not None and damaged[0].name.startswith(f"{RNG_STATE_NAME}_")
     if damaged and not rng_only:
@@ -204,6 +248,11 @@ def unusable(folder: Path, num_processes: int, allow_inexact: bool) -> str | Non
     return None
 
 
+def refuse_unsafe(folder: Path) -> None:
+    if problem := unsafe_file(folder):
+        raise ResumeError(f"cannot resume from {folder}: {problem}")
+
+
 def pick_state(output_dir: Path, spec: str, num_processes: int, allow_inexact: bool) -> Path | None:
     """The folder to resume from: `spec` itself (refused when unusable), or for 'latest' the newest usable
     complete state, each damaged newer one named in a warning."""
@@ -211,11 +260,13 @@ def pick_state(output_dir: Path, spec: str, num_processes: int, allow_inexact: b
         folder = Path(spec)
         if not (folder / files.PROGRESS).is_file():
             raise ResumeError(f"{folder}: not a resumable state (no {files.PROGRESS})")
+        refuse_unsafe(folder)
         if problem := unusable(folder, num_processes, allow_inexact):
             raise ResumeError(f"cannot resume from {folder}: {problem}")
         return folder
     states = complete_states(output_dir)
     for _, folder in reversed(states):
+        refuse_unsafe(folder)  # not a fallback to an older state: the folder was tampered with
         problem = unusable(folder, num_processes, allow_inexact)
         if problem is None:
             return folder
@@ -346,9 +397,9 @@ class OutputDir:
     def state_path(self, step: int) -> Path:
         return self.root / files.STATE_DIR / f"{files.STATE_PREFIX}{step}"
 
-    def save_state(self, progress: Progress) -> Path:
-        """accelerator.save_state into a staging folder, renamed to state/step_N when complete; then only the
-        newest `keep_states` remain. Call on all ranks."""
+    def save_state(self, progress: Progress, scheduler) -> Path:
+        """accelerator.save_state and the schedule's state into a staging folder, renamed to state/step_N when
+        complete; then only the newest `keep_states` remain. Call on all ranks."""
         accelerator = self.accelerator
         target = self.state_path(progress.global_step)
         staging = target.with_name(f"{files.STAGING_PREFIX}{target.name}.{self.run_id}")
@@ -357,20 +408,23 @@ class OutputDir:
         problem = attempt(lambda: accelerator.save_state(str(staging)), staging)
         stop_together(accelerator, problem, staging)
         if accelerator.is_main_process:
-            problem = attempt(lambda: self._publish(staging, target, progress), staging)
+            problem = attempt(lambda: self._publish(staging, target, progress, scheduler), staging)
         stop_together(accelerator, problem, staging)
         return target
 
-    def _publish(self, staging: Path, target: Path, progress: Progress) -> None:
-        """Main process: progress.json last, the swap into place (replacing a state of the same step), then the
-        rotation of old states."""
+    def _publish(self, staging: Path, target: Path, progress: Progress, scheduler) -> None:
+        """Main process: the schedule's state, progress.json last, the swap into place (replacing a state of the same
+        step), then the rotation of old states."""
+        torch.save(scheduler.state_dict(), staging / SCHEDULE_FILE)  # numbers and lists: read with weights_only
         write_json(staging / files.PROGRESS, dataclasses.asdict(progress))
         replace_dir(staging, target)
         if self.keep_states:
             for _, folder in complete_states(self.root)[: -self.keep_states]:
                 shutil.rmtree(folder)
 
-    def resume(self, spec: str | None, current: Progress, allow_inexact: bool = False) -> tuple[Path, Progress] | None:
+    def resume(
+        self, spec: str | None, current: Progress, scheduler, allow_inexact: bool = False
+    ) -> tuple[Path, Progress] | None:
         """Restore model, optimizer, scheduler and RNG states from `spec` ('latest' or a state folder) when it was
         saved by this run (`current`'s layout and provenance); (folder, where training stood), or None when there is
         nothing to resume."""
@@ -383,6 +437,7 @@ class OutputDir:
         check_layout(folder, progress, current.layout)
         check_provenance(folder, progress, current.provenance, allow_inexact)
         self.accelerator.load_state(str(folder))
+        scheduler.load_state_dict(read_schedule(folder))
         progress.layout, progress.provenance = current.layout, current.provenance
         return folder, progress
 

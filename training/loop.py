@@ -203,7 +203,7 @@ def log_loss(run: Run, losses: LossMeter, epoch: int, bar: tqdm) -> None:
 def save_state(run: Run) -> Path:
     """The one way the loop saves a resumable state (state/step_N); its time is not training time."""
     with run.throughput.paused():
-        return run.out.save_state(run.progress)
+        return run.out.save_state(run.progress, run.scheduler)
 
 
 def validate_and_save(run: Run) -> None:

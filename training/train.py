@@ -195,7 +195,6 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     widths = pad_widths(cfg, accelerator.device.type, compiled)
     if compiled != capture.NONE:
         model = capture.compile_model(model, compiled, len(widths))
-    accelerator.register_for_checkpointing(scheduler)  # stepped by us once per optimizer step
     logger.info(
         "Effective batch size %d (%d per device x %d accumulation x %d processes); learning rate %g; "
         "%d optimizer steps (%d per epoch, %d epochs); batch widths %s; torch.compile %s",
@@ -308,7 +307,7 @@ def layout_of(cfg: TrainConfig, accelerator: Accelerator) -> dict:
 def resume(run: Run) -> None:
     """Continue from --resume_from_checkpoint ('latest' or a state folder) when there is one."""
     run.progress.layout = layout_of(run.cfg, run.accelerator)
-    resumed = run.out.resume(run.cfg.resume_from_checkpoint, run.progress, run.cfg.allow_inexact_resume)
+    resumed = run.out.resume(run.cfg.resume_from_checkpoint, run.progress, run.scheduler, run.cfg.allow_inexact_resume)
     if resumed is None:
         if run.cfg.resume_from_checkpoint:
             logger.info("No resumable state under %s; starting from scratch.", run.out.path(files.STATE_DIR))

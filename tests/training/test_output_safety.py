@@ -9,6 +9,7 @@ the write call (tests/helpers/faults/), as a test cannot count on making a small
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.utils import load as accelerate_load
 from safetensors.torch import load_file
 
 from contract import files
@@ -148,6 +150,49 @@ def test_damaged_states_are_named_and_latest_picks_the_newest_usable_one(copy_of
         pick_state(copy_of, "latest", 1, False)
     with pytest.raises(ResumeError, match=f"cannot resume from {states / 'step_84'}: {weights}"):
         pick_state(copy_of, str(states / "step_84"), 1, False)
+
+
+class RunsCommand:
+    """Unpickling this runs a shell command: what a hostile state folder would carry."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def poison(path: Path, marker: Path) -> None:
+    """`path` re-saved (or made) with one extra object that would touch `marker` when unpickled."""
+    state = accelerate_load(path) if path.exists() else {}  # weights_only, with numpy's RNG arrays allowed
+    state["extra"] = RunsCommand(f"touch {marker}")
+    torch.save(state, path)
+
+
+@pytest.mark.parametrize("name", ["custom_checkpoint_0.pkl", "lr_scheduler.pt", "optimizer.bin", "random_states_0.pkl"])
+def test_a_state_file_that_would_run_code_is_refused_naming_it_and_nothing_runs(
+    copy_of, accelerate_state, tmp_path, name
+):
+    states, marker = copy_of / files.STATE_DIR, tmp_path / "ran"
+    poison(states / "step_168" / name, marker)
+    for spec in ("latest", str(states / "step_168")):  # latest does not fall back to step_84 of a tampered folder
+        with pytest.raises(
+            ResumeError, match=f"cannot resume from {states / 'step_168'}: {states / 'step_168' / name}"
+        ):
+            pick_state(copy_of, spec, 1, False)
+    assert not marker.exists()
+
+
+def test_resuming_a_poisoned_state_stops_in_one_line_and_never_runs_its_command(copy_of, tmp_path):
+    """The attack as reported: a finished run's state whose schedule was re-saved with an object whose __reduce__
+    calls os.system, resumed with `latest`."""
+    marker = tmp_path / "ran"
+    poison(copy_of / files.STATE_DIR / "step_168" / "lr_scheduler.pt", marker)
+    result, _ = run_train([*SMOKE, "--output_dir", str(copy_of), "--resume_from_checkpoint", "latest"])
+    assert result.returncode == 1, describe(result)
+    [line] = errors(result)
+    assert "lr_scheduler.pt: holds more than tensors and numbers (it would import posix.system)" in line
+    assert "Traceback" not in result.stderr and not marker.exists()
 
 
 def test_missing_or_damaged_rng_state_needs_allow_inexact_resume(copy_of, accelerate_state, caplog):
