@@ -19,7 +19,7 @@ import sys
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from inference import errors, routes, text_routes  # text_routes adds /rerank, /tokenize, /decode to routes.router
+from inference import errors, routes, text_routes, token_routes  # noqa: F401 - token_routes adds /tokenize, /decode to routes.router
 from inference.engine import Engine
 from inference.middleware import BodySizeLimit, RequestId, ResponseStatus
 from inference.service import Service, lifespan

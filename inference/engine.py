@@ -27,7 +27,6 @@ flight inputs are bounded by `max_concurrent_requests` (Overloaded beyond it: 42
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import threading
@@ -169,13 +168,6 @@ class Engine:
         self.metrics.queue_size.inc(len(sequences))
         self._queue.put(job)
         return job.future
-
-    @contextlib.contextmanager
-    def tokenizer(self):
-        """The served model's tokenizer, held against the engine's own use of it (a fast tokenizer's truncation
-        settings are shared state): for /tokenize and /decode, called from a worker thread."""
-        with self._tokenizing:
-            yield self.current.tokenizer
 
     def _leave(self, inputs: int) -> None:
         with self._lock:

@@ -41,15 +41,16 @@ def error_response(status: int, error_type: str, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "error_type": error_type}, status_code=status)
 
 
-def describe_validation(errors: list[dict]) -> str:
-    """`inputs: <why>` for the first problem pydantic found; one line, the field named first."""
+def describe_validation(errors: list[dict], inputs_help: str = INPUTS_HELP) -> str:
+    """`inputs: <why>` for the first problem pydantic found; one line, the field named first; a wrong `inputs` told
+    what the route takes (`inputs_help`)."""
     if not errors:
         return "invalid request"
     first = errors[0]
     where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body",))
     field = where.split(".")[0] if where else "body"
     if field == "inputs" and first.get("type") != "value_error":
-        return f"inputs: expected {INPUTS_HELP}"
+        return f"inputs: expected {inputs_help}"
     return f"{where or 'body'}: {first.get('msg', 'invalid').removeprefix('Value error, ')}"
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import uuid
 
-from inference.errors import CLIENT_CLOSED, VALIDATION, error_response
+from inference.errors import CLIENT_CLOSED, UNHEALTHY, VALIDATION, error_response
 from inference.logs import request_id
+
+logger = logging.getLogger("inference")
 
 _SAFE_ID = re.compile(r"^[\w.:/+=-]{1,128}$", re.ASCII)  # ASCII only: echoed byte for byte in a header
 DRAIN_BYTES, DRAIN_S = 64 * 1024 * 1024, 10.0  # what is read and dropped of an over-limit body before the 413
@@ -34,6 +37,13 @@ class ResponseStatus:
 
         try:
             await self.app(scope, receive, send_recording_status)
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs once GRACEFUL_SHUTDOWN_S has passed: a 503, not a traceback
+            logger.info("a request still running at the end of the graceful shutdown was stopped")
+            if status is None:
+                status = 503
+                message = "the service stopped before this request finished (GRACEFUL_SHUTDOWN_S)"
+                await error_response(503, UNHEALTHY, message)(scope, receive, send)
         except Exception:
             status = status or 500
             raise

@@ -171,7 +171,8 @@ def parse(raw: bytes, model: type[M] = PredictRequest) -> M:
             raise ServiceError(
                 errors.VALIDATION, f"the body is not valid JSON ({problems[0]['msg']})", status=400, reason="json"
             ) from None
-        raise ServiceError(errors.VALIDATION, errors.describe_validation(problems)) from None
+        help_text = getattr(model, "inputs_help", errors.INPUTS_HELP)
+        raise ServiceError(errors.VALIDATION, errors.describe_validation(problems, help_text)) from None
 
 
 def classify(state: Service, body: PredictRequest) -> asyncio.Future[Answer]:

@@ -12,7 +12,7 @@ router/src/lib.rs of huggingface/text-embeddings-inference: `PredictRequest`, `P
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
@@ -37,6 +37,8 @@ class PredictParameters(BaseModel):
 
 
 class PredictRequest(BaseModel):
+    inputs_help: ClassVar[str] = INPUTS_HELP  # what a wrong `inputs` is told to send instead
+
     model_config = ConfigDict(
         extra="ignore",
         json_schema_extra={
@@ -136,6 +138,7 @@ class Rank(BaseModel):
 class TokenizeRequest(BaseModel):
     """TEI's TokenizeRequest: one text or a batch of texts (no pairs)."""
 
+    inputs_help: ClassVar[str] = 'a string or a list of strings ["text 1", "text 2", ...] (each tokenized alone)'
     model_config = ConfigDict(extra="ignore")
     inputs: StrictStr | list[StrictStr]
     add_special_tokens: StrictBool = True
@@ -153,11 +156,30 @@ class SimpleToken(BaseModel):
 
 
 class DecodeRequest(BaseModel):
-    """TEI's DecodeRequest: one list of token ids or a batch of them."""
+    """TEI's DecodeRequest: one list of token ids or a batch of them (untagged: [] is one empty sequence)."""
 
     model_config = ConfigDict(extra="ignore")
-    ids: list[Annotated[StrictInt, Field(ge=0)]] | list[list[Annotated[StrictInt, Field(ge=0)]]]
+    ids: list[StrictInt] | list[list[StrictInt]]
     skip_special_tokens: StrictBool = True
+
+    @field_validator("ids")
+    @classmethod
+    def _token_ids(cls, value):
+        """A negative id named where it is (TEI's u32 refuses it), after the shape has picked its branch."""
+        batch = bool(value) and isinstance(value[0], list)
+        for i, ids in enumerate(value if batch else [value]):
+            for j, token_id in enumerate(ids):
+                if token_id < 0:
+                    where = f"[{i}][{j}]" if batch else f"[{j}]"
+                    raise ValueError(f"ids{where} is {token_id}; token ids are 0 or more")
+        return value
+
+    @property
+    def is_batch(self) -> bool:
+        return bool(self.ids) and isinstance(self.ids[0], list)
+
+    def sequences(self) -> list[list[int]]:
+        return self.ids if self.is_batch else [self.ids]
 
 
 class Prediction(BaseModel):

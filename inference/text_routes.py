@@ -1,15 +1,14 @@
-"""TEI's routes beyond /predict: POST /rerank, /tokenize and /decode, as router/src/http/server.rs of
-huggingface/text-embeddings-inference answers them (`rerank`, `tokenize`, `decode`) with the bodies of
-router/src/http/types.rs (`RerankRequest`, `Rank`, `TokenizeRequest`, `SimpleToken`, `DecodeRequest`).
+"""TEI's POST /rerank, as router/src/http/server.rs of huggingface/text-embeddings-inference answers it (`rerank`)
+with the bodies of router/src/http/types.rs (`RerankRequest`, `Rank`), and POST / and /invocations routed by the
+model type. /tokenize and /decode live in inference/token_routes.py.
 
 /rerank scores each (query, text) pair with a model of one output (TEI's "reranker": a cross-encoder, a regression
 pair model), through the same micro-batches, limits and long-text handling as /predict; a model with several
-outputs gets TEI's error. /tokenize and /decode use the served model's tokenizer.
+outputs gets TEI's error.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from fastapi import Request, Response
@@ -24,7 +23,6 @@ from inference.routes import (
     answered,
     bearer_token,
     check_api_key,
-    check_batch_size,
     observe,
     parse,
     predict_fast,
@@ -34,7 +32,7 @@ from inference.routes import (
     service,
     tei_headers,
 )
-from inference.schemas import DecodeRequest, Rank, RerankRequest, SimpleToken, TokenizeRequest
+from inference.schemas import Rank, RerankRequest
 from inference.service import Service
 
 NOT_A_RERANKER = "Backend error: model is not a re-ranker model"  # TEI: BackendError::Inference, in a Backend error
@@ -94,83 +92,3 @@ async def root_fast(request: Request) -> Response:
 
 def fast_routes() -> list[Route]:
     return routes.fast_routes(root_fast)
-
-
-@router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERROR_RESPONSES, summary="Tokens (TEI)")
-async def tokenize(request: Request) -> JSONResponse:
-    state = service(request)
-    require_json(request)
-    body = parse(await request.body(), TokenizeRequest)
-    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    _check_batch(state, texts, "inputs", batch=not isinstance(body.inputs, str))
-    if body.prompt_name is not None:  # TEI (core/src/tokenization.rs prepare_pre_prompt), for a model without them
-        raise ServiceError(
-            errors.VALIDATION,
-            f"Input validation error: `default-prompt-name` is set to `{body.prompt_name}` but no prompts were "
-            "found in the Sentence Transformers configuration",
-        )
-    engine = state.live_engine()
-    return JSONResponse(await asyncio.to_thread(_tokens, engine, texts, body.add_special_tokens))
-
-
-def _tokens(engine, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
-    """TEI's into_tokens: each token's id, text (the input's own characters; a special token's own string), whether
-    it is special, and its byte offsets (None for special tokens)."""
-    with engine.tokenizer() as tokenizer:
-        encoded = tokenizer(
-            texts,
-            add_special_tokens=add_special_tokens,
-            return_offsets_mapping=True,
-            return_special_tokens_mask=True,
-            truncation=False,
-            verbose=False,
-        )
-        names = [tokenizer.convert_ids_to_tokens(ids) for ids in encoded["input_ids"]]
-    answer = []
-    for text, ids, offsets, special, tokens in zip(
-        texts, encoded["input_ids"], encoded["offset_mapping"], encoded["special_tokens_mask"], names
-    ):
-        row = []
-        for token_id, (start, stop), is_special, name in zip(ids, offsets, special, tokens):
-            if is_special:
-                row.append({"id": token_id, "text": name, "special": True, "start": None, "stop": None})
-            else:
-                first, last = len(text[:start].encode()), len(text[:stop].encode())
-                row.append({"id": token_id, "text": text[start:stop], "special": False, "start": first, "stop": last})
-        answer.append(row)
-    return answer
-
-
-@router.post("/decode", response_model=list[str], responses=ERROR_RESPONSES, summary="Text from token ids (TEI)")
-async def decode(request: Request) -> JSONResponse:
-    state = service(request)
-    require_json(request)
-    body = parse(await request.body(), DecodeRequest)
-    batch = bool(body.ids) and isinstance(body.ids[0], list)
-    sequences = body.ids if batch else [body.ids]
-    _check_batch(state, sequences, "ids", batch=batch)
-    engine = state.live_engine()
-    return JSONResponse(await asyncio.to_thread(_decoded, engine, sequences, body.skip_special_tokens))
-
-
-def _decoded(engine, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
-    with engine.tokenizer() as tokenizer:
-        size = len(tokenizer)
-        for ids in sequences:
-            unknown = [i for i in ids if i >= size]
-            if unknown:  # TEI: the tokenizer's own error, as a Tokenizer error (422)
-                raise ServiceError(errors.TOKENIZER, f"tokenizer error id {unknown[0]} is out of the vocabulary")
-        return [tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
-
-
-def _check_batch(state: Service, items: list, field: str, batch: bool) -> None:
-    """TEI's checks of a batch: not empty, at most MAX_CLIENT_BATCH_SIZE (each counted as a failed request)."""
-    if not batch:
-        return
-    try:
-        if not items:
-            raise ServiceError(errors.EMPTY, f"`{field}` cannot be empty", reason="validation")
-        check_batch_size(state.settings, len(items))
-    except ServiceError as exc:
-        state.metrics.request_failure.labels(exc.reason).inc()
-        raise

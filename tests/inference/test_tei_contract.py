@@ -324,6 +324,38 @@ def test_tokenize_refuses_a_prompt_name_empty_batches_and_oversized_ones_as_tei(
     assert over.status_code == 422 and "batch size 33 > maximum allowed batch size 32" in over.json()["error"]
 
 
+def test_tokenize_bounds_each_input_as_tei_and_answers_a_long_one_whole(http, tokenizer):
+    """core/src/tokenization.rs tokenize_input: /tokenize never truncates; an input of more than max_input_length x
+    MAX_CHAR_MULTIPLIER (250) characters is a Validation error naming both numbers (before, a 2 MB input ran for
+    minutes); up to it every token comes back with exact byte offsets, found in one pass (non-ASCII text)."""
+    limit = http.get("/info").json()["max_input_length"] * 250
+    over = post(http, {"inputs": ["ok", "a" * (limit + 1)]}, "/tokenize")
+    assert over.status_code == 422 and over.json() == {
+        "error": f"`inputs` must have less than {limit} characters. Given: {limit + 1}",
+        "error_type": "Validation",
+    }
+    text = ("Café owners rallied; naïve déjà vu in Zürich. " * (limit // 40))[:limit]
+    [tokens] = post(http, {"inputs": text}, "/tokenize").json()
+    assert [t["id"] for t in tokens] == tokenizer(text, verbose=False)["input_ids"]
+    raw = text.encode()
+    assert all(raw[t["start"] : t["stop"]].decode() == t["text"] for t in tokens if not t["special"])
+    assert tokens[-2]["stop"] == len(raw) > len(text)
+
+
+def test_tokenize_and_decode_name_what_they_take_when_the_shape_is_wrong(http):
+    """A pair or a number sent to /tokenize is told what /tokenize takes (not /predict's pairs); a negative id in a
+    /decode batch is named by its place in the batch."""
+    for inputs in (["a", ["b", "c"]], 5, [3]):
+        response = post(http, {"inputs": inputs}, "/tokenize")
+        assert response.status_code == 422
+        assert response.json()["error"].startswith("inputs: expected a string or a list of strings"), response.text
+        assert "pair" not in response.json()["error"]
+    negative = post(http, {"ids": [[5, 6], [7, -2]]}, "/decode")
+    assert negative.status_code == 422 and "ids[1][1] is -2; token ids are 0 or more" in negative.json()["error"]
+    single = post(http, {"ids": [5, -1]}, "/decode")
+    assert single.status_code == 422 and "ids[1] is -1" in single.json()["error"]
+
+
 def test_decode_answers_texts_from_ids_as_tei(http, tokenizer):
     """server.rs `decode`: one list of ids or a batch, skip_special_tokens (default true), a list of strings; an
     id outside the vocabulary is the tokenizer's error (422)."""

@@ -1,0 +1,162 @@
+"""TEI's POST /tokenize and /decode (router/src/http/server.rs `tokenize`, `decode`; core/src/tokenization.rs), on
+a copy of the served model's tokenizer: the model thread never waits for them, and their cost follows the input.
+
+Each /tokenize input is bounded as TEI bounds it (at most the model's max input length x CHARS_PER_TOKEN_LIMIT
+characters, refused beyond), its byte offsets are found in one pass, and a client that leaves (or a shutdown) stops
+the work between tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from tokenizers import Tokenizer
+
+from contract.loading import LoadedModel
+from inference import errors
+from inference.errors import ServiceError
+from inference.routes import (
+    CHARS_PER_TOKEN_LIMIT,
+    ERROR_RESPONSES,
+    check_batch_size,
+    parse,
+    require_json,
+    router,
+    service,
+    unless_gone,
+)
+from inference.schemas import DecodeRequest, SimpleToken, TokenizeRequest
+from inference.service import Service
+
+CHECK_EVERY = 4096  # tokens between two looks at whether the client is still there
+
+
+class Stopped(Exception):
+    """The request ended (client gone, shutdown) while its tokens were being listed."""
+
+
+class SpareTokenizer:
+    """The served model's tokenizer copied once per loaded model, without truncation or padding (the engine's
+    tokenizer changes those per micro-batch): read-only afterwards, so threads share it without a lock."""
+
+    def __init__(self):
+        self._for: LoadedModel | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._lock = threading.Lock()
+
+    def of(self, loaded: LoadedModel) -> Tokenizer:
+        with self._lock:
+            if self._for is not loaded:
+                copy = Tokenizer.from_str(loaded.tokenizer.backend_tokenizer.to_str())
+                copy.no_truncation()
+                copy.no_padding()
+                self._for, self._tokenizer = loaded, copy
+            return self._tokenizer
+
+
+spare = SpareTokenizer()
+
+
+@router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERROR_RESPONSES, summary="Tokens (TEI)")
+async def tokenize(request: Request) -> JSONResponse:
+    state = service(request)
+    require_json(request)
+    body = parse(await request.body(), TokenizeRequest)
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    _check_batch(state, texts, "inputs", batch=not isinstance(body.inputs, str))
+    if body.prompt_name is not None:  # TEI (core/src/tokenization.rs prepare_pre_prompt), for a model without them
+        raise ServiceError(
+            errors.VALIDATION,
+            f"Input validation error: `default-prompt-name` is set to `{body.prompt_name}` but no prompts were "
+            "found in the Sentence Transformers configuration",
+        )
+    loaded = state.live_engine().current
+    limit = loaded.max_length * CHARS_PER_TOKEN_LIMIT  # TEI's tokenize_input: no truncation, refused past it
+    for text in texts:
+        if len(text) > limit:
+            raise ServiceError(
+                errors.VALIDATION, f"`inputs` must have less than {limit} characters. Given: {len(text)}"
+            )
+    tokenizer = spare.of(loaded)
+    stop = threading.Event()
+    try:
+        work = asyncio.ensure_future(asyncio.to_thread(tokens_of, tokenizer, texts, body.add_special_tokens, stop))
+        return JSONResponse(await unless_gone(request, work))
+    finally:
+        stop.set()  # the client left or the service stops: the worker thread ends at its next look
+
+
+def tokens_of(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool, stop: threading.Event) -> list:
+    """TEI's into_tokens: each token's id, text (the input's own characters; a special token's own string), whether
+    it is special, and its byte offsets (None for special tokens)."""
+    answer = []
+    for text, encoding in zip(texts, tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)):
+        to_bytes = ByteOffsets(text)
+        row = []
+        for n, (token_id, name, (start, stop_at), special) in enumerate(
+            zip(encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask)
+        ):
+            if n % CHECK_EVERY == 0 and stop.is_set():
+                raise Stopped
+            if special:
+                row.append({"id": token_id, "text": name, "special": True, "start": None, "stop": None})
+            else:
+                first, last = to_bytes(start), to_bytes(stop_at)
+                row.append(
+                    {"id": token_id, "text": text[start:stop_at], "special": False, "start": first, "stop": last}
+                )
+        answer.append(row)
+    return answer
+
+
+class ByteOffsets:
+    """Character offsets of one text to UTF-8 byte offsets, in one pass over offsets that mostly move forward."""
+
+    def __init__(self, text: str):
+        self.text, self.ascii = text, text.isascii()
+        self.char, self.byte = 0, 0
+
+    def __call__(self, char: int) -> int:
+        if self.ascii:
+            return char
+        if char < self.char:  # a step back (rare: overlapping offsets): count from the start
+            self.char, self.byte = 0, 0
+        self.byte += len(self.text[self.char : char].encode())
+        self.char = char
+        return self.byte
+
+
+@router.post("/decode", response_model=list[str], responses=ERROR_RESPONSES, summary="Text from token ids (TEI)")
+async def decode(request: Request) -> JSONResponse:
+    state = service(request)
+    require_json(request)
+    body = parse(await request.body(), DecodeRequest)
+    sequences = body.sequences()
+    _check_batch(state, sequences, "ids", batch=body.is_batch)
+    tokenizer = spare.of(state.live_engine().current)
+    return JSONResponse(await asyncio.to_thread(_decoded, tokenizer, sequences, body.skip_special_tokens))
+
+
+def _decoded(tokenizer: Tokenizer, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    for ids in sequences:
+        unknown = [i for i in ids if i >= size]
+        if unknown:  # TEI: the tokenizer's own error, as a Tokenizer error (422)
+            raise ServiceError(errors.TOKENIZER, f"tokenizer error id {unknown[0]} is out of the vocabulary")
+    return tokenizer.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
+
+
+def _check_batch(state: Service, items: list, field: str, batch: bool) -> None:
+    """TEI's checks of a batch: not empty, at most MAX_CLIENT_BATCH_SIZE (each counted as a failed request)."""
+    if not batch:
+        return
+    try:
+        if not items:
+            raise ServiceError(errors.EMPTY, f"`{field}` cannot be empty", reason="validation")
+        check_batch_size(state.settings, len(items))
+    except ServiceError as exc:
+        state.metrics.request_failure.labels(exc.reason).inc()
+        raise
