@@ -9,6 +9,7 @@ outputs gets TEI's error.
 
 from __future__ import annotations
 
+import json
 import time
 
 from fastapi import Request, Response
@@ -84,10 +85,20 @@ async def root_fast(request: Request) -> Response:
     (router/src/http/server.rs, by the model type). For a re-ranker, a body without `query` (a /predict body, what
     InferenceClient.text_classification sends to the base URL) is classified instead of refused: a deliberate
     difference (docs/serving.md)."""
-    if is_reranker(service(request)) and b'"query"' in await request.body():
+    if is_reranker(service(request)) and asks_to_rerank(await request.body()):
         check_api_key(request, bearer_token(request))
         return await rerank(request)
     return await predict_fast(request)
+
+
+def asks_to_rerank(raw: bytes) -> bool:
+    """A JSON object with a top-level `query` (a rerank body), read as JSON: a word in a text, a nested field or an
+    escaped key cannot route it the wrong way. A body that is not JSON goes to /predict, which names the error."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and "query" in body
 
 
 def fast_routes() -> list[Route]:

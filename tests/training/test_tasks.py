@@ -355,6 +355,17 @@ def test_rerank_ranks_texts_against_a_query_with_the_pair_regression_model(runs,
         predicted = httpx.post(f"{server.url}/predict", json={"inputs": [query, texts[0]]})
         too_many = httpx.post(f"{server.url}/rerank", json={"query": query, "texts": texts * 2})
         info = httpx.get(f"{server.url}/info").json()
+        # routed by the parsed body, not by its bytes: the word "query" in a text or a nested field is a /predict
+        # body, and an escaped key is still `query`
+        predict_bodies = [{"inputs": "query"}, {"inputs": ["query", "a query"]}, {"inputs": "q", "x": {"query": 1}}]
+        routed = [
+            httpx.post(f"{server.url}{path}", json=body) for body in predict_bodies for path in ("/", "/invocations")
+        ]
+        escaped = httpx.post(
+            f"{server.url}/invocations",
+            content=json.dumps({"query": query, "texts": texts}).replace('"query"', '"\\u0071uery"'),
+            headers={"content-type": "application/json"},
+        )
     finally:
         server.stop()
     order = sorted(range(len(texts)), key=lambda i: -raw[i].item())
@@ -367,3 +378,6 @@ def test_rerank_ranks_texts_against_a_query_with_the_pair_regression_model(runs,
     assert too_many.status_code == 422 and too_many.json()["error_type"] == "Validation", too_many.text
     assert "batch size 12 > maximum allowed batch size 6" in too_many.json()["error"]
     assert set(info["model_type"]) == {"reranker"}
+    assert [r.status_code for r in routed] == [200] * 6, [r.text for r in routed]
+    assert all(isinstance(r.json()[0]["score"], float) and "label" in r.json()[0] for r in routed)
+    assert escaped.status_code == 200 and [rank["index"] for rank in escaped.json()] == order
