@@ -208,40 +208,48 @@ def _groups(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_le
         )
 
 
-def cut_long_pairs(tokenizer, texts: list[str], pairs: list[str], max_length: int, left: bool = False):
-    """(texts, pairs) with each side longer than `max_length` tokens cut at a word boundary to what truncation can
-    keep of it, so that `tokenizer(texts, pairs, truncation=True, max_length=...)` gives the very ids it gives on the
-    whole texts, in a fraction of the time: the fast tokenizers' longest-first truncation builds every overflowing
+def cut_long_pairs(tokenizer, texts: list[str], pairs: list[str], max_length: int, left: bool = False, order=None):
+    """(texts, pairs, tokens) with each side longer than `max_length` tokens cut at a word boundary to what truncation
+    can keep of it, so that `tokenizer(texts, pairs, truncation=True, max_length=...)` gives the very ids it gives on
+    the whole texts, in a fraction of the time: the fast tokenizers' longest-first truncation builds every overflowing
     piece of both sides and pairs them (seconds for two sides of 13,000 tokens). Which side is longer decides which
     keeps the odd token, so it is kept; where it cannot be (equal sides without a shared word boundary) the pair is
-    left whole. Slow tokenizers (no offsets) get the texts back as they are."""
+    left whole. `tokens`: each pair's side lengths in tokens as given, None where they were not counted (pairs of
+    fewer characters than `max_length`). `order(k, tokens)`, when given, says which side of pair k is the longer
+    (1 the text, -1 the pair, 0 equal) where the given sides are parts of longer ones. Slow tokenizers (no offsets) get
+    the texts back as they are."""
+    tokens: list[tuple[int, int] | None] = [None] * len(texts)
     long = [k for k, (text, pair) in enumerate(zip(texts, pairs)) if len(text) + len(pair) > max_length]
     if not getattr(tokenizer, "is_fast", False) or not long:  # shorter pairs are cheap to truncate (and rarely need it)
-        return texts, pairs
-    sides = tokenizer(
-        [texts[k] for k in long] + [pairs[k] for k in long],
-        add_special_tokens=False,
-        return_offsets_mapping=True,
-        return_attention_mask=False,
-    )
+        return texts, pairs, tokens
+    unique = list(dict.fromkeys([texts[k] for k in long] + [pairs[k] for k in long]))  # a query shared by pairs: once
+    row = {side: n for n, side in enumerate(unique)}
+    sides = tokenizer(unique, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
     texts, pairs = list(texts), list(pairs)
-    for n, k in enumerate(long):
-        texts[k], pairs[k] = _cut_pair(sides, n, len(long) + n, texts[k], pairs[k], max_length, left)
-    return texts, pairs
+    for k in long:
+        i, j = row[texts[k]], row[pairs[k]]
+        tokens[k] = (len(sides["input_ids"][i]), len(sides["input_ids"][j]))
+        which = order(k, tokens[k]) if order else None
+        texts[k], pairs[k] = _cut_pair(sides, i, j, texts[k], pairs[k], max_length, left, which)
+    return texts, pairs, tokens
 
 
-def _cut_pair(sides, i: int, j: int, text: str, pair: str, max_length: int, left: bool) -> tuple[str, str]:
+def _cut_pair(
+    sides, i: int, j: int, text: str, pair: str, max_length: int, left: bool, order: int | None = None
+) -> tuple[str, str]:
+    """`order`: 1 when the text is the longer of the whole sides, -1 the pair, 0 equal; by default the given sides'."""
     n_i, n_j = len(sides["input_ids"][i]), len(sides["input_ids"][j])
     if n_i <= max_length and n_j <= max_length:
         return text, pair
+    order = (n_i > n_j) - (n_i < n_j) if order is None else order
     keep_i, keep_j = min(n_i, max_length), min(n_j, max_length)
     for _ in range(8):  # widen the cuts until the longer side stays the longer (or equal sides stay equal)
         k_i, k_j = _boundary(sides, i, keep_i, left), _boundary(sides, j, keep_j, left)
-        if (k_i > k_j, k_i == k_j) == (n_i > n_j, n_i == n_j):
+        if (k_i > k_j) - (k_i < k_j) == order:
             return _keep(text, sides, i, k_i, left), _keep(pair, sides, j, k_j, left)
-        if n_i > n_j:
+        if order > 0:
             keep_i = k_j + 1
-        elif n_j > n_i:
+        elif order < 0:
             keep_j = k_i + 1
         else:
             keep_i = keep_j = max(k_i, k_j)

@@ -241,8 +241,17 @@ def check_characters(sequences: list, limit: int) -> None:
 
 
 def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) -> list:
-    """TEI's character bound before tokenizing: cut each input to `limit` characters (pairs: half each),
-    keeping its start (right truncation) or its end (left); without truncation, refuse it."""
+    """TEI's character bound before tokenizing: cut each input to `limit` characters (pairs: half each), keeping its
+    start (right truncation) or its end (left); without truncation, refuse it. A side shared by several inputs (the
+    query of a /rerank) is cut once. The engine then tokenizes only what the model can keep of it
+    (inference/tokenizing.py)."""
+    cut: dict[tuple[int, int], str] = {}
+
+    def keep(side: str, chars: int) -> str:
+        if (id(side), chars) not in cut:
+            cut[id(side), chars] = side[-chars:] if left else side[:chars]
+        return cut[id(side), chars]
+
     out = []
     for text, pair in sequences:
         chars = len(text) + len(pair or "")
@@ -251,9 +260,8 @@ def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) ->
         elif not truncate:
             raise ServiceError(errors.VALIDATION, f"`inputs` must have less than {limit} characters. Given: {chars}")
         else:
-            keep = limit // 2 if pair is not None else limit
-            cut = slice(-keep, None) if left else slice(None, keep)
-            out.append((text[cut], pair[cut] if pair is not None else None))
+            side = limit // 2 if pair is not None else limit
+            out.append((keep(text, side), keep(pair, side) if pair is not None else None))
     return out
 
 

@@ -18,6 +18,11 @@ class InputTooLong(ValueError):
         super().__init__(f"`inputs` must have less than {limit} tokens. Given: {tokens}")
 
 
+# With truncation, each side is first cut to this many characters per token the model keeps (English has 4 to 5), so
+# tokenizing costs what is kept, not what was sent; a side that held too few tokens is tokenized whole
+KEPT_CHARS_PER_TOKEN = 16
+WORD_BOUNDARY_SEARCH = 256  # characters searched back from a cut for whitespace, so no word is split
+
 # What the engine answers a job with when its inputs cannot be served (not a failure of the model): the routes
 # answer each as TEI answers an invalid input (inference/routes.py engine_failure).
 REFUSALS = (InputTooLong, TooManyWindows, LongTextError)
@@ -40,22 +45,105 @@ def check_length(loaded: LoadedModel, features: list[dict]) -> None:
 
 
 def encode_unchecked(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
-    """encode without the length check (the caller checks each job's inputs): one tokenizer call per kind."""
+    """encode without the length check (the caller checks each job's inputs): one tokenizer call per kind; with
+    truncation only what the model can keep of each side is tokenized (`kept_part`)."""
     tokenizer = loaded.tokenizer
     tokenizer.truncation_side = "left" if left else "right"  # under Engine._tokenizing (and at warm-up)
-    options = {
-        "truncation": truncate,
-        "max_length": loaded.max_length if truncate else None,
-        "return_attention_mask": False,
-    }
     features: list[dict | None] = [None] * len(sequences)
     for where, texts, pairs in by_kind(sequences):
-        if pairs is not None and truncate:  # each side cut to what truncation keeps: a bounded cost per pair
-            texts, pairs = cut_long_pairs(tokenizer, texts, pairs, loaded.max_length, left)
-        encoded = tokenizer(texts, pairs, **options)
+        if not truncate:
+            found = _features(tokenizer(texts, pairs, truncation=False, return_attention_mask=False))
+        elif pairs is None:
+            found = _truncated_texts(loaded, texts, left)
+        else:
+            found = _truncated_pairs(loaded, texts, pairs, left)
         for k, i in enumerate(where):
-            features[i] = {name: encoded[name][k] for name in ("input_ids", "token_type_ids") if name in encoded}
+            features[i] = found[k]
     return features
+
+
+def _features(encoded) -> list[dict]:
+    names = [name for name in ("input_ids", "token_type_ids") if name in encoded]
+    return [{name: encoded[name][k] for name in names} for k in range(len(encoded["input_ids"]))]
+
+
+def _truncated(loaded: LoadedModel, texts: list[str], pairs: list[str] | None) -> list[dict]:
+    options = {"truncation": True, "max_length": loaded.max_length, "return_attention_mask": False}
+    return _features(loaded.tokenizer(texts, pairs, **options))
+
+
+def _truncated_texts(loaded: LoadedModel, texts: list[str], left: bool) -> list[dict]:
+    """Each text tokenized from its kept part; where that part held fewer tokens than the model keeps (a text of
+    unusually long tokens or much whitespace), from the whole text."""
+    kept = _kept_parts(texts, loaded.max_length * KEPT_CHARS_PER_TOKEN, left)
+    found = _truncated(loaded, kept, None)
+    short = [k for k in range(len(texts)) if kept[k] is not texts[k] and len(found[k]["input_ids"]) < loaded.max_length]
+    for k, feature in zip(short, _truncated(loaded, [texts[k] for k in short], None) if short else []):
+        found[k] = feature
+    return found
+
+
+def _truncated_pairs(loaded: LoadedModel, texts: list[str], pairs: list[str], left: bool) -> list[dict]:
+    """Each pair tokenized from its sides' kept parts, cut further to what longest-first truncation keeps
+    (contract/long_text.py cut_long_pairs), the longer whole side staying the longer (`longer_side`); where a kept part
+    holds fewer tokens than the model keeps, from the whole sides."""
+    chars, max_length = loaded.max_length * KEPT_CHARS_PER_TOKEN, loaded.max_length
+    kept_texts, kept_pairs = _kept_parts(texts, chars, left), _kept_parts(pairs, chars, left)
+
+    def order(k: int, tokens: tuple[int, int]) -> int:
+        return longer_side(tokens, (texts[k], pairs[k]), (kept_texts[k], kept_pairs[k]))
+
+    cut_texts, cut_pairs, tokens = cut_long_pairs(loaded.tokenizer, kept_texts, kept_pairs, max_length, left, order)
+    short = [
+        k
+        for k, counted in enumerate(tokens)
+        if counted is not None
+        and any(
+            part is not side and n < max_length
+            for part, side, n in zip((kept_texts[k], kept_pairs[k]), (texts[k], pairs[k]), counted)
+        )
+    ]
+    if short:
+        again = cut_long_pairs(loaded.tokenizer, [texts[k] for k in short], [pairs[k] for k in short], max_length, left)
+        for n, k in enumerate(short):
+            cut_texts[k], cut_pairs[k] = again[0][n], again[1][n]
+    return _truncated(loaded, cut_texts, cut_pairs)
+
+
+def longer_side(tokens: tuple[int, int], sides: tuple[str, str], kept: tuple[str, str]) -> int:
+    """Which whole side of a pair is the longer in tokens (1 the text, -1 the pair, 0 equal; longest-first
+    truncation gives it the odd token), from its kept parts' counts: a side not cut counts exactly, a cut one as
+    many tokens per character as its kept part holds. Two cut sides of about equal length may so be ordered
+    otherwise than TEI, which counts every token: one token of one side differs (docs/serving.md)."""
+    whole = [n if part is side else n * len(side) / len(part) for n, side, part in zip(tokens, sides, kept)]
+    return (whole[0] > whole[1]) - (whole[0] < whole[1])
+
+
+def _kept_parts(sides: list[str], chars: int, left: bool) -> list[str]:
+    """kept_part of each side, once per distinct side object (a /rerank query is shared by all its pairs)."""
+    done: dict[int, str] = {}
+    for side in sides:
+        if id(side) not in done:
+            done[id(side)] = kept_part(side, chars, left)
+    return [done[id(side)] for side in sides]
+
+
+def kept_part(text: str, chars: int, left: bool) -> str:
+    """At most `chars` characters of `text`, its start (its end when `left`), cut at whitespace when there is some
+    near the cut (a word cut in two would tokenize differently); `text` itself when it is not longer."""
+    if len(text) <= chars:
+        return text
+    if left:
+        part = text[-chars:]
+        for i in range(min(WORD_BOUNDARY_SEARCH, len(part))):
+            if part[i].isspace():
+                return part[i:]
+        return part
+    part = text[:chars]
+    for i in range(len(part) - 1, max(len(part) - WORD_BOUNDARY_SEARCH, 0), -1):
+        if part[i].isspace():
+            return part[:i]
+    return part
 
 
 def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> tuple[list[dict], list[int]]:

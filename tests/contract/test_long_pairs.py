@@ -37,7 +37,7 @@ def test_cut_sides_give_the_ids_of_the_whole_pair(tokenizer, left):
         b = a if trial % 7 == 0 else sentence(rng, rng.choice([5, 100, 255, 256, 300, 600, 2000]))
         max_length = rng.choice([64, 128, 511, 512])
         whole = tokenizer(a, b, truncation=True, max_length=max_length)["input_ids"]
-        cut_a, cut_b = cut_long_pairs(tokenizer, [a], [b], max_length, left)
+        cut_a, cut_b, _ = cut_long_pairs(tokenizer, [a], [b], max_length, left)
         assert tokenizer(cut_a[0], cut_b[0], truncation=True, max_length=max_length)["input_ids"] == whole
         cases += len(cut_a[0]) < len(a) or len(cut_b[0]) < len(b)
     assert cases > 50  # most pairs were really cut
