@@ -17,8 +17,9 @@ sides import and which imports neither.
     eval_results.json, confusion_matrix.png, calibration.png, misclassified.csv   by python -m training.evaluate
     residuals.png, largest_errors.csv                              (regression models)
     adapter/                    with LoRA (--lora_r): what peft's PeftModel.from_pretrained loads (adapter_config.json,
-                                adapter_model.safetensors: adapters + head) and config.json + tokenizer files; the
-                                files above hold the merged weights
+                                adapter_model.safetensors: adapters + head) and config.json (with the sha256 of both
+                                and the base's identity) + tokenizer files; base/ with a from-scratch base's weights;
+                                the files above hold the merged weights
     calibration_texts.json      a sample of training texts: int8 calibration and the agreement check when serving
     runtime/<sha>/              the model converted for an optimized runtime (OpenVINO IR, fp32 or int8) and
                                 runtime.json (what was measured and chosen), per weights hash: inference/runtimes.py
@@ -57,6 +58,9 @@ LARGEST_ERRORS_CSV = "largest_errors.csv"  # regression
 ADAPTER_DIR = "adapter"  # LoRA runs: training/lora.py writes it, contract/adapters.py serves such a folder
 ADAPTER_CONFIG = "adapter_config.json"  # peft's names
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_SHA256 = "adapter_sha256"  # adapter/config.json: {peft's file name: sha256} as training wrote them
+ADAPTER_BASE = "adapter_base"  # config.json: the base the adapters were trained on (contract/adapters.py)
+ADAPTER_BASE_DIR = "base"  # adapter/base/: a from-scratch base's weights, saved beside its adapters
 
 CALIBRATION = "calibration_texts.json"
 RUNTIME_DIR = "runtime"

@@ -13,7 +13,6 @@ classification head (e.g. a base encoder), which would answer with random scores
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -26,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from safetensors import SafetensorError, safe_open
@@ -39,8 +37,8 @@ from contract.files import file_sha256
 from contract.hub import HUB_ID, hub_reachable, hub_url, is_offline
 from contract.long_text import LongText, LongTextError
 from contract.padding import NoPadToken, ensure_pad_token, match_pad_token
-from contract.quiet import quiet
-from contract.task import SINGLE, Task, TaskError
+from contract.quiet import quiet_transformers
+from contract.task import SINGLE, Task, TaskError, calibration_of
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +87,7 @@ def signature(folder: str | Path) -> tuple:
     """(name, mtime, size) of every file the service reads: changes when training writes a new best model."""
     root = Path(folder)
     names = (files.WEIGHTS, files.HF_WEIGHTS, files.HF_WEIGHTS_INDEX, files.CONFIG, files.ADAPTER_WEIGHTS)
-    paths = [root / name for name in names]
+    paths = [root / name for name in (*names, files.ADAPTER_CONFIG, f"{files.ADAPTER_BASE_DIR}/{files.HF_WEIGHTS}")]
     paths += sorted(root.glob("model-*.safetensors"))
     paths += sorted((root / files.TOKENIZER_DIR).glob("*")) if (root / files.TOKENIZER_DIR).is_dir() else []
     found = []
@@ -122,6 +120,7 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     labels = label_names(config, folder)
     try:
         model_task, long_text = Task.of(config), LongText.of(config)
+        calibration_of(config)
     except (TaskError, LongTextError) as exc:
         raise CheckpointError(f"{folder}: {exc}") from None
     max_length = min(tokenizer.model_max_length, getattr(config, "max_position_embeddings", 512))
@@ -155,7 +154,13 @@ def check_same_save(config, weights: Path, tensors: Callable[[], dict[str, torch
     """The weights hold the tensors config.json was saved with, where it records them (our trainer does; a folder
     saved elsewhere records nothing): TornCheckpoint otherwise, so a half-copied folder is never served. `tensors`
     is called (and hashed) only when there is a recorded hash to compare with."""
-    recorded = (getattr(config, files.WEIGHTS_SHA256, None) or {}).get(weights.name)
+    record = getattr(config, files.WEIGHTS_SHA256, None) or {}
+    if not isinstance(record, dict) or not all(isinstance(v, str) for v in record.values()):
+        raise CheckpointError(
+            f"{weights.parent / files.CONFIG}: {files.WEIGHTS_SHA256} must map each weights file to its sha256 (a "
+            f"string), not {record!r:.60}; delete the field from {files.CONFIG} after editing the weights by hand"
+        )
+    recorded = record.get(weights.name)
     found = tensors() if recorded else None
     digest = files.tensors_sha256(found) if found is not None else None
     if recorded and digest and recorded != digest:
@@ -315,7 +320,7 @@ def _classifier_from_config(config, path: Path) -> torch.nn.Module:
 
 
 def _from_pretrained(folder: Path, config) -> torch.nn.Module:
-    with _quiet_transformers():
+    with quiet_transformers():
         try:
             model, info = AutoModelForSequenceClassification.from_pretrained(
                 folder, config=config, use_safetensors=True, output_loading_info=True
@@ -331,19 +336,6 @@ def _from_pretrained(folder: Path, config) -> torch.nn.Module:
             f"classifier (architectures {config.architectures}); fine-tune it first"
         )
     return model
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """No per-load progress bar and load report in the service's log."""
-    bars = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        with quiet("transformers"):
-            yield
-    finally:
-        if bars:
-            transformers.utils.logging.enable_progress_bar()
 
 
 def _read_tokenizer(folder: Path):

@@ -20,3 +20,18 @@ def quiet(*names: str, level: int = logging.ERROR) -> Iterator[None]:
     finally:
         for log, old in zip(loggers, before):
             log.setLevel(old)
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No per-load progress bar and load report of transformers in the service's log."""
+    import transformers
+
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        with quiet("transformers"):
+            yield
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()

@@ -16,6 +16,7 @@ What each type does is its object's (contract/problem_types.py): `Task.kind`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,30 @@ from contract.problem_types import (  # noqa: F401 - the names every reader spel
 
 THRESHOLDS = "decision_thresholds"  # config.json: one per label, multi-label models only
 DEFAULT_THRESHOLD = 0.5
+CALIBRATION = "calibration"  # config.json: {"method": "none"} or {"method": "temperature", "temperature(s)": ...}
+
+
+def calibration_of(config: Any) -> dict:
+    """config.json's record of the calibration folded into the weights (training/calibration.py writes it), {} when
+    there is none; TaskError when it is not one training writes (a temperature that is not a positive number, which
+    would be reported as applied and divided by when a run resumes)."""
+    record = getattr(config, CALIBRATION, None)
+    if record is None:
+        return {}
+    method = record.get("method") if isinstance(record, dict) else None
+    if method == "none":
+        return record
+    temperatures = record.get("temperatures", [record.get("temperature")]) if method == "temperature" else None
+    if not isinstance(temperatures, list) or not temperatures or not all(_positive(t) for t in temperatures):
+        raise TaskError(
+            f'config.json: {CALIBRATION} must be {{"method": "none"}} or {{"method": "temperature", '
+            f'"temperature": T}} with finite T > 0 (got {record!r:.80})'
+        )
+    return record
+
+
+def _positive(number) -> bool:
+    return isinstance(number, (int, float)) and not isinstance(number, bool) and math.isfinite(number) and number > 0
 
 
 @dataclass(frozen=True)

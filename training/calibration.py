@@ -29,7 +29,7 @@ from contract.problem_types import kind_of
 
 BINS = 15
 NONE, TEMPERATURE = "none", "temperature"
-CONFIG_FIELD = "calibration"  # config.json: {"method": ..., "temperature": T} or {..., "temperatures": [T_j]}
+CONFIG_FIELD = task.CALIBRATION  # config.json: {"method": ..., "temperature": T} or {..., "temperatures": [T_j]}
 LIMITS = (0.05, 20.0)  # a fitted temperature is kept within these
 
 

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,8 @@ from accelerate.utils.constants import RNG_STATE_NAME
 from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as transformers_logging
 
-from contract import files
+from contract import files, task
+from contract.adapters import adapter_digests
 from contract.errors import UserError
 from training import calibration, lora, model_card, provenance, reports
 from training.atomic import atomic_write, replace_dir, write_json
@@ -109,11 +111,15 @@ def _write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf
 
 
 def _write_adapter(out: Path, model, config, tokenizer) -> None:
-    """Main process: adapter/ (peft's files, the run's config.json and tokenizer), swapped in whole."""
+    """Main process: adapter/ (peft's files; the run's config.json, with their sha256 and the base's identity; the
+    tokenizer), swapped in whole."""
     staging = Path(tempfile.mkdtemp(prefix=f".{files.ADAPTER_DIR}.", dir=out))
     with _no_progress_bar():
         lora.save_adapter(model, staging)
     config.save_pretrained(staging)
+    recorded = json.loads((staging / files.CONFIG).read_text())
+    recorded[files.ADAPTER_SHA256] = adapter_digests(staging)
+    (staging / files.CONFIG).write_text(json.dumps(recorded, indent=2) + "\n")
     tokenizer.save_pretrained(staging)
     replace_dir(staging, out / files.ADAPTER_DIR)
 
@@ -382,9 +388,16 @@ class OutputDir:
         stop_together(accelerator, problem)  # also the barrier after the write
 
     def saved_calibration(self) -> dict:
-        """What config.json says was applied to the saved best model (training/calibration.py), {} if nothing."""
+        """What config.json says was applied to the saved best model (training/calibration.py), {} if nothing;
+        ResumeError when the record is not one training writes."""
         path = self.path(files.CONFIG)
-        return (json.loads(path.read_text()).get(calibration.CONFIG_FIELD) or {}) if path.is_file() else {}
+        if not path.is_file():
+            return {}
+        record = json.loads(path.read_text()).get(calibration.CONFIG_FIELD)
+        try:
+            return task.calibration_of(types.SimpleNamespace(**{calibration.CONFIG_FIELD: record}))
+        except task.TaskError as exc:
+            raise ResumeError(f"{path}: {exc}") from None
 
     def restore_best(self, model: torch.nn.Module) -> None:
         """The saved best model's weights put back into the run's `model` (a LoRA run's adapters and head)."""

@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 from contract import files
+from contract.adapters import base_sha256
 from contract.errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -82,10 +83,14 @@ def target_modules(model: PreTrainedModel, requested: list[str] | None) -> list[
     )
 
 
-def apply_lora(model: PreTrainedModel, r: int, alpha: float, dropout: float, requested: list[str] | None):
-    """The model wrapped by peft: LoRA adapters of rank `r` on the target modules (frozen base), the head trained."""
+def apply_lora(
+    model: PreTrainedModel, r: int, alpha: float, dropout: float, requested: list[str] | None, from_scratch: bool
+):
+    """The model wrapped by peft: LoRA adapters of rank `r` on the target modules (frozen base), the head trained. The
+    base's identity goes into its config (`base_identity`), so adapter/ is served only on this base."""
     peft = _peft()
     targets = target_modules(model, requested)
+    setattr(model.config, files.ADAPTER_BASE, base_identity(model, from_scratch))
     config = peft.LoraConfig(
         task_type=peft.TaskType.SEQ_CLS,
         r=r,
@@ -131,6 +136,19 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
     return {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
 
 
+def base_identity(model: PreTrainedModel, from_scratch: bool) -> dict:
+    """What adapter/config.json records of the base (files.ADAPTER_BASE): where it came from (a folder or a Hub id and
+    the commit read), the sha256 of its weights outside the head (contract/adapters.py base_sha256, checked when the
+    adapter is served), and for a base made from scratch, whose weights exist nowhere else, that they are saved in
+    adapter/base/."""
+    return {
+        "model": model.config._name_or_path,
+        "revision": getattr(model.config, "_commit_hash", None),
+        "sha256": base_sha256(model, head_modules(model)),
+        "saved": files.ADAPTER_BASE_DIR if from_scratch else None,
+    }
+
+
 def merged_copy(model) -> PreTrainedModel:
     """A plain classifier holding the merged weights, the training model left as it is (merging in place and
     unmerging would not give back the same bits, and a resumed run must continue from exactly them)."""
@@ -138,8 +156,14 @@ def merged_copy(model) -> PreTrainedModel:
 
 
 def save_adapter(model, folder: Path) -> None:
-    """adapter_config.json + adapter_model.safetensors (adapters and head) as peft writes them."""
+    """adapter_config.json + adapter_model.safetensors (adapters and head) as peft writes them, and a from-scratch
+    base's weights in base/ (the adapters removed from a copy; its head is the trained one, which the adapter's
+    replaces when served)."""
     model.save_pretrained(folder)
+    if (getattr(model.config, files.ADAPTER_BASE, None) or {}).get("saved"):
+        with warnings.catch_warnings():  # peft asks the model whether it checkpoints by transformers' old name
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            copy.deepcopy(model).unload().save_pretrained(folder / files.ADAPTER_BASE_DIR)
 
 
 def restore_adapter(model, folder: Path) -> None:

@@ -72,8 +72,9 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
         config = AutoConfig.from_pretrained(cfg.model_name_or_path, **fields, **hub_options(cfg))
         for name, value in cfg.windowing().config_fields().items():  # fields of ours: from_pretrained drops them
             setattr(config, name, value)
-        if hasattr(config, files.WEIGHTS_SHA256):  # fine-tuning one of our checkpoints: its hash is not ours
-            delattr(config, files.WEIGHTS_SHA256)
+        for field in (files.WEIGHTS_SHA256, files.ADAPTER_BASE):  # fine-tuning one of our checkpoints: not ours
+            if hasattr(config, field):
+                delattr(config, field)
         # nothing calibrated yet (a calibrated starting checkpoint's temperature is in its weights, not ours): the
         # end of the run records what it applies (training/calibration.py)
         setattr(config, calibration.CONFIG_FIELD, {"method": calibration.NONE})

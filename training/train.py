@@ -153,7 +153,9 @@ def make_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace, p
     attention = cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, device)
     model = build_model(cfg, labels, attention, pad_token_id)
     if cfg.lora_r:
-        model = lora.apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+        model = lora.apply_lora(
+            model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.from_scratch
+        )
     swapped = cpu_speed.enable(model, cfg.fast_dropout, device)
     logger.info(
         "Model %s: %.1f M parameters, %s attention, %s AdamW%s",

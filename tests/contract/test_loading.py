@@ -209,3 +209,49 @@ def test_a_tokenizer_that_leaves_no_room_for_text_is_refused(checkpoint_copy):
     path.write_text(json.dumps({**json.loads(path.read_text()), "model_max_length": 2}))
     with pytest.raises(CheckpointError, match="model_max_length \\(2\\) leaves no room for text"):
         load_model(str(checkpoint_copy), dtype="fp32")
+
+
+@pytest.mark.parametrize(
+    "field, value, refusal",
+    [
+        (files.WEIGHTS_SHA256, "abc", "weights_sha256 must map each weights file to its sha256"),
+        (files.WEIGHTS_SHA256, ["abc"], "weights_sha256 must map each weights file to its sha256"),
+        (files.WEIGHTS_SHA256, {files.WEIGHTS: 5}, "weights_sha256 must map each weights file to its sha256"),
+        ("calibration", {"method": "temperature", "temperature": float("nan")}, "calibration must be"),
+        ("calibration", {"method": "temperature", "temperature": -1.5}, "calibration must be"),
+        ("calibration", {"method": "temperature", "temperatures": [1.0, 0]}, "calibration must be"),
+        ("calibration", "temperature", "calibration must be"),
+    ],
+    ids=["sha-string", "sha-list", "sha-int-value", "t-nan", "t-negative", "t-zero-of-two", "not-an-object"],
+)
+def test_a_config_field_of_the_wrong_kind_is_one_line_at_load_and_in_each_command(
+    checkpoint_copy, field, value, refusal
+):
+    """config.json fields training writes, edited into something else: refused in one line where the folder is read
+    (before: a traceback for the hashes; a NaN or negative temperature loaded silently and was reported as applied)."""
+    config = json.loads((checkpoint_copy / files.CONFIG).read_text())
+    (checkpoint_copy / files.CONFIG).write_text(json.dumps({**config, field: value}))
+    with pytest.raises(CheckpointError, match=refusal) as refused:
+        load_model(str(checkpoint_copy), dtype="fp32")
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["inference", "inference.export", "training.evaluate", "training.predict"])
+def test_every_command_reading_a_folder_says_a_bad_field_in_one_line(checkpoint_copy, command):
+    config = json.loads((checkpoint_copy / files.CONFIG).read_text())
+    (checkpoint_copy / files.CONFIG).write_text(json.dumps({**config, files.WEIGHTS_SHA256: {files.WEIGHTS: 5}}))
+    texts = checkpoint_copy.parent / "texts.csv"
+    texts.write_text("text\nStocks rallied\n")
+    args = {
+        "inference": ["--model_id", str(checkpoint_copy), "--reload_interval_s", "0"],
+        "inference.export": [str(checkpoint_copy), "--runtime", "openvino"],
+        "training.evaluate": ["--checkpoint_dir", str(checkpoint_copy), "--preset", "smoke"],
+        "training.predict": ["--checkpoint_dir", str(checkpoint_copy), "--input_file", str(texts)]
+        + ["--output_file", str(texts.with_suffix(".out.csv"))],
+    }[command]
+    result = subprocess.run(
+        [sys.executable, "-m", command, *args], capture_output=True, text=True, env=cli_env(), cwd=ROOT, timeout=300
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "weights_sha256 must map each weights file to its sha256" in result.stderr.strip().splitlines()[-1]

@@ -5,6 +5,7 @@ peft's PeftModel.from_pretrained loads, and every consumer reads either one the 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from contract.loading import load_model
 from inference.app import create_app
 from inference.settings import Settings
 from tests.helpers.processes import cli_env, describe, run_train
+from tests.helpers.service import wait_for
 from training.checkpoint import load_weights
 
 peft = pytest.importorskip("peft", reason="pip install 'distilbert-agnews[peft]' (dev extra)")
@@ -142,7 +144,7 @@ def test_an_adapter_whose_body_is_missing_or_another_is_refused_in_one_line(lora
     shutil.copytree(out / files.ADAPTER_DIR, moved)
     config = json.loads((moved / files.ADAPTER_CONFIG).read_text())
     (moved / files.ADAPTER_CONFIG).write_text(json.dumps({**config, "base_model_name_or_path": str(tmp_path / "gone")}))
-    with pytest.raises(CheckpointError, match="its base model .*gone.* cannot be loaded") as missing:
+    with pytest.raises(CheckpointError, match="its base model folder .*gone .*is not there") as missing:
         load_model(str(moved), device="cpu", dtype="fp32")
     assert "\n" not in str(missing.value)
     other = tmp_path / "wider"  # another body: the adapter's matrices do not fit its projections
@@ -155,6 +157,125 @@ def test_an_adapter_whose_body_is_missing_or_another_is_refused_in_one_line(lora
     with pytest.raises(CheckpointError, match="the adapter does not fit its base model") as adapter:
         load_model(str(moved), device="cpu", dtype="fp32")
     assert "\n" not in str(body.value) + str(adapter.value)
+
+
+def adapter_copy(lora_run, tmp_path) -> Path:
+    _, out, _ = lora_run
+    return Path(shutil.copytree(out / files.ADAPTER_DIR, tmp_path / "adapter"))
+
+
+def zero_a_block(folder: Path) -> None:
+    path = folder / files.ADAPTER_WEIGHTS
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)
+    path.write_bytes(bytes(data))
+
+
+def edit_adapter_config(**fields):
+    def edit(folder: Path) -> None:
+        path = folder / files.ADAPTER_CONFIG
+        path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+    return edit
+
+
+def truncate_weights(folder: Path) -> None:
+    path = folder / files.ADAPTER_WEIGHTS
+    path.write_bytes(path.read_bytes()[:3000])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "edit, file",
+    [
+        (zero_a_block, files.ADAPTER_WEIGHTS),
+        (truncate_weights, files.ADAPTER_WEIGHTS),
+        (edit_adapter_config(lora_alpha=100000), files.ADAPTER_CONFIG),
+        (edit_adapter_config(target_modules=["k_lin"]), files.ADAPTER_CONFIG),  # peft would only warn, base answering
+    ],
+    ids=["zeroed-block", "truncated", "alpha", "target-modules"],
+)
+def test_a_damaged_or_edited_adapter_is_refused_naming_the_file(lora_run, tmp_path, edit, file):
+    """adapter/config.json records the sha256 of peft's two files: a damaged or edited one is refused in one line
+    (before: served silently, with the trained deltas scaled, dropped or garbled)."""
+    folder = adapter_copy(lora_run, tmp_path)
+    edit(folder)
+    with pytest.raises(CheckpointError, match=f"{folder / file}: sha256 .* damaged or edited") as refused:
+        load_model(str(folder), device="cpu", dtype="fp32")
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.slow
+def test_an_adapter_is_served_only_on_the_base_it_was_trained_on(lora_run, smoke_dir, tmp_path):
+    """The base's weights are checked against the hash training recorded: another base of the same architecture
+    (it loads and answers: before, silently) is refused; the same base at another path is served."""
+    base, out, _ = lora_run
+    folder = adapter_copy(lora_run, tmp_path)
+    torch.manual_seed(1)
+    other = tmp_path / "other"
+    AutoModel.from_config(AutoConfig.from_pretrained(base)).save_pretrained(other)
+    edit_adapter_config(base_model_name_or_path=str(other))(folder)
+    with pytest.raises(CheckpointError, match="is not the one the adapter was trained on"):
+        load_model(str(folder), device="cpu", dtype="fp32")
+    moved = Path(shutil.copytree(base, tmp_path / "moved"))
+    edit_adapter_config(base_model_name_or_path=str(moved))(folder)
+    served = load_model(str(folder), device="cpu", dtype="fp32")
+    merged = load_model(str(out), device="cpu", dtype="fp32")
+    assert torch.allclose(
+        logits_of(served.model, served.tokenizer), logits_of(merged.model, merged.tokenizer), atol=1e-5
+    )
+    record = json.loads((folder / files.CONFIG).read_text())[files.ADAPTER_BASE]
+    assert record["model"] == str(base) and record["saved"] is None and len(record["sha256"]) == 64
+
+
+@pytest.mark.slow
+def test_an_adapter_from_elsewhere_whose_keys_do_not_fit_is_an_error_not_a_warning(lora_run, tmp_path):
+    """Without our record (a peft folder from elsewhere), peft's missing adapter keys are an error; a damaged weights
+    file and a base named by a number are one line too."""
+    folder = adapter_copy(lora_run, tmp_path)
+    (folder / files.CONFIG).unlink()
+    edit_adapter_config(target_modules=["k_lin"])(folder)
+    with pytest.raises(CheckpointError, match="adapter_model.safetensors: lacks .*k_lin.*missing"):
+        load_model(str(folder), device="cpu", dtype="fp32")
+    edit_adapter_config(target_modules=["q_lin", "v_lin"], base_model_name_or_path=7)(folder)
+    with pytest.raises(CheckpointError, match="base_model_name_or_path must name the base model"):
+        load_model(str(folder), device="cpu", dtype="fp32")
+    edit_adapter_config(base_model_name_or_path=str(lora_run[0]))(folder)
+    truncate_weights(folder)
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        load_model(str(folder), device="cpu", dtype="fp32")
+
+
+@pytest.mark.slow
+def test_an_edited_adapter_at_reload_is_refused_and_the_old_model_keeps_serving(lora_run, tmp_path, capfd):
+    """adapter_config.json is in the reload signature: an edit there triggers a reload, which refuses it."""
+    folder = adapter_copy(lora_run, tmp_path)
+    settings = Settings(model_id=str(folder), dtype="fp32", reload_interval_s=0.05, backend="torch")
+    with TestClient(create_app(settings)) as client:
+        before = client.post("/predict", json={"inputs": TEXTS[0]}).json()
+        staged = folder / ".adapter_config.json.new"
+        config = json.loads((folder / files.ADAPTER_CONFIG).read_text())
+        staged.write_text(json.dumps({**config, "lora_alpha": 100000}))
+        os.replace(staged, folder / files.ADAPTER_CONFIG)
+        wait_for(lambda: client.get("/metrics").text, lambda text: 'te_model_reloads{result="failed"} 1.0' in text)
+        assert client.post("/predict", json={"inputs": TEXTS[0]}).json() == before
+    assert "damaged or edited after training" in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_adapter_of_a_from_scratch_lora_run_serves_on_its_own(smoke_dir, tmp_path):
+    """A from-scratch base exists nowhere else: its weights go to adapter/base/, so adapter/ serves (before: its base
+    folder held only config.json) and answers as the merged checkpoint does."""
+    out = tmp_path / "out"
+    args = ["--preset", "smoke", "--output_dir", str(out), "--max_train_steps", "20", "--eval_steps", "10", *LORA]
+    result, _ = run_train(args, env=cli_env())
+    assert result.returncode == 0, describe(result)
+    assert (out / files.ADAPTER_DIR / files.ADAPTER_BASE_DIR / files.HF_WEIGHTS).is_file()
+    answers = {}
+    for folder in (out, out / files.ADAPTER_DIR):
+        loaded = load_model(str(folder), device="cpu", dtype="fp32")
+        answers[folder] = logits_of(loaded.model, loaded.tokenizer)
+    assert torch.allclose(answers[out], answers[out / files.ADAPTER_DIR], atol=1e-5)
 
 
 @pytest.mark.slow

@@ -346,9 +346,9 @@ def news_words(n: int, seed: int) -> str:
 
 def test_a_megabyte_rerank_batch_or_pair_batch_costs_the_model_thread_what_is_kept(runs):
     """A 1 MB rerank query beside 32 texts (before: 6.1 s, the query cut and tokenized 32 times), 32 documents of
-    60,000 characters (4.2 s) and 16 pairs of long documents (3.5 s): each side is tokenized only from what the model keeps of
-    it (inference/tokenizing.py), so each costs well under half a second of tokenizing and inference, a short request
-    sent meanwhile is answered within a second, and the scores are those of the whole texts truncated."""
+    60,000 characters (4.2 s) and 16 pairs of long documents (3.5 s): each side is tokenized only from what the model
+    keeps of it (inference/tokenizing.py), so each costs well under half a second of tokenizing and inference, a short
+    request sent meanwhile is answered within a second, and the scores are those of the whole texts truncated."""
     from tests.inference.test_app import make_client
 
     query, texts = news_words(160_000, 0), [news_words(8, k) for k in range(32)]
