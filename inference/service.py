@@ -40,6 +40,9 @@ class Service:
         self.reloads = 0
         self.watcher: CheckpointWatcher | None = None
         self.owns_process = False  # app_from_env: the process ends when uvicorn returns (exit_abandoning_race)
+        # the watcher's reload and the background runtime race swap one at a time: the race checks that the weights
+        # it measured still serve and swaps under the same hold, so it never puts older weights back
+        self._swapping = threading.Lock()
 
     def live_engine(self) -> Engine:
         if not self.ready or self.engine is None or not self.engine.alive:
@@ -64,14 +67,16 @@ class Service:
 
     def swap_in(self, loaded: LoadedModel) -> None:
         """A reloaded model, checked as at start-up and warmed up, replaces the served one between micro-batches."""
-        self._swap(loaded, reload=True)
+        with self._swapping:
+            self._swap(loaded, reload=True)
 
     def settle_runtime(self, loaded: LoadedModel) -> None:
         """The runtime measured in the background (the same weights) replaces the provisional PyTorch fp32, unless
         the service stopped or new weights were loaded meanwhile (the watcher measured those itself)."""
-        if not self.ready or self.engine is None or self.engine.current.sha256 != loaded.sha256:
-            return
-        self._swap(loaded, reload=False)
+        with self._swapping:
+            if not self.ready or self.engine is None or self.engine.current.sha256 != loaded.sha256:
+                return
+            self._swap(loaded, reload=False)
 
     def _swap(self, loaded: LoadedModel, reload: bool) -> None:
         check_servable(self.settings, loaded)

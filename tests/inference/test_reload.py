@@ -273,3 +273,37 @@ def test_a_reload_refuses_what_start_up_refuses(checkpoint_copy, tmp_path, edit,
         assert c.post("/predict", json={"inputs": TEXTS[0]}).json() == before
         assert c.get("/info").json()["distilbert_agnews"]["checkpoint"]["reloads"] == 0
     assert refusal in capfd.readouterr().err
+
+
+def test_the_runtime_race_never_puts_older_weights_back_over_a_reload(checkpoint_copy, monkeypatch):
+    """The background race checks that its weights still serve, warms its runtime up, then swaps. A reload of new
+    weights forced into that warm-up waits for it and swaps last (before: the race put the old weights back after
+    the reload, and the watcher, whose files had not changed since, never reloaded again)."""
+    from dataclasses import replace
+
+    from inference import service as service_module
+
+    with make_client(checkpoint_copy, backend="torch") as client:
+        service = client.app.state.service
+        old = service.engine.current
+        measured, new = replace(old, backend="measured"), replace(old, sha256="f" * 64)  # same weights / new ones
+        warming, go_on = threading.Event(), threading.Event()
+        warm_up = service_module.warm_up
+
+        def held_warm_up(loaded, limits):
+            if loaded is measured:
+                warming.set()
+                go_on.wait(10)
+            warm_up(loaded, limits)
+
+        monkeypatch.setattr(service_module, "warm_up", held_warm_up)
+        race = threading.Thread(target=service.settle_runtime, args=(measured,))
+        race.start()
+        assert warming.wait(10)
+        reload_ = threading.Thread(target=service.swap_in, args=(new,))
+        reload_.start()
+        reload_.join(0.3)  # it waits for the race to finish its swap
+        go_on.set()
+        race.join(10)
+        reload_.join(10)
+        assert service.engine.current is new
