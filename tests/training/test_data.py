@@ -352,10 +352,12 @@ def test_bad_labels_of_other_problem_types_name_the_row(tmp_path, suffix, rows, 
         load_splits(config(train, "--label_column", column))
 
 
-@pytest.mark.parametrize("target", [1e300, -1e20, 2e19])
-def test_a_regression_target_is_checked_in_float32_where_the_loss_squares_it(tmp_path, target):
+@pytest.mark.parametrize("target", [1e300, -1e20, 2e19, 1.5e19, 1e16])
+def test_a_regression_target_is_checked_in_float32_where_the_loss_sums_its_squares(tmp_path, target):
     rows = [{"text": f"{TEXTS[i % 6]} {i}", "score": [0.5, 1.0, 2.25, 4.0][i % 4]} for i in range(40)]
-    rows[6]["score"] = target  # finite in float64; its square overflows float32 (the MSE loss becomes inf)
+    rows[6]["score"] = target  # finite in float64; squared errors of a batch of such rows overflow float32
+    for i in range(8, 40, 2):  # before, half the rows at 1.5e19 passed the per-row check and the loss hit inf
+        rows[i]["score"] = target
     with pytest.raises(DataError, match=r"scores.csv: row 7: target .* too large for float32"):
         load_splits(config(write_rows(tmp_path / "scores.csv", rows), "--label_column", "score"))
 

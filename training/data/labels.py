@@ -26,18 +26,21 @@ def _label_value(value, source: str, row: int):
     raise DataError(f"{source}: row {row}: label {value!r} is not a class (expected an integer or a string)")
 
 
-LARGEST_TARGET = math.sqrt(torch.finfo(torch.float32).max)  # targets are fp32, and the MSE loss squares them
+# The MSE sums squared errors (each up to (2 |target|)^2 while the model is far off) over a batch, and the
+# evaluation over a split, in float32: every such sum of up to 2^24 rows stays finite below this
+SUMMED_ROWS = 2**24
+LARGEST_TARGET = math.sqrt(torch.finfo(torch.float32).max / (4 * SUMMED_ROWS))
 
 
 def _target(value, source: str, row: int) -> float:
-    """A regression target: a finite number whose square (the MSE loss) is finite in float32, the dtype regression
-    trains in (a larger one would overflow the loss to inf and the evaluation to NaN)."""
+    """A regression target: a finite number whose squared errors summed over a batch or a split (the MSE loss) stay
+    finite in float32, the dtype regression trains in (larger ones would overflow the loss to inf mid-run)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise DataError(f"{source}: row {row}: target {value!r} is not a finite number (regression)")
     if abs(value) > LARGEST_TARGET:
         raise DataError(
-            f"{source}: row {row}: target {value!r} is too large for float32 training (its square overflows the MSE "
-            f"loss; |target| must be at most {LARGEST_TARGET:.3g}): rescale the targets"
+            f"{source}: row {row}: target {value!r} is too large for float32 training (the MSE loss sums squared "
+            f"errors; |target| must be at most {LARGEST_TARGET:.3g}): rescale the targets"
         )
     return float(value)
 
