@@ -54,6 +54,7 @@ from contract.errors import UserError
 from training import calibration, lora, model_card, provenance, reports
 from training.atomic import atomic_write, replace_dir, write_json
 from training.collective import decided_on_main
+from training.cpu_speed import keep_saved_threads
 from training.progress import Progress
 from training.push import push as push_folder
 
@@ -285,13 +286,15 @@ def pick_state(output_dir: Path, spec: str, num_processes: int, allow_inexact: b
 def check_layout(state_folder: Path, progress: Progress, layout: dict[str, Any]) -> None:
     """A state continues only with the layout it was saved with: its position in the epoch is counted in
     batches per rank, and the steps per epoch (hence the learning-rate schedule) follow from the layout."""
-    if progress.layout and progress.layout != layout:
-        changed = ", ".join(
-            f"{k} {progress.layout.get(k)} -> {v}" for k, v in layout.items() if progress.layout.get(k) != v
-        )
+    saved = progress.layout or {}
+    keep_saved_threads(saved, layout)
+    # a key the state does not record (saved by an older version) is not compared
+    changed = ", ".join(f"{k} {saved[k]} -> {v}" for k, v in layout.items() if k in saved and saved[k] != v)
+    if changed:
         raise ResumeError(
             f"{state_folder} was saved with a different layout ({changed}): its steps per epoch and learning-rate "
-            "schedule would not continue. Resume with the same launch config and batch settings, or start a new "
+            "schedule (or, for cpu_threads, its sums) would not continue. Resume with the same launch config, batch "
+            "settings and OMP_NUM_THREADS, or start a new "
             f"run from its best model: --model_name_or_path {state_folder.parent.parent}"
         )
 

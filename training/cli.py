@@ -9,6 +9,7 @@ process group destroyed at the end, even on failure (without it, gloo may abort 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -41,6 +42,10 @@ def run_command(work: Callable[[], object], accelerator: Accelerator | None = No
 
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
+    if accelerator is not None and accelerator.device.type == "cpu":
+        from training.cpu_speed import choose_threads  # imported here: it imports transformers
+
+        choose_threads(int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))  # torchrun sets it
     try:
         with logging_redirect_tqdm():
             result = work()

@@ -9,6 +9,10 @@ module changes nothing. Measurements behind the choices: docs/benchmarks.md.
 
 from __future__ import annotations
 
+import logging
+import os
+import time
+
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
@@ -16,6 +20,71 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from contract.attention import sync_free_sdpa
 
 CPU_TRAINING_ATTENTION = "eager_fast_dropout"
+LOAD_SAMPLE_S = 0.25  # how long the other programs' use of the cores is sampled before choosing the threads
+logger = logging.getLogger(__name__)
+
+
+def choose_threads(local_processes: int) -> None:
+    """Torch's intra-op threads for a CPU run, unless the user chose (OMP_NUM_THREADS): torch's default (the
+    physical cores) shared among the local processes, less the share of the cores other programs keep busy now.
+    OpenMP threads that wait on a busy core spin: beside one busy process on 2 cores, 2 threads trained the smoke
+    preset 3x slower than 1 (docs/benchmarks.md, "CPU threads"). On an idle machine this is torch's default."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    default = torch.get_num_threads()
+    busy = busy_share()
+    threads = max(1, min(default // max(local_processes, 1), round(default * (1 - busy))))
+    if threads != default:
+        torch.set_num_threads(threads)
+    logger.info(
+        "CPU threads: %d of %d (%d local process(es), %.0f %% of the cores busy with other programs; "
+        "OMP_NUM_THREADS sets it)",
+        threads,
+        default,
+        local_processes,
+        100 * busy,
+    )
+
+
+def keep_saved_threads(saved: dict, current: dict) -> None:
+    """A CPU run resumed with the intra-op threads its state was saved with (they decide how kernels split their
+    sums: another count is not bitwise), unless the user chose them (OMP_NUM_THREADS): `current` then says so."""
+    threads = saved.get("cpu_threads")
+    if threads is None or "cpu_threads" not in current or current["cpu_threads"] == threads:
+        return
+    if "OMP_NUM_THREADS" in os.environ:
+        return  # the layout check names the change
+    torch.set_num_threads(threads)
+    current["cpu_threads"] = threads
+    logger.info("CPU threads: %d, as the resumed state was saved with (a bitwise resume)", threads)
+
+
+def busy_share() -> float:
+    """The share of this process's cores that other programs kept busy over LOAD_SAMPLE_S (Linux /proc/stat; 0
+    where it cannot be read). This process sleeps meanwhile, so its own use does not count."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    before = _cpu_times(allowed)
+    time.sleep(LOAD_SAMPLE_S)
+    after = _cpu_times(allowed)
+    if not before or not after:
+        return 0.0
+    busy = [1 - (a[0] - b[0]) / max(a[1] - b[1], 1) for (a, b) in zip(after.values(), before.values())]
+    return min(max(sum(busy) / len(busy), 0.0), 1.0)
+
+
+def _cpu_times(allowed: set[int] | None) -> dict[int, tuple[int, int]]:
+    """{cpu: (idle ticks, all ticks)} from /proc/stat, for the cpus in `allowed` (all when None); {} if unreadable."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            lines = [line.split() for line in fh if line.startswith("cpu") and line[3].isdigit()]
+    except OSError:
+        return {}
+    times = {}
+    for fields in lines:
+        cpu, ticks = int(fields[0][3:]), [int(v) for v in fields[1:]]
+        if allowed is None or cpu in allowed:
+            times[cpu] = (ticks[3] + (ticks[4] if len(ticks) > 4 else 0), sum(ticks[:8]))  # idle + iowait; all
+    return times
 
 
 def fast_dropout(x: torch.Tensor, p: float) -> torch.Tensor:

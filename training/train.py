@@ -296,13 +296,15 @@ def ddp_buffers(accelerator: Accelerator, model: torch.nn.Module) -> None:
 
 
 def layout_of(cfg: TrainConfig, accelerator: Accelerator) -> dict:
-    """What must match for a mid-epoch resume to continue with exactly the next batches."""
+    """What must match for a mid-epoch resume to continue with exactly the next batches (and, on CPU, the same
+    sums: the intra-op threads decide how kernels split them)."""
     return {
         "num_processes": accelerator.num_processes,
         "per_device_train_batch_size": cfg.per_device_train_batch_size,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
         "seed": cfg.seed,
         "group_by_length": cfg.group_by_length,
+        **({"cpu_threads": torch.get_num_threads()} if accelerator.device.type == "cpu" else {}),
     }
 
 

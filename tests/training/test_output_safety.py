@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from contract import files
 from tests.conftest import SMOKE_MODEL_ARGS
 from tests.helpers.files import read_only
-from tests.helpers.processes import ROOT, describe, fault_env, launch_command, run_train
+from tests.helpers.processes import ROOT, cli_env, describe, fault_env, launch_command, run_train
 from training import provenance
 from training.checkpoint import ResumeError, complete_states, damaged_file, pick_state
 from training.config import TrainConfig
@@ -210,6 +210,23 @@ def test_missing_or_damaged_rng_state_needs_allow_inexact_resume(copy_of, accele
     with caplog.at_level("WARNING"):
         assert pick_state(copy_of, "latest", 1, True) == states / "step_168"
     assert "resuming anyway (--allow_inexact_resume)" in caplog.text
+
+
+def test_a_resume_without_omp_num_threads_keeps_the_states_threads_and_ends_bitwise(finished, copy_of):
+    """The state was saved with 1 thread (the tests' OMP_NUM_THREADS); resumed with the variable unset, the command
+    would choose its own count: it takes the state's instead, so the run ends where the uninterrupted one ended. Set
+    to another count, the resume is refused naming it."""
+    shutil.rmtree(copy_of / files.STATE_DIR / "step_168")
+    args = [*SMOKE, "--output_dir", str(copy_of), "--resume_from_checkpoint", "latest"]
+    refused, _ = run_train(args, env=cli_env(OMP_NUM_THREADS="2"))
+    assert refused.returncode == 1 and "different layout (cpu_threads 1 -> 2)" in errors(refused)[0], describe(refused)
+    env = cli_env()
+    env.pop("OMP_NUM_THREADS")
+    result, _ = run_train(args, env=env)
+    assert result.returncode == 0, describe(result)
+    a = load_file(finished / files.STATE_DIR / "step_168" / "model.safetensors")
+    b = load_file(copy_of / files.STATE_DIR / "step_168" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_different_layout_on_resume_is_refused_with_one_line(copy_of):
