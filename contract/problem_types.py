@@ -78,6 +78,10 @@ class ProblemType:
     def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
         raise NotImplementedError
 
+    def label_matrix(self, values: torch.Tensor, num: int) -> torch.Tensor | None:
+        """Decisions or targets as texts x labels yes/no (which labels each text has); None without classes."""
+        return None
+
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
         """Each example's loss (fp32 logits); `weights` per class or per label, or None."""
         raise NotImplementedError
@@ -144,6 +148,9 @@ class SingleLabel(ProblemType):
     def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
         return scores.argmax(dim=-1)
 
+    def label_matrix(self, values: torch.Tensor, num: int) -> torch.Tensor:
+        return F.one_hot(values.long(), num).bool()
+
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
         losses = F.cross_entropy(logits.float(), labels, reduction="none", label_smoothing=smoothing)
         return losses * weights[labels] if weights is not None else losses
@@ -203,6 +210,9 @@ class MultiLabel(ProblemType):
 
     def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
         return scores >= torch.tensor(thresholds, dtype=scores.dtype)
+
+    def label_matrix(self, values: torch.Tensor, num: int) -> torch.Tensor:
+        return values.bool()
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
         """Binary cross-entropy per label, averaged over the labels; `weights` are BCE's pos_weight."""

@@ -9,6 +9,10 @@ probabilities with no code of its own, and every decision stays what it was:
                    row j and bias j divided by T_j; each decision threshold t_j moves to sigmoid(logit(t_j) / T_j), so
                    sigmoid(z_j / T_j) >= t_j' exactly when sigmoid(z_j) >= t_j: the label sets are unchanged
 
+`--calibration temperature` always folds them in; `auto` (the default for classification) only when temperatures fitted
+on one half of the validation texts lower the other half's negative log-likelihood or ECE (both halves in turn),
+so calibration never makes held-out scores worse; a temperature at a bound of LIMITS is said.
+
 The expected calibration error (ECE, 15 equal-width confidence bins: the gap between confidence and accuracy,
 weighted by each bin's share) is measured before and after: over the top label for single-label, over every (text,
 label) yes/no for multi-label. metrics.json records both, and `python -m training.evaluate` draws the reliability
@@ -20,17 +24,28 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from accelerate.logging import get_logger
 
 from contract import task
 from contract.problem_types import kind_of
 
+if TYPE_CHECKING:
+    from training.loop import Run
+    from training.metrics import Scored
+
+logger = get_logger(__name__)  # the main process says it
+
 BINS = 15
-NONE, TEMPERATURE = "none", "temperature"
+NONE, TEMPERATURE, AUTO = "none", "temperature", "auto"
 CONFIG_FIELD = task.CALIBRATION  # config.json: {"method": ..., "temperature": T} or {..., "temperatures": [T_j]}
 LIMITS = (0.05, 20.0)  # a fitted temperature is kept within these
+# auto keeps temperatures only when, fitted on one half of validation, they lower the other half's negative
+# log-likelihood or ECE by this share and raise neither by more (both halves in turn)
+MARGIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,37 @@ class Scale:
         return list(record["temperatures"]) if "temperatures" in record else [record["temperature"]]
 
 
+def clamped(temperatures: Sequence[float]) -> list[int]:
+    """The outputs whose fitted temperature sits at a bound of LIMITS (the fit wanted further: a sign that the
+    validation split is too small or the scores degenerate)."""
+    return [i for i, t in enumerate(temperatures) if t in LIMITS]
+
+
+def held_out(scale: Scale, logits: torch.Tensor, labels: torch.Tensor, seed: int) -> dict:
+    """Temperatures fitted on one half of the validation texts and measured on the other, both ways: the negative
+    log-likelihood and ECE of the held-out halves before and after (each the mean of the two halves)."""
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    halves = (order[: len(order) // 2], order[len(order) // 2 :])
+    totals = {"nll_before": 0.0, "nll_after": 0.0, "ece_before": 0.0, "ece_after": 0.0}
+    for fit_on, measure_on in (halves, halves[::-1]):
+        temperatures = scale.fit(logits[fit_on], labels[fit_on])
+        scaled = logits[measure_on].double() / torch.tensor(temperatures, dtype=torch.float64)
+        with torch.no_grad():
+            totals["nll_before"] += scale.loss(logits[measure_on].double(), labels[measure_on]).item() / 2
+            totals["nll_after"] += scale.loss(scaled, labels[measure_on]).item() / 2
+        totals["ece_before"] += scale.error(scale.probabilities(logits[measure_on]), labels[measure_on]) / 2
+        totals["ece_after"] += (
+            scale.error(scale.probabilities(logits[measure_on], temperatures), labels[measure_on]) / 2
+        )
+    return totals
+
+
+def helps(measured: dict) -> bool:
+    """auto's rule on `held_out`'s figures: lower NLL or ECE by MARGIN (relative), neither higher by more."""
+    ratios = [measured[f"{m}_after"] / max(measured[f"{m}_before"], 1e-12) for m in ("nll", "ece")]
+    return min(ratios) <= 1 - MARGIN and max(ratios) <= 1 + MARGIN
+
+
 def scale_for(problem_type: str) -> Scale | None:
     """How this problem type's scores are calibrated (contract/problem_types.py `temperatures`), None when they are
     not probabilities (regression)."""
@@ -145,3 +191,88 @@ def fold_temperature(model: torch.nn.Module, num_labels: int, temperature: float
     layer.weight.div_(divisor[:, None])
     if layer.bias is not None:
         layer.bias.div_(divisor)
+
+
+def calibrate(run: Run, validation: Scored) -> dict:
+    """--calibration on the best model (put back, scored on `validation` by every rank: each fits the same): with
+    `temperature` the temperatures are fitted and folded into the output layer; with `auto` only when, fitted on half
+    of validation, they help the other half (`held_out`, `helps`). Multi-label thresholds move with them and the model
+    is saved again; config.json says what was applied. A best model an earlier run of this folder already calibrated (a
+    finished run resumed from one of its states, no better model since) is kept as it is. What was applied and
+    measured, for metrics.json."""
+    unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
+    if run.cfg.calibration == NONE:
+        setattr(unwrapped.config, CONFIG_FIELD, {"method": NONE})
+        return {"method": NONE}
+    scale = scale_for(run.objective.problem_type)
+    kept, logits, measured = run.out.saved_calibration(), validation.logits, None
+    if kept.get("method") == TEMPERATURE:
+        temperatures = Scale.temperatures(kept)
+        logits = logits.double() * torch.tensor(temperatures, dtype=torch.float64)  # as before calibration
+        logger.info("Calibration: kept, as an earlier run of this folder applied it (T %s)", _rounded(temperatures))
+    else:
+        temperatures = scale.fit(logits, validation.labels)
+        if run.cfg.calibration == AUTO:
+            measured = held_out(scale, logits, validation.labels, run.cfg.seed)
+            if not helps(measured):
+                return _not_kept(unwrapped, temperatures, measured)
+        fold_temperature(unwrapped, len(run.splits.label_names), temperatures)
+        logger.info(
+            "Calibration: temperature %s fitted on validation, folded in%s", _rounded(temperatures), _on(measured)
+        )
+    at_bound = _say_clamped(temperatures)
+    applied = scale.record(temperatures)
+    setattr(unwrapped.config, CONFIG_FIELD, applied)
+    thresholds = (run.progress.best_validation or {}).get("thresholds")
+    if thresholds:  # multi-label: the same decisions from the calibrated scores
+        applied = {**applied, "thresholds": moved_thresholds(thresholds, temperatures)}
+        setattr(unwrapped.config, task.THRESHOLDS, applied["thresholds"])
+    if kept.get("method") != TEMPERATURE:
+        run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
+    after = scale.probabilities(logits, temperatures)
+    return {
+        **applied,
+        "clamped": at_bound,
+        "held_out": measured,
+        "bins": BINS,
+        "ece_before": {"validation": scale.error(scale.probabilities(logits), validation.labels)},
+        "ece_after": {"validation": scale.error(after, validation.labels)},
+    }
+
+
+def _not_kept(model: torch.nn.Module, temperatures: list[float], measured: dict) -> dict:
+    """auto: the fitted temperatures did not help held-out texts, so the model stays as trained (its config says so)."""
+    logger.info(
+        "Calibration: not applied (auto): temperature %s fitted on validation; fitted on either half, it did not help "
+        "the other%s",
+        _rounded(temperatures),
+        _on(measured),
+    )
+    setattr(model.config, CONFIG_FIELD, {"method": NONE})
+    return {"method": NONE, "fitted": list(temperatures), "clamped": clamped(temperatures), "held_out": measured}
+
+
+def _on(measured: dict | None) -> str:
+    if measured is None:
+        return ""
+    return (
+        f" (held-out halves: NLL {measured['nll_before']:.4f} -> {measured['nll_after']:.4f}, ECE "
+        f"{measured['ece_before']:.4f} -> {measured['ece_after']:.4f})"
+    )
+
+
+def _say_clamped(temperatures: list[float]) -> list[int]:
+    at_bound = clamped(temperatures)
+    if at_bound:
+        logger.warning(
+            "Calibration: %d temperature(s) at a bound of %s (the fit wanted further: a small validation split or "
+            "degenerate scores); outputs %s",
+            len(at_bound),
+            LIMITS,
+            at_bound[:10],
+        )
+    return at_bound
+
+
+def _rounded(numbers: list[float]) -> str:
+    return ", ".join(f"{n:.3f}" for n in numbers)

@@ -146,3 +146,31 @@ class MetricSuite:
                 f"metric_for_best_model: {metric!r} is not reported for {self.task.problem_type} "
                 f"(reported: {', '.join(reported)})"
             )
+
+
+SMALL_SPLIT, SMALL_CLASS = 100, 10  # a validation split under these (texts, texts per class or label) picks noisily
+
+
+def thin_validation(kind, references: torch.Tensor, names: Sequence[str]) -> str | None:
+    """Why the validation split is too small to pick the best model, calibrate or fit thresholds on reliably (under
+    SMALL_SPLIT texts, or a class or label with under SMALL_CLASS of them), or None."""
+    matrix = kind.label_matrix(references, len(names))
+    counts = matrix.sum(0).tolist() if matrix is not None else []
+    rare = [f"{name} {count}" for name, count in zip(names, counts) if count < SMALL_CLASS]
+    if len(references) >= SMALL_SPLIT and not rare:
+        return None
+    also = f" ({', '.join(rare[:5])}{', ...' if len(rare) > 5 else ''} of its labels)" if rare else ""
+    return f"the validation split has {len(references)} texts{also}"
+
+
+def one_sided(kind, decided: torch.Tensor, references: torch.Tensor, names: Sequence[str]) -> dict[str, list[str]]:
+    """The labels a model predicts for every text ('always') or for none of the texts that have them ('never'): it
+    learned their frequencies, not the texts. {} without classes."""
+    predicted, actual = kind.label_matrix(decided, len(names)), kind.label_matrix(references, len(names))
+    if predicted is None or not len(predicted):
+        return {}
+    found = {
+        "always": [name for j, name in enumerate(names) if predicted[:, j].all() and not actual[:, j].all()],
+        "never": [name for j, name in enumerate(names) if not predicted[:, j].any() and actual[:, j].any()],
+    }
+    return {which: labels for which, labels in found.items() if labels}

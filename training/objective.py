@@ -41,10 +41,10 @@ class Objective:
 
     @property
     def calibration(self) -> str:
-        """The problem type's default for --calibration: temperatures for classification (one for the softmax, one
-        per label for multi-label: measured to help, docs/benchmarks.md "Calibration of multi-label scores"); none
-        for regression (no probabilities)."""
-        return "none" if self.kind.temperatures == task.NONE else "temperature"
+        """The problem type's default for --calibration: auto for classification (temperatures, one for the softmax,
+        one per label for multi-label, kept where they help on held-out validation texts: training/calibration.py);
+        none for regression (no probabilities)."""
+        return "none" if self.kind.temperatures == task.NONE else "auto"
 
     def to(self, device: torch.device) -> Objective:
         return replace(self, weights=self.weights.to(device) if self.weights is not None else None)

@@ -25,6 +25,7 @@ import math
 import os
 import signal
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import datasets
@@ -34,7 +35,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs, set_seed
 
-from contract import files, precision, task
+from contract import files, precision
 from contract.errors import UsageError
 from training import calibration, capture, cpu_speed, lora, provenance
 from training.checkpoint import OutputDir, Progress
@@ -50,7 +51,7 @@ from training.data.tokenizing import tokenize_splits
 from training.guards import StopGuard, TrainingDiverged, check_world_size
 from training.hub import ensure_hub_or_offline
 from training.loop import Loaders, Run, fit, format_metrics, on_disk, run_summary
-from training.metrics import MetricSuite, greater_is_better
+from training.metrics import MetricSuite, greater_is_better, one_sided, thin_validation
 from training.model import build_model, build_optimizer, keep_optimizer_kind, load_tokenizer
 from training.objective import objective_for
 from training.push import check_can_push
@@ -141,6 +142,31 @@ def load_data(cfg: TrainConfig, accelerator: Accelerator):
     return tokenizer, splits
 
 
+def warn_thin_validation(cfg: TrainConfig, splits: Splits) -> None:
+    """Once, at start: a validation split too small to pick the best model, calibrate or fit thresholds on."""
+    rows = splits.validation
+    windowed = "document" in rows.column_names
+    labels = [rows[i]["labels"] for i in _first_windows(rows)] if windowed else rows["labels"]
+    why = thin_validation(splits.labels.kind, torch.tensor(labels), splits.label_names)
+    if why:
+        more = (
+            "a larger --validation_file" if cfg.validation_file else f"--validation_split (now {cfg.validation_split})"
+        )
+        logger.warning(
+            "%s: too few to pick the best model, calibrate or fit thresholds on reliably; hold out more with %s",
+            why,
+            more,
+        )
+
+
+def _first_windows(rows: datasets.Dataset) -> list[int]:
+    """The row of each text's first window (--long_text chunk: a text spans several rows)."""
+    seen: dict[int, int] = {}
+    for i, document in enumerate(rows["document"]):
+        seen.setdefault(document, i)
+    return list(seen.values())
+
+
 def windows_of(split: datasets.Dataset) -> str:
     """'N' texts, or 'N (W windows)' when --long_text chunk cut some into several."""
     texts = num_texts(split)
@@ -181,6 +207,7 @@ def choose_metrics(cfg: TrainConfig, splits: Splits) -> tuple[TrainConfig, Metri
 def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     """Data, model, optimizer and schedule, prepared by the Accelerator; resumed when asked."""
     tokenizer, splits = load_data(cfg, accelerator)
+    warn_thin_validation(cfg, splits)
     cfg, metrics = choose_metrics(cfg, splits)
     objective = objective_for(cfg, splits.labels, splits.train["labels"]).to(accelerator.device)
     cfg = problem_type_defaults(cfg, objective)
@@ -327,68 +354,44 @@ def resume(run: Run) -> None:
     )
 
 
-def score_best_model(run: Run) -> tuple[dict | None, dict]:
-    """The best saved model put back, calibrated (and saved again) when asked, then scored once on the test split
-    (all ranks): (test metrics or None without a test split, what calibration applied and measured)."""
+def score_best_model(run: Run) -> tuple[dict | None, dict, dict]:
+    """The best saved model put back, scored on validation (all ranks), calibrated there (and saved again) when asked,
+    said when it predicts some label for every text or for none, then scored once on the test split: (test metrics or
+    None without a test split, what calibration applied and measured, the labels predicted always or never)."""
     run.out.restore_best(run.model)
-    calibrated = calibrate(run)
+    model, windowing = capture.eager(run.model), run.cfg.windowing()
+    validation, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, windowing=windowing)
+    best_thresholds = (run.progress.best_validation or {}).get("thresholds")
+    found = warn_one_sided(run, validation, best_thresholds)
+    calibrated = calibration.calibrate(run, validation)
     if run.loaders.test is None:
-        return None, calibrated
+        return None, calibrated, found
     # multi-label: the best model's thresholds, moved with its temperatures when calibrated
-    thresholds = calibrated.get("thresholds") or (run.progress.best_validation or {}).get("thresholds")
-    scored, results, _ = score(
-        run.accelerator, capture.eager(run.model), run.loaders.test, run.metrics, thresholds, run.cfg.windowing()
-    )
+    thresholds = calibrated.get("thresholds") or best_thresholds
+    scored, results, _ = score(run.accelerator, model, run.loaders.test, run.metrics, thresholds, windowing)
     if "ece_after" in calibrated:
         scale = calibration.scale_for(run.objective.problem_type)
         undone = [1 / t for t in calibration.Scale.temperatures(calibrated)]  # the logits are the calibrated ones
         calibrated["ece_before"]["test"] = scale.error(scale.probabilities(scored.logits, undone), scored.labels)
         calibrated["ece_after"]["test"] = scale.error(scale.probabilities(scored.logits), scored.labels)
     logger.info("Test (best model, step %s): %s", run.progress.best_step, format_metrics(results))
-    return results, calibrated
+    return results, calibrated, found
 
 
-def calibrate(run: Run) -> dict:
-    """--calibration temperature: temperatures fitted on the validation split's scores of the best model (every rank
-    fits the same on the same gathered scores), folded into the output layer, multi-label thresholds moved with them,
-    and the model saved again; config.json says which calibration was applied (training/calibration.py). A best model
-    that an earlier run of this folder already calibrated (a finished run resumed from one of its states, no better
-    model found since) is kept as it is."""
-    unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
-    if run.cfg.calibration != calibration.TEMPERATURE:
-        setattr(unwrapped.config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
-        return {"method": calibration.NONE}
-    scale = calibration.scale_for(run.objective.problem_type)
-    model, windowing = capture.eager(run.model), run.cfg.windowing()
-    scored, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, windowing=windowing)
-    kept = run.out.saved_calibration()
-    if kept.get("method") == calibration.TEMPERATURE:
-        temperatures = calibration.Scale.temperatures(kept)
-        logits = scored.logits.double() * torch.tensor(temperatures, dtype=torch.float64)  # as before calibration
-        logger.info("Calibration: kept, as an earlier run of this folder applied it (T %s)", _rounded(temperatures))
-    else:
-        temperatures, logits = scale.fit(scored.logits, scored.labels), scored.logits
-        calibration.fold_temperature(unwrapped, len(run.splits.label_names), temperatures)
-        logger.info("Calibration: temperature %s fitted on validation, folded in", _rounded(temperatures))
-    applied = scale.record(temperatures)
-    setattr(unwrapped.config, calibration.CONFIG_FIELD, applied)
-    thresholds = (run.progress.best_validation or {}).get("thresholds")
-    if thresholds:  # multi-label: the same decisions from the calibrated scores
-        applied = {**applied, "thresholds": calibration.moved_thresholds(thresholds, temperatures)}
-        setattr(unwrapped.config, task.THRESHOLDS, applied["thresholds"])
-    if kept.get("method") != calibration.TEMPERATURE:
-        run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
-    after = scale.probabilities(logits, temperatures)
-    return {
-        **applied,
-        "bins": calibration.BINS,
-        "ece_before": {"validation": scale.error(scale.probabilities(logits), scored.labels)},
-        "ece_after": {"validation": scale.error(after, scored.labels)},
-    }
-
-
-def _rounded(numbers: list[float]) -> str:
-    return ", ".join(f"{n:.3f}" for n in numbers)
+def warn_one_sided(run: Run, validation, thresholds) -> dict[str, list[str]]:
+    """A best model that predicts a label for every validation text, or for none of those that have it, learned the
+    label frequencies rather than the texts: said once, with what to try; the labels (metrics.json)."""
+    labels = replace(run.metrics.task, thresholds=tuple(thresholds)) if thresholds else run.metrics.task
+    found = one_sided(labels.kind, labels.decisions(validation.scores), validation.labels, run.splits.label_names)
+    if found:
+        said = "; ".join(f"{which}: {', '.join(names[:8])}" for which, names in found.items())
+        logger.warning(
+            "The best model predicts some labels for every validation text or for none (%s): it may have learned only "
+            "how frequent they are. Try --class_weights balanced, more epochs (--num_train_epochs) or a lower "
+            "--learning_rate",
+            said,
+        )
+    return found
 
 
 def tracker_config(cfg: TrainConfig) -> dict:
@@ -435,9 +438,10 @@ def train_and_report(cfg: TrainConfig, accelerator: Accelerator, run: Run, start
         speed["train_seconds"],
         speed["peak_memory_mb_per_process"],
     )
-    test_metrics, calibrated = score_best_model(run)
+    test_metrics, calibrated, found = score_best_model(run)
     summary = run_summary(run, test_metrics, time.time() - started)
     summary["calibration"] = calibrated
+    summary["one_sided_labels"] = found  # labels the best model predicts for every validation text or for none
     summary["throughput"] = speed
     summary["compilation"] = run.compiled.summary()
     run.out.write_final(summary, run.progress, cfg.hub_model_id)

@@ -59,6 +59,12 @@ def test_each_kind_fills_the_interface(name):
     assert losses.shape == (len(scores),) and torch.isfinite(losses).all()
     assert kind.batch_loss(scores.float(), targets, None, 0.0) == pytest.approx(losses.mean().item(), rel=1e-6)
     assert set(kind.reports) and kind.selection in kind.headline and kind.metric_modules
+    matrix = kind.label_matrix(decided, n)
+    if kind.classes:  # which labels each text has, decided or true: the same yes/no rows for this example
+        assert matrix.shape == (len(scores), n) and matrix.dtype == torch.bool
+        assert torch.equal(matrix, kind.label_matrix(references, n))
+    else:
+        assert matrix is None
 
 
 @pytest.mark.parametrize(
