@@ -215,7 +215,9 @@ def calibrate(run: Run, validation: Scored) -> dict:
         if run.cfg.calibration == AUTO:
             measured = held_out(scale, logits, validation.labels, run.cfg.seed)
             if not helps(measured):
-                return _not_kept(unwrapped, temperatures, measured)
+                kept_none = _not_kept(unwrapped, temperatures, measured)
+                kept_none["ece"] = {"validation": scale.error(scale.probabilities(logits), validation.labels)}
+                return kept_none
         fold_temperature(unwrapped, len(run.splits.label_names), temperatures)
         logger.info(
             "Calibration: temperature %s fitted on validation, folded in%s", _rounded(temperatures), _on(measured)

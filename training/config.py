@@ -293,8 +293,9 @@ class EvaluationConfig(_Group):
     """'temperature': once the best model is chosen, fit a temperature on the validation split (one for single-label,
     one per label for multi-label) and fold it into the output layer (training/calibration.py): every consumer of the
     checkpoint gets calibrated probabilities and the same decisions (multi-label thresholds move with their
-    temperatures); metrics.json records T and the expected calibration error before and after. 'auto': temperature
-    for classification, none for regression (the problem type's choice, training/objective.py)."""
+    temperatures); metrics.json records T and the expected calibration error before and after. 'auto': for
+    classification, the temperature only where it helps held-out texts (fitted on one half of validation, it must
+    lower the other half's NLL or ECE by 2 % and raise neither, both halves in turn); none for regression."""
     threshold_strategy: Literal["fixed", "per_label"] = "fixed"
     """Multi-label decision thresholds: 'fixed' 0.5 for every label, or 'per_label': the threshold maximising each
     label's F1 on the validation data. Written to config.json; evaluation, prediction and the service use it."""

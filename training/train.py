@@ -369,6 +369,10 @@ def score_best_model(run: Run) -> tuple[dict | None, dict, dict]:
     # multi-label: the best model's thresholds, moved with its temperatures when calibrated
     thresholds = calibrated.get("thresholds") or best_thresholds
     scored, results, _ = score(run.accelerator, model, run.loaders.test, run.metrics, thresholds, windowing)
+    if "ece" in calibrated:  # auto kept no temperature: the error of the scores as they are
+        calibrated["ece"]["test"] = calibration.scale_for(run.objective.problem_type).error(
+            scored.scores, scored.labels
+        )
     if "ece_after" in calibrated:
         scale = calibration.scale_for(run.objective.problem_type)
         undone = [1 / t for t in calibration.Scale.temperatures(calibrated)]  # the logits are the calibrated ones
