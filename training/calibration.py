@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,10 +31,6 @@ from accelerate.logging import get_logger
 
 from contract import task
 from contract.problem_types import kind_of
-
-if TYPE_CHECKING:
-    from training.loop import Run
-    from training.metrics import Scored
 
 logger = get_logger(__name__)  # the main process says it
 
@@ -193,68 +188,19 @@ def fold_temperature(model: torch.nn.Module, num_labels: int, temperature: float
         layer.bias.div_(divisor)
 
 
-def calibrate(run: Run, validation: Scored) -> dict:
-    """--calibration on the best model (put back, scored on `validation` by every rank: each fits the same): with
-    `temperature` the temperatures are fitted and folded into the output layer; with `auto` only when, fitted on half
-    of validation, they help the other half (`held_out`, `helps`). Multi-label thresholds move with them and the model
-    is saved again; config.json says what was applied. A best model an earlier run of this folder already calibrated (a
-    finished run resumed from one of its states, no better model since) is kept as it is. What was applied and
-    measured, for metrics.json."""
-    unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
-    if run.cfg.calibration == NONE:
-        setattr(unwrapped.config, CONFIG_FIELD, {"method": NONE})
-        return {"method": NONE}
-    scale = scale_for(run.objective.problem_type)
-    kept, logits, measured = run.out.saved_calibration(), validation.logits, None
-    if kept.get("method") == TEMPERATURE:
-        temperatures = Scale.temperatures(kept)
-        logits = logits.double() * torch.tensor(temperatures, dtype=torch.float64)  # as before calibration
-        logger.info("Calibration: kept, as an earlier run of this folder applied it (T %s)", _rounded(temperatures))
-    else:
-        temperatures = scale.fit(logits, validation.labels)
-        if run.cfg.calibration == AUTO:
-            measured = held_out(scale, logits, validation.labels, run.cfg.seed)
-            if not helps(measured):
-                kept_none = _not_kept(unwrapped, temperatures, measured)
-                kept_none["ece"] = {"validation": scale.error(scale.probabilities(logits), validation.labels)}
-                return kept_none
-        fold_temperature(unwrapped, len(run.splits.label_names), temperatures)
-        logger.info(
-            "Calibration: temperature %s fitted on validation, folded in%s", _rounded(temperatures), _on(measured)
-        )
-    at_bound = _say_clamped(temperatures)
-    applied = scale.record(temperatures)
-    setattr(unwrapped.config, CONFIG_FIELD, applied)
-    thresholds = (run.progress.best_validation or {}).get("thresholds")
-    if thresholds:  # multi-label: the same decisions from the calibrated scores
-        applied = {**applied, "thresholds": moved_thresholds(thresholds, temperatures)}
-        setattr(unwrapped.config, task.THRESHOLDS, applied["thresholds"])
-    if kept.get("method") != TEMPERATURE:
-        run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
-    after = scale.probabilities(logits, temperatures)
-    return {
-        **applied,
-        "clamped": at_bound,
-        "held_out": measured,
-        "bins": BINS,
-        "ece_before": {"validation": scale.error(scale.probabilities(logits), validation.labels)},
-        "ece_after": {"validation": scale.error(after, validation.labels)},
-    }
-
-
-def _not_kept(model: torch.nn.Module, temperatures: list[float], measured: dict) -> dict:
+def not_applied(model: torch.nn.Module, temperatures: list[float], measured: dict) -> dict:
     """auto: the fitted temperatures did not help held-out texts, so the model stays as trained (its config says so)."""
     logger.info(
         "Calibration: not applied (auto): temperature %s fitted on validation; fitted on either half, it did not help "
         "the other%s",
-        _rounded(temperatures),
-        _on(measured),
+        rounded(temperatures),
+        held_out_figures(measured),
     )
     setattr(model.config, CONFIG_FIELD, {"method": NONE})
     return {"method": NONE, "fitted": list(temperatures), "clamped": clamped(temperatures), "held_out": measured}
 
 
-def _on(measured: dict | None) -> str:
+def held_out_figures(measured: dict | None) -> str:
     if measured is None:
         return ""
     return (
@@ -263,7 +209,7 @@ def _on(measured: dict | None) -> str:
     )
 
 
-def _say_clamped(temperatures: list[float]) -> list[int]:
+def say_clamped(temperatures: list[float]) -> list[int]:
     at_bound = clamped(temperatures)
     if at_bound:
         logger.warning(
@@ -276,5 +222,5 @@ def _say_clamped(temperatures: list[float]) -> list[int]:
     return at_bound
 
 
-def _rounded(numbers: list[float]) -> str:
+def rounded(numbers: list[float]) -> str:
     return ", ".join(f"{n:.3f}" for n in numbers)

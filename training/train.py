@@ -35,7 +35,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs, set_seed
 
-from contract import files, precision
+from contract import files, precision, task
 from contract.errors import UsageError
 from training import calibration, capture, cpu_speed, lora, provenance
 from training.checkpoint import OutputDir, Progress
@@ -363,7 +363,7 @@ def score_best_model(run: Run) -> tuple[dict | None, dict, dict]:
     validation, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, windowing=windowing)
     best_thresholds = (run.progress.best_validation or {}).get("thresholds")
     found = warn_one_sided(run, validation, best_thresholds)
-    calibrated = calibration.calibrate(run, validation)
+    calibrated = calibrate(run, validation)
     if run.loaders.test is None:
         return None, calibrated, found
     # multi-label: the best model's thresholds, moved with its temperatures when calibrated
@@ -396,6 +396,51 @@ def warn_one_sided(run: Run, validation, thresholds) -> dict[str, list[str]]:
             said,
         )
     return found
+
+
+def calibrate(run: Run, validation) -> dict:
+    """--calibration on the best model (put back, scored on `validation` by every rank: each fits the same): with
+    `temperature` the temperatures are fitted and folded into the output layer; with `auto` only where they help
+    held-out texts (training/calibration.py). Multi-label thresholds move with them and the model is saved again;
+    config.json says what was applied. A best model an earlier run of this folder already calibrated (a finished run
+    resumed from one of its states, no better model since) is kept as it is. What was applied and measured."""
+    unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
+    if run.cfg.calibration == calibration.NONE:
+        setattr(unwrapped.config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
+        return {"method": calibration.NONE}
+    scale, labels = calibration.scale_for(run.objective.problem_type), validation.labels
+    kept, logits, measured = run.out.saved_calibration(), validation.logits, None
+    if kept.get("method") == calibration.TEMPERATURE:
+        temperatures = calibration.Scale.temperatures(kept)
+        logits = logits.double() * torch.tensor(temperatures, dtype=torch.float64)  # as before calibration
+        said = calibration.rounded(temperatures)
+        logger.info("Calibration: kept, as an earlier run of this folder applied it (T %s)", said)
+    else:
+        temperatures = scale.fit(logits, labels)
+        if run.cfg.calibration == calibration.AUTO:
+            measured = calibration.held_out(scale, logits, labels, run.cfg.seed)
+            if not calibration.helps(measured):
+                ece = {"validation": scale.error(scale.probabilities(logits), labels)}
+                return {**calibration.not_applied(unwrapped, temperatures, measured), "ece": ece}
+        calibration.fold_temperature(unwrapped, len(run.splits.label_names), temperatures)
+        said = calibration.rounded(temperatures), calibration.held_out_figures(measured)
+        logger.info("Calibration: temperature %s fitted on validation, folded in%s", *said)
+    applied = scale.record(temperatures)
+    setattr(unwrapped.config, calibration.CONFIG_FIELD, applied)
+    thresholds = (run.progress.best_validation or {}).get("thresholds")
+    if thresholds:  # multi-label: the same decisions from the calibrated scores
+        applied = {**applied, "thresholds": calibration.moved_thresholds(thresholds, temperatures)}
+        setattr(unwrapped.config, task.THRESHOLDS, applied["thresholds"])
+    if kept.get("method") != calibration.TEMPERATURE:
+        run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
+    return {
+        **applied,
+        "clamped": calibration.say_clamped(temperatures),
+        "held_out": measured,
+        "bins": calibration.BINS,
+        "ece_before": {"validation": scale.error(scale.probabilities(logits), labels)},
+        "ece_after": {"validation": scale.error(scale.probabilities(logits, temperatures), labels)},
+    }
 
 
 def tracker_config(cfg: TrainConfig) -> dict:
