@@ -50,7 +50,10 @@ class SpareTokenizer:
     def of(self, loaded: LoadedModel) -> Tokenizer:
         with self._lock:
             if self._for is not loaded:
-                copy = Tokenizer.from_str(loaded.tokenizer.backend_tokenizer.to_str())
+                backend = getattr(loaded.tokenizer, "backend_tokenizer", None)
+                if backend is None:  # a Python-only tokenizer (no `tokenizers` backend): TEI serves none either
+                    raise ServiceError(errors.TOKENIZER, "this model's tokenizer has no fast (Rust) backend to copy")
+                copy = Tokenizer.from_str(backend.to_str())
                 copy.no_truncation()
                 copy.no_padding()
                 self._for, self._tokenizer = loaded, copy
