@@ -70,6 +70,8 @@ class ProblemType:
     card_tag: ClassVar[str | None] = None  # the model card's tag beside text-classification
     temperatures: ClassVar[str] = NONE  # --calibration temperature: "one" for all outputs, "per_label", or none
     groups_by_length: ClassVar[bool] = True  # --group_by_length's default
+    class_weights: ClassVar[str] = "none"  # --class_weights auto
+    threshold_strategy: ClassVar[str] = "fixed"  # --threshold_strategy auto
     keeps_fp32: ClassVar[bool] = False  # DTYPE=auto serves fp32 on a CPU without an optimized runtime
 
     def check_outputs(self, num: int) -> None:
@@ -207,6 +209,9 @@ class MultiLabel(ProblemType):
     reports = ("calibration", "wrong_label_sets")
     card_tag = "multi-label-classification"
     temperatures = "per_label"
+    # measured on rare and on even labels (docs/benchmarks.md "Rare labels in multi-label training"): each label's
+    # pos_weight and its own threshold, together, gave the best micro- and macro-F1 in both
+    class_weights, threshold_strategy = "balanced", "per_label"
 
     def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
         return scores >= torch.tensor(thresholds, dtype=scores.dtype)

@@ -260,9 +260,10 @@ class OptimizationConfig(_Group):
     polynomial, constant or constant_with_warmup."""
     max_grad_norm: Annotated[float, _bound(">=", 0)] = 1.0
     """Clip the gradient norm to this value (0 disables clipping)."""
-    class_weights: str = "none"
+    class_weights: str = "auto"
     """Weight the loss per class: 'none', 'balanced' (n / (classes x count), as scikit-learn; multi-label: each
-    label's negatives / positives as BCE's pos_weight) or one weight per class in id order, comma-separated."""
+    label's negatives / positives as BCE's pos_weight) or one weight per class in id order, comma-separated. 'auto':
+    balanced for multi-label (measured to help rare and common labels alike), none otherwise."""
     label_smoothing_factor: Fraction = 0.0
     """Label smoothing of the classification targets (single- and multi-label); 0 turns it off."""
     mixed_precision: Annotated[str, BeforeValidator(_precision)] = precision.AUTO
@@ -296,9 +297,10 @@ class EvaluationConfig(_Group):
     temperatures); metrics.json records T and the expected calibration error before and after. 'auto': for
     classification, the temperature only where it helps held-out texts (fitted on one half of validation, it must
     lower the other half's NLL or ECE by 2 % and raise neither, both halves in turn); none for regression."""
-    threshold_strategy: Literal["fixed", "per_label"] = "fixed"
+    threshold_strategy: Literal["auto", "fixed", "per_label"] = "auto"
     """Multi-label decision thresholds: 'fixed' 0.5 for every label, or 'per_label': the threshold maximising each
-    label's F1 on the validation data. Written to config.json; evaluation, prediction and the service use it."""
+    label's F1 on the validation data ('auto': per_label for multi-label data). Written to config.json; evaluation,
+    prediction and the service use it."""
     early_stopping_patience: AtLeast1 | None = None
     """Stop after N evaluations without improvement of metric_for_best_model."""
     extra_metrics: Names | None = None
@@ -475,9 +477,9 @@ def check(cfg: TrainConfig) -> None:
         "needs distinct names",
     )
     need(
-        class_weight_values(cfg.class_weights) is not None or cfg.class_weights in ("none", "balanced"),
+        class_weight_values(cfg.class_weights) is not None or cfg.class_weights in ("auto", "none", "balanced"),
         "class_weights",
-        "must be 'none', 'balanced' or positive numbers, comma-separated",
+        "must be 'auto', 'none', 'balanced' or positive numbers, comma-separated",
     )
     need(cfg.label_delimiter != "", "label_delimiter", "must not be empty")
     need(

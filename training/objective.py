@@ -34,18 +34,6 @@ class Objective:
     def kind(self) -> ProblemType:
         return kind_of(self.problem_type)
 
-    @property
-    def groups_by_length(self) -> bool:
-        """The problem type's default for --group_by_length (off for regression: contract/problem_types.py)."""
-        return self.kind.groups_by_length
-
-    @property
-    def calibration(self) -> str:
-        """The problem type's default for --calibration: auto for classification (temperatures, one for the softmax,
-        one per label for multi-label, kept where they help on held-out validation texts: training/calibration.py);
-        none for regression (no probabilities)."""
-        return "none" if self.kind.temperatures == task.NONE else "auto"
-
     def to(self, device: torch.device) -> Objective:
         return replace(self, weights=self.weights.to(device) if self.weights is not None else None)
 
@@ -71,6 +59,19 @@ def class_weights(spec: str, labels: LabelSpace, targets: list) -> torch.Tensor 
     if len(values) != count:
         raise DataError(f"class_weights: {len(values)} weights for {count} classes ({', '.join(labels.names)})")
     return torch.tensor(values)
+
+
+def problem_type_defaults(cfg: TrainConfig, kind) -> TrainConfig:
+    """The settings left to the problem type (None or 'auto') decided by it (contract/problem_types.py): length
+    grouping (off for regression), calibration (auto for classification: training/calibration.py; none for
+    regression), class weights and decision thresholds (balanced and per label for multi-label, as measured)."""
+    chosen = {
+        "group_by_length": kind.groups_by_length,
+        "calibration": "none" if kind.temperatures == task.NONE else "auto",
+        "class_weights": kind.class_weights,
+        "threshold_strategy": kind.threshold_strategy,
+    }
+    return cfg.model_copy(update={k: v for k, v in chosen.items() if getattr(cfg, k) in (None, "auto")})
 
 
 def objective_for(cfg: TrainConfig, labels: LabelSpace, targets: list) -> Objective:

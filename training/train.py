@@ -53,7 +53,7 @@ from training.hub import ensure_hub_or_offline
 from training.loop import Loaders, Run, fit, format_metrics, on_disk, run_summary
 from training.metrics import MetricSuite, greater_is_better, one_sided, thin_validation
 from training.model import build_model, build_optimizer, keep_optimizer_kind, load_tokenizer
-from training.objective import objective_for
+from training.objective import objective_for, problem_type_defaults
 from training.push import check_can_push
 from training.scoring import score
 from training.smoke import ensure_smoke_assets
@@ -209,8 +209,10 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     tokenizer, splits = load_data(cfg, accelerator)
     warn_thin_validation(cfg, splits)
     cfg, metrics = choose_metrics(cfg, splits)
+    cfg = problem_type_defaults(cfg, splits.labels.kind)
+    if cfg.calibration == calibration.TEMPERATURE and calibration.scale_for(splits.labels.problem_type) is None:
+        raise ConfigError(f"calibration: a {splits.labels.problem_type} model has no probabilities to calibrate")
     objective = objective_for(cfg, splits.labels, splits.train["labels"]).to(accelerator.device)
-    cfg = problem_type_defaults(cfg, objective)
     model = make_model(cfg, accelerator, splits.labels, tokenizer.pad_token_id)
     world = accelerator.num_processes
     learning_rate, epoch_steps, total_steps, num_epochs = schedule_plan(cfg, world, len(splits.train))
@@ -261,15 +263,6 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     if splits.calibration:
         run.out.write_json(files.CALIBRATION, {"texts": splits.calibration, "source": "a seeded sample of train"})
     return run
-
-
-def problem_type_defaults(cfg: TrainConfig, objective) -> TrainConfig:
-    """--group_by_length and --calibration where not given: the problem type decides (training/objective.py)."""
-    chosen = {"group_by_length": objective.groups_by_length, "calibration": objective.calibration}
-    cfg = cfg.model_copy(update={k: v for k, v in chosen.items() if getattr(cfg, k) in (None, "auto")})
-    if cfg.calibration == calibration.TEMPERATURE and calibration.scale_for(objective.problem_type) is None:
-        raise ConfigError(f"calibration: a {objective.problem_type} model has no probabilities to calibrate")
-    return cfg
 
 
 def schedule_plan(cfg: TrainConfig, world: int, train_examples: int) -> tuple[float, int, int, int]:

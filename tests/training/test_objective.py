@@ -13,6 +13,7 @@ from sklearn.utils.class_weight import compute_class_weight
 from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
 from contract import files, task
+from contract.problem_types import kind_of
 from tests.helpers.files import write_rows
 from tests.helpers.processes import describe, run_train
 from training.data.errors import DataError
@@ -101,8 +102,20 @@ def test_balanced_weights_raise_minority_recall_on_a_1_to_20_set(smoke_dir, tmp_
     assert recall["balanced"] >= recall["none"] + 0.3, recall
 
 
-def test_regression_batches_are_not_grouped_by_length_unless_asked():
-    """The problem type's default for --group_by_length (train.py takes it when the flag is not given): classes keep
-    the padding grouping saves; a regression target that follows the length would make batches of alike targets."""
-    assert Objective(task.SINGLE).groups_by_length and Objective(task.MULTI).groups_by_length
-    assert not Objective(task.REGRESSION).groups_by_length
+def test_the_problem_type_decides_what_is_left_to_it():
+    """problem_type_defaults (train.py takes them where the flags are not given): classes keep the padding length
+    grouping saves (a regression target that follows the length would make batches of alike targets); classification
+    is calibrated where it helps; multi-label weights each label by its rarity and fits its threshold (measured:
+    docs/benchmarks.md "Rare labels in multi-label training"). A flag that is given stays."""
+    from training.config import TrainConfig
+    from training.objective import problem_type_defaults
+
+    decided = {name: problem_type_defaults(TrainConfig(), kind_of(name)) for name in (task.SINGLE, task.MULTI)}
+    decided[task.REGRESSION] = problem_type_defaults(TrainConfig(), kind_of(task.REGRESSION))
+    assert [decided[n].group_by_length for n in (task.SINGLE, task.MULTI, task.REGRESSION)] == [True, True, False]
+    assert [decided[n].calibration for n in (task.SINGLE, task.MULTI, task.REGRESSION)] == ["auto", "auto", "none"]
+    assert (decided[task.MULTI].class_weights, decided[task.MULTI].threshold_strategy) == ("balanced", "per_label")
+    assert (decided[task.SINGLE].class_weights, decided[task.SINGLE].threshold_strategy) == ("none", "fixed")
+    given = TrainConfig(class_weights="none", threshold_strategy="fixed", group_by_length=True)
+    assert problem_type_defaults(given, kind_of(task.MULTI)).class_weights == "none"
+    assert problem_type_defaults(given, kind_of(task.REGRESSION)).group_by_length is True
