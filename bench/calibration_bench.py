@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from real_accuracy import data_line, real_rows_and_minilm  # noqa: E402
 from train_bench import LABELS  # noqa: E402
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# twin runs compared text for text: one thread count for all, not each run's choice by the machine's load
+ENV = {"OMP_NUM_THREADS": str(os.cpu_count()), **os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 DECISION_METRICS = ("accuracy", "macro_f1", "micro_f1", "subset_accuracy")
 
 

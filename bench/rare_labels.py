@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from training.smoke import LABELS, NUM_TEST, NUM_TRAIN, _sentence  # noqa: E402
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# twin runs compared text for text: one thread count for all, not each run's choice by the machine's load
+ENV = {"OMP_NUM_THREADS": str(os.cpu_count()), **os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 WAYS = {
     "defaults": [],
     "class_weights balanced": ["--class_weights", "balanced"],

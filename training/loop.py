@@ -394,6 +394,7 @@ def run_summary(run: Run, test_metrics: dict | None = None, runtime_s: float | N
         "config": cfg.to_dict(),
         "versions": {name: version(name) for name in ("torch", "accelerate", "transformers", "datasets", "tokenizers")},
         "train_runtime_s": runtime_s,
+        "cpu_threads": progress.layout.get("cpu_threads"),  # chosen by the machine's load unless OMP_NUM_THREADS
         "num_examples": {name: num_texts(split) for name, split in splits.named().items()},
         **({"num_windows": {name: len(split or ()) for name, split in splits.named().items()}} if chunked else {}),
         "label_names": splits.label_names,
