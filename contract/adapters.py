@@ -118,14 +118,13 @@ def load_adapter_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message="Found missing adapter keys")  # checked below, as an error
             adapted = PeftModel.from_pretrained(model, folder)
-        _check_keys(folder, adapted, weights)
-        merged = adapted.merge_and_unload()
     except (RuntimeError, ValueError, KeyError, SafetensorError) as exc:
         raise CheckpointError(
             f"{folder}: the adapter does not fit its base model {base!r}: {' '.join(str(exc).split())[:200]}"
         ) from None
+    _check_keys(folder, adapted, weights)
     logger.info("Serving the adapter in %s merged into %s", folder, base)
-    return merged, weights, file_sha256(weights)
+    return adapted.merge_and_unload(), weights, file_sha256(weights)
 
 
 def _check_recorded(folder: Path) -> dict:
