@@ -14,6 +14,7 @@ EXPECTED = {  # file: (distributed_type, num_machines, num_processes, mixed_prec
     "kaggle_2xt4.yaml": ("MULTI_GPU", 1, 2, "fp16", False),  # T4 has no bf16
     "multi_gpu.yaml": ("MULTI_GPU", 1, 8, "bf16", False),
     "multi_node.yaml": ("MULTI_GPU", 2, 16, "bf16", False),
+    "fsdp.yaml": ("FSDP", 1, 8, "bf16", False),  # FSDP2, layers wrapped, sharded states: test_fsdp_config_shards
 }
 
 
@@ -38,3 +39,9 @@ def test_config_loads_and_matches_its_purpose(name):
     )
     if machines > 1:
         assert config.main_process_ip and config.main_process_port
+
+
+def test_fsdp_config_shards_every_transformer_layer_and_saves_sharded_states():
+    config = load_config_from_file(str(ROOT / "accelerate_configs" / "fsdp.yaml")).fsdp_config
+    assert config["fsdp_version"] == 2 and config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert config["fsdp_state_dict_type"] == "SHARDED_STATE_DICT" and "fsdp_transformer_layer_cls_to_wrap" not in config

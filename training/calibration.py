@@ -167,25 +167,27 @@ def reliability(probs: torch.Tensor, labels: torch.Tensor, bins: int = BINS) -> 
     ]
 
 
-def output_layer(model: torch.nn.Module, num_labels: int) -> torch.nn.Linear:
-    """The last linear layer producing the `num_labels` logits (DistilBERT and BERT: classifier; Qwen, Llama:
-    score; RoBERTa: classifier.out_proj); with LoRA, the head's trained copy (peft's modules_to_save)."""
-    found = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == num_labels]
+def output_layer(model: torch.nn.Module, num_labels: int) -> str:
+    """The name of the last linear layer producing the `num_labels` logits (DistilBERT and BERT: classifier; Qwen,
+    Llama: score; RoBERTa: classifier.out_proj); with LoRA, the head's trained copy (peft's modules_to_save)."""
+    found = [
+        (n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.out_features == num_labels
+    ]
     if not found:
         raise ValueError(f"no linear layer with {num_labels} outputs to fold a temperature into")
-    trained = [m for m in found if any(p.requires_grad for p in m.parameters())]
-    return (trained or found)[-1]
+    trained = [(n, m) for n, m in found if any(p.requires_grad for p in m.parameters())]
+    return (trained or found)[-1][0]
 
 
 @torch.no_grad()
-def fold_temperature(model: torch.nn.Module, num_labels: int, temperature: float | Sequence[float]) -> None:
-    """Divide the output layer's weight and bias by `temperature` (one for all outputs, or one per output): the
-    model's logits become z / T."""
-    layer = output_layer(model, num_labels)
-    divisor = torch.tensor(temperature, dtype=layer.weight.dtype, device=layer.weight.device).reshape(-1)
-    layer.weight.div_(divisor[:, None])
-    if layer.bias is not None:
-        layer.bias.div_(divisor)
+def fold_temperature(weights: dict[str, torch.Tensor], layer: str, temperature: float | Sequence[float]) -> None:
+    """Divide the output layer's weight and bias in `weights` (a state dict; training/weights.py edit_weights brings
+    the model's) by `temperature` (one for all outputs, or one per output): the model's logits become z / T."""
+    weight = weights[f"{layer}.weight"]
+    divisor = torch.tensor(temperature, dtype=weight.dtype, device=weight.device).reshape(-1)
+    weight.div_(divisor[:, None])
+    if f"{layer}.bias" in weights:
+        weights[f"{layer}.bias"].div_(divisor)
 
 
 def not_applied(model: torch.nn.Module, temperatures: list[float], measured: dict) -> dict:

@@ -57,6 +57,7 @@ from training.collective import decided_on_main
 from training.cpu_speed import keep_saved_threads
 from training.progress import Progress
 from training.push import push as push_folder
+from training.weights import edit_weights
 
 
 class ResumeError(UserError, RuntimeError):
@@ -172,7 +173,7 @@ def read_progress(state_folder: str | Path) -> Progress:
 def damaged_file(folder: Path) -> tuple[Path, str] | None:
     """The first file of a state folder that cannot be read whole, and why; None when all can. torch.save files
     are zip archives whose members carry CRCs; a safetensors header must cover its file. Nothing is unpickled."""
-    for path in sorted(folder.iterdir()):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         try:
             if path.suffix in PICKLED:
                 with zipfile.ZipFile(path) as archive:
@@ -194,8 +195,13 @@ def unsafe_file(folder: Path) -> str | None:
     """Why a state folder must not be read at all, naming the file, or None. Every pickle in it is read here as
     accelerate reads the state's own files (`weights_only=True`: tensors, numbers, strings, containers and numpy's
     RNG arrays; no object that could run code); a registered object's state (`custom_checkpoint_N.pkl`) is refused
-    outright, because accelerate unpickles those with weights_only=False."""
-    for path in sorted(folder.iterdir()):
+    outright, because accelerate unpickles those with weights_only=False; so is a sharded (FSDP) part's `.metadata`
+    that names anything but the checkpoint layout, because torch's reader unpickles it unrestricted."""
+    for path in sorted(folder.rglob("*")):
+        if path.name == DCP_METADATA:
+            if problem := _unsafe_metadata(path):
+                return problem
+            continue
         if CUSTOM_STATE.fullmatch(path.name):
             return (
                 f"{path}: a registered object's pickle, which this project never writes and accelerate would unpickle "
@@ -210,6 +216,50 @@ def unsafe_file(folder: Path) -> str | None:
             return f"{path}: holds more than tensors and numbers ({what}); refused (unpickling it could run code)"
         except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile):
             continue  # damaged, not unsafe: damaged_file names it
+    return None
+
+
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded part (FSDP states)
+DCP_GLOBALS = {  # what such an index holds: the checkpoint's layout, torch sizes and dtypes, a path
+    *(
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "ChunkStorageMetadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+}
+
+
+class _LayoutOnly(pickle.Unpickler):
+    """An unpickler that imports only DCP_GLOBALS and torch's dtypes (Python's documented way to restrict globals)."""
+
+    def find_class(self, module: str, name: str):
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if (module, name) in DCP_GLOBALS or dtype:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")
+
+
+def _unsafe_metadata(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            _LayoutOnly(fh).load()
+    except pickle.UnpicklingError as exc:
+        return f"{path}: holds more than a checkpoint's layout ({_forbidden_global(str(exc))}); refused"
+    except (OSError, EOFError, ValueError, TypeError, AttributeError) as exc:
+        return f"{path}: unreadable ({exc})"
     return None
 
 
@@ -407,8 +457,8 @@ class OutputDir:
         unwrapped = self.accelerator.unwrap_model(model, keep_torch_compile=False)
         if lora.is_lora(unwrapped):
             lora.restore_adapter(unwrapped, self.path(files.ADAPTER_DIR))
-        else:
-            unwrapped.load_state_dict(load_weights(self.path(files.WEIGHTS)))
+        else:  # the one path for edits under any wrapper (FSDP's parameters are shards)
+            edit_weights(self.accelerator, model, lambda w: w.update(load_weights(self.path(files.WEIGHTS))))
 
     def state_path(self, step: int) -> Path:
         return self.root / files.STATE_DIR / f"{files.STATE_PREFIX}{step}"

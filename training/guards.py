@@ -69,3 +69,20 @@ def check_world_size(accelerator: Accelerator) -> None:
             f"{accelerator.num_processes}: they would train independently and overwrite each other's files. "
             "On CPU use accelerate_configs/cpu_2proc.yaml (distributed_type MULTI_GPU, use_cpu false)."
         )
+
+
+def check_strategy(lora_r: int) -> None:
+    """Before the Accelerator is built: DeepSpeed is refused (FSDP2 is the sharded strategy this project tests), and
+    LoRA under FSDP (the adapters are merged into a copy of the model, which FSDP's sharded parameters do not allow;
+    DDP keeps one frozen base per GPU, and the adapters and their optimizer state are small)."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        raise LaunchError(
+            "DeepSpeed is not supported here: to shard a model that outgrows one GPU, launch with "
+            "accelerate_configs/fsdp.yaml (FSDP2); for data parallelism, accelerate_configs/multi_gpu.yaml"
+        )
+    if lora_r and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        raise LaunchError(
+            "lora_r: LoRA is not supported under FSDP (the adapters are merged into a copy of the model, which "
+            "sharded parameters do not allow); launch LoRA with DDP, accelerate_configs/multi_gpu.yaml: each GPU holds "
+            "the frozen base once, and the adapters and their optimizer state are small"
+        )

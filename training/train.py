@@ -33,7 +33,13 @@ import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs, set_seed
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    InitProcessGroupKwargs,
+    set_seed,
+)
 
 from contract import files, precision, task
 from contract.errors import UsageError
@@ -48,7 +54,7 @@ from training.data.batching import make_dataloaders, num_texts, pad_widths, step
 from training.data.labels import LabelSpace
 from training.data.reading import Splits, load_splits
 from training.data.tokenizing import tokenize_splits
-from training.guards import StopGuard, TrainingDiverged, check_world_size
+from training.guards import StopGuard, TrainingDiverged, check_strategy, check_world_size
 from training.hub import ensure_hub_or_offline
 from training.loop import Loaders, Run, fit, format_metrics, on_disk, run_summary
 from training.metrics import MetricSuite, greater_is_better, one_sided, thin_validation
@@ -58,6 +64,7 @@ from training.push import check_can_push
 from training.scoring import score
 from training.smoke import ensure_smoke_assets
 from training.throughput import Throughput
+from training.weights import edit_weights
 
 logger = get_logger(__name__)
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM  # the shell's code for SIGTERM: stopped early, resumable state saved
@@ -80,6 +87,7 @@ def resolve_mixed_precision(cfg: TrainConfig) -> str:
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
     """One Accelerator for the whole run; topology from `accelerate launch`, precision from resolve_mixed_precision."""
+    check_strategy(cfg.lora_r)
     accelerator = Accelerator(
         # On a CPU-only machine, cpu=True turns a torchrun-started group into MULTI_CPU over gloo.
         cpu=not torch.cuda.is_available(),
@@ -305,6 +313,17 @@ def ddp_buffers(accelerator: Accelerator, model: torch.nn.Module) -> None:
     collective per step that only buffers a forward pass changes need (running statistics of batch norms); the
     constant buffers of transformer classifiers (position ids) are equal on every rank already."""
     handler = accelerator.ddp_handler
+    if accelerator.distributed_type == DistributedType.FSDP:  # DDP's settings do not apply: say what shards
+        plugin = accelerator.state.fsdp_plugin
+        logger.info(
+            "FSDP%d: parameters, gradients and optimizer state sharded over %d processes (%s wrapping); states "
+            "saved as %s",
+            plugin.fsdp_version,
+            accelerator.num_processes,
+            plugin.auto_wrap_policy.__name__ if callable(plugin.auto_wrap_policy) else plugin.auto_wrap_policy,
+            plugin.state_dict_type.name if hasattr(plugin.state_dict_type, "name") else plugin.state_dict_type,
+        )
+        return
     if handler is None or accelerator.num_processes == 1:
         return
     handler.broadcast_buffers = any(getattr(m, "track_running_stats", False) for m in model.modules())
@@ -415,7 +434,8 @@ def calibrate(run: Run, validation) -> dict:
             if not calibration.helps(measured):
                 ece = {"validation": scale.error(scale.probabilities(logits), labels)}
                 return {**calibration.not_applied(unwrapped, temperatures, measured), "ece": ece}
-        calibration.fold_temperature(unwrapped, len(run.splits.label_names), temperatures)
+        layer = calibration.output_layer(unwrapped, len(run.splits.label_names))
+        edit_weights(run.accelerator, run.model, lambda w: calibration.fold_temperature(w, layer, temperatures))
         said = calibration.rounded(temperatures), calibration.held_out_figures(measured)
         logger.info("Calibration: temperature %s fitted on validation, folded in%s", *said)
     applied = scale.record(temperatures)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CPU_2PROC = ROOT / "accelerate_configs" / "cpu_2proc.yaml"
+FSDP = ROOT / "accelerate_configs" / "fsdp.yaml"  # with fsdp_env: FSDP2 on gloo (tests/helpers/fsdp)
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -23,10 +24,11 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def run_train(
-    args: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300
+    args: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300, config: Path = CPU_2PROC
 ) -> tuple[subprocess.CompletedProcess, float]:
     """Run training/train.py as users do: plain `python` for 1 process, `accelerate launch` (gloo) for more."""
-    return launch([str(ROOT / "training" / "train.py"), *args], processes=processes, env=env, timeout=timeout)
+    target = [str(ROOT / "training" / "train.py"), *args]
+    return launch(target, processes=processes, env=env, timeout=timeout, config=config)
 
 
 def fault_env(fault: str, **extra: str) -> dict[str, str]:
@@ -35,23 +37,29 @@ def fault_env(fault: str, **extra: str) -> dict[str, str]:
     return cli_env(DISTILBERT_AGNEWS_FAULT=fault, PYTHONPATH=path, **extra)
 
 
+def fsdp_env(**extra: str) -> dict[str, str]:
+    """cli_env with FSDP2 on gloo in every process launched with FSDP (tests/helpers/fsdp/sitecustomize.py)."""
+    path = [str(ROOT / "tests" / "helpers" / "fsdp"), os.environ.get("PYTHONPATH")]
+    return cli_env(PYTHONPATH=os.pathsep.join(filter(None, path)), **extra)
+
+
 def graphs_env(**extra: str) -> dict[str, str]:
     """cli_env with CUDA graphs on the CPU in every process of the run (tests/helpers/cuda_graphs/stand_in.py)."""
     path = [str(ROOT / "tests" / "helpers" / "cuda_graphs"), os.environ.get("PYTHONPATH")]
     return cli_env(PYTHONPATH=os.pathsep.join(filter(None, path)), **extra)
 
 
-def launch_command(target: list[str], processes: int = 2) -> list[str]:
+def launch_command(target: list[str], processes: int = 2, config: Path = CPU_2PROC) -> list[str]:
     """The one way the tests start N processes: `python TARGET...` for 1, else the `accelerate launch` users run,
-    with the 2-process CPU config, N processes and a free port; TARGET is a script and its arguments, or
-    ["-m", module, ...]."""
+    with the 2-process CPU config (or `config`), N processes and a free port; TARGET is a script and its arguments,
+    or ["-m", module, ...]."""
     if processes == 1:
         return [sys.executable, *target]
     return [
         shutil.which("accelerate", path=Path(sys.executable).parent) or "accelerate",  # this environment's
         "launch",
         "--config_file",
-        str(CPU_2PROC),
+        str(config),
         "--num_processes",
         str(processes),
         "--main_process_port",
@@ -61,10 +69,10 @@ def launch_command(target: list[str], processes: int = 2) -> list[str]:
 
 
 def launch(
-    target: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300
+    target: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300, config: Path = CPU_2PROC
 ) -> tuple[subprocess.CompletedProcess, float]:
-    """Run launch_command(target, processes) to completion; (result, seconds)."""
-    cmd = launch_command(target, processes)
+    """Run launch_command(target, processes, config) to completion; (result, seconds)."""
+    cmd = launch_command(target, processes, config)
     started = time.time()
     result = subprocess.run(cmd, cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=timeout)
     return result, time.time() - started

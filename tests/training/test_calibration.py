@@ -101,13 +101,14 @@ def test_folding_divides_the_logits_by_the_temperature(smoke_dir):
     model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(smoke_dir / "model")
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    layer = calibration.output_layer(model, 4)
+    assert layer == "classifier"  # not pre_classifier
     with torch.no_grad():
         before = model(**batch).logits
-        calibration.fold_temperature(model, 4, 1.7)
+        calibration.fold_temperature(model.state_dict(), layer, 1.7)  # the state dict's tensors are the model's
         after = model(**batch).logits
-        calibration.fold_temperature(model, 4, [1.0, 2.0, 0.5, 4.0])  # one per label: each output row its own
+        calibration.fold_temperature(model.state_dict(), layer, [1.0, 2.0, 0.5, 4.0])  # each output row its own
         per_label = model(**batch).logits
-    assert calibration.output_layer(model, 4) is model.classifier  # not pre_classifier
     assert torch.allclose(after, before / 1.7, atol=1e-6) and torch.equal(after.argmax(-1), before.argmax(-1))
     assert torch.allclose(per_label, after / torch.tensor([1.0, 2.0, 0.5, 4.0]), atol=1e-6)
 
@@ -149,7 +150,7 @@ def test_an_over_confident_model_is_calibrated_in_its_weights_and_every_consumer
     sharp = tmp_path / "sharp"
     shutil.copytree(smoke_model, sharp, ignore=shutil.ignore_patterns(files.STATE_DIR, files.RUNTIME_DIR))
     model = transformers.AutoModelForSequenceClassification.from_pretrained(sharp)
-    calibration.fold_temperature(model, 4, 0.2)  # divided by 0.2: 5x
+    calibration.fold_temperature(model.state_dict(), "classifier", 0.2)  # divided by 0.2: 5x
     model.save_pretrained(sharp)
     (sharp / files.WEIGHTS).unlink()  # the export is the model to start from
     for split, source in (("train", smoke_dir / "train.csv"), ("test", smoke_dir / "test.csv")):

@@ -6,13 +6,15 @@ Real processes (2-rank gloo through `accelerate launch`), tiny model, dropout of
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from contract import files
 from tests.helpers.cuda_graphs.stand_in import REPORT
-from tests.helpers.processes import describe, graphs_env, run_train
+from tests.helpers.processes import CPU_2PROC, FSDP, describe, fsdp_env, graphs_env, run_train
 
 pytestmark = pytest.mark.slow
 STEPS = 40
@@ -34,6 +36,8 @@ LAYOUTS = {  # name: (processes, per-device batch, accumulation, more flags) -> 
     # DDP with CUDA-graph steps (the step rule of CUDA graph trees on the CPU: tests/helpers/cuda_graphs) and
     # accumulation, which read overwritten gradients before issue 39 (NaN here, a crash on CUDA)
     "2x4 accumulate 2 captured": (2, 4, 2, ("--torch_compile", "reduce-overhead", "--pad_buckets", "4")),
+    # FSDP2 (accelerate_configs/fsdp.yaml through tests/helpers/fsdp): each rank holds half of every layer
+    "2x8 fsdp": (2, 8, 1, ()),
 }
 
 
@@ -67,10 +71,13 @@ def runs(smoke_dir, tmp_path_factory):
                 *extra,
             ],
             processes=processes,
-            env=graphs_env() if "captured" in name else None,
+            env=graphs_env() if "captured" in name else fsdp_env() if "fsdp" in name else None,
+            config=FSDP if "fsdp" in name else CPU_2PROC,
         )
         assert result.returncode == 0, describe(result)
-        if processes > 1:  # DDP as issue 39 asks: no gradient copies, no buffer broadcast, a static graph if it holds
+        if "fsdp" in name:
+            assert "FSDP2: parameters, gradients and optimizer state sharded over 2 processes" in result.stderr
+        elif processes > 1:  # DDP as issue 39 asks: no gradient copies, no buffer broadcast, a static graph if it holds
             static = "static graph" if accumulation == 1 else "graph found each step"
             assert (
                 f"DDP: gradients as views of the all-reduce buckets, {static}, buffers not broadcast" in result.stderr
@@ -79,8 +86,19 @@ def runs(smoke_dir, tmp_path_factory):
             assert int(result.stderr.rpartition(f"{REPORT}: ")[2].split()[0]) > 0, describe(result)
         metrics = json.loads((out / files.METRICS).read_text())
         assert metrics["effective_batch_size"] == processes * batch * accumulation and metrics["global_step"] == STEPS
-        results[name] = (load_file(out / files.STATE_DIR / f"step_{STEPS}" / "model.safetensors"), metrics)
+        results[name] = (state_weights(out / files.STATE_DIR / f"step_{STEPS}", tmp_path_factory), metrics)
     return results
+
+
+def state_weights(state: Path, tmp_path_factory) -> dict:
+    """The model of a resumable state: accelerate's model.safetensors, or (FSDP) its sharded checkpoint gathered."""
+    if (state / "model.safetensors").is_file():
+        return load_file(state / "model.safetensors")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    whole = tmp_path_factory.mktemp("gathered") / "model.pt"
+    dcp_to_torch_save(state / "pytorch_model_fsdp_0", whole)
+    return {k.removeprefix("model."): v for k, v in torch.load(whole, weights_only=True)["model"].items()}
 
 
 def max_difference(a: dict, b: dict) -> float:

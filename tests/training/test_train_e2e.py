@@ -86,7 +86,7 @@ def test_saved_state_dict_reproduces_the_trained_model(smoke_2proc_run, smoke_di
     trained.load_state_dict(load_file(out / files.STATE_DIR / f"step_{best}" / "model.safetensors"))
     # ... with the temperature the end of the run folded into the output layer, where it did (training/calibration.py)
     if metrics["calibration"]["method"] == "temperature":
-        calibration.fold_temperature(trained, 4, metrics["calibration"]["temperature"])
+        calibration.fold_temperature(trained.state_dict(), "classifier", metrics["calibration"]["temperature"])
     trained.eval()
     texts = [line.rsplit(",", 1)[0].strip('"') for line in (smoke_dir / "test.csv").read_text().splitlines()[1:65]]
     batch = tokenizer(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
