@@ -299,6 +299,7 @@ def stage_fsdp(lease: Lease) -> Iterator[str]:
     the preset's own tiny model in fp32 through the CPU stand-in."""
     import torch
 
+    os.environ.update(lease.env)  # train_bench reads the carried tokenizer's folder at import
     sys.path.insert(0, str(ROOT / "bench"))
     from load_generator import free_port
     from train_bench import prepare_model
