@@ -28,8 +28,8 @@ from pydantic import ValidationError
 from pydantic_settings import CliApp
 
 from contract.errors import UserError
-from inference import logs
-from inference.metrics import MULTIPROC_ENV, Metrics, multiprocess_dir
+from inference import logs, metrics_port, tracing
+from inference.metrics import MULTIPROC_ENV, Metrics, all_workers_exposition, multiprocess_dir
 from inference.settings import Settings, describe_error
 
 logger = logging.getLogger("inference")
@@ -48,11 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     from inference.service import load_for_start, ready_engine  # imported once the environment is set
 
     try:
-        loaded = load_for_start(settings)
+        if settings.otlp_endpoint:
+            tracing.require_sdk()
         if settings.workers > 1:
-            del loaded  # each worker process loads its own copy
+            load_for_start(settings)  # a model that cannot be served stops here; each worker loads its own copy
             return serve_workers(settings)
-        engine = ready_engine(settings, loaded, Metrics())
+        metrics = Metrics()
+        if settings.prometheus_port is not None:  # bound first: a port taken stops start-up before the model loads
+            metrics_port.start(settings.hostname, settings.prometheus_port, metrics.exposition)
+        engine = ready_engine(settings, load_for_start(settings), metrics)
     except UserError as exc:  # a model that cannot be served (1), a setting it cannot take (2)
         sys.stderr.write(f"inference: error: {exc}\n")
         return exc.exit_code
@@ -71,7 +75,10 @@ def connection_limits(settings: Settings) -> dict:
 
 
 def serve_workers(settings: Settings) -> int:
-    """uvicorn's worker processes, their metrics summed through one multiprocess folder (emptied first)."""
+    """uvicorn's worker processes, their metrics summed through one multiprocess folder (emptied first) and, with
+    PROMETHEUS_PORT, served from this process, which outlives them."""
+    if settings.prometheus_port is not None:  # reads the folder below at each scrape
+        metrics_port.start(settings.hostname, settings.prometheus_port, all_workers_exposition)
     folder, ours = multiprocess_dir(), False
     if folder:
         for stale in Path(folder).glob("*.db"):

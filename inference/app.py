@@ -9,7 +9,8 @@ Importing this module builds nothing: `create_app(settings)` is the factory (tes
 
 Pieces: settings.py (configuration), service.py (state and lifespan: load once, reload, drain), routes.py,
 errors.py (TEI's error bodies), middleware.py (status count, request id, body limit), engine.py (micro-batching),
-loading.py (folders and Hub ids), metrics.py (Prometheus).
+loading.py (folders and Hub ids), metrics.py (Prometheus), metrics_port.py (PROMETHEUS_PORT), tracing.py
+(OTLP_ENDPOINT).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import sys
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from inference import errors, routes, text_routes, token_routes  # noqa: F401 - token_routes adds /tokenize, /decode to routes.router
+from inference import errors, routes, text_routes, token_routes, tracing  # noqa: F401 - token_routes adds /tokenize, /decode to routes.router
 from inference.engine import Engine
 from inference.middleware import BodySizeLimit, RequestId, ResponseStatus
 from inference.service import Service, lifespan
 from inference.settings import Settings, SettingsError, from_env
+from inference.tracing import Traces
 
 TEI_HEADERS = [
     "x-compute-type",
@@ -54,6 +56,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.router.routes[0:0] = text_routes.fast_routes()  # matched first: the hot path without FastAPI's machinery
     app.include_router(routes.router)
     app.include_router(routes.public)
+    if settings.api_metrics:
+        app.include_router(routes.metrics_router)
     errors.install(app)
     # added last = outermost: the status count, the request id, CORS answers preflights, then the body limit
     app.add_middleware(BodySizeLimit, max_bytes=settings.payload_limit)
@@ -65,6 +69,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             allow_headers=["content-type", "authorization", "x-request-id"],
             expose_headers=TEI_HEADERS,
         )
+    if settings.otlp_endpoint:  # only then: no cost on the request path when tracing is off
+        app.add_middleware(Traces, tracer=tracing.tracer(settings))
     app.add_middleware(RequestId)
     app.add_middleware(ResponseStatus)
     return app

@@ -104,11 +104,15 @@ class Metrics:
     def exposition(self) -> str:
         """The text format of every worker's metrics (multiprocess) or this process's."""
         self.record_process(min_interval_s=0)
-        if multiprocess_dir():
-            registry = CollectorRegistry()
-            MultiProcessCollector(registry)
-            return render(registry)
-        return render(self.registry)
+        return all_workers_exposition() if multiprocess_dir() else render(self.registry)
+
+
+def all_workers_exposition() -> str:
+    """Every worker's metrics summed from the multiprocess folder (the parent of `--workers N` has no Metrics of
+    its own)."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    return render(registry)
 
 
 def worker_exited() -> None:

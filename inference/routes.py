@@ -60,6 +60,7 @@ def bearer_token(request: Request) -> str | None:
 
 router = APIRouter(dependencies=[Depends(require_api_key)])  # TEI: the API key guards these
 public = APIRouter()  # ... and not these
+metrics_router = APIRouter()  # open too; on the API port unless API_METRICS=false (then PROMETHEUS_PORT serves it)
 ERROR_RESPONSES = {code: {"model": ErrorBody} for code in (400, 401, 413, 415, 422, 424, 429, 503)}
 
 
@@ -361,6 +362,6 @@ async def ready(request: Request) -> dict:
     return {"status": "ready"}
 
 
-@public.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics (TEI's names)")
+@metrics_router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics (TEI's names)")
 async def prometheus(request: Request) -> PlainTextResponse:
     return PlainTextResponse(service(request).metrics.exposition(), media_type="text/plain; version=0.0.4")

@@ -1,7 +1,8 @@
 """Service settings: one pydantic-settings model read from environment variables and, for `python -m inference`,
 from command-line flags of the same names (flags win). text-embeddings-inference's names are accepted as they
 are (MODEL_ID, PORT, HOSTNAME, API_KEY, PAYLOAD_LIMIT, MAX_CONCURRENT_REQUESTS, MAX_BATCH_TOKENS,
-MAX_BATCH_REQUESTS, MAX_CLIENT_BATCH_SIZE, AUTO_TRUNCATE, DTYPE, JSON_OUTPUT, CORS_ALLOW_ORIGIN).
+MAX_BATCH_REQUESTS, MAX_CLIENT_BATCH_SIZE, AUTO_TRUNCATE, DTYPE, JSON_OUTPUT, CORS_ALLOW_ORIGIN, PROMETHEUS_PORT,
+OTLP_ENDPOINT, OTLP_SERVICE_NAME).
 
 A bad value stops start-up with one line naming the setting (`SettingsError`, exit code 2 in the CLI).
 """
@@ -127,6 +128,21 @@ class Settings(BaseSettings):
     """cpu, cuda, or auto: cuda when available [DEVICE]"""
     json_output: bool = False
     """Log one JSON object per line instead of text [JSON_OUTPUT]"""
+    prometheus_port: int | None = Field(None, ge=0, le=65535)
+    """Also serve GET /metrics on this port, every worker's metrics, for a scraper inside the cluster (TEI's
+    --prometheus-port; unset: no second port) [PROMETHEUS_PORT]
+    """
+    api_metrics: bool = True
+    """Serve GET /metrics on the API port too; false keeps the metrics off the public port (with PROMETHEUS_PORT)
+    [API_METRICS]
+    """
+    otlp_endpoint: str | None = None
+    """OpenTelemetry collector to export one span per request to, over OTLP/HTTP (e.g. http://collector:4318;
+    TEI's setting, which speaks gRPC to 4317); needs `pip install 'distilbert-agnews[telemetry]'`; unset: no tracing
+    and no cost [OTLP_ENDPOINT]
+    """
+    otlp_service_name: str = "distilbert-agnews.server"
+    """The service.name of the exported spans [OTLP_SERVICE_NAME]"""
     cors_allow_origin: str | None = None
     """Comma-separated origins allowed by CORS (browser clients), or * for any; unset: no CORS headers
     [CORS_ALLOW_ORIGIN]
@@ -195,6 +211,10 @@ class Settings(BaseSettings):
                 f"({self.max_concurrent_requests}): a batch that large would always be answered 429; lower it or "
                 "raise MAX_CONCURRENT_REQUESTS"
             )
+        if not self.api_metrics and self.prometheus_port is None:
+            raise ValueError("API_METRICS: false needs PROMETHEUS_PORT, or the metrics would be served nowhere")
+        if self.prometheus_port is not None and self.prometheus_port == self.port != 0:
+            raise ValueError(f"PROMETHEUS_PORT: {self.prometheus_port} is the API's PORT; pick another")
         if self.torch_threads is None:
             self.torch_threads = available_cores()
         return self

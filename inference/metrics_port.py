@@ -1,0 +1,44 @@
+"""PROMETHEUS_PORT: GET /metrics on a port of its own, so the API port can leave it out (API_METRICS=false) and a
+cluster scrapes it from inside without exposing it. A small threaded HTTP server of the standard library answers
+it; `python -m inference` starts it in the process that outlives the workers (inference/__main__.py)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from contract.errors import UsageError
+
+logger = logging.getLogger("inference")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text format, as the API port serves it
+
+
+def start(host: str, port: int, exposition: Callable[[], str]) -> ThreadingHTTPServer:
+    """Serve exposition() at GET /metrics on (host, port) from a daemon thread; a port that cannot be bound stops
+    start-up with one line naming the setting."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+            if self.path.split("?", 1)[0] != "/metrics":
+                self.send_error(404)
+                return
+            body = exposition().encode()
+            self.send_response(200)
+            self.send_header("content-type", CONTENT_TYPE)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002 - the standard library's signature
+            pass  # a scrape every few seconds is no news
+
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        raise UsageError(f"PROMETHEUS_PORT: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-port", daemon=True).start()
+    logger.info("Metrics on http://%s:%d/metrics", host, server.server_address[1])
+    return server

@@ -1,0 +1,100 @@
+"""OTLP_ENDPOINT: one OpenTelemetry span per HTTP request, exported over OTLP/HTTP by the OpenTelemetry SDK.
+
+Each span is named after the method and route, continues the caller's trace when the request carries a W3C
+`traceparent` header, and holds the status, the request id and the times TEI reports in its headers (tokenization,
+queue, inference, total; milliseconds). The SDK batches spans on its own thread and flushes them at exit.
+create_app adds the middleware only when OTLP_ENDPOINT is set, so with tracing off the request path is unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+
+from inference.logs import request_id
+from inference.settings import Settings, SettingsError
+
+TIMES = {  # response header (TEI's, in ms) -> span attribute
+    b"x-tokenization-time": "te.tokenization_time_ms",
+    b"x-queue-time": "te.queue_time_ms",
+    b"x-inference-time": "te.inference_time_ms",
+    b"x-total-time": "te.total_time_ms",
+}
+
+
+def require_sdk() -> None:
+    """One line naming the extra to install when OTLP_ENDPOINT is set without the OpenTelemetry SDK."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError:
+        raise SettingsError(
+            "OTLP_ENDPOINT: tracing needs the OpenTelemetry SDK: pip install 'distilbert-agnews[telemetry]'"
+        ) from None
+
+
+def tracer(settings: Settings):
+    """A tracer whose spans go to settings.otlp_endpoint (its /v1/traces), named settings.otlp_service_name."""
+    require_sdk()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": settings.otlp_service_name}))
+    endpoint = settings.otlp_endpoint.rstrip("/")
+    exporter = OTLPSpanExporter(endpoint=endpoint if endpoint.endswith("/v1/traces") else f"{endpoint}/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider.get_tracer("inference")
+
+
+class Traces:
+    """ASGI middleware: a span per HTTP request, opened when the request arrives and ended when its answer is sent,
+    with what the answer's headers say."""
+
+    def __init__(self, app, tracer):
+        from opentelemetry.propagate import extract
+
+        self.app, self.tracer, self.extract = app, tracer, extract
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        started = time.time_ns()
+        answer: dict = {}
+
+        async def send_observed(message):
+            if message["type"] == "http.response.start":
+                answer["status"] = message["status"]
+                answer["headers"] = dict(message.get("headers", []))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_observed)
+        finally:
+            self.export(scope, headers, answer, started)
+
+    def export(self, scope, headers: dict, answer: dict, started: int) -> None:
+        route = getattr(scope.get("route"), "path", None) or scope["path"]
+        span = self.tracer.start_span(
+            f"{scope['method']} {route}", context=self.extract(headers), start_time=started, kind=_server_kind()
+        )
+        span.set_attribute("http.request.method", scope["method"])
+        span.set_attribute("http.route", route)
+        span.set_attribute("http.response.status_code", answer.get("status", 499))  # 499: the client left first
+        span.set_attribute("te.request_id", request_id.get())  # RequestId, outside, set it for this request
+        said = answer.get("headers", {})
+        for header, attribute in TIMES.items():
+            if header in said and said[header].isdigit():
+                span.set_attribute(attribute, int(said[header]))
+        if answer.get("status", 500) >= 500:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+
+
+def _server_kind():
+    from opentelemetry.trace import SpanKind
+
+    return SpanKind.SERVER
