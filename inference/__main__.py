@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -27,7 +28,7 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
-from contract.errors import UserError
+from contract.errors import UsageError, UserError
 from inference import logs, metrics_port, tracing
 from inference.metrics import MULTIPROC_ENV, Metrics, all_workers_exposition, multiprocess_dir
 from inference.settings import Settings, describe_error
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from inference.service import load_for_start, ready_engine  # imported once the environment is set
 
     try:
+        check_start(settings)
         if settings.otlp_endpoint:
             tracing.require_sdk()
         if settings.workers > 1:
@@ -61,6 +63,23 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"inference: error: {exc}\n")
         return exc.exit_code
     return serve_on_main_thread(settings, engine)
+
+
+def check_start(settings: Settings) -> None:
+    """What would fail only after the model loaded, said first in one line: the API port taken, a runtime cache
+    folder this user cannot write (a container's volume mounted with the wrong owner)."""
+    with socket.socket(socket.AF_INET6 if ":" in settings.hostname else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((settings.hostname, settings.port))
+        except OSError as exc:
+            raise UsageError(f"PORT: cannot listen on {settings.hostname}:{settings.port} ({exc.strerror})") from None
+    cache = Path(settings.runtime_cache).expanduser()
+    if settings.backend != "torch" and cache.is_dir() and not os.access(cache, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"RUNTIME_CACHE: {cache} is not writable by this user (uid {getattr(os, 'getuid', lambda: '?')()}): give the volume to this user, "
+            "or set BACKEND=torch (nothing converted)"
+        )
 
 
 def connection_limits(settings: Settings) -> dict:

@@ -59,15 +59,18 @@ def test_two_workers_serve_their_metrics_on_the_private_port_only(smoke_checkpoi
     assert server.process.returncode == 0
 
 
-def test_a_taken_metrics_port_or_metrics_served_nowhere_stops_start_up_in_one_line(smoke_checkpoint):
+def test_a_taken_port_or_metrics_served_nowhere_stops_start_up_in_one_line(smoke_checkpoint):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run_cli("--model_id", str(smoke_checkpoint), "--prometheus_port", str(port))
-    assert result.returncode == 2
-    assert result.stderr.strip().startswith(f"inference: error: PROMETHEUS_PORT: cannot listen on 127.0.0.1:{port}")
-    assert "Traceback" not in result.stderr and "Ready:" not in result.stderr  # refused before the model loaded
+        metrics = run_cli("--model_id", str(smoke_checkpoint), "--prometheus_port", str(port))
+        api = run_cli("--model_id", str(smoke_checkpoint), "--port", str(port))
+    assert metrics.returncode == 2 and "Traceback" not in metrics.stderr and "Ready:" not in metrics.stderr
+    assert metrics.stderr.strip().startswith(f"inference: error: PROMETHEUS_PORT: cannot listen on 127.0.0.1:{port}")
+    assert api.returncode == 2 and api.stderr.strip() == (
+        f"inference: error: PORT: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    )  # said before the model loads, not after it in uvicorn's log
     result = run_cli("--model_id", str(smoke_checkpoint), "--no-api_metrics")
     assert result.returncode == 2 and "API_METRICS: false needs PROMETHEUS_PORT" in result.stderr
 
