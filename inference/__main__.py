@@ -76,8 +76,9 @@ def check_start(settings: Settings) -> None:
             raise UsageError(f"PORT: cannot listen on {settings.hostname}:{settings.port} ({exc.strerror})") from None
     cache = Path(settings.runtime_cache).expanduser()
     if settings.backend != "torch" and cache.is_dir() and not os.access(cache, os.W_OK | os.X_OK):
+        user = getattr(os, "getuid", lambda: "?")()  # POSIX only; the message only
         raise UsageError(
-            f"RUNTIME_CACHE: {cache} is not writable by this user (uid {getattr(os, 'getuid', lambda: '?')()}): give the volume to this user, "
+            f"RUNTIME_CACHE: {cache} is not writable by this user (uid {user}): give the volume to this user, "
             "or set BACKEND=torch (nothing converted)"
         )
 
@@ -100,6 +101,7 @@ def serve_workers(settings: Settings) -> int:
         metrics_port.start(settings.hostname, settings.prometheus_port, all_workers_exposition)
     folder, ours = multiprocess_dir(), False
     if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)  # a cluster names it on an empty volume
         for stale in Path(folder).glob("*.db"):
             stale.unlink()
     else:

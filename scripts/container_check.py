@@ -75,12 +75,39 @@ def build(work: Path) -> None:
     archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", "HEAD"], stdout=subprocess.PIPE)
     sh("tar", "-x", "-C", str(source), stdin=archive.stdout)
     archive.wait()
-    volume = ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"] if CA_BUNDLE.is_file() else []
     started = time.time()
-    sh(*PODMAN, "build", "--isolation", "chroot", "--network", "host", *volume, "--build-arg",
+    sh(*PODMAN, "build", "--isolation", "chroot", "--network", "host", *network_arguments(), "--build-arg",
        f"BASE={BASE_IMAGE}", "--tag", IMAGE, "--file", str(source / "Containerfile"), str(source))  # fmt: skip
     size = int(sh(*PODMAN, "image", "inspect", "--format", "{{.Size}}", IMAGE).stdout.strip())
     print(f"image {IMAGE}: built in {time.time() - started:.0f} s, {size / 2**20:.0f} MiB")
+
+
+def network_arguments() -> list[str]:
+    """What pip inside the build needs from this machine: its CA bundle (a proxy's CA may be in it) and, when torch's
+    CPU index is out of reach but the CPU wheel lies in pip's find-links folder here (these machines), that folder."""
+    arguments = ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", "--build-arg", f"PIP_CERT={CA_BUNDLE}"]
+    arguments = arguments if CA_BUNDLE.is_file() else []
+    import torch
+
+    links = os.environ.get("PIP_FIND_LINKS", "")
+    wheels = sorted(Path(links).glob(f"torch-{torch.__version__}-*.whl")) if links and Path(links).is_dir() else []
+    if wheels and not reachable("download.pytorch.org"):
+        arguments += ["--volume", f"{links}:{links}:ro", "--build-arg", f"PIP_FIND_LINKS={links}"]
+        arguments += [
+            "--build-arg",
+            f"TORCH_VERSION={torch.__version__}",
+            "--build-arg",
+            "TORCH_INDEX=https://pypi.org/simple",
+        ]
+    return arguments
+
+
+def reachable(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
 
 
 def free_port() -> int:

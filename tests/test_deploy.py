@@ -1,0 +1,73 @@
+"""deploy/: the Kubernetes manifests are valid against the Kubernetes schemas (kubernetes-validate, strict: an
+unknown or misspelled field fails), the KServe predictor's containers are valid Pod containers, and both agree with
+the image (Containerfile: ports, user) and the service (every environment variable is a setting it reads)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from inference.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+KUBERNETES = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+KSERVE = ROOT / "deploy" / "kserve" / "inferenceservice.yaml"
+NOT_SETTINGS = {"PROMETHEUS_MULTIPROC_DIR", "STORAGE_URI"}  # read by prometheus-client and KServe's initializer
+
+
+def documents(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def resources() -> dict[str, dict]:
+    return {doc["kind"]: doc for path in KUBERNETES for doc in documents(path)}
+
+
+@pytest.mark.parametrize("path", KUBERNETES, ids=lambda p: p.name)
+def test_each_manifest_is_valid_against_the_kubernetes_schemas(path):
+    for doc in documents(path):
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_a_misspelled_field_is_caught():  # the check above can fail
+    deployment = resources()["Deployment"]
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {"path": "/ready"}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_the_kserve_predictor_holds_valid_containers():
+    service = documents(KSERVE)[0]
+    assert service["apiVersion"] == "serving.kserve.io/v1beta1" and service["kind"] == "InferenceService"
+    containers = service["spec"]["predictor"]["containers"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "predictor"}, "spec": {"containers": containers}}
+    kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
+    assert containers[0]["name"] == "kserve-container"  # the name KServe routes to
+
+
+def test_the_manifests_agree_with_the_image_and_the_service():
+    containerfile = (ROOT / "Containerfile").read_text()
+    exposed = {int(p) for p in re.search(r"^EXPOSE (.+)$", containerfile, re.M).group(1).split()}
+    user = int(re.search(r"^USER (\d+):", containerfile, re.M).group(1))
+    kinds = resources()
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    server = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in server["env"]}
+    settings = {name.upper() for name in Settings.model_fields}
+    kserve_env = {e["name"] for c in documents(KSERVE)[0]["spec"]["predictor"]["containers"] for e in c["env"]}
+    assert (set(env) | kserve_env) - NOT_SETTINGS <= settings, "every variable is a setting the service reads"
+    ports = {p["name"]: p["containerPort"] for p in server["ports"]}
+    assert set(ports.values()) == exposed and ports["metrics"] == int(env["PROMETHEUS_PORT"])
+    assert pod["securityContext"]["runAsUser"] == user and server["securityContext"]["readOnlyRootFilesystem"]
+    assert server["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert server["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert pod["terminationGracePeriodSeconds"] > float(env["GRACEFUL_SHUTDOWN_S"])  # the drain ends before SIGKILL
+    assert env["API_METRICS"] == "false" and [p["targetPort"] for p in kinds["Service"]["spec"]["ports"]] == ["http"]
+    mounts = {m["name"]: m for m in server["volumeMounts"]}
+    assert mounts["model"]["readOnly"] and mounts["model"]["mountPath"] == env["MODEL_ID"]
+    assert mounts["tmp"]["mountPath"] == "/tmp" and env["PROMETHEUS_MULTIPROC_DIR"].startswith("/tmp/")
+    Settings(**{k.lower(): v for k, v in env.items() if k not in NOT_SETTINGS})  # values the service accepts
