@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import pickle
 import time
 from collections.abc import Callable
@@ -107,9 +108,13 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     resolved = precision.resolve(dtype, target.type)
     folder, model_sha = locate(model_id, revision)
     before = signature(folder)
-    model, weights, digest = _read_model(folder)
+    try:
+        model, weights, digest = _read_model(folder)
+        tokenizer = _read_tokenizer(folder)
+    except PermissionError as exc:  # a folder written by another user (a container's volume): one line, not a trace
+        user = getattr(os, "getuid", lambda: "?")()
+        raise CheckpointError(f"{exc.filename}: cannot be read by this user (uid {user}): {exc.strerror}") from None
     check_finite(model, weights)
-    tokenizer = _read_tokenizer(folder)
     config = model.config
     try:  # a decoder classifier saved without a pad token: the one rule training follows (contract/padding.py)
         if said := ensure_pad_token(tokenizer, str(folder)):

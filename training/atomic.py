@@ -11,11 +11,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# Read once, while importing (umask can only be read by setting it): what plain open() and mkdir() would give.
+UMASK = os.umask(0o022)
+os.umask(UMASK)
+
 
 def atomic_write(path: Path, write: Callable) -> None:
     """Call `write(fh)` on a temporary file beside `path`, flush it to disk, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    # mkstemp makes the file private (0600): a service running as another user (a container) could not read it
+    os.chmod(tmp, 0o666 & ~UMASK)
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
@@ -33,6 +39,22 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write(Path(path), lambda fh: fh.write(json.dumps(data, indent=2, default=str).encode() + b"\n"))
+
+
+def staging_dir(prefix: str, parent: Path) -> Path:
+    """A new folder beside its target, with the permissions mkdir would give (mkdtemp's are private: 0700)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    folder.chmod(0o777 & ~UMASK)
+    return folder
+
+
+def as_plain_files(folder: Path) -> Path:
+    """Give every file under `folder` the permissions open() would: libraries that write through a private temporary
+    file (transformers' save_pretrained: model.safetensors at 0600) leave files another user cannot read."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~UMASK)
+    return folder
 
 
 def replace_dir(staging: Path, target: Path) -> None:

@@ -32,7 +32,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import types
 import zipfile
 from pathlib import Path
@@ -52,7 +51,7 @@ from contract import files, task
 from contract.adapters import adapter_digests
 from contract.errors import UserError
 from training import calibration, lora, model_card, provenance, reports
-from training.atomic import atomic_write, replace_dir, write_json
+from training.atomic import as_plain_files, atomic_write, replace_dir, staging_dir, write_json
 from training.collective import decided_on_main
 from training.cpu_speed import keep_saved_threads
 from training.progress import Progress
@@ -92,7 +91,7 @@ def _write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf
     WEIGHTS_SHA256), so a reader never takes one save's config with another's weights."""
     atomic_write(out / files.WEIGHTS, lambda fh: write_weights(fh, weights))
     digests = {files.WEIGHTS: files.tensors_sha256(weights)}  # before save_pretrained, which empties `weights`
-    staging = Path(tempfile.mkdtemp(prefix=".hf.", dir=out))
+    staging = staging_dir(".hf.", out)
     if export_hf:
         with _no_progress_bar():  # a one-shard "Writing model shards" bar would cut through the training bar
             unwrapped.save_pretrained(staging, state_dict=weights)  # config.json + model.safetensors
@@ -100,6 +99,7 @@ def _write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf
     else:
         unwrapped.config.save_pretrained(staging)
         (out / files.HF_WEIGHTS).unlink(missing_ok=True)  # never leave an older model's export beside this one
+    as_plain_files(staging)
     if (staging / files.HF_WEIGHTS).is_file():  # save_pretrained may leave out tied weights: hashed as written
         digests[files.HF_WEIGHTS] = files.tensors_sha256(safetensors.torch.load_file(staging / files.HF_WEIGHTS))
     config = json.loads((staging / files.CONFIG).read_text())
@@ -107,15 +107,15 @@ def _write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf
     for file in sorted(staging.iterdir(), key=lambda f: f.name == files.CONFIG):  # config.json last
         os.replace(file, out / file.name)
     shutil.rmtree(staging, ignore_errors=True)
-    tok_staging = Path(tempfile.mkdtemp(prefix=f".{files.TOKENIZER_DIR}.", dir=out))
+    tok_staging = staging_dir(f".{files.TOKENIZER_DIR}.", out)
     tokenizer.save_pretrained(tok_staging)
-    replace_dir(tok_staging, out / files.TOKENIZER_DIR)
+    replace_dir(as_plain_files(tok_staging), out / files.TOKENIZER_DIR)
 
 
 def _write_adapter(out: Path, model, config, tokenizer) -> None:
     """Main process: adapter/ (peft's files; the run's config.json, with their sha256 and the base's identity; the
     tokenizer), swapped in whole."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{files.ADAPTER_DIR}.", dir=out))
+    staging = staging_dir(f".{files.ADAPTER_DIR}.", out)
     with _no_progress_bar():
         lora.save_adapter(model, staging)
     config.save_pretrained(staging)
@@ -123,7 +123,7 @@ def _write_adapter(out: Path, model, config, tokenizer) -> None:
     recorded[files.ADAPTER_SHA256] = adapter_digests(staging)
     (staging / files.CONFIG).write_text(json.dumps(recorded, indent=2) + "\n")
     tokenizer.save_pretrained(staging)
-    replace_dir(staging, out / files.ADAPTER_DIR)
+    replace_dir(as_plain_files(staging), out / files.ADAPTER_DIR)
 
 
 @contextlib.contextmanager

@@ -22,11 +22,12 @@ import json
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import DistilBertConfig, PreTrainedTokenizerFast
+
+from training.atomic import staging_dir
 
 SMOKE_VERSION = 7
 LABELS = ("World", "Sports", "Business", "Sci/Tech")
@@ -368,7 +369,7 @@ def ensure_smoke_assets(root: Path | None = None) -> Path:
     if (root / "READY").is_file():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    staging = staging_dir(f".{root.name}-", root.parent)
     train = make_split(NUM_TRAIN, seed=1)
     _write_csv(staging / "train.csv", train)
     _write_csv(staging / "test.csv", make_split(NUM_TEST, seed=2))

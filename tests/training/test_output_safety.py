@@ -316,3 +316,39 @@ def test_on_two_ranks_the_main_process_picks_the_state_and_every_rank_stops_on_i
     assert "no usable state under" in line, describe(result)
     assert result.stderr.count("has no random_states_1.pkl") == 2, describe(result)  # step_168, then step_84
     assert "[rank0]: Traceback" not in result.stderr and "[rank1]: Traceback" not in result.stderr
+
+
+def test_what_training_writes_is_readable_by_another_user(smoke_model):
+    """A service in a container runs as another user than training did: every file of the checkpoint is readable by
+    others and every folder enterable, as plain open() and mkdir() make them under the usual umask (mkstemp and
+    mkdtemp alone would make them private)."""
+    from training.atomic import UMASK
+
+    assert UMASK & 0o044 == 0, "this check needs a umask that lets others read (e.g. 022)"
+
+    def others_may_read(path: Path) -> bool:
+        wanted = 0o055 if path.is_dir() else 0o044  # folders: read and enter; files: read
+        return path.stat().st_mode & wanted == wanted
+
+    served = [p for p in smoke_model.rglob("*") if files.STATE_DIR not in p.relative_to(smoke_model).parts]
+    private = [str(p.relative_to(smoke_model)) for p in [smoke_model, *served] if not others_may_read(p)]
+    assert private == []  # resume states (state/) are the run's own: only what is served must be readable
+
+
+def test_a_checkpoint_this_user_cannot_read_is_one_line(checkpoint_copy, monkeypatch):
+    from contract.errors import CheckpointError
+    from contract.loading import load_model
+
+    real = Path.read_bytes
+
+    def read_bytes(path):  # what a file of another user's, mode 0600, does to a non-root reader
+        if path.name == files.WEIGHTS:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    with pytest.raises(CheckpointError) as refused:
+        load_model(str(checkpoint_copy))
+    assert str(refused.value) == (
+        f"{checkpoint_copy / files.WEIGHTS}: cannot be read by this user (uid {os.getuid()}): Permission denied"
+    )
