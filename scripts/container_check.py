@@ -118,6 +118,7 @@ def free_port() -> int:
 
 def run_container(name: str, checkpoint: Path | None, cache: Path, port: int, metrics: int, *extra: str) -> None:
     model = ["--volume", f"{checkpoint}:/model:ro"] if checkpoint else []
+    sh(*PODMAN, "rm", "--force", name, check=False)  # left over from a check that stopped half-way
     sh(*RUN, "--detach", "--name", name, "--read-only", "--network", "host", *model,
        "--volume", f"{cache}:/cache", "--env", f"PORT={port}", "--env", f"PROMETHEUS_PORT={metrics}",
        "--env", "DTYPE=float32", "--env", "BACKEND=torch", "--env", "API_METRICS=false", *extra, IMAGE)  # fmt: skip
@@ -191,12 +192,11 @@ def check_serving(checkpoint: Path, cache: Path) -> None:
         assert write.returncode != 0, "the root file system must be read-only"
         print(f"serving: answers equal the host's (1e-5), InferenceClient says {answer[0].label}, uid {uid}, "
               "root file system read-only, metrics on the private port only")  # fmt: skip
+        sh(*PODMAN, "stop", "--time", "30", name)
+        code = json.loads(sh(*PODMAN, "inspect", name).stdout)[0]["State"]["ExitCode"]
+        assert code == 0, f"podman stop: exit {code}\n{logs(name)}"
     finally:
-        sh(*PODMAN, "stop", "--time", "30", name, check=False)
-    code = json.loads(sh(*PODMAN, "inspect", name).stdout)[0]["State"]["ExitCode"]
-    said = logs(name)
-    sh(*PODMAN, "rm", "--force", name, check=False)
-    assert code == 0, f"podman stop: exit {code}\n{said}"
+        sh(*PODMAN, "rm", "--force", name, check=False)
     print("podman stop: drained, exit 0")
 
 
