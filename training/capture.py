@@ -17,11 +17,14 @@ Importing this module changes nothing; train.py calls it.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
 from contract import shapes
+
+logger = logging.getLogger(__name__)
 
 AUTO, NONE, REDUCE_OVERHEAD = "auto", "none", "reduce-overhead"
 # Steps of one width before its steps only replay CUDA graphs: CUDA graph trees run a new graph once unrecorded
@@ -31,12 +34,22 @@ RECORDING_USES = 3
 AUTO_MIN_STEPS = 1000  # --torch_compile auto: shorter GPU runs would not repay the compilation (docs/launching.md)
 
 
-def resolve(requested: str, pad_buckets: int | None, device_type: str, total_steps: int) -> str:
-    """--torch_compile as torch.compile's mode, or NONE. auto: reduce-overhead on GPU for long runs, else none; never
-    with --pad_buckets 0 (dynamic widths: every new width would recompile, past the enforced limit)."""
+def resolve(requested: str, pad_buckets: int | None, device_type: str, total_steps: int, processes: int = 1) -> str:
+    """--torch_compile as torch.compile's mode, or NONE. auto: reduce-overhead on one GPU for long runs, else none;
+    never with --pad_buckets 0 (dynamic widths: every new width would recompile, past the enforced limit), and never
+    on several GPUs: a compiled, captured step under DDP (or FSDP) has not run on any machine here (none has two GPUs),
+    so it is only taken when asked for, with a warning."""
+    multi_gpu = device_type == "cuda" and processes > 1
     if requested != AUTO:
+        if multi_gpu and requested != NONE:
+            logger.warning(
+                "--torch_compile %s on %d GPUs: a compiled step under DDP or FSDP with CUDA graphs is unproven here "
+                "(no multi-GPU machine has run it); --torch_compile none is the tested path",
+                requested,
+                processes,
+            )
         return requested
-    long_gpu_run = device_type == "cuda" and total_steps >= AUTO_MIN_STEPS
+    long_gpu_run = device_type == "cuda" and total_steps >= AUTO_MIN_STEPS and not multi_gpu
     return REDUCE_OVERHEAD if long_gpu_run and pad_buckets != 0 else NONE
 
 

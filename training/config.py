@@ -276,8 +276,9 @@ class OptimizationConfig(_Group):
     """Compile the training step with torch.compile (training/capture.py): the forward and backward pass (one graph
     per --pad_buckets width) and the optimizer step (a capturable multi-tensor AdamW with a tensor learning rate;
     under fp16 the fused AdamW, stepped eagerly by the GradScaler).
-    'reduce-overhead' also captures CUDA graphs; 'auto' is reduce-overhead on GPU for runs of at least 1000 optimizer
-    steps (compilation costs minutes at start: docs/launching.md) and none otherwise, on CPU always."""
+    'reduce-overhead' also captures CUDA graphs; 'auto' is reduce-overhead on one GPU for runs of at least 1000
+    optimizer steps (compilation costs minutes at start: docs/launching.md) and none otherwise: on CPU, and on
+    several GPUs, where a compiled step under DDP or FSDP is unproven (asking for it there warns)."""
 
 
 class EvaluationConfig(_Group):

@@ -224,7 +224,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     model = make_model(cfg, accelerator, splits.labels, tokenizer.pad_token_id)
     world = accelerator.num_processes
     learning_rate, epoch_steps, total_steps, num_epochs = schedule_plan(cfg, world, len(splits.train))
-    compiled = capture.resolve(cfg.torch_compile, cfg.pad_buckets, accelerator.device.type, total_steps)
+    compiled = capture.resolve(cfg.torch_compile, cfg.pad_buckets, accelerator.device.type, total_steps, world)
     loaders = Loaders(*make_dataloaders(splits, tokenizer, cfg, world, accelerator.device.type, compiled))
     optimizer, scheduler = optimization(cfg, accelerator, model, learning_rate, total_steps, compiled)
     ddp_buffers(accelerator, model)

@@ -99,6 +99,24 @@ def test_auto_never_picks_a_compiled_step_that_cannot_run():
     assert resolve("default", None, "cpu", 10) == "default"  # explicit modes as asked (config refuses 0 widths)
 
 
+def test_auto_never_picks_a_compiled_step_on_several_gpus(caplog):
+    """A compiled, captured step under multi-GPU DDP has never run on any machine here: auto leaves it off there,
+    an explicit request is taken with a warning that it is unproven; one GPU and CPU processes are unchanged."""
+    from training.capture import resolve
+
+    assert resolve("auto", None, "cuda", 10**6, processes=2) == "none"
+    assert resolve("auto", None, "cuda", 10**6, processes=1) == "reduce-overhead"
+    assert resolve("auto", None, "cpu", 10**6, processes=2) == "none"
+    assert not caplog.records
+    with caplog.at_level("WARNING"):
+        assert resolve("reduce-overhead", None, "cuda", 10, processes=8) == "reduce-overhead"
+        assert resolve("default", None, "cpu", 10, processes=2) == "default"  # CPU processes: tested here
+    assert [r.getMessage() for r in caplog.records] == [
+        "--torch_compile reduce-overhead on 8 GPUs: a compiled step under DDP or FSDP with CUDA graphs is unproven "
+        "here (no multi-GPU machine has run it); --torch_compile none is the tested path"
+    ]
+
+
 def test_training_batches_take_the_smallest_width_that_holds_them_and_the_same_examples(smoke_dir):
     def batches(*extra: str) -> list[dict]:
         cfg = load_config(["--preset", "smoke", "--per_device_train_batch_size", "8", "--num_samples", "200", *extra])
