@@ -42,6 +42,7 @@ class CudaGraphs:
     def __init__(self, device: torch.device):
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
+        self._copied = torch.cuda.Event(blocking=True)  # a wait on it sleeps; .cpu() would spin a core
 
     def capture(self, run: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
         """(replay, the tensor `run` returned while captured: each replay rewrites it) after WARM_UP_PASSES passes."""
@@ -61,14 +62,24 @@ class CudaGraphs:
     def staged(values: torch.Tensor) -> torch.Tensor:
         return values.pin_memory()  # pinned: the copy to the device does not block the host
 
+    def to_host(self, values: torch.Tensor) -> torch.Tensor:
+        """fp32 `values` on the host: copied without blocking into pinned memory, then waited for on an event that
+        lets this thread sleep until the GPU is done. A plain .cpu() spins its core for the whole forward pass,
+        beside the event loop and every other worker process of the machine."""
+        host = torch.empty(values.shape, dtype=torch.float32, pin_memory=True)
+        host.copy_(values.to(torch.float32), non_blocking=True)
+        self._copied.record()
+        self._copied.synchronize()
+        return host
+
     def reserved_mib(self) -> float:
         torch.cuda.synchronize(self.device)
         return torch.cuda.memory_reserved(self.device) / 2**20
 
 
 class CapturedForward:
-    """batch -> fp32 logits, like `LoadedModel.runner`, replaying the graph captured for the batch's shape; a shape
-    that was not captured is a KeyError (the engine pads every pass to a captured one: `bucket`)."""
+    """batch -> fp32 logits on the host, like `LoadedModel.runner`, replaying the graph captured for the batch's
+    shape; a shape that was not captured is a KeyError (the engine pads every pass to a captured one: `bucket`)."""
 
     def __init__(self, model: torch.nn.Module, buckets: Iterable[tuple[int, int]], tokenizer):
         self.device = next(model.parameters()).device
@@ -111,7 +122,7 @@ class CapturedForward:
         for name, values in batch.items():
             inputs[name].copy_(self._cuda.staged(values), non_blocking=True)
         replay()
-        return logits.to(torch.float32, copy=True)  # a copy: the next replay overwrites `logits`
+        return self._cuda.to_host(logits)  # a copy: the next replay overwrites `logits`
 
 
 def _inputs(tokenizer) -> set[str]:

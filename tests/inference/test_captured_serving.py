@@ -45,6 +45,15 @@ def test_the_captured_engine_starts_and_pads_every_pass_to_a_captured_shape(grap
         assert c.shapes_seen and set(c.shapes_seen) <= captured, c.shapes_seen
         with pytest.raises(KeyError):  # as on CUDA: a shape that was not captured cannot replay
             loaded.runner({"input_ids": torch.ones(1, 8, dtype=torch.long)})
+        rows, width = min(captured)
+        batches = [{"input_ids": torch.full((rows, width), i, dtype=torch.long)} for i in (5, 6)]
+        for batch in batches:
+            batch["attention_mask"] = torch.ones(rows, width, dtype=torch.long)
+        first = loaded.runner(batches[0])
+        kept = first.clone()
+        second = loaded.runner(batches[1])  # the next replay rewrites the graph's output, not the copy handed out
+        assert first.device.type == "cpu" and first.dtype == torch.float32
+        assert torch.equal(first, kept) and not torch.equal(first, second)
 
 
 def test_passes_within_a_small_token_budget_replay_several_captured_shapes(graphs, smoke_checkpoint, reference):

@@ -54,6 +54,10 @@ class CpuGraphs:
     def staged(values: torch.Tensor) -> torch.Tensor:
         return values  # no pinned memory without CUDA; the copy itself is the real code's
 
+    @staticmethod
+    def to_host(values: torch.Tensor) -> torch.Tensor:
+        return values.to(torch.float32, copy=True)  # a new tensor, as the pinned host copy is: replays cannot touch it
+
     def reserved_mib(self) -> float:
         return 0.0
 
