@@ -54,18 +54,23 @@ def why_not() -> str | None:
     return None if probe.returncode == 0 else f"podman info failed: {probe.stderr.strip()[-300:]}"
 
 
-def base_image() -> None:
-    """A Debian bookworm base with python3 and venv, from Debian's packages (once per machine)."""
+def base_image() -> str | None:
+    """A Debian bookworm base with python3 and venv, from Debian's packages (once per machine); or why there is
+    none (no debootstrap, or no way to Debian's archive: the machine, not the image, then stops the check)."""
     if sh(*PODMAN, "image", "exists", BASE_IMAGE, check=False).returncode == 0:
-        return
+        return None
     if shutil.which("debootstrap") is None:
-        raise SystemExit("container check: debootstrap is missing (apt-get install debootstrap)")
+        return "debootstrap is missing (apt-get install debootstrap)"
     with tempfile.TemporaryDirectory(prefix="base-", dir="/var/tmp") as folder:
         packages = "--include=python3,python3-venv,ca-certificates"
-        sh("debootstrap", "--variant=minbase", packages, "bookworm", folder, "http://deb.debian.org/debian")
+        made = sh("debootstrap", "--variant=minbase", packages, "bookworm", folder, "http://deb.debian.org/debian",
+                  check=False)  # fmt: skip
+        if made.returncode != 0:
+            return f"debootstrap could not make the base: {(made.stderr or made.stdout).strip()[-300:]}"
         tar = subprocess.Popen(["tar", "-C", folder, "-c", "."], stdout=subprocess.PIPE)
         sh(*PODMAN, "import", "-", BASE_IMAGE, stdin=tar.stdout)
         tar.wait()
+    return None
 
 
 def build(work: Path) -> None:
@@ -212,11 +217,10 @@ def check_refusal(what: str, checkpoint: Path | None, cache: Path, port: int, ex
 
 
 def main() -> int:
-    reason = why_not()
+    reason = why_not() or base_image()
     if reason:
         print(f"container check skipped: {reason}")
         return 0
-    base_image()
     with tempfile.TemporaryDirectory(prefix="container-check-", dir="/var/tmp") as folder:
         work = Path(folder)
         build(work)
