@@ -66,21 +66,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_start(settings: Settings) -> None:
-    """What would fail only after the model loaded, said first in one line: the API port taken, a runtime cache
-    folder this user cannot write (a container's volume mounted with the wrong owner)."""
+    """What would fail only after the model loaded, said first in one line: the API port taken."""
     with socket.socket(socket.AF_INET6 if ":" in settings.hostname else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
         try:
             probe.bind((settings.hostname, settings.port))
         except OSError as exc:
             raise UsageError(f"PORT: cannot listen on {settings.hostname}:{settings.port} ({exc.strerror})") from None
-    cache = Path(settings.runtime_cache).expanduser()
-    if settings.backend != "torch" and cache.is_dir() and not os.access(cache, os.W_OK | os.X_OK):
-        user = getattr(os, "getuid", lambda: "?")()  # POSIX only; the message only
-        raise UsageError(
-            f"RUNTIME_CACHE: {cache} is not writable by this user (uid {user}): give the volume to this user, "
-            "or set BACKEND=torch (nothing converted)"
-        )
 
 
 def connection_limits(settings: Settings) -> dict:

@@ -43,7 +43,7 @@ def test_the_dry_run_of_the_key_call_runs_every_stage_and_prints_one_block(tmp_p
         "| smoke preset's data, tiny (the preset's), FSDP2 world size 1 (accelerate_configs/fsdp.yaml) | exit 0"
         in block
     )
-    assert "FSDP stand-in: FSDP2 on gloo" in block and "DistributedType.FSDP" in block
+    assert "Distributed: DistributedType.FSDP, 1 process(es)" in block and "FSDP2: parameters, gradients" in block
     assert not list(out.glob("work*")) and sorted(p.name for p in out.iterdir()) == [
         "env.md",
         "fsdp.md",

@@ -184,16 +184,20 @@ def test_quickstart_demo_serves_one_prediction_and_stops(smoke_checkpoint):
     )
 
 
-def test_port_in_use_exits_1_instead_of_hanging(smoke_checkpoint):
-    """uvicorn runs on a side thread (the model has the main thread): a failed bind must still end the process."""
+def test_port_in_use_is_one_line_instead_of_hanging(smoke_checkpoint):
+    """uvicorn runs on a side thread (the model has the main thread): a port taken must still end the process. It is
+    now found before the model loads (a container stops with one line); a port taken between that check and
+    uvicorn's bind still ends the process through uvicorn's failed start (serve_on_main_thread)."""
     import socket
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        server = Server(smoke_checkpoint, "--reload_interval_s", "0", port=taken.getsockname()[1])
-        assert server.exit_code(60) == 1, server.output()
-    assert "address already in use" in server.output().lower()
+        port = taken.getsockname()[1]
+        server = Server(smoke_checkpoint, "--reload_interval_s", "0", port=port)
+        assert server.exit_code(60) == 2, server.output()
+    said = f"inference: error: PORT: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    assert server.output().strip() == said
 
 
 def another_thread(pid: int) -> int:
