@@ -1,5 +1,5 @@
-"""What a cluster scrapes and traces, over real HTTP: PROMETHEUS_PORT serves every worker's metrics on a port of its
-own while API_METRICS=false keeps them off the public one; OTLP_ENDPOINT exports one span per request to a local
+"""What a cluster scrapes and traces, over real HTTP: API_METRICS=false keeps the metrics off the public port
+(PROMETHEUS_PORT with 2 workers: test_workers.py); OTLP_ENDPOINT exports one span per request to a local
 OTLP/HTTP receiver (the collector's protocol, decoded with opentelemetry-proto); a taken port or a missing SDK stops
 start-up in one line."""
 
@@ -14,49 +14,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers.processes import ROOT, cli_env, free_port
+from tests.helpers.processes import ROOT, cli_env
 from tests.helpers.service import Server, run_cli, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def counted(text: str, name: str, labels: dict) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    return 0.0
+def test_api_metrics_false_keeps_the_metrics_off_the_api_port(smoke_checkpoint):
+    """The private port with several workers: tests/inference/test_workers.py (one 2-worker server for both)."""
+    from fastapi.testclient import TestClient
 
+    from inference.app import create_app
+    from inference.settings import Settings
 
-def test_two_workers_serve_their_metrics_on_the_private_port_only(smoke_checkpoint):
-    metrics_port = free_port()
-    server = Server(
-        smoke_checkpoint,
-        *("--workers", "2", "--dtype", "float32", "--reload_interval_s", "0"),
-        *("--prometheus_port", str(metrics_port), "--no-api_metrics"),
-    ).wait_ready()
-    try:
-        wait_for(server.output, lambda out: out.count("Ready:") == 2, timeout=90)  # both workers loaded
-        for i in range(20):  # a new connection each time: the kernel hands them to either worker
-            with httpx.Client(base_url=server.url) as client:
-                assert client.post("/predict", json={"inputs": f"stocks fell {i}"}).status_code == 200
-        assert httpx.get(f"{server.url}/metrics").status_code == 404  # off the public port
-        scrape = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics")
-        assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain; version=0.0.4")
-        assert counted(scrape.text, "te_request_success_total", {"method": "single"}) == 20
-        pids = {
-            s.labels["pid"]
-            for f in text_string_to_metric_families(scrape.text)
-            for s in f.samples
-            if s.name == "te_process_resident_memory_bytes"
-        }
-        assert len(pids) == 2, "both workers' metrics"
-        assert httpx.get(f"http://127.0.0.1:{metrics_port}/predict").status_code == 404  # metrics only
-    finally:
-        server.stop()
-    assert server.process.returncode == 0
+    for api_metrics, status in ((True, 200), (False, 404)):
+        settings = Settings(model_id=str(smoke_checkpoint), prometheus_port=9, api_metrics=api_metrics)
+        with TestClient(create_app(settings)) as client:
+            assert client.get("/metrics").status_code == status
+            assert client.post("/predict", json={"inputs": "stocks fell"}).status_code == 200
 
 
 def test_a_taken_port_or_metrics_served_nowhere_stops_start_up_in_one_line(smoke_checkpoint):

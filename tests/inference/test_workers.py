@@ -1,4 +1,5 @@
-"""Several uvicorn worker processes: every scrape of /metrics counts every worker's requests."""
+"""Several uvicorn worker processes: every scrape of /metrics counts every worker's requests, on the API port and on
+PROMETHEUS_PORT (served by the process that starts the workers)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.processes import free_port
 from tests.helpers.service import Server
 
 pytestmark = pytest.mark.slow
@@ -24,7 +26,11 @@ def samples(text: str) -> dict[tuple, float]:
 
 
 def test_two_workers_count_into_one_set_of_metrics(smoke_checkpoint):
-    server = Server(smoke_checkpoint, "--workers", "2", "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
+    metrics_port = free_port()
+    server = Server(
+        smoke_checkpoint,
+        *("--workers", "2", "--dtype", "float32", "--reload_interval_s", "0", "--prometheus_port", str(metrics_port)),
+    ).wait_ready()
     try:
         deadline = time.time() + 90
         while server.output().count("Ready:") < 2:  # both workers loaded their model
@@ -39,6 +45,10 @@ def test_two_workers_count_into_one_set_of_metrics(smoke_checkpoint):
                 )
         assert httpx.post(f"{server.url}/predict", json={"inputs": ""}).status_code == 400
         scrapes = [samples(httpx.get(f"{server.url}/metrics").text) for _ in range(8)]
+        private = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics")
+        assert private.headers["content-type"].startswith("text/plain; version=0.0.4")
+        scrapes.append(samples(private.text))  # the same counts from the private port
+        assert httpx.get(f"http://127.0.0.1:{metrics_port}/predict").status_code == 404  # metrics only
         workers = set()
         for scrape in scrapes:
             assert scrape[("te_request_success_total", (("method", "batch"),))] == requests
