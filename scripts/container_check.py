@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 BASE_IMAGE = "localhost/distilbert-agnews-base:bookworm"
 IMAGE = "localhost/distilbert-agnews-serve:check"
+PYPI = "https://pypi.org/simple"
 EXTRAS = "serve,telemetry,onnxruntime"  # the default's and a CPU runtime, whose conversion needs a writable cache
 PODMAN = ["podman", "--cgroup-manager=cgroupfs"]
 RUN = [*PODMAN, "run", "--runtime", "runc", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
@@ -74,7 +75,7 @@ def base_image() -> str | None:
     return None
 
 
-def build(work: Path) -> None:
+def build(work: Path, torch_source: list[str]) -> None:
     """The image from a clean checkout of HEAD (what is committed, nothing else)."""
     source = work / "source"
     source.mkdir()
@@ -82,31 +83,33 @@ def build(work: Path) -> None:
     sh("tar", "-x", "-C", str(source), stdin=archive.stdout)
     archive.wait()
     started = time.time()
-    sh(*PODMAN, "build", "--isolation", "chroot", "--network", "host", *network_arguments(), "--build-arg",
+    sh(*PODMAN, "build", "--isolation", "chroot", "--network", "host", *ca_arguments(), *torch_source, "--build-arg",
        f"BASE={BASE_IMAGE}", "--build-arg", f"EXTRAS={EXTRAS}", "--tag", IMAGE, "--file",
        str(source / "Containerfile"), str(source))  # fmt: skip
     size = int(sh(*PODMAN, "image", "inspect", "--format", "{{.Size}}", IMAGE).stdout.strip())
     print(f"image {IMAGE}: built in {time.time() - started:.0f} s, {size / 2**20:.0f} MiB")
 
 
-def network_arguments() -> list[str]:
-    """What pip inside the build needs from this machine: its CA bundle (a proxy's CA may be in it) and, when torch's
-    CPU index is out of reach but the CPU wheel lies in pip's find-links folder here (these machines), that folder."""
-    arguments = ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", "--build-arg", f"PIP_CERT={CA_BUNDLE}"]
-    arguments = arguments if CA_BUNDLE.is_file() else []
+def ca_arguments() -> list[str]:
+    """This machine's CA bundle for pip inside the build (a proxy's CA may be in it)."""
+    if not CA_BUNDLE.is_file():
+        return []
+    return ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", "--build-arg", f"PIP_CERT={CA_BUNDLE}"]
+
+
+def torch_arguments() -> list[str] | str:
+    """Where the build takes torch's CPU wheel from: its index when reachable, else the CPU wheel in pip's find-links
+    folder here (these machines reach PyPI through a proxy but not download.pytorch.org); else why neither."""
+    if reachable("download.pytorch.org"):
+        return []
     import torch
 
     links = os.environ.get("PIP_FIND_LINKS", "")
     wheels = sorted(Path(links).glob(f"torch-{torch.__version__}-*.whl")) if links and Path(links).is_dir() else []
-    if wheels and not reachable("download.pytorch.org"):
-        arguments += ["--volume", f"{links}:{links}:ro", "--build-arg", f"PIP_FIND_LINKS={links}"]
-        arguments += [
-            "--build-arg",
-            f"TORCH_VERSION={torch.__version__}",
-            "--build-arg",
-            "TORCH_INDEX=https://pypi.org/simple",
-        ]
-    return arguments
+    if not wheels:
+        return f"torch's CPU index is out of reach and no torch {torch.__version__} wheel is in PIP_FIND_LINKS"
+    arguments = ["--volume", f"{links}:{links}:ro", "--build-arg", f"PIP_FIND_LINKS={links}"]
+    return arguments + ["--build-arg", f"TORCH_VERSION={torch.__version__}", "--build-arg", f"TORCH_INDEX={PYPI}"]
 
 
 def reachable(host: str) -> bool:
@@ -219,13 +222,14 @@ def check_refusal(what: str, checkpoint: Path | None, cache: Path, port: int, ex
 
 
 def main() -> int:
-    reason = why_not() or base_image()
+    torch_source = torch_arguments()
+    reason = why_not() or (torch_source if isinstance(torch_source, str) else None) or base_image()
     if reason:
         print(f"container check skipped: {reason}")
         return 0
     with tempfile.TemporaryDirectory(prefix="container-check-", dir="/var/tmp") as folder:
         work = Path(folder)
-        build(work)
+        build(work, torch_source)
         checkpoint, cache, locked = work / "checkpoint", work / "cache", work / "locked"
         sh(sys.executable, "training/train.py", "--preset", "smoke", "--output_dir", str(checkpoint), cwd=ROOT)
         cache.mkdir()
