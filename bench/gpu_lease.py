@@ -19,7 +19,7 @@ skipped; the call's deadline, --deadline seconds from start, bounds every child,
           through the CPU stand-in of tests/helpers/fsdp on gloo)
 
 The GPU machine has torch, transformers and accelerate but no package index, no Hub and not ../shared: the rest
-travels with the checkout (64 MiB): `.lease/` (the AG News rows and the uncased BERT tokenizer, ~2 MB; the MiniLM
+travels with the checkout (64 MiB): `.lease/` (the AG News rows and the uncased BERT tokenizer, ~4 MB; the MiniLM
 in bf16 too with --pack --minilm) and `.whl/` (~20 MB: transformers at the version this suite tests, datasets,
 fastapi, uvicorn, ...). Each call installs the carried wheels whose distribution is missing or older there, then
 checks every input its stages need and stops with one line naming what is missing (exit 2, nothing run). Work
