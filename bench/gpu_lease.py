@@ -299,7 +299,6 @@ def stage_fsdp(lease: Lease) -> Iterator[str]:
     the preset's own tiny model in fp32 through the CPU stand-in."""
     import torch
 
-    os.environ.update(lease.env)  # train_bench reads the carried tokenizer's folder at import
     sys.path.insert(0, str(ROOT / "bench"))
     from load_generator import free_port
     from train_bench import prepare_model
@@ -471,6 +470,7 @@ def main() -> int:
     env = {**unpack(work), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     if args.dry_run:
         env.update(LEASE_PRECISION="fp32", BACKEND="torch")  # BACKEND: the service converts nothing on CPU
+    os.environ.update(env)  # this process too: the benches it imports (train_bench) read the carried paths at import
     missing = missing_inputs(stages, env, args.dry_run)
     if missing:
         print(f"gpu_lease: stages {', '.join(stages)} need what is missing here: {'; '.join(missing)}", file=sys.stderr)

@@ -68,14 +68,16 @@ def pad(features: Sequence[dict], pad_token_id: int, width: int, left: bool = Fa
     rows = len(features)
     lengths = np.fromiter((len(f["input_ids"]) for f in features), dtype=np.int64, count=rows)
     starts = width - lengths if left else np.zeros(rows, dtype=np.int64)
-    names = ["input_ids", "token_type_ids"] if "token_type_ids" in features[0] else ["input_ids"]
-    batch = {}
-    for name in names:
-        values = np.full((rows, width), pad_token_id if name == "input_ids" else 0, dtype=np.int64)
+
+    def filled(name: str, fill: int) -> torch.Tensor:
+        values = np.full((rows, width), fill, dtype=np.int64)
         for row, (feature, start, length) in enumerate(zip(features, starts, lengths, strict=True)):
             values[row, start : start + length] = feature[name]
-        batch[name] = torch.from_numpy(values)
+        return torch.from_numpy(values)
+
     columns = np.arange(width)
     mask = (columns >= starts[:, None]) & (columns < (starts + lengths)[:, None])
-    batch["attention_mask"] = torch.from_numpy(mask.astype(np.int64))
-    return {name: batch[name] for name in ("input_ids", "attention_mask", "token_type_ids") if name in batch}
+    batch = {"input_ids": filled("input_ids", pad_token_id), "attention_mask": torch.from_numpy(mask.astype(np.int64))}
+    if "token_type_ids" in features[0]:
+        batch["token_type_ids"] = filled("token_type_ids", 0)
+    return batch

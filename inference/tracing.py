@@ -52,9 +52,9 @@ class Traces:
     with what the answer's headers say."""
 
     def __init__(self, app, tracer):
-        from opentelemetry.propagate import extract
+        from opentelemetry import propagate, trace  # imported once here, not per request
 
-        self.app, self.tracer, self.extract = app, tracer, extract
+        self.app, self.tracer, self.extract, self.trace = app, tracer, propagate.extract, trace
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -76,9 +76,8 @@ class Traces:
 
     def export(self, scope, headers: dict, answer: dict, started: int) -> None:
         route = getattr(scope.get("route"), "path", None) or scope["path"]
-        span = self.tracer.start_span(
-            f"{scope['method']} {route}", context=self.extract(headers), start_time=started, kind=_server_kind()
-        )
+        context, kind = self.extract(headers), self.trace.SpanKind.SERVER
+        span = self.tracer.start_span(f"{scope['method']} {route}", context=context, start_time=started, kind=kind)
         span.set_attribute("http.request.method", scope["method"])
         span.set_attribute("http.route", route)
         span.set_attribute("http.response.status_code", answer.get("status", 499))  # 499: the client left first
@@ -88,13 +87,5 @@ class Traces:
             if header in said and said[header].isdigit():
                 span.set_attribute(attribute, int(said[header]))
         if answer.get("status", 500) >= 500:
-            from opentelemetry.trace import Status, StatusCode
-
-            span.set_status(Status(StatusCode.ERROR))
+            span.set_status(self.trace.Status(self.trace.StatusCode.ERROR))
         span.end()
-
-
-def _server_kind():
-    from opentelemetry.trace import SpanKind
-
-    return SpanKind.SERVER

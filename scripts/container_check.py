@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -134,7 +135,8 @@ def run_container(name: str, checkpoint: Path | None, cache: Path, port: int, me
        "--env", "DTYPE=float32", "--env", "BACKEND=torch", "--env", "API_METRICS=false", *extra, IMAGE)  # fmt: skip
 
 
-def wait_ready(url: str, name: str, timeout: float = 180) -> None:
+def wait_ready(url: str, ended: Callable[[], str | None], timeout: float = 180) -> None:
+    """Until GET /ready answers 200; `ended()` says how the server stopped, if it did (then the check fails)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -142,11 +144,18 @@ def wait_ready(url: str, name: str, timeout: float = 180) -> None:
                 return
         except httpx.TransportError:
             pass
-        state = json.loads(sh(*PODMAN, "inspect", name).stdout)[0]["State"]
-        if not state["Running"]:
-            raise SystemExit(f"container check: {name} exited {state['ExitCode']}: {logs(name)}")
+        if said := ended():
+            raise SystemExit(f"container check: {said}")
         time.sleep(0.5)
-    raise SystemExit(f"container check: {name} not ready in {timeout:.0f} s: {logs(name)}")
+    raise SystemExit(f"container check: {url} not ready in {timeout:.0f} s")
+
+
+def container_ended(name: str) -> Callable[[], str | None]:
+    def ended() -> str | None:
+        state = json.loads(sh(*PODMAN, "inspect", name).stdout)[0]["State"]
+        return None if state["Running"] else f"{name} exited {state['ExitCode']}: {logs(name)}"
+
+    return ended
 
 
 def logs(name: str) -> str:
@@ -160,23 +169,16 @@ def host_scores(checkpoint: Path) -> list:
     command = [sys.executable, "-m", "inference", "--model_id", str(checkpoint), "--port", str(port)]
     env = {**os.environ, "DTYPE": "float32", "BACKEND": "torch", "RELOAD_INTERVAL_S": "0", "HF_HUB_OFFLINE": "1"}
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ended() -> str | None:
+        return None if process.poll() is None else f"the host service exited {process.returncode}"
+
     try:
-        wait_until_ready(f"http://127.0.0.1:{port}", process)
+        wait_ready(f"http://127.0.0.1:{port}", ended)
         return [httpx.post(f"http://127.0.0.1:{port}/predict", json={"inputs": t}).json() for t in TEXTS]
     finally:
         process.terminate()
         process.wait(60)
-
-
-def wait_until_ready(url: str, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.3)
-    raise SystemExit(f"container check: the host service did not start (exit {process.poll()})")
 
 
 def check_serving(checkpoint: Path, cache: Path) -> None:
@@ -187,7 +189,7 @@ def check_serving(checkpoint: Path, cache: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     run_container(name, checkpoint, cache, port, metrics)
     try:
-        wait_ready(url, name)
+        wait_ready(url, container_ended(name))
         served = [httpx.post(f"{url}/predict", json={"inputs": t}).json() for t in TEXTS]
         for ours, host in zip(served, host_scores(checkpoint), strict=True):
             scores = {row["label"]: row["score"] for row in host}
