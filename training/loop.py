@@ -36,6 +36,7 @@ from training.lora import parameter_counts
 from training.metrics import MetricSuite
 from training.objective import Objective
 from training.scoring import FIT, evaluate
+from training.step_graph import StepGraph
 from training.throughput import Throughput, peak_memory_mb
 
 logger = get_logger(__name__)
@@ -70,6 +71,7 @@ class Run:
     guard: StopGuard
     objective: Objective  # the loss for the problem type, with class weights and smoothing (training/objective.py)
     compiled: CompileReport  # --torch_compile: the mode, and what compiling cost (training/capture.py)
+    graphs: StepGraph | None = None  # --torch_compile whole-step: the captured steps (training/step_graph.py)
     early_stopped: bool = False  # set by validate_and_save when the patience is spent (on every rank alike)
 
     def finished(self) -> bool:
@@ -306,12 +308,15 @@ def fit(run: Run) -> bool:
             # Forward and backward; the optimizer steps when the accumulation window is full.
             run.throughput.begin_step(run.compiled.begin_step(batch))  # steady: neither compiling nor recording
             with accelerator.accumulate(model):
-                loss = forward_loss(run, batch)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and clip_here:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                run.optimizer.step()
-                run.optimizer.zero_grad(set_to_none=run.compiled.grads_to_none)
+                if run.graphs is not None:  # all of the below as one replay (training/step_graph.py)
+                    loss = run.graphs.step(batch, accelerator.sync_gradients, lambda b: forward_loss(run, b))
+                else:
+                    loss = forward_loss(run, batch)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and clip_here:
+                        accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    run.optimizer.step()
+                    run.optimizer.zero_grad(set_to_none=run.compiled.grads_to_none)
             run.compiled.end_step()
             progress.batches_done += 1
             run.throughput.observe(batch)

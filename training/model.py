@@ -103,11 +103,12 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
 
 
 def build_optimizer(
-    model: torch.nn.Module, cfg: TrainConfig, learning_rate: float, capturable: bool = False
+    model: torch.nn.Module, cfg: TrainConfig, learning_rate: float, capturable: bool = False, fused: bool = False
 ) -> torch.optim.AdamW:
     """AdamW with weight decay on weight matrices only: biases and LayerNorm weights are not decayed. `capturable`: the
     multi-tensor AdamW whose step torch.compile fuses and may capture in a CUDA graph (training/capture.py; the fused
-    kernel is opaque to the compiler), else the fused kernel (--fused_optimizer)."""
+    kernel is opaque to the compiler), or with `fused` the fused one a whole-step graph replays
+    (training/step_graph.py); else the fused kernel with --fused_optimizer."""
     no_decay = set()
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
@@ -119,7 +120,8 @@ def build_optimizer(
         {"params": [p for p in params if p in no_decay], "weight_decay": 0.0},
     ]
     if capturable:
-        return torch.optim.AdamW(groups, lr=learning_rate, foreach=True, capturable=True)
+        kernel = {"fused": True} if fused else {"foreach": True}
+        return torch.optim.AdamW(groups, lr=learning_rate, capturable=True, **kernel)
     return torch.optim.AdamW(groups, lr=learning_rate, fused=cfg.fused_optimizer or None)
 
 
@@ -128,12 +130,12 @@ def keep_optimizer_kind(optimizer: torch.optim.Optimizer) -> None:
     a tensor learning rate) would make an eager run's AdamW capturable (an AssertionError on CPU), and the reverse
     would leave a compiled step a float learning rate; accelerate also loads tensors to the CPU. The optimizer this run
     built decides: `capturable` as built, the learning rate a tensor on the parameters' device (capturable) or a float,
-    the step counts beside the parameters."""
+    the step counts beside the parameters; its kernel (fused or multi-tensor) as built too."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
     capturable = bool(inner.defaults.get("capturable"))
     for group in inner.param_groups:
         device = group["params"][0].device
-        group["capturable"] = capturable
+        group.update({key: inner.defaults.get(key) for key in ("capturable", "fused", "foreach")})
         lr = float(group["lr"])
         group["lr"] = torch.tensor(lr, dtype=torch.float32, device=device) if capturable else lr
         for param in group["params"]:

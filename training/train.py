@@ -34,6 +34,7 @@ import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import (
+    AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     DistributedType,
@@ -42,8 +43,9 @@ from accelerate.utils import (
 )
 
 from contract import files, precision, task
+from contract.attention import SYNC_FREE_SDPA
 from contract.errors import UsageError
-from training import calibration, capture, cpu_speed, lora, provenance
+from training import calibration, capture, cpu_speed, lora, provenance, step_graph
 from training.checkpoint import OutputDir, Progress
 from training.claim import claim_output_dir
 from training.cli import run_command, setup_logging, usage_error
@@ -98,6 +100,8 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         dataloader_config=DataLoaderConfiguration(non_blocking=True),  # pinned batches copied while the GPU runs
         kwargs_handlers=[
             InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout)),
+            # a whole-step graph captures autocast's casts; cached ones would be freed at the end of the capture
+            AutocastKwargs(cache_enabled=cfg.torch_compile != capture.WHOLE_STEP),
             DistributedDataParallelKwargs(
                 find_unused_parameters=cfg.find_unused_parameters,
                 gradient_as_bucket_view=True,  # .grad are views of the all-reduce buckets: no copy in, none out
@@ -224,7 +228,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     model = make_model(cfg, accelerator, splits.labels, tokenizer.pad_token_id)
     world = accelerator.num_processes
     learning_rate, epoch_steps, total_steps, num_epochs = schedule_plan(cfg, world, len(splits.train))
-    compiled = capture.resolve(cfg.torch_compile, cfg.pad_buckets, accelerator.device.type, total_steps, world)
+    compiled = resolve_compile(cfg, accelerator, total_steps)
     loaders = Loaders(*make_dataloaders(splits, tokenizer, cfg, world, accelerator.device.type, compiled))
     optimizer, scheduler = optimization(cfg, accelerator, model, learning_rate, total_steps, compiled)
     ddp_buffers(accelerator, model)
@@ -232,8 +236,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
         model, optimizer, loaders.train, loaders.validation, loaders.test
     )
     widths = pad_widths(cfg, accelerator.device.type, compiled)
-    if compiled != capture.NONE:
-        model = capture.compile_model(model, compiled, len(widths))
+    model = capture.compiled_model(model, compiled, len(widths), accelerator.device.type)
     logger.info(
         "Effective batch size %d (%d per device x %d accumulation x %d processes); learning rate %g; "
         "%d optimizer steps (%d per epoch, %d epochs); batch widths %s; torch.compile %s",
@@ -265,12 +268,35 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
             clips_in_step=capture.steps_compiled(compiled, accelerator.mixed_precision),
             accumulation=cfg.gradient_accumulation_steps,
         ),
+        graphs=step_graphs(cfg, model, optimizer, accelerator.device) if compiled == capture.WHOLE_STEP else None,
     )
     run.progress.provenance = provenance.record(cfg, splits, accelerator, learning_rate, total_steps)
     resume(run)
     if splits.calibration:
         run.out.write_json(files.CALIBRATION, {"texts": splits.calibration, "source": "a seeded sample of train"})
     return run
+
+
+def resolve_compile(cfg: TrainConfig, accelerator: Accelerator, total_steps: int) -> str:
+    """--torch_compile for this run (training/capture.py); whole-step only where CUDA graphs exist."""
+    device, world = accelerator.device, accelerator.num_processes
+    distributed = accelerator.distributed_type != DistributedType.NO
+    mode = capture.resolve(
+        cfg.torch_compile, cfg.pad_buckets, device.type, total_steps, world, accelerator.mixed_precision, distributed
+    )
+    if mode == capture.WHOLE_STEP and not step_graph.available(device):
+        raise ConfigError(f"torch_compile: whole-step captures CUDA graphs, which a {device.type} device has not")
+    attention = cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, device)
+    if mode == capture.WHOLE_STEP and attention != SYNC_FREE_SDPA:
+        raise ConfigError(
+            f"torch_compile: whole-step needs --attn_implementation sdpa ({attention} attention asks the device "
+            "whether a batch has padding, which a CUDA graph capture cannot do)"
+        )
+    return mode
+
+
+def step_graphs(cfg: TrainConfig, model, optimizer, device: torch.device) -> step_graph.StepGraph:
+    return step_graph.StepGraph(model, optimizer, cfg.max_grad_norm, cfg.gradient_accumulation_steps, device)
 
 
 def schedule_plan(cfg: TrainConfig, world: int, train_examples: int) -> tuple[float, int, int, int]:
@@ -294,7 +320,8 @@ def optimization(
     """(AdamW, its schedule): with compilation on (training/capture.py), a capturable AdamW whose compiled step reads
     a tensor learning rate, except under fp16, where the GradScaler steps it eagerly."""
     step_compiled = capture.steps_compiled(compiled, accelerator.mixed_precision)
-    optimizer = build_optimizer(model, cfg, learning_rate, capturable=step_compiled)
+    captured = compiled == capture.WHOLE_STEP  # the fused AdamW, replayed uncompiled (training/step_graph.py)
+    optimizer = build_optimizer(model, cfg, learning_rate, capturable=step_compiled or captured, fused=captured)
     scheduler = transformers.get_scheduler(
         cfg.lr_scheduler_type,
         optimizer,
@@ -303,6 +330,8 @@ def optimization(
     )
     if step_compiled:
         capture.compile_optimizer_step(optimizer, compiled, accelerator.device, cfg.max_grad_norm)
+    elif captured:
+        capture.tensor_learning_rate(optimizer, accelerator.device)
     if compiled == capture.REDUCE_OVERHEAD and cfg.gradient_accumulation_steps > 1:
         capture.grads_outside_graphs(model)
     return optimizer, scheduler
@@ -506,6 +535,8 @@ def train_and_report(cfg: TrainConfig, accelerator: Accelerator, run: Run, start
     summary["one_sided_labels"] = found  # labels the best model predicts for every validation text or for none
     summary["throughput"] = speed
     summary["compilation"] = run.compiled.summary()
+    if run.graphs is not None:
+        summary["compilation"]["captured_graphs"] = run.graphs.captured
     run.out.write_final(summary, run.progress, cfg.hub_model_id)
     if cfg.export_runtime != "none":
         run.out.export_runtime(cfg.export_runtime)

@@ -15,6 +15,11 @@ with NaN: whatever reads one after the next mark (gradient accumulation into an 
 computes NaN, as on CUDA it reads overwritten memory or raises. .grad that are views (DDP's buckets) are not the
 pool's and are left alone.
 
+Whole-step training graphs (training/step_graph.py): `CpuStepGraphs` stands in for its `CudaGraphs`. A capture runs
+the warm-up passes, then the step once under a guard that raises on any host-device sync (CUDA refuses one inside a
+capture); a replay re-runs the step on the same static tensors. What the stand-in cannot show: Python that a replay
+would skip (a replay re-runs it here).
+
 Capturable optimizer: `on_parameters_device` is the rule a capturable AdamW enforces on CUDA (its step counts and
 tensor learning rate beside the parameters); `tests/training` checks it with parameters on the meta device as the
 "GPU", since on a CPU every tensor is beside every other.
@@ -22,13 +27,16 @@ tensor learning rate beside the parameters); `tests/training` checks it with par
 
 from __future__ import annotations
 
+import importlib
 import math
 import weakref
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 WARM_UP_PASSES = 2
 REPORT = "cuda-graphs stand-in: graph outputs held in the pool"  # sitecustomize.py prints it at exit, with counts
+STEP_REPORT = "cuda-graphs stand-in: whole steps captured"  # likewise
 
 
 class CpuGraphs:
@@ -60,6 +68,43 @@ class CpuGraphs:
 
     def reserved_mib(self) -> float:
         return 0.0
+
+
+class SyncDuringCapture(RuntimeError):
+    """A capture read a device value on the host (CUDA: 'operation not permitted when stream is capturing')."""
+
+
+class _NoSyncs(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default):
+            raise SyncDuringCapture(f"{func} inside a captured step")
+        return func(*args, **(kwargs or {}))
+
+
+class CpuStepGraphs:
+    """`training.step_graph.CudaGraphs` on the CPU: capture = warm up, then run once with syncs refused; replay =
+    re-run on the same static tensors."""
+
+    captures = 0  # across instances (tests read it)
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def capture(self, step):
+        for _ in range(importlib.import_module("training.step_graph").WARM_UP_PASSES):
+            step()
+        with _NoSyncs():
+            step()
+        CpuStepGraphs.captures += 1
+        return step
+
+
+def install_step_graphs(patch=None) -> None:
+    """Whole-step training graphs on the CPU: `patch` a pytest monkeypatch (undone after the test), else for good."""
+    module = importlib.import_module("training.step_graph")  # also while it is being imported (sitecustomize.py)
+    setter = patch.setattr if patch is not None else setattr
+    setter(module, "CudaGraphs", CpuStepGraphs)
+    setter(module, "available", lambda device: True)
 
 
 def install_serving(patch=None) -> None:
