@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import torch
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
@@ -24,7 +24,7 @@ from contract.long_text import CHUNK, TRUNCATE, TooManyWindows
 from inference import errors
 from inference.engine import Answer, Overloaded
 from inference.errors import ServiceError
-from inference.schemas import ErrorBody, Info, PredictRequest, PredictResponse
+from inference.schemas import ErrorBody, Info, Json, PredictRequest, PredictResponse
 from inference.service import Service, chunks_long_texts
 from inference.tokenizing import REFUSALS, window_length
 
@@ -98,7 +98,7 @@ async def predict(request: Request) -> Response:
     k = body.k()
     ranked = [row[:k] for row in answer.ranked] if k else answer.ranked
     headers = tei_headers(answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started)
-    return JSONResponse(ranked if body.is_batch else ranked[0], headers=headers)
+    return Json(ranked if body.is_batch else ranked[0], headers=headers)
 
 
 async def predict_fast(request: Request) -> Response:

@@ -13,7 +13,6 @@ import json
 import time
 
 from fastapi import Request, Response
-from fastapi.responses import JSONResponse
 from starlette.routing import Route
 
 from inference import errors, routes
@@ -33,7 +32,7 @@ from inference.routes import (
     service,
     tei_headers,
 )
-from inference.schemas import Rank, RerankRequest
+from inference.schemas import Json, Rank, RerankRequest
 from inference.service import Service
 
 NOT_A_RERANKER = "Backend error: model is not a re-ranker model"  # TEI: BackendError::Inference, in a Backend error
@@ -45,7 +44,7 @@ def is_reranker(state: Service) -> bool:
 
 
 @router.post("/rerank", response_model=list[Rank], responses=ERROR_RESPONSES, summary="Rank texts by a query (TEI)")
-async def rerank(request: Request) -> JSONResponse:
+async def rerank(request: Request) -> Json:
     state, started = service(request), time.perf_counter()
     require_json(request)
     try:
@@ -65,7 +64,7 @@ async def rerank(request: Request) -> JSONResponse:
     observe(state, answer, time.perf_counter() - started)
     ranks.sort(key=lambda rank: rank["score"], reverse=True)  # stable: equal scores keep the texts' order
     characters = len(body.query) * len(body.texts) + sum(len(t) for t in body.texts)
-    return JSONResponse(ranks, headers=tei_headers(answer, characters, started))
+    return Json(ranks, headers=tei_headers(answer, characters, started))
 
 
 async def _scored_pairs(request: Request, state: Service, body: RerankRequest) -> Answer:

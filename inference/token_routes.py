@@ -12,7 +12,6 @@ import asyncio
 import threading
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
 from tokenizers import Tokenizer
 
 from contract.loading import LoadedModel
@@ -28,7 +27,7 @@ from inference.routes import (
     service,
     unless_gone,
 )
-from inference.schemas import DecodeRequest, SimpleToken, TokenizeRequest
+from inference.schemas import DecodeRequest, Json, SimpleToken, TokenizeRequest
 from inference.service import Service
 
 CHECK_EVERY = 4096  # tokens between two looks at whether the client is still there
@@ -64,7 +63,7 @@ spare = SpareTokenizer()
 
 
 @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERROR_RESPONSES, summary="Tokens (TEI)")
-async def tokenize(request: Request) -> JSONResponse:
+async def tokenize(request: Request) -> Json:
     state = service(request)
     require_json(request)
     body = parse(await request.body(), TokenizeRequest)
@@ -87,7 +86,7 @@ async def tokenize(request: Request) -> JSONResponse:
     stop = threading.Event()
     try:
         work = asyncio.ensure_future(asyncio.to_thread(tokens_of, tokenizer, texts, body.add_special_tokens, stop))
-        return JSONResponse(await unless_gone(request, work))
+        return Json(await unless_gone(request, work))
     finally:
         stop.set()  # the client left or the service stops: the worker thread ends at its next look
 
@@ -133,14 +132,14 @@ class ByteOffsets:
 
 
 @router.post("/decode", response_model=list[str], responses=ERROR_RESPONSES, summary="Text from token ids (TEI)")
-async def decode(request: Request) -> JSONResponse:
+async def decode(request: Request) -> Json:
     state = service(request)
     require_json(request)
     body = parse(await request.body(), DecodeRequest)
     sequences = body.sequences()
     _check_batch(state, sequences, "ids", batch=body.is_batch)
     tokenizer = spare.of(state.live_engine().current)
-    return JSONResponse(await asyncio.to_thread(_decoded, tokenizer, sequences, body.skip_special_tokens))
+    return Json(await asyncio.to_thread(_decoded, tokenizer, sequences, body.skip_special_tokens))
 
 
 def _decoded(tokenizer: Tokenizer, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:

@@ -397,3 +397,18 @@ def test_a_body_not_sent_as_json_is_415_as_axum_answers_it(http, path, content_t
         "/predict", content=b'{"inputs": "a"}', headers={"content-type": "application/json; charset=utf-8"}
     )
     assert typed.status_code == 200
+
+
+def test_answers_are_json_as_serde_json_writes_it_a_non_finite_score_as_null():
+    """TEI writes its bodies with serde_json, whose serializer writes a NaN or infinite float as `null`
+    (serde_json src/ser.rs, `serialize_f32`/`serialize_f64`: `if value.is_finite() {...} else { null }`); json.dumps
+    raised on one (a 500). Finite answers parse back to what json.dumps writes, non-ASCII labels as UTF-8."""
+    import json
+
+    from inference.schemas import Json
+
+    answer = [[{"label": "Économie", "score": 0.912345678}, {"label": "Sports", "score": 1e-05}]]
+    assert json.loads(Json(answer).body) == json.loads(json.dumps(answer))
+    assert "Économie".encode() in Json(answer).body
+    odd = [{"label": "a", "score": float("nan")}, {"label": "b", "score": float("inf")}]
+    assert json.loads(Json(odd).body) == [{"label": "a", "score": None}, {"label": "b", "score": None}]
