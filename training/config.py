@@ -224,6 +224,11 @@ class DataConfig(_Group):
     sees N shapes: what compiled and graph-captured steps need (contract/shapes.py). 0 pads each batch to its
     longest text (--pad_to_multiple_of). Default: 4 on GPU, 16 with --torch_compile on a CPU (a padded token costs a
     CPU as much as a real one: more, narrower widths), else 0."""
+    packing: bool = False
+    """Pack each training batch's texts end to end in one row, padded only to a token bucket (training/packing.py):
+    the linear layers do no work on padding; attention stays within each text (varlen attention on CUDA, SDPA over
+    gathered texts elsewhere; neither drops attention probabilities). DistilBERT classifiers; evaluation stays
+    padded. Off by default until a GPU run has measured it (docs/launching.md)."""
     group_by_length: bool | None = None
     """Batch texts of similar length together (less padding); every rank still gets an equal, disjoint shard.
     Default: the problem type's choice (training/objective.py): on for classification, off for regression, whose
@@ -489,6 +494,11 @@ def check(cfg: TrainConfig) -> None:
         cfg.pad_buckets != 0 or cfg.torch_compile in ("auto", "none"),
         "pad_buckets",
         "must be at least 1 with --torch_compile: a compiled step needs fixed widths (each new one recompiles)",
+    )
+    need(
+        not (cfg.packing and cfg.attn_implementation == "eager"),
+        "packing",
+        "needs --attn_implementation sdpa (packed texts attend through SDPA or varlen attention)",
     )
     need(  # the exact bound (less the tokenizer's special tokens) is checked once the tokenizer is loaded
         cfg.long_text == "truncate" or cfg.chunk_stride < cfg.max_length,

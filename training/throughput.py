@@ -13,6 +13,8 @@ from contextlib import contextmanager
 import torch
 from accelerate import Accelerator
 
+from training import packing
+
 
 def peak_memory_mb(device: torch.device) -> float:
     """GPU: the most memory PyTorch allocated; CPU: the process's peak resident set size."""
@@ -79,14 +81,16 @@ class Throughput:
         self.window.step(steady)
 
     def observe(self, batch: dict) -> None:
-        mask = batch["attention_mask"]
-        real = mask.sum()
+        if packing.STARTS in batch:  # one packed row (training/packing.py)
+            real, examples = packing.real_tokens(batch), batch[packing.STARTS].shape[0] - 1
+        else:
+            real, examples = batch["attention_mask"].sum(), batch["attention_mask"].shape[0]
         self.tokens += real
-        self.slots += mask.numel()
-        self.examples += mask.shape[0]
+        self.slots += batch["input_ids"].numel()
+        self.examples += examples
         if self.window.open:
             self.steady_tokens += real
-            self.steady_examples += mask.shape[0]
+            self.steady_examples += examples
 
     @contextmanager
     def paused(self):

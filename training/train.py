@@ -45,7 +45,7 @@ from accelerate.utils import (
 from contract import files, precision, task
 from contract.attention import SYNC_FREE_SDPA
 from contract.errors import UsageError
-from training import calibration, capture, cpu_speed, lora, provenance, step_graph
+from training import calibration, capture, cpu_speed, lora, packing, provenance, step_graph
 from training.checkpoint import OutputDir, Progress
 from training.claim import claim_output_dir
 from training.cli import run_command, setup_logging, usage_error
@@ -189,7 +189,14 @@ def make_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace, p
     """The classifier, with the CPU speed-ups (training/cpu_speed.py) switched on when training on CPU."""
     device = accelerator.device
     attention = cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, device)
-    model = build_model(cfg, labels, attention, pad_token_id)
+    model = build_model(cfg, labels, packing.register() if cfg.packing else attention, pad_token_id)
+    if cfg.packing and not packing.supported(model):
+        raise ConfigError(
+            f"packing: {model.config.model_type} is not supported (its head would read packed rows; packing knows "
+            f"{', '.join(packing.MODEL_TYPES)}): leave --packing off"
+        )
+    if cfg.packing:
+        packing.hand_first_tokens(model)
     if cfg.lora_r:
         model = lora.apply_lora(
             model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.from_scratch

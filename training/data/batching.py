@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import PreTrainedTokenizerBase
 
 from contract import shapes
-from training import capture
+from training import capture, packing
 from training.config import TrainConfig
 from training.data.errors import DataError
 from training.data.reading import Splits
@@ -121,6 +121,16 @@ def pad_widths(cfg: TrainConfig, device_type: str, compile_mode: str = capture.N
     return shapes.bucket_widths(cfg.max_length, count) if count else ()
 
 
+PACKED_ROWS_PER_WIDTH = 2  # --packing with fixed widths: twice as many row lengths as padded widths (as many graphs)
+
+
+def packed_widths(cfg: TrainConfig, device_type: str, compile_mode: str = capture.NONE) -> tuple[int, ...]:
+    """The fixed lengths a packed row is padded to, up to a full batch of max_length texts, or (): dynamic."""
+    count = capture.bucket_count(cfg.pad_buckets, compile_mode, device_type)
+    longest = cfg.per_device_train_batch_size * cfg.max_length
+    return shapes.bucket_widths(longest, count * PACKED_ROWS_PER_WIDTH) if count else ()
+
+
 def loader_workers(cfg: TrainConfig, device_type: str) -> int:
     """--dataloader_num_workers, else GPU_LOADER_WORKERS on GPU and 0 on CPU."""
     if cfg.dataloader_num_workers is not None:
@@ -137,6 +147,8 @@ class Collator:
     left: bool = False
     widths: tuple[int, ...] = ()
     multiple: int = 1
+    packed: bool = False  # the texts end to end in one row (training/packing.py); `widths` are then row lengths
+    longest: int | None = None  # packed with fixed row lengths: every text mask this wide (max_length)
 
     @classmethod
     def of(cls, tokenizer: PreTrainedTokenizerBase, widths: tuple[int, ...] = (), multiple: int = 1) -> Collator:
@@ -144,9 +156,11 @@ class Collator:
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         longest = max(len(f["input_ids"]) for f in features)
-        batch = shapes.pad(
-            features, self.pad_token_id, shapes.width_for(longest, self.widths, self.multiple), self.left
-        )
+        if self.packed:
+            batch = packing.pack(features, self.pad_token_id, self.widths, self.multiple, self.longest)
+        else:
+            width = shapes.width_for(longest, self.widths, self.multiple)
+            batch = shapes.pad(features, self.pad_token_id, width, self.left)
         for key in NOT_MODEL_INPUTS:
             if key in features[0]:
                 batch[key] = torch.tensor([f[key] for f in features])  # ints: int64; floats, multi-hot: float32
@@ -179,6 +193,10 @@ def make_dataloaders(
         accumulation=cfg.gradient_accumulation_steps,
     )
     workers = loader_workers(cfg, device_type)
+    if cfg.packing:
+        widths = packed_widths(cfg, device_type, compile_mode)
+        multiple, fixed = pad_multiple(cfg, device_type), cfg.max_length if widths else None
+        packed = Collator(tokenizer.pad_token_id, False, widths, multiple, packed=True, longest=fixed)
     common = dict(
         collate_fn=collate, num_workers=workers, persistent_workers=workers > 0, pin_memory=device_type == "cuda"
     )
@@ -188,7 +206,7 @@ def make_dataloaders(
         _model_columns(splits.train, tokenizer),
         batch_sampler=sampler,
         generator=torch.Generator().manual_seed(cfg.seed),
-        **common,
+        **{**common, **({"collate_fn": packed} if cfg.packing else {})},
     )
 
     def eval_loader(ds: datasets.Dataset) -> DataLoader:
