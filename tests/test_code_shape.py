@@ -160,3 +160,17 @@ def test_only_the_problem_type_objects_branch_on_the_problem_type():
                 if any(_names_a_problem_type(n) for n in (*compared, *keyed)):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, found
+
+
+def test_every_install_line_takes_torch_from_a_named_pytorch_index():
+    """A bare `pip install torch` on Linux pulls the CUDA build and several GB of nvidia-* wheels from PyPI; the
+    CPU lines name PyTorch's CPU index (the GPU lines a CUDA one), in the README, docs and CI alike."""
+    import re
+
+    sources = [ROOT / "README.md", ROOT / ".ci" / "run", *sorted((ROOT / "docs").glob("*.md"))]
+    lines = [(p.name, line) for p in sources for line in p.read_text(encoding="utf-8").splitlines()]
+    pattern = re.compile(r"pip[_ ]install\s+((-\S+|\"\S+\"|python)\s+)*torch(==\S+)?(\s|$|`)")  # flags, then torch
+    installs = [(name, line) for name, line in lines if pattern.search(line)]
+    assert len(installs) >= 5, installs  # README's two commands, the service's, CI's two, docs
+    bare = [(n, line) for n, line in installs if "download.pytorch.org/whl/" not in line]
+    assert not bare, bare

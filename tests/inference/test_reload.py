@@ -180,7 +180,7 @@ def test_a_torn_folder_is_never_loaded_and_names_both_files(checkpoint_copy, tmp
 @pytest.mark.slow
 def test_label_permuted_swaps_under_load_never_mislabel_an_answer(checkpoint_copy, tmp_path):
     """A model and its label-permuted twin swapped in by hand, file by file in either order, while 16 clients post
-    batches: every one of 50,000 answers names the text's best label (the model that computed a request names and
+    batches: every one of 10,000 answers names the text's best label (the model that computed a request names and
     scores it; a torn folder is never loaded), and the swaps are really served."""
     original = Path(shutil.copytree(checkpoint_copy, tmp_path / "original"))
     permuted = permuted_copy(checkpoint_copy, tmp_path / "permuted")
@@ -192,7 +192,7 @@ def test_label_permuted_swaps_under_load_never_mislabel_an_answer(checkpoint_cop
             if answer[0]["score"] - answer[1]["score"] > 1e-3:  # no near-tie that batching noise could flip
                 expected[text] = answer[0]["label"]
         chosen = list(expected)
-        batches = [[chosen[(32 * i + k) % len(chosen)] for k in range(32)] for i in range(1563)]  # 50,016 answers
+        batches = [[chosen[(32 * i + k) % len(chosen)] for k in range(32)] for i in range(313)]  # 10,016 answers
         stop, swaps, sha256s = threading.Event(), [0], set()
 
         def swap() -> None:
@@ -217,7 +217,7 @@ def test_label_permuted_swaps_under_load_never_mislabel_an_answer(checkpoint_cop
     assert all(r.status_code == 200 for r in responses)
     answers = [(text, answer) for batch, r in zip(batches, responses) for text, answer in zip(batch, r.json())]
     wrong = [(text, answer[0]["label"]) for text, answer in answers if answer[0]["label"] != expected[text]]
-    assert len(answers) >= 50_000 and not wrong, f"{len(wrong)} of {len(answers)} answers mislabelled: {wrong[:3]}"
+    assert len(answers) >= 10_000 and not wrong, f"{len(wrong)} of {len(answers)} answers mislabelled: {wrong[:3]}"
     assert swaps[0] >= 4 and reloads >= 2 and len(sha256s) == 2, (swaps, reloads, sha256s)
 
 
