@@ -254,14 +254,14 @@ def stage_env(lease: Lease) -> Iterator[str]:
     yield "| check | result |\n|---|---|\n" + "\n".join(rows)
 
 
-def bench(lease: Lease, model: str, rows: list[str], batch: int, repeats: int = 1) -> str:
-    """train_bench's rows at this batch, `repeats` times (the median reported)."""
+def bench(lease: Lease, model: str, rows: list[str], batch: int, repeats: int = 1, extra: tuple = ()) -> str:
+    """train_bench's rows at this batch, `repeats` times (the median reported); `extra`: more train_bench flags."""
     sizes = DRY if lease.dry else FULL
     lr = BASE_LR * math.sqrt(batch / BASE_BATCH)  # square-root scaling from batch 32
     command = [sys.executable, "bench/train_bench.py", "--model", model, "--rows", *rows, "--repeats", str(repeats)]
     command += ["--batch_size", str(batch), "--learning_rate", f"{lr:.3g}", "--num_examples", str(sizes["examples"])]
     command += ["--num_train_epochs", str(sizes["epochs"]), "--num_validation", str(sizes["validation"])]
-    command += ["--precision", lease.env.get("LEASE_PRECISION", "bf16")]
+    command += ["--precision", lease.env.get("LEASE_PRECISION", "bf16"), *extra]
     code, output, seconds = lease.run(command, f"train_bench at batch {batch}")
     epochs = sizes["epochs"]
     head = f"**{model}, batch {batch}, {epochs} epoch(s), learning rate {lr:.3g}** ({seconds:.0f} s, exit {code})"
@@ -276,7 +276,10 @@ def stage_train(lease: Lease) -> Iterator[str]:
 
 def stage_scale(lease: Lease) -> Iterator[str]:
     model, batch = ("tiny" if lease.dry else "distilbert-base"), (DRY if lease.dry else FULL)["batches"][1]
-    yield bench(lease, model, [EAGER if lease.dry else PACKED], batch)  # MFU: packed rows, the whole step captured
+    # MFU: packed rows, the whole step captured; 2 widths, so 4 row lengths to compile (a minute, not two)
+    yield bench(
+        lease, model, [EAGER if lease.dry else PACKED], batch, extra=() if lease.dry else ("--compile-buckets", "2")
+    )
 
 
 def stage_serve(lease: Lease) -> Iterator[str]:
