@@ -18,10 +18,13 @@ import socket
 from pathlib import Path
 
 from accelerate import Accelerator
+from accelerate.logging import get_logger
 
 from contract import files
 from contract.errors import UserError
 from training.collective import decided_on_main
+
+logger = get_logger(__name__)
 
 try:
     import fcntl
@@ -55,8 +58,11 @@ class Claim:
                 folder.rmdir()
 
 
-def claim_output_dir(output_dir: str | Path, accelerator: Accelerator) -> Claim:
-    """On every rank: the main process's claim (its lock held there alone), or OutputDirError with its reason."""
+def claim_output_dir(
+    output_dir: str | Path, accelerator: Accelerator, resuming: bool = False, overwrite: bool = False
+) -> Claim:
+    """On every rank: the main process's claim (its lock held there alone), or OutputDirError with its reason. A
+    folder holding another run is refused unless this run resumes it, or `overwrite` removes its states first."""
     root = Path(output_dir)
     created = [folder for folder in (root, *root.parents) if not folder.exists()] if accelerator.is_main_process else []
     held: list = []  # the lock's handle, on the main process
@@ -68,6 +74,7 @@ def claim_output_dir(output_dir: str | Path, accelerator: Accelerator) -> Claim:
             held.append(handle)
         if problem is None:
             remove_stale_staging(root)
+            problem = None if resuming else previous_run(root, overwrite)
         if problem:
             raise OutputDirError(problem)
         return f"{os.getpid()}-{secrets.token_hex(3)}"
@@ -111,6 +118,27 @@ def lock(root: Path):
     handle.write(f"PID {os.getpid()} on {socket.gethostname()}")
     handle.flush()
     return handle, None
+
+
+def previous_run(root: Path, overwrite: bool) -> str | None:
+    """Why a new run may not start in `root` (another run's states or model are there), or None; with `overwrite`,
+    that run's states are removed (what --resume_from_checkpoint latest would pick) and its model files are left
+    for this run's saves to replace."""
+    states = sorted((root / files.STATE_DIR).glob(f"{files.STATE_PREFIX}*"))
+    found = [p.name for p in (root / files.WEIGHTS, root / files.METRICS) if p.exists()]
+    if not states and not found:
+        return None
+    if overwrite:
+        shutil.rmtree(root / files.STATE_DIR, ignore_errors=True)
+        logger.warning(
+            "--overwrite_output_dir: removed the %d resumable states of the run before in %s", len(states), root
+        )
+        return None
+    held = ", ".join(([f"{len(states)} states in {files.STATE_DIR}/"] if states else []) + found)
+    return (
+        f"--output_dir {root} holds another run ({held}): continue it with --resume_from_checkpoint latest, start "
+        "over there with --overwrite_output_dir (its states are removed first), or pick another --output_dir."
+    )
 
 
 def remove_stale_staging(root: Path) -> None:

@@ -38,10 +38,15 @@ class StopGuard:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
 
     def observe(self, loss: torch.Tensor) -> None:
-        """Count the non-finite streak on the device (no host sync)."""
+        """Count the non-finite streak on the device (no host sync), in place: a captured step keeps these tensors
+        (training/step_graph.py)."""
         finite = torch.isfinite(loss.detach())
-        self.streak = torch.where(finite, torch.zeros_like(self.streak), self.streak + 1)
-        self.longest = torch.maximum(self.longest, self.streak)
+        self.streak.copy_(torch.where(finite, torch.zeros_like(self.streak), self.streak + 1))
+        torch.maximum(self.longest, self.streak, out=self.longest)
+
+    @property
+    def counters(self) -> list[torch.Tensor]:
+        return [self.streak, self.longest]
 
     def check(self) -> tuple[bool, bool]:
         """(preempted, diverged), identical on every rank. A collective: call it on all ranks at the same step."""
@@ -52,7 +57,7 @@ class StopGuard:
             ]
         )
         flags = self.accelerator.reduce(flags, reduction="sum").tolist()
-        self.longest = self.streak.clone()
+        self.longest.copy_(self.streak)
         return flags[0] > 0, flags[1] > 0
 
 

@@ -317,11 +317,11 @@ def fit(run: Run) -> bool:
                         accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                     run.optimizer.step()
                     run.optimizer.zero_grad(set_to_none=run.compiled.grads_to_none)
+                    run.guard.observe(loss)
             run.compiled.end_step()
             progress.batches_done += 1
             run.throughput.observe(batch)
             losses.add(loss)  # on the device: no host sync here
-            run.guard.observe(loss)
             if not accelerator.sync_gradients:
                 continue  # still accumulating
             after_optimizer_step(run, bar)

@@ -1,6 +1,7 @@
 """The whole training step as one CUDA graph per batch shape (--torch_compile whole-step): one replay per step.
 
-A graph holds the forward pass (the model compiled by inductor, without graphs of its own), the loss, the backward
+A graph holds the forward pass (the model compiled by inductor, without graphs of its own), the loss and the
+non-finite guard's count of it, the backward
 pass into gradients allocated once outside every graph (so all shapes share them), the clipping, a capturable fused
 AdamW reading its learning rate from a tensor the schedule fills, and the zeroing of the gradients. Under gradient
 accumulation each shape has a micro-step graph (forward and backward, adding into those gradients) and one
@@ -51,8 +52,8 @@ class StepGraph:
     accumulation) on the first full window. `step(batch, sync, forward)` runs one micro-step and returns its loss (a
     tensor that the next replay overwrites: read it before)."""
 
-    def __init__(self, model, optimizer, max_grad_norm: float, accumulation: int, device: torch.device):
-        self.model = model
+    def __init__(self, model, optimizer, max_grad_norm: float, accumulation: int, guard, device: torch.device):
+        self.model, self.guard = model, guard  # guard: training/guards.py StopGuard, observing each loss in the graph
         self.optimizer = getattr(optimizer, "optimizer", optimizer)  # the AdamW itself: no host logic in a capture
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.max_grad_norm, self.accumulation = max_grad_norm, accumulation
@@ -91,6 +92,7 @@ class StepGraph:
         # as accelerator.backward: the window's mean, not its sum
         (loss / self.accumulation if self.accumulation > 1 else loss).backward()
         self.loss.copy_(loss.detach())
+        self.guard.observe(self.loss)
         if update:
             self._update()
 
@@ -108,10 +110,11 @@ class StepGraph:
 
     def _state(self) -> list[torch.Tensor]:
         """Every tensor a step writes: parameters, buffers, gradients, the optimizer's state (created first, as its
-        first step would: a capture must find it allocated), the loss."""
+        first step would: a capture must find it allocated), the loss, the guard's counters."""
         _initial_state(self.optimizer)
         state = [t for values in self.optimizer.state.values() for t in values.values() if isinstance(t, torch.Tensor)]
-        return [*self.model.parameters(), *self.model.buffers(), *(p.grad for p in self.params), *state, self.loss]
+        written = [*self.model.parameters(), *self.model.buffers(), *(p.grad for p in self.params), *state]
+        return [*written, self.loss, *self.guard.counters]
 
 
 def _initial_state(optimizer: torch.optim.Optimizer) -> None:

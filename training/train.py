@@ -275,8 +275,9 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
             clips_in_step=capture.steps_compiled(compiled, accelerator.mixed_precision),
             accumulation=cfg.gradient_accumulation_steps,
         ),
-        graphs=step_graphs(cfg, model, optimizer, accelerator.device) if compiled == capture.WHOLE_STEP else None,
     )
+    if compiled == capture.WHOLE_STEP:
+        run.graphs = step_graphs(cfg, model, optimizer, run.guard, accelerator.device)
     run.progress.provenance = provenance.record(cfg, splits, accelerator, learning_rate, total_steps)
     resume(run)
     if splits.calibration:
@@ -302,8 +303,9 @@ def resolve_compile(cfg: TrainConfig, accelerator: Accelerator, total_steps: int
     return mode
 
 
-def step_graphs(cfg: TrainConfig, model, optimizer, device: torch.device) -> step_graph.StepGraph:
-    return step_graph.StepGraph(model, optimizer, cfg.max_grad_norm, cfg.gradient_accumulation_steps, device)
+def step_graphs(cfg: TrainConfig, model, optimizer, guard: StopGuard, device: torch.device) -> step_graph.StepGraph:
+    accumulation = cfg.gradient_accumulation_steps
+    return step_graph.StepGraph(model, optimizer, cfg.max_grad_norm, accumulation, guard, device)
 
 
 def schedule_plan(cfg: TrainConfig, world: int, train_examples: int) -> tuple[float, int, int, int]:
@@ -510,7 +512,9 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
     )
     if cfg.push_to_hub:  # before hours of training, not after
         check_can_push(cfg.hub_model_id)
-    claim = claim_output_dir(cfg.output_dir, accelerator)  # writable, and ours alone, before data or model load
+    resuming = cfg.resume_from_checkpoint is not None
+    # writable, ours alone, and not another run's, before data or model load
+    claim = claim_output_dir(cfg.output_dir, accelerator, resuming, cfg.overwrite_output_dir)
     try:
         return train_and_report(cfg, accelerator, set_up(cfg, accelerator, claim.run_id), started)
     finally:

@@ -74,6 +74,8 @@ def test_bad_data_stops_both_ranks_fast_with_file_and_row(smoke_dir, tmp_path):
         [
             "--preset",
             "smoke",
+            "--model_name_or_path",
+            str(smoke_dir / "model"),
             "--train_file",
             str(train),
             "--output_dir",

@@ -93,7 +93,8 @@ def test_balanced_weights_raise_minority_recall_on_a_1_to_20_set(smoke_dir, tmp_
     recall = {}
     for weights in ("none", "balanced"):
         out = tmp_path / weights
-        args = ["--preset", "smoke", "--label_names", "other,sports", "--train_file", str(train), "--test_file"]
+        args = ["--preset", "smoke", "--model_name_or_path", str(smoke_dir / "model"), "--label_names", "other,sports"]
+        args += ["--train_file", str(train), "--test_file"]
         args += [str(test), "--class_weights", weights, "--max_train_steps", "80", "--checkpointing_steps", "none"]
         result, _ = run_train([*args, "--metric_for_best_model", "recall_sports", "--output_dir", str(out)])
         assert result.returncode == 0, describe(result)

@@ -97,6 +97,30 @@ def test_a_second_run_on_the_same_folder_is_refused_naming_the_first(smoke_dir, 
     handle.close()
 
 
+def test_a_new_run_into_a_folder_holding_a_run_is_refused_or_starts_over_and_latest_is_its_own(copy_of):
+    """Before, a second run into a used --output_dir left the first run's later states there, and
+    `--resume_from_checkpoint latest` (the preemption recipe) picked one of those. Now the new run stops at once with
+    one line naming both ways on; with --overwrite_output_dir the old states are removed first, and `latest` then
+    resumes the new run's own newest state."""
+    weights = (copy_of / files.WEIGHTS).read_bytes()
+    refused, seconds = run_train([*SMOKE, "--output_dir", str(copy_of)])
+    assert refused.returncode == 1 and "Examples:" not in refused.stderr and seconds < 30, describe(refused)
+    [line] = errors(refused)
+    assert f"--output_dir {copy_of} holds another run (2 states in state/, {files.WEIGHTS}, {files.METRICS})" in line
+    assert "--resume_from_checkpoint latest" in line and "--overwrite_output_dir" in line
+    assert (copy_of / files.WEIGHTS).read_bytes() == weights and len(list((copy_of / files.STATE_DIR).iterdir())) == 2
+
+    again = [*SMOKE, "--output_dir", str(copy_of), "--max_train_steps", "6", "--checkpointing_steps", "3"]
+    started_over, _ = run_train([*again, "--overwrite_output_dir"])
+    assert started_over.returncode == 0, describe(started_over)
+    assert "--overwrite_output_dir: removed the 2 resumable states of the run before" in started_over.stderr
+    assert sorted(p.name for p in (copy_of / files.STATE_DIR).iterdir()) == ["step_3", "step_6"]
+    shutil.rmtree(copy_of / files.STATE_DIR / "step_6")  # as if preempted between step 3 and 6
+    resumed, _ = run_train([*again, "--resume_from_checkpoint", "latest"])
+    assert resumed.returncode == 0, describe(resumed)
+    assert f"Resumed from {copy_of / files.STATE_DIR / 'step_3'}" in resumed.stderr, describe(resumed)
+
+
 def test_a_full_disk_while_saving_a_state_stops_both_ranks_with_one_line(smoke_dir, tmp_path):
     """2 ranks: the main process's write of state/step_84 fails with ENOSPC after a partial file."""
     out = tmp_path / "out"
@@ -265,7 +289,8 @@ def test_a_resume_with_other_data_model_or_settings_is_refused_naming_each_chang
     """Before, it continued silently from the state's weights and metrics.json described the run as if it had used
     the last invocation's values throughout."""
     extra = {
-        "data": ["--train_file", str(replaced_training_file(smoke_dir, tmp_path))],
+        "data": ["--model_name_or_path", str(smoke_dir / "model")]  # the preset's own: own data needs a model named
+        + ["--train_file", str(replaced_training_file(smoke_dir, tmp_path))],
         "settings": ["--max_length", "32", "--learning_rate", "1e-3"],
         "model": ["--model_name_or_path", str(shutil.copytree(smoke_dir / "model", tmp_path / "same_model_elsewhere"))],
         "dropout, evaluation and attention": ["--fast_dropout", "false", "--eval_steps", "7"]

@@ -21,7 +21,8 @@ def test_a_tiny_validation_split_and_a_model_that_learned_nothing_are_said(smoke
     data = tmp_path / "small.csv"
     data.write_text("\n".join(rows[:201]) + "\n")
     out = tmp_path / "out"
-    args = ["--preset", "smoke", "--train_file", str(data), "--validation_split", "0.05", "--output_dir", str(out)]
+    args = ["--preset", "smoke", "--model_name_or_path", str(smoke_dir / "model"), "--train_file", str(data)]
+    args += ["--validation_split", "0.05", "--output_dir", str(out)]
     result, _ = run_train([*args, "--learning_rate", "1e-9", "--num_train_epochs", "1"])
     assert result.returncode == 0, describe(result)
     warnings = [line for line in result.stderr.splitlines() if " WARNING " in line]

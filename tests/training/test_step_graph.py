@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import gc
 import json
+import math
+import signal
 from pathlib import Path
 
 import pytest
 import torch
+from accelerate import Accelerator
 from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
 from contract import files
@@ -20,6 +23,7 @@ from contract.attention import sync_free_sdpa
 from tests.helpers.cuda_graphs.stand_in import STEP_REPORT, CpuStepGraphs, SyncDuringCapture, install_step_graphs
 from tests.helpers.processes import describe, graphs_env, run_train
 from training import capture, step_graph
+from training.guards import StopGuard
 
 WIDTHS = (8, 16, 8, 16, 16, 8, 8, 16, 8, 16, 16, 16)  # the width of each micro-batch, in order
 BATCH, CLIP, LR = 4, 0.5, 1e-2
@@ -28,6 +32,14 @@ BATCH, CLIP, LR = 4, 0.5, 1e-2
 @pytest.fixture(autouse=True)
 def cpu_graphs(monkeypatch):
     install_step_graphs(monkeypatch)
+
+
+@pytest.fixture
+def guard():
+    """The run's StopGuard (its SIGTERM handler put back after the test)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    yield StopGuard(Accelerator(cpu=True), max_nonfinite_steps=3)
+    signal.signal(signal.SIGTERM, previous)
 
 
 def tiny_model() -> torch.nn.Module:
@@ -75,11 +87,11 @@ def eager_losses(accumulation: int) -> tuple[list[float], torch.nn.Module]:
     return losses, model
 
 
-def graph_run(accumulation: int, on_step=None) -> tuple[list[float], torch.nn.Module, step_graph.StepGraph]:
+def graph_run(accumulation: int, guard, on_step=None) -> tuple[list[float], torch.nn.Module, step_graph.StepGraph]:
     model = tiny_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True, capturable=True)
     capture.tensor_learning_rate(optimizer, torch.device("cpu"))
-    graphs = step_graph.StepGraph(model, optimizer, CLIP, accumulation, torch.device("cpu"))
+    graphs = step_graph.StepGraph(model, optimizer, CLIP, accumulation, guard, torch.device("cpu"))
     losses = []
     for i, batch in enumerate(batches()):
         loss = graphs.step(batch, sync=(i + 1) % accumulation == 0, forward=forward(model))
@@ -90,10 +102,10 @@ def graph_run(accumulation: int, on_step=None) -> tuple[list[float], torch.nn.Mo
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
-def test_captured_steps_equal_the_eager_loop(accumulation):
+def test_captured_steps_equal_the_eager_loop(accumulation, guard):
     expected, eager = eager_losses(accumulation)
     before = CpuStepGraphs.captures
-    losses, model, graphs = graph_run(accumulation)
+    losses, model, graphs = graph_run(accumulation, guard)
     torch.testing.assert_close(losses, expected, rtol=1e-6, atol=1e-7)
     for (name, a), b in zip(eager.named_parameters(), model.parameters(), strict=True):
         if not name.endswith("k_lin.bias"):  # its true gradient is 0 (softmax ignores a bias every key shares):
@@ -102,7 +114,7 @@ def test_captured_steps_equal_the_eager_loop(accumulation):
     assert graphs.captured == CpuStepGraphs.captures - before == (2 if accumulation == 1 else 3)
 
 
-def test_a_step_keeps_nothing_new_and_every_width_writes_the_same_gradients():
+def test_a_step_keeps_nothing_new_and_every_width_writes_the_same_gradients(guard):
     grads: dict[int, list[int]] = {}
     live: dict[int, int] = {}
 
@@ -112,15 +124,29 @@ def test_a_step_keeps_nothing_new_and_every_width_writes_the_same_gradients():
             gc.collect()
             live[i] = sum(type(o) in (torch.Tensor, torch.nn.Parameter) for o in gc.get_objects())
 
-    graph_run(2, watch)
+    graph_run(2, guard, watch)
     assert all(ptrs == grads[0] for ptrs in grads.values())  # shared by both widths, never reallocated or copied
     assert live[5] == live[len(WIDTHS) - 1], live  # both widths and the update captured by step 5: flat from there
 
 
-def test_a_host_sync_inside_a_step_is_refused_at_capture():
+def test_the_non_finite_guard_counts_inside_the_replayed_step(guard):
+    """The loop does not observe a captured step's loss: the graph does, in place, and the capture's own passes
+    leave the counters as they were."""
+
+    def poison(i, model):
+        if i == 3:  # after every capture: the weights a replay reads turn NaN, in place
+            with torch.no_grad():
+                model.classifier.weight.fill_(float("nan"))
+
+    losses, _, _ = graph_run(1, guard, poison)
+    nonfinite = sum(not math.isfinite(loss) for loss in losses)
+    assert nonfinite == len(WIDTHS) - 4 and int(guard.streak) == int(guard.longest) == nonfinite
+
+
+def test_a_host_sync_inside_a_step_is_refused_at_capture(guard):
     model = tiny_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True, capturable=True)
-    graphs = step_graph.StepGraph(model, optimizer, CLIP, 1, torch.device("cpu"))
+    graphs = step_graph.StepGraph(model, optimizer, CLIP, 1, guard, torch.device("cpu"))
 
     def reads_the_device(batch):
         loss = forward(model)(batch)

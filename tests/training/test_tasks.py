@@ -321,7 +321,15 @@ def test_bad_multi_label_data_stops_at_start_with_one_line_and_writes_nothing(sm
     train = tmp_path / "tags.jsonl"
     train.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "out"
-    result, _ = run_train(["--preset", "smoke-multi-label", "--train_file", str(train), "--output_dir", str(out)])
+    args = [
+        "--preset",
+        "smoke-multi-label",
+        "--model_name_or_path",
+        str(smoke_dir / "model"),
+        "--train_file",
+        str(train),
+    ]
+    result, _ = run_train([*args, "--output_dir", str(out)])
     assert result.returncode == 1, describe(result)
     errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "tags.jsonl: row 58: no labels" in errors[0] and "Traceback" not in result.stderr
