@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,3 +309,18 @@ def _curves_figure(progress: Progress):
         ax.grid(alpha=0.3)
     figure.tight_layout()
     return figure
+
+
+def next_steps(cfg, best_step: int, best_metric: float, test_metrics: dict | None) -> str:
+    """A finished run's last line: where its best model is, how good, and the commands that evaluate, label a file
+    with and serve it (each runs as printed; TEXTS.csv stands for your own file)."""
+    folder, metric = shlex.quote(str(cfg.output_dir)), cfg.metric_for_best_model
+    tested = (test_metrics or {}).get(metric)
+    test = f", test {tested:.4f}" if isinstance(tested, float) else ""
+    data = f" --test_file {shlex.quote(str(cfg.test_file))}" if cfg.test_file else ""
+    return (
+        f"Done: the best model (step {best_step}, validation {metric} {best_metric:.4f}{test}) is in {folder}. "
+        f"Evaluate it: python -m training.evaluate --checkpoint_dir {folder}{data}  |  label a file: python -m "
+        f"training.predict --checkpoint_dir {folder} --input_file TEXTS.csv --output_file labelled.csv  |  serve it: "
+        f"python -m inference --model_id {folder}"
+    )

@@ -45,7 +45,7 @@ from accelerate.utils import (
 from contract import files, precision, task
 from contract.attention import SYNC_FREE_SDPA
 from contract.errors import UsageError
-from training import calibration, capture, cpu_speed, lora, packing, provenance, step_graph
+from training import calibration, capture, cpu_speed, lora, packing, provenance, reports, step_graph
 from training.checkpoint import OutputDir, Progress
 from training.claim import claim_output_dir
 from training.cli import run_command, setup_logging, usage_error
@@ -554,6 +554,7 @@ def train_and_report(cfg: TrainConfig, accelerator: Accelerator, run: Run, start
     if cfg.push_to_hub:
         run.out.push(cfg.hub_model_id, cfg.hub_private_repo)
     accelerator.wait_for_everyone()
+    logger.info(reports.next_steps(cfg, run.progress.best_step, run.progress.best_metric, test_metrics))
     return summary
 
 

@@ -265,3 +265,26 @@ def test_reports_curves_model_card_and_the_hugging_face_export(smoke_2proc_run, 
         assert got.keys() == set(model.config.id2label.values())
         for i, score in enumerate(row.tolist()):
             assert got[model.config.id2label[i]] == pytest.approx(score, abs=1e-5)
+
+
+def test_a_finished_run_ends_with_one_line_whose_commands_run_as_printed(smoke_dir, tmp_path):
+    """The last line names the best step, its metric and the folder, then the commands to evaluate, label a file
+    and serve: the first two are run here exactly as printed (TEXTS.csv replaced by a file of three texts)."""
+    import shlex
+
+    out = tmp_path / "run"
+    result, _ = run_train(["--preset", "smoke", "--output_dir", str(out), "--max_train_steps", "10"])
+    assert result.returncode == 0, describe(result)
+    last = result.stderr.strip().splitlines()[-1]
+    assert "Done: the best model (step 10, validation accuracy " in last and f"is in {out}." in last, last
+    evaluate, predict, serve = (part.split(": ", 1)[1] for part in last.split(". ", 1)[1].split("  |  "))
+    assert serve == f"python -m inference --model_id {out}"
+    texts = tmp_path / "texts.csv"
+    texts.write_text("text\nstocks rallied\nthe match ended\nthe probe landed\n")
+    for command in (
+        evaluate,
+        predict.replace("TEXTS.csv", str(texts)).replace("labelled.csv", str(tmp_path / "l.csv")),
+    ):
+        ran = subprocess.run(shlex.split(command), cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, describe(ran)
+    assert len((tmp_path / "l.csv").read_text().splitlines()) == 4
