@@ -1,0 +1,48 @@
+"""`agnews COMMAND [ARGS]`: one name for every command (the console script pyproject.toml installs). Each command
+runs its module as `python -m MODULE` would, with the same arguments and exit code; nothing is imported before a
+command is chosen, so `agnews --help` answers at once. The old invocations (`python training/train.py`,
+`python -m training.evaluate`, `python -m inference`, ...) keep working.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+COMMANDS = {  # name: (module, what it does)
+    "train": ("training.train", "fine-tune a classifier (accelerate launch -m training.train for several processes)"),
+    "evaluate": ("training.evaluate", "score a checkpoint on a labelled split: per-class table, confusion matrix"),
+    "predict": ("training.predict", "label a csv / jsonl / parquet file with a checkpoint"),
+    "serve": ("inference", "the text-embeddings-inference compatible service (POST /predict)"),
+    "export": ("inference.export", "convert a checkpoint for an optimized CPU runtime before serving it"),
+    "push": ("training.push", "upload a checkpoint folder to the Hugging Face Hub"),
+    "download": ("training.download", "fetch a model and dataset into the local cache for offline machines"),
+    "check-env": ("training.check_env", "what this machine and its processes can do: devices, collectives, speed"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {about}" for name, (_, about) in COMMANDS.items()]
+    return "usage: agnews COMMAND [ARGS]  (agnews COMMAND --help: its arguments)\n\ncommands:\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"agnews: no command {name!r}; one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    sys.argv = [f"agnews {name}", *rest]
+    try:
+        runpy.run_module(COMMANDS[name][0], run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:  # the command's own exit code
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
