@@ -21,10 +21,17 @@ from contract.errors import UserError
 logger = logging.getLogger(__name__)
 
 
-def setup_logging() -> None:
+# Library loggers whose INFO lines say what this project's own lines already say (a state saved, where each file
+# went, under its staging name): shown with --verbose only
+CHATTY = ("accelerate.accelerator", "accelerate.checkpointing")
+
+
+def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", level=logging.INFO
     )
+    for name in CHATTY:
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
 
 
 def usage_error(prog: str, exc: UserError) -> int:

@@ -30,6 +30,7 @@ MAY_CHANGE = (  # settings a resumed run may change: where it writes and reports
     "save_total_limit",
     "resume_from_checkpoint",
     "overwrite_output_dir",
+    "verbose",
     "allow_inexact_resume",
     "push_to_hub",
     "hub_model_id",

@@ -562,6 +562,7 @@ def cli(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         cfg = load_config(argv)
+        setup_logging(cfg.verbose)
         accelerator = make_accelerator(cfg)
     except UsageError as exc:
         return usage_error("train.py", exc)
