@@ -120,7 +120,8 @@ def plan_step(
     save_now = every(step, save_interval(cfg.checkpointing_steps))
     boundary = batches_done >= batches_per_epoch or step >= total_steps
     check = evaluate_now or save_now or boundary or every(step, cfg.stop_check_steps)
-    return StepPlan(every(step, cfg.logging_steps), evaluate_now, save_now, check)
+    log = every(step, cfg.logging_steps) or step >= total_steps  # the curves always reach the run's last step
+    return StepPlan(log, evaluate_now, save_now, check)
 
 
 def improved(value: float, best: float | None, greater_is_better: bool = True) -> bool:

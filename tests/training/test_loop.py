@@ -37,6 +37,8 @@ def test_plan_logs_evaluates_saves_and_checks_for_a_stop_on_their_own_schedules(
         step: plan_step(cfg, step, batches_done=step, batches_per_epoch=100, total_steps=200) for step in range(1, 31)
     }
     assert [s for s, p in plans.items() if p.log] == [5, 10, 15, 20, 25, 30]
+    last = plan_step(cfg, 33, batches_done=33, batches_per_epoch=100, total_steps=33)
+    assert last.log  # off the logging schedule, the run's last step is logged: its curves reach the end
     assert [s for s, p in plans.items() if p.evaluate] == [10, 20, 30]
     assert [s for s, p in plans.items() if p.save] == [15, 30]
     # the ranks agree on a stop before every evaluation or save, and every stop_check_steps steps
