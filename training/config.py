@@ -330,7 +330,8 @@ class EvaluationConfig(_Group):
     resume_from_checkpoint: str | None = None
     """'latest' (newest state under output_dir/state, by recorded step) or a path to a state/step_N folder."""
     verbose: bool = False
-    """Also log what the libraries say at INFO level (accelerate's line per saved and loaded state file)."""
+    """Also log what the libraries say: accelerate's line per saved and loaded state file, transformers' progress
+    bar and load report (the head it starts fresh) when the model loads."""
     overwrite_output_dir: bool = False
     """Start a new run in an --output_dir that holds another run's states or model: its states are removed first
     (its model files are replaced as this run saves). Without it such a folder is refused, unless resumed."""

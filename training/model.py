@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -10,6 +11,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from contract import files
 from contract.errors import UserError
 from contract.padding import ensure_pad_token, match_pad_token
+from contract.quiet import quiet_transformers
 from training import calibration
 from training.config import TrainConfig
 from training.data.labels import LabelSpace
@@ -84,13 +86,15 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
                     setattr(config, name, cfg.dropout)
         if cfg.from_scratch:
             return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation)
-        return AutoModelForSequenceClassification.from_pretrained(
-            cfg.model_name_or_path,
-            config=config,
-            attn_implementation=attn_implementation,
-            ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
-            **hub_options(cfg),
-        )
+        # transformers' progress bar and load report (the head it starts fresh, as fine-tuning expects): --verbose
+        with contextlib.nullcontext() if cfg.verbose else quiet_transformers():
+            return AutoModelForSequenceClassification.from_pretrained(
+                cfg.model_name_or_path,
+                config=config,
+                attn_implementation=attn_implementation,
+                ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
+                **hub_options(cfg),
+            )
     except OSError as exc:
         raise explain_missing(f"model {cfg.model_name_or_path!r}", exc) from None
     except RuntimeError as exc:

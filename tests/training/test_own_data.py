@@ -243,6 +243,7 @@ def test_the_offline_recipe_fine_tunes_the_packaged_minilm_on_a_200_row_csv(tmp_
         [*recipe, "--num_train_epochs", "5", "--test_file", str(test), "--output_dir", str(tmp_path / "o")]
     )
     assert result.returncode == 0, describe(result)
+    assert "LOAD REPORT" not in result.stderr  # transformers' table of the fresh head: with --verbose only
     metrics = json.loads((tmp_path / "o" / files.METRICS).read_text())
     print(f"held-out accuracy {metrics['test']['accuracy']:.4f} ({metrics['num_examples']})")
     assert metrics["test"]["accuracy"] >= 0.9 and metrics["label_names"] == sorted(TOPICS)
