@@ -6,7 +6,7 @@ physical cores), on an idle machine and beside a process that keeps one core bus
     python bench/cpu_threads.py                    # ~2 minutes on 2 cores
     python bench/cpu_threads.py --preset smoke-long --repeats 5
 
-Not a CI test: it prints figures to record in docs/benchmarks.md ("CPU threads").
+Not a CI test: it prints figures to record in docs/benchmarks-log.md ("CPU threads").
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ some label for every text or for none (metrics.json `one_sided_labels`).
     python bench/rare_labels.py                       # 3 seeds, ~6 minutes on 2 cores
     python bench/rare_labels.py --shares 0.5,0.4,0.04,0.02 --seeds 5
 
-Not a CI test: it prints figures to record in docs/benchmarks.md ("Rare labels in multi-label training").
+Not a CI test: it prints figures to record in docs/benchmarks-log.md ("Rare labels in multi-label training").
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def fast_routes(root: Callable[[Request], Awaitable[Response]] = predict_fast) -
     """POST /predict, / and /invocations as plain Starlette routes, placed before FastAPI's (which stay, for the
     OpenAPI schema, and never run): FastAPI's per-request machinery around an endpoint that reads its own body
     (dependency solving, its exit stack, the response wrapper) cost more Python time than the rest of a request
-    (docs/benchmarks.md, "Per-request path"). `root` answers / and /invocations (text_routes: by the model type)."""
+    (docs/benchmarks-log.md, "Per-request path"). `root` answers / and /invocations (text_routes: by the model type)."""
     return [Route(PREDICT_PATHS[0], predict_fast, methods=["POST"])] + [
         Route(path, root, methods=["POST"]) for path in PREDICT_PATHS[1:]
     ]

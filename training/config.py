@@ -105,7 +105,7 @@ def _precision(value: Any) -> Any:
         ) from None
 
 
-LORA_LEARNING_RATE = 2e-3  # LoRA's default peak rate: docs/benchmarks.md "LoRA against full fine-tuning"
+LORA_LEARNING_RATE = 2e-3  # LoRA's default peak rate: docs/benchmarks-log.md "LoRA against full fine-tuning"
 AtLeast1 = Annotated[int, _bound(">=", 1)]
 Names = Annotated[list[str], BeforeValidator(_comma_list)]
 Fraction = Annotated[float, _bound(">=", 0), _bound("<", 1)]
@@ -232,7 +232,7 @@ class DataConfig(_Group):
     group_by_length: bool | None = None
     """Batch texts of similar length together (less padding); every rank still gets an equal, disjoint shard.
     Default: the problem type's choice (training/objective.py): on for classification, off for regression, whose
-    target often follows the length (docs/benchmarks.md "Regression against the Trainer")."""
+    target often follows the length (docs/benchmarks-log.md "Regression against the Trainer")."""
     dataloader_num_workers: Annotated[int, _bound(">=", 0)] | None = None
     """DataLoader worker processes per rank (0 = load in the training process). Default: 2 on GPU (collating in the
     training process holds up a captured step), 0 on CPU (the cores are busy with the matmuls)."""

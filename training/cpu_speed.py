@@ -28,7 +28,7 @@ def choose_threads(local_processes: int) -> None:
     """Torch's intra-op threads for a CPU run, unless the user chose (OMP_NUM_THREADS): torch's default (the
     physical cores) shared among the local processes, less the share of the cores other programs keep busy now.
     OpenMP threads that wait on a busy core spin: beside one busy process on 2 cores, 2 threads trained the smoke
-    preset 3x slower than 1 (docs/benchmarks.md, "CPU threads"). On an idle machine this is torch's default."""
+    preset 3x slower than 1 (docs/benchmarks-log.md, "CPU threads"). On an idle machine this is torch's default."""
     if "OMP_NUM_THREADS" in os.environ:
         return
     default = torch.get_num_threads()
