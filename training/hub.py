@@ -20,12 +20,25 @@ from contract.hub import hub_reachable, hub_url, is_offline
 
 logger = logging.getLogger(__name__)
 
-OFFLINE_HELP = (
-    "To try the whole pipeline offline, run `python training/train.py --preset smoke` (synthetic data and a tiny "
-    "model, no downloads). To train on your own data without the Hub, pass --train_file (and optionally "
-    "--validation_file / --test_file: csv, jsonl or parquet with text and label columns) and "
-    "--model_name_or_path pointing to a local model folder (one written by save_pretrained)."
-)
+OFFLINE_HELP = {  # by command: what would work without the Hub
+    "train": "To try the whole pipeline offline, run `python training/train.py --preset smoke` (synthetic data and a "
+    "tiny model, no downloads). To train on your own data without the Hub, pass --train_file (csv, jsonl or parquet "
+    "with text and label columns) and --model_name_or_path minilm (a pretrained MiniLM installed with the package) "
+    "or a local folder written by save_pretrained.",
+    "evaluate": "To evaluate without the Hub, pass --test_file (csv, jsonl or parquet with text and label columns) "
+    "or --preset smoke.",
+    "download": "Run `python -m training.download` where the Hub can be reached, then copy its folder here.",
+}
+
+
+def command() -> str:
+    """The command running: train, evaluate, ... (`python training/train.py`, `-m training.evaluate`, `agnews X`)."""
+    return os.path.basename(sys.argv[0]).removesuffix(".py").split()[-1] if sys.argv and sys.argv[0] else "train"
+
+
+def looks_local(name: str) -> bool:
+    """A name meant as a folder (./x, /x, ~/x, a/b/c) rather than a Hub id (org/name)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep in name.replace("/", "")
 
 
 class HubUnavailableError(UserError, RuntimeError):
@@ -54,10 +67,12 @@ def ensure_hub_or_offline(needs_hub: bool) -> None:
         go_offline()
 
 
-def explain_missing(what: str, exc: BaseException) -> HubUnavailableError:
-    """A one-paragraph error for a Hub resource that could not be loaded from the network or the cache."""
+def explain_missing(what: str, exc: BaseException, name: str | None = None) -> HubUnavailableError:
+    """A one-paragraph error for a resource (`name`) that could not be loaded from a folder, the network or the
+    cache, with what would work instead for the command that failed."""
+    if name is not None and looks_local(name) and not os.path.exists(os.path.expanduser(name)):
+        return HubUnavailableError(f"Cannot load {what}: there is no folder {name} (a Hub id reads org/name)")
     where = "the Hub is unreachable (offline mode)" if is_offline() else "it could not be loaded"
     reason = " ".join(str(exc).split())[:300]
-    return HubUnavailableError(
-        f"Cannot load {what}: {where} and it is not in the local cache ({reason}). {OFFLINE_HELP}"
-    )
+    hint = OFFLINE_HELP.get(command(), "")
+    return HubUnavailableError(f"Cannot load {what}: {where} and it is not in the local cache ({reason}). {hint}")

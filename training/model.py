@@ -36,7 +36,7 @@ def load_tokenizer(cfg: TrainConfig):
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **hub_options(cfg))
     except OSError as exc:
-        raise explain_missing(f"tokenizer {name!r}", exc) from None
+        raise explain_missing(f"tokenizer {name!r}", exc, name) from None
     if said := ensure_pad_token(tokenizer, f"tokenizer {name!r}"):
         logger.info("%s", said)
     return tokenizer
@@ -96,7 +96,7 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
                 **hub_options(cfg),
             )
     except OSError as exc:
-        raise explain_missing(f"model {cfg.model_name_or_path!r}", exc) from None
+        raise explain_missing(f"model {cfg.model_name_or_path!r}", exc, cfg.model_name_or_path) from None
     except RuntimeError as exc:
         if "ignore_mismatched_sizes" not in str(exc):  # transformers' words for a head of another size
             raise

@@ -36,15 +36,18 @@ class PushError(UserError, RuntimeError):
     """The upload cannot happen; the message says why."""
 
 
-def check_can_push(repo_id: str | None) -> None:
-    """Before a long run: a repository name, a reachable Hub and a token, or one line saying which is missing."""
+def check_can_push(repo_id: str | None, training_run: bool = True) -> None:
+    """Before a long run (or the push command's upload): a repository name, a reachable Hub and a token, or one line
+    saying which is missing."""
     if not repo_id:
         raise PushError("push_to_hub: give --hub_model_id (user/name or org/name)")
     if is_offline() or not hub_reachable():
+        # training names the command that pushes later; the push command itself, what it needs
+        later = "`python -m training.push --checkpoint_dir DIR --hub_model_id ID`" if training_run else "this command"
         raise PushError(
             f"push_to_hub: the Hugging Face Hub ({hub_url()}) is out of reach"
-            f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}; push later with "
-            "`python -m training.push --checkpoint_dir DIR --hub_model_id ID`"
+            f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}; push later with {later} from a machine that "
+            "reaches it" + (" (unset HF_HUB_OFFLINE)" if is_offline() else "")
         )
     if not get_token():
         raise PushError("push_to_hub: no Hugging Face token: set HF_TOKEN or run `hf auth login`")
@@ -85,7 +88,7 @@ def push_folder(folder: Path, repo_id: str, private: bool) -> None:
     """push, once the folder is known to be a training output dir and the Hub to take it."""
     if not (folder / files.CONFIG).is_file():
         raise PushError(f"{folder / files.CONFIG}: missing; is {folder} a training output dir?")
-    check_can_push(repo_id)
+    check_can_push(repo_id, training_run=False)
     push(folder, repo_id, private)
 
 

@@ -124,3 +124,22 @@ accelerator.end_training()
     for rank in (0, 1):
         assert f"rank {rank} stopped: the main process could not read the file" in result.stdout, describe(result)
     assert "rank 1 ran work" not in result.stdout
+
+
+def test_each_hint_names_what_works_for_the_command_that_failed(monkeypatch, tmp_path):
+    """Offline evaluation was told to run training commands; a typo in a local folder read as a Hub cache miss."""
+    from training import hub
+
+    missing = OSError("We couldn't connect to 'https://huggingface.co'")
+    monkeypatch.setattr(hub, "is_offline", lambda: True)
+    monkeypatch.setattr("sys.argv", ["/somewhere/training/evaluate.py"])
+    evaluate = str(hub.explain_missing("dataset 'ag_news'", missing, "ag_news"))
+    assert "To evaluate without the Hub, pass --test_file" in evaluate and "train.py" not in evaluate
+    monkeypatch.setattr("sys.argv", ["agnews train"])
+    train = str(hub.explain_missing("model 'distilbert-base-uncased'", missing, "distilbert-base-uncased"))
+    assert "--preset smoke" in train and "--model_name_or_path minilm" in train
+    typo = str(hub.explain_missing("model './my_modle'", missing, str(tmp_path / "my_modle")))
+    assert (
+        typo == f"Cannot load model './my_modle': there is no folder {tmp_path / 'my_modle'} (a Hub id reads org/name)"
+    )
+    assert hub.looks_local("./m") and hub.looks_local("/a/b") and not hub.looks_local("org/name")

@@ -143,6 +143,7 @@ def test_push_cli_offline_is_one_line_in_seconds(tmp_path):
     result, seconds = launch(command, env=env, timeout=120)
     assert result.returncode == 1 and seconds < 30
     assert "push_to_hub: the Hugging Face Hub (http://127.0.0.1:9) is out of reach" in result.stderr
+    assert "push later with this command from a machine that reaches it" in result.stderr  # not "run push"
     assert "Traceback" not in result.stderr
 
 

@@ -96,7 +96,7 @@ def load_hub(name: str, config_name: str | None = None) -> datasets.DatasetDict:
     try:
         return datasets.load_dataset(name, config_name)
     except (ConnectionError, FileNotFoundError, OSError) as exc:
-        raise explain_missing(f"dataset {name!r}", exc) from None
+        raise explain_missing(f"dataset {name!r}", exc, name) from None
 
 
 def hub_split(hub: datasets.DatasetDict, name: str, split: str) -> datasets.Dataset:
