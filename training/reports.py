@@ -127,10 +127,14 @@ def write_reliability_diagram(path: Path, points: Sequence[tuple[float, float, i
     figure = Figure(figsize=(5.5, 5.2))
     ax = figure.add_subplot()
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
-    confidence = [c for c, _, _ in points]
-    ax.bar(confidence, [a for _, a, _ in points], width=0.05, alpha=0.7, label="accuracy per confidence bin")
-    for c, a, n in points:
-        ax.annotate(str(n), (c, a), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+    # each bar over its own bin (bars at the bins' mean confidences overlapped where two means lie close), its
+    # mean confidence a dot on it, its count of texts above it
+    bins = calibration.BINS
+    centres = [(min(int(c * bins), bins - 1) + 0.5) / bins for c, _, _ in points]
+    ax.bar(centres, [a for _, a, _ in points], width=0.9 / bins, alpha=0.7, label="accuracy per confidence bin")
+    ax.plot([c for c, _, _ in points], [a for _, a, _ in points], "k.", markersize=4, label="mean confidence")
+    for centre, (_, a, n) in zip(centres, points, strict=True):
+        ax.annotate(str(n), (centre, a), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("confidence (top score)")
