@@ -92,8 +92,10 @@ def test_a_stage_is_skipped_in_one_line_when_too_little_time_is_left(tmp_path, c
     call = lease.Lease(dry=False, env={}, work=tmp_path, deadline=time.monotonic() + 3)
     lease.run_stages(call, ("train",), tmp_path)
     said = (tmp_path / "train.md").read_text()
-    assert said.startswith("skipped: needs ~175 s,") and said.endswith("s left before the call's deadline")
-    assert "stage train skipped: needs ~175 s" in capsys.readouterr().err and call.failed == []
+    assert said.startswith(f"skipped: needs ~{lease.NEEDS_S['train']} s,") and said.endswith(
+        "s left before the call's deadline"
+    )
+    assert f"stage train skipped: needs ~{lease.NEEDS_S['train']} s" in capsys.readouterr().err and call.failed == []
 
 
 @pytest.mark.slow

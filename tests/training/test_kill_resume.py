@@ -140,7 +140,8 @@ def test_kill_in_the_middle_of_a_best_model_save_keeps_the_previous_model(baseli
         shutil.copy2(previous / name, out / name)
     shutil.copytree(previous / files.TOKENIZER_DIR, out / files.TOKENIZER_DIR)
     env = fault_env("kill_in_save_model:1")
-    result, _ = run_train([*SMOKE, "--output_dir", str(out), "--checkpointing_steps", "none"], processes=2, env=env)
+    args = [*SMOKE, "--output_dir", str(out), "--checkpointing_steps", "none", "--overwrite_output_dir"]  # start over
+    result, _ = run_train(args, processes=2, env=env)
     assert result.returncode != 0, describe(result)
     assert "Validation at step 84" in result.stderr, describe(result)
     assert list(out.glob(".distilbert_agnews.pt.*")), "the kill should have left a partial temporary file"
