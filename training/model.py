@@ -88,13 +88,18 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
             return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation)
         # transformers' progress bar and load report (the head it starts fresh, as fine-tuning expects): --verbose
         with contextlib.nullcontext() if cfg.verbose else quiet_transformers():
-            return AutoModelForSequenceClassification.from_pretrained(
+            model, loading = AutoModelForSequenceClassification.from_pretrained(
                 cfg.model_name_or_path,
                 config=config,
                 attn_implementation=attn_implementation,
                 ignore_mismatched_sizes=cfg.ignore_mismatched_sizes,
+                output_loading_info=True,
                 **hub_options(cfg),
             )
+        if loading["missing_keys"]:  # what fine-tuning starts fresh, in one line of ours
+            fresh = sorted(loading["missing_keys"])
+            logger.info("Pretrained weights loaded; newly initialized (not in the checkpoint): %s", ", ".join(fresh))
+        return model
     except OSError as exc:
         raise explain_missing(f"model {cfg.model_name_or_path!r}", exc, cfg.model_name_or_path) from None
     except RuntimeError as exc:
