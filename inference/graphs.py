@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from contract import graphs
 from contract.attention import sync_free_sdpa
 
 logger = logging.getLogger(__name__)
@@ -46,17 +47,7 @@ class CudaGraphs:
 
     def capture(self, run: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
         """(replay, the tensor `run` returned while captured: each replay rewrites it) after WARM_UP_PASSES passes."""
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARM_UP_PASSES):
-                run()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: a reload captures while the model thread still replays the old model's graphs
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            output = run()
-        return graph.replay, output
+        return graphs.capture(run, self.device, self.pool, WARM_UP_PASSES)
 
     @staticmethod
     def staged(values: torch.Tensor) -> torch.Tensor:

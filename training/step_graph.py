@@ -19,6 +19,8 @@ from contextlib import contextmanager
 
 import torch
 
+from contract import graphs
+
 WARM_UP_PASSES = 1  # eager passes on a side stream before capturing: lazy initialisation must not be captured
 
 
@@ -35,16 +37,7 @@ class CudaGraphs:
         self.pool = torch.cuda.graph_pool_handle()
 
     def capture(self, step: Callable[[], None]) -> Callable[[], None]:
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARM_UP_PASSES):
-                step()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            step()
-        return graph.replay
+        return graphs.capture(step, self.device, self.pool, WARM_UP_PASSES)[0]
 
 
 class StepGraph:
