@@ -3,6 +3,7 @@ way to launch 1 or N processes (`accelerate launch` over gloo), and the tail of 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -47,6 +48,19 @@ def graphs_env(**extra: str) -> dict[str, str]:
     """cli_env with CUDA graphs on the CPU in every process of the run (tests/helpers/cuda_graphs/stand_in.py)."""
     path = [str(ROOT / "tests" / "helpers" / "cuda_graphs"), os.environ.get("PYTHONPATH")]
     return cli_env(PYTHONPATH=os.pathsep.join(filter(None, path)), **extra)
+
+
+def train_under_graphs(out: Path, args: list[str]) -> dict:
+    """train.py writing `out` with CUDA graphs stood in for on the CPU (graphs_env); its metrics.json. A whole-step
+    run must have captured (the stand-in's count, printed at exit)."""
+    from contract import files
+    from tests.helpers.cuda_graphs.stand_in import STEP_REPORT
+
+    result, _ = run_train([*args, "--output_dir", str(out)], env=graphs_env())
+    assert result.returncode == 0, describe(result)
+    if "whole-step" in args:
+        assert int(result.stderr.rpartition(f"{STEP_REPORT}: ")[2].split()[0]) > 0, describe(result)
+    return json.loads((out / files.METRICS).read_text())
 
 
 def launch_command(target: list[str], processes: int = 2, config: Path = CPU_2PROC) -> list[str]:

@@ -6,7 +6,6 @@ graph on the CPU stand-in) that trains as the padded one does, reports less padd
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -16,8 +15,7 @@ from safetensors.torch import load_file
 from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
 from contract import files, shapes
-from tests.helpers.cuda_graphs.stand_in import STEP_REPORT
-from tests.helpers.processes import describe, graphs_env, run_train
+from tests.helpers.processes import train_under_graphs
 from training import packing
 
 LENGTHS = (5, 17, 2, 30, 11)
@@ -87,11 +85,7 @@ RUN += ["--mixed_precision", "no", "--checkpointing_steps", "12", "--eval_steps"
 
 
 def train(out: Path, *extra: str) -> dict:
-    result, _ = run_train([*RUN, "--output_dir", str(out), *extra], env=graphs_env())
-    assert result.returncode == 0, describe(result)
-    if "whole-step" in extra:
-        assert int(result.stderr.rpartition(f"{STEP_REPORT}: ")[2].split()[0]) > 0, describe(result)
-    return json.loads((out / files.METRICS).read_text())
+    return train_under_graphs(out, [*RUN, *extra])
 
 
 @pytest.mark.slow

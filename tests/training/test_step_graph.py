@@ -8,7 +8,6 @@ as eager, and the choice of mode.
 from __future__ import annotations
 
 import gc
-import json
 import math
 import signal
 from pathlib import Path
@@ -18,10 +17,9 @@ import torch
 from accelerate import Accelerator
 from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
-from contract import files
 from contract.attention import sync_free_sdpa
-from tests.helpers.cuda_graphs.stand_in import STEP_REPORT, CpuStepGraphs, SyncDuringCapture, install_step_graphs
-from tests.helpers.processes import describe, graphs_env, run_train
+from tests.helpers.cuda_graphs.stand_in import CpuStepGraphs, SyncDuringCapture, install_step_graphs
+from tests.helpers.processes import train_under_graphs
 from training import capture, step_graph
 from training.guards import StopGuard
 
@@ -180,11 +178,7 @@ RUN += ["--max_grad_norm", "0.5", "--checkpointing_steps", "12", "--eval_steps",
 
 
 def train(out: Path, *extra: str) -> dict:
-    result, _ = run_train([*RUN, "--output_dir", str(out), *extra], env=graphs_env())
-    assert result.returncode == 0, describe(result)
-    if "whole-step" in extra:
-        assert int(result.stderr.rpartition(f"{STEP_REPORT}: ")[2].split()[0]) > 0, describe(result)
-    return json.loads((out / files.METRICS).read_text())
+    return train_under_graphs(out, [*RUN, *extra])
 
 
 @pytest.mark.slow

@@ -155,10 +155,10 @@ class Collator:
         return cls(tokenizer.pad_token_id, tokenizer.padding_side == "left", widths, multiple)
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        longest = max(len(f["input_ids"]) for f in features)
         if self.packed:
             batch = packing.pack(features, self.pad_token_id, self.widths, self.multiple, self.longest)
         else:
+            longest = max(len(f["input_ids"]) for f in features)
             width = shapes.width_for(longest, self.widths, self.multiple)
             batch = shapes.pad(features, self.pad_token_id, width, self.left)
         for key in NOT_MODEL_INPUTS:
