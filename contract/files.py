@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 WEIGHTS = "distilbert_agnews.pt"
 CONFIG = "config.json"
@@ -85,6 +87,8 @@ def file_sha256(path: Path) -> str:
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     """sha256 of a state_dict's tensors (names, dtypes, shapes and values, in name order), whatever file holds them."""
+    import torch  # here: contract/ imports without torch, so every command's --help answers at once
+
     digest = hashlib.sha256()
     for name in sorted(tensors):
         tensor = tensors[name].detach().to("cpu").contiguous()

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from contract.errors import UserError
 
@@ -167,6 +168,8 @@ class LongText:
 
     def pool(self, logits: torch.Tensor, owner: Sequence[int] | torch.Tensor, num_inputs: int) -> torch.Tensor:
         """Each input's logits from its windows' (windows x outputs): their mean or their element-wise maximum."""
+        import torch  # here: the settings that name a LongText parse without torch (--help)
+
         index = torch.as_tensor(owner, dtype=torch.long)
         if len(index) == num_inputs and torch.equal(index, torch.arange(num_inputs)):
             return logits  # one window each, in order: nothing to pool

@@ -22,7 +22,10 @@ What a precision does, by command (issue 42: one meaning per word, two regimes n
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 AUTO, FP32, FP16, BF16, INT8 = "auto", "fp32", "fp16", "bf16", "int8"
 _ALIASES = {
@@ -37,7 +40,7 @@ _ALIASES = {
 }
 ACCEPTED = tuple(_ALIASES)
 SERVING_ACCEPTED = (*ACCEPTED, INT8)
-_DTYPES = {FP32: torch.float32, FP16: torch.float16, BF16: torch.bfloat16}
+_DTYPES = {FP32: "float32", FP16: "float16", BF16: "bfloat16"}  # torch's names: no torch at import (--help)
 _TEI_NAMES = {FP32: "float32", FP16: "float16", BF16: "bfloat16", INT8: "int8"}
 
 
@@ -55,6 +58,8 @@ def canonical(name: str, serving: bool = False) -> str:
 
 def native_bf16(device_type: str) -> bool:
     """The hardware multiplies bf16 matrices natively: a bf16 GPU, or a CPU with AMX or AVX512-BF16."""
+    import torch  # here: contract/ imports without torch, so every command's --help answers at once
+
     if device_type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     cpu = torch.cpu  # these capability probes are private in torch 2.x; their absence means "no"
@@ -74,7 +79,9 @@ def resolve(name: str, device_type: str) -> str:
 
 
 def torch_dtype(precision: str) -> torch.dtype:
-    return _DTYPES[canonical(precision)]
+    import torch
+
+    return getattr(torch, _DTYPES[canonical(precision)])
 
 
 def accelerate_name(precision: str) -> str:

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import uvicorn
 from pydantic import ValidationError
-from pydantic_settings import CliApp
+from pydantic_settings import CliApp, CliSettingsSource
 
 from contract.errors import UsageError, UserError
+from contract.help import HelpFormatter, prog
 from inference import logs, metrics_port, tracing
 from inference.metrics import MULTIPROC_ENV, Metrics, all_workers_exposition, multiprocess_dir
 from inference.settings import Settings, describe_error
@@ -38,7 +39,8 @@ logger = logging.getLogger("inference")
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        settings = CliApp.run(Settings, cli_args=argv)
+        command_line = CliSettingsSource(Settings, cli_prog_name=prog("inference"), formatter_class=HelpFormatter)
+        settings = CliApp.run(Settings, cli_args=argv, cli_settings_source=command_line)
     except ValidationError as exc:
         sys.stderr.write(f"inference: error: {describe_error(exc)}\n")
         return 2

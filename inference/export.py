@@ -1,6 +1,6 @@
 """`python -m inference.export CHECKPOINT_DIR --runtime openvino`: convert a checkpoint folder for an optimized CPU
 runtime now, measured against PyTorch for the service's default settings (BACKEND=auto, DTYPE=auto on this CPU), and
-recorded in CHECKPOINT_DIR/runtime/, so the service's first start only compiles (inference/runtimes.py).
+recorded in CHECKPOINT_DIR/runtime/, so the service's first start only compiles.
 
 Training's `--export_runtime` runs this command in a process of its own at the end of a run: the conversion is the
 service's code, and training imports nothing of the service. Exit 0 when converted, 1 with one line when the folder
@@ -15,13 +15,17 @@ from pathlib import Path
 
 from contract.backends import RUNTIMES
 from contract.errors import UserError
+from contract.help import HelpFormatter, prog
 from inference import logs
 
 logger = logging.getLogger("inference")
+DESCRIPTION = "Convert a checkpoint for an optimized CPU runtime now, so the service's first start only compiles."
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inference.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=prog("inference.export"), description=DESCRIPTION, formatter_class=HelpFormatter
+    )
     parser.add_argument("checkpoint_dir", help="a checkpoint folder (training's output_dir) or save_pretrained folder")
     parser.add_argument("--runtime", required=True, choices=sorted(RUNTIMES), help="the runtime to convert for")
     args = parser.parse_args(argv)

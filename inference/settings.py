@@ -45,7 +45,6 @@ class Settings(BaseSettings):
         extra="ignore",
         env_ignore_empty=True,
         populate_by_name=True,
-        cli_prog_name="python -m inference",
         cli_implicit_flags=True,
         cli_avoid_json=True,
         cli_hide_none_type=True,

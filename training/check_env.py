@@ -32,6 +32,7 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, gather_object, is_port_in_use
 
 from contract.errors import UserError
+from training import arguments
 from training.cli import run_command
 from training.guards import LaunchError, check_world_size
 
@@ -273,31 +274,7 @@ def first_line(exc: BaseException) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m training.check_env",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[2:5]),
-    )
-    parser.add_argument(
-        "--num_processes",
-        type=int,
-        default=None,
-        help="without a launcher: check, then start this many processes with accelerate launch",
-    )
-    parser.add_argument("--main_process_port", type=int, default=29500, help="rendezvous port for --num_processes")
-    parser.add_argument(
-        "--config_file",
-        default=None,
-        help="accelerate config for --num_processes (default: --multi_gpu on GPUs, cpu_2proc.yaml on CPU)",
-    )
-    parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for all processes to join")
-    parser.add_argument(
-        "--buffer_mb",
-        type=float,
-        default=None,
-        help="all-reduce size for the bandwidth probe (default: 256 MB on GPU, 16 MB on CPU)",
-    )
+    parser = arguments.check_env()
     args = parser.parse_args(argv)
     if args.buffer_mb is None:
         args.buffer_mb = 256.0 if torch.cuda.is_available() else 16.0

@@ -1,11 +1,12 @@
 """`agnews COMMAND [ARGS]`: one name for every command (the console script pyproject.toml installs). Each command
-runs its module as `python -m MODULE` would, with the same arguments and exit code; nothing is imported before a
-command is chosen, so `agnews --help` answers at once. The old invocations (`python training/train.py`,
-`python -m training.evaluate`, `python -m inference`, ...) keep working.
+runs its module as `python -m MODULE` would, with the same arguments and exit code. `agnews COMMAND --help` prints
+the command's parser (the light modules named below) without importing torch. The old invocations
+(`python training/train.py`, `python -m training.evaluate`, `python -m inference`, ...) keep working.
 """
 
 from __future__ import annotations
 
+import importlib
 import runpy
 import sys
 
@@ -18,6 +19,16 @@ COMMANDS = {  # name: (module, what it does)
     "push": ("training.push", "upload a checkpoint folder to the Hugging Face Hub"),
     "download": ("training.download", "fetch a model and dataset into the local cache for offline machines"),
     "check-env": ("training.check_env", "what this machine and its processes can do: devices, collectives, speed"),
+}
+
+
+PARSERS = {  # name: where its parser is built without torch; the others' modules import nothing heavy before parsing
+    "train": "training.config_parsing:build_parser",
+    "evaluate": "training.arguments:evaluate",
+    "predict": "training.arguments:predict",
+    "push": "training.arguments:push",
+    "download": "training.arguments:download",
+    "check-env": "training.arguments:check_env",
 }
 
 
@@ -37,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agnews: no command {name!r}; one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     sys.argv = [f"agnews {name}", *rest]
+    if name in PARSERS and any(arg in ("-h", "--help") for arg in rest):
+        module, function = PARSERS[name].split(":")
+        getattr(importlib.import_module(module), function)().print_help()
+        return 0
     try:
         runpy.run_module(COMMANDS[name][0], run_name="__main__", alter_sys=True)
     except SystemExit as exit_:  # the command's own exit code

@@ -25,7 +25,6 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import accelerate.utils
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
@@ -132,7 +131,7 @@ class ModelConfig(_Group):
     with FastDropout on the attention probabilities when --fast_dropout is on."""
     fast_dropout: bool = True
     """On CPU, replace the model's nn.Dropout modules, and the attention-probability dropout, with FastDropout
-    (training/cpu_speed.py: four 16-bit draws per 64-bit random number, same keep probability to 2^-16). No effect
+    (four 16-bit draws per 64-bit random number, same keep probability to 2^-16). No effect
     on GPU."""
     fused_optimizer: bool = True
     """Fused AdamW kernel (CPU and CUDA): one kernel for all parameters (docs/benchmarks.md)."""
@@ -192,7 +191,7 @@ class DataConfig(_Group):
     """Multi-label from a string column: the separator of a row's labels (e.g. '|' for 'sports|business'). A column of
     lists (jsonl / parquet, a Hub Sequence of ClassLabel) is multi-label without it."""
     do_regression: bool | None = None
-    """Regression (one output, MSE loss). Default: a float label column is regression (run_classification.py's rule),
+    """Regression (one output, MSE loss). Default: a float label column is regression (the transformers examples' rule),
     anything else classification; false keeps whole-number floats as classes."""
     remove_columns: Names | None = None
     """Columns to drop from every split before anything else (comma-separated)."""
@@ -209,7 +208,7 @@ class DataConfig(_Group):
     long_text: Literal["truncate", "chunk"] = "truncate"
     """Texts longer than max_length: 'truncate' (cut off) or 'chunk': overlapping windows of max_length tokens, each a
     training example with its text's label; evaluation, prediction and the service score every window and pool their
-    logits per text (contract/long_text.py). Recorded in config.json."""
+    logits per text. Recorded in config.json."""
     chunk_stride: Annotated[int, _bound(">=", 0)] = DEFAULT_STRIDE
     """--long_text chunk: tokens shared by consecutive windows; below a window's text tokens (max_length less the
     special tokens)."""
@@ -221,17 +220,17 @@ class DataConfig(_Group):
     faster there). Used when --pad_buckets is off."""
     pad_buckets: Annotated[int, _bound(">=", 0)] | None = None
     """Pad every batch to the smallest of N fixed widths, evenly spaced up to max_length (multiples of 8), so a run
-    sees N shapes: what compiled and graph-captured steps need (contract/shapes.py). 0 pads each batch to its
+    sees N shapes: what compiled and graph-captured steps need. 0 pads each batch to its
     longest text (--pad_to_multiple_of). Default: 4 on GPU, 16 with --torch_compile on a CPU (a padded token costs a
     CPU as much as a real one: more, narrower widths), else 0."""
     packing: bool = False
-    """Pack each training batch's texts end to end in one row, padded only to a token bucket (training/packing.py):
+    """Pack each training batch's texts end to end in one row, padded only to a token bucket:
     the linear layers do no work on padding; attention stays within each text (varlen attention on CUDA, SDPA over
     gathered texts elsewhere; neither drops attention probabilities). DistilBERT classifiers; evaluation stays
     padded. Off by default until a GPU run has measured it (docs/launching.md)."""
     group_by_length: bool | None = None
     """Batch texts of similar length together (less padding); every rank still gets an equal, disjoint shard.
-    Default: the problem type's choice (training/objective.py): on for classification, off for regression, whose
+    Default: the problem type's choice: on for classification, off for regression, whose
     target often follows the length (docs/benchmarks-log.md "Regression against the Trainer")."""
     dataloader_num_workers: Annotated[int, _bound(">=", 0)] | None = None
     """DataLoader worker processes per rank (0 = load in the training process). Default: 2 on GPU (collating in the
@@ -272,20 +271,20 @@ class OptimizationConfig(_Group):
     label_smoothing_factor: Fraction = 0.0
     """Label smoothing of the classification targets (single- and multi-label); 0 turns it off."""
     mixed_precision: Annotated[str, BeforeValidator(_precision)] = precision.AUTO
-    """auto, no/fp32, fp16 or bf16 (contract/precision.py, the same names as evaluation, prediction and serving).
+    """auto, no/fp32, fp16 or bf16 (the same names as evaluation, prediction and serving).
     auto: the accelerate config's fp16/bf16 if it sets one, else bf16 where the hardware has native bf16 (bf16 GPUs;
     CPUs with AMX or AVX512-BF16), fp16 on other GPUs, else fp32."""
     seed: int = 42
     """Seed for model init, data order, dropout and the validation split."""
     torch_compile: Literal["auto", "none", "default", "reduce-overhead", "whole-step"] = "auto"
-    """Compile the training step with torch.compile (training/capture.py): the forward and backward pass (one graph
+    """Compile the training step with torch.compile: the forward and backward pass (one graph
     per --pad_buckets width) and the optimizer step (a capturable multi-tensor AdamW with a tensor learning rate;
     under fp16 the fused AdamW, stepped eagerly by the GradScaler).
     'reduce-overhead' also captures CUDA graphs; 'auto' is reduce-overhead on one GPU for runs of at least 1000
     optimizer steps (compilation costs minutes at start: docs/launching.md) and none otherwise: on CPU, and on
     several GPUs, where a compiled step under DDP or FSDP is unproven (asking for it there warns).
-    'whole-step' (one GPU, bf16 or fp32): the whole step, optimizer included, as one CUDA graph per width
-    (training/step_graph.py); under fp16, DDP or FSDP it is reduce-overhead, with a warning."""
+    'whole-step' (one GPU, bf16 or fp32): the whole step, optimizer included, as one CUDA graph per width;
+    under fp16, DDP or FSDP it is reduce-overhead, with a warning."""
 
 
 class EvaluationConfig(_Group):
@@ -300,7 +299,7 @@ class EvaluationConfig(_Group):
     ending in _loss or error: lower is better; anything else: higher)."""
     calibration: Literal["auto", "temperature", "none"] = "auto"
     """'temperature': once the best model is chosen, fit a temperature on the validation split (one for single-label,
-    one per label for multi-label) and fold it into the output layer (training/calibration.py): every consumer of the
+    one per label for multi-label) and fold it into the output layer: every consumer of the
     checkpoint gets calibrated probabilities and the same decisions (multi-label thresholds move with their
     temperatures); metrics.json records T and the expected calibration error before and after. 'auto': for
     classification, the temperature only where it helps held-out texts (fitted on one half of validation, it must
@@ -483,6 +482,8 @@ def check(cfg: TrainConfig) -> None:
     unknown = [t for t in trackers if t not in TRACKERS]
     need(not unknown, "report_to", f"unknown tracker {unknown[0] if unknown else ''!r}; use {', '.join(TRACKERS)}")
     # accelerate only warns and logs nowhere when a named tracker is missing; a requested one must exist
+    import accelerate.utils  # here: parsing and --help come before torch
+
     missing = [t for t in trackers if t not in ("none", "all") and not getattr(accelerate.utils, f"is_{t}_available")()]
     need(not missing, "report_to", f"tracker {missing[0] if missing else ''!r} is not installed (pip install it)")
     need(

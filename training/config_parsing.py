@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from contract.help import HelpFormatter, prog
 from training.config import GROUP_TITLES, GROUPS, RENAMED, ConfigError, TrainConfig, check, one_line, presets
 
 
@@ -42,11 +43,12 @@ def _flag_kwargs(field) -> dict[str, Any]:
     return kwargs
 
 
-def build_parser(prog: str = "train.py") -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     """One flag per field, in one argument group per concern; only flags given reach the namespace."""
     parser = _OneLineParser(
-        prog=prog,
-        description="Fine-tune a text classifier (DistilBERT on AG News by default). "
+        prog=prog("training.train"),
+        formatter_class=HelpFormatter,
+        description="Fine-tune a text classifier (DistilBERT on AG News by default).\n"
         "Precedence: defaults < --preset < --config YAML < flags. All fields: docs/configuration.md.",
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,

@@ -25,6 +25,7 @@ import yaml
 from transformers import AutoModel, AutoTokenizer
 
 from contract.hub import hub_reachable, is_offline
+from training import arguments
 from training.cli import run_command
 from training.data.errors import DataError
 from training.hub import HubUnavailableError, explain_missing
@@ -94,20 +95,7 @@ def train_config(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m training.download",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[1:]),
-    )
-    parser.add_argument("--output_dir", required=True, help="folder to fill (created; existing files are replaced)")
-    parser.add_argument(
-        "--model_name_or_path", default="distilbert-base-uncased", help="Hub model id (or a local folder)"
-    )
-    parser.add_argument("--dataset_name", default="ag_news", help="Hub dataset id (or a local dataset folder)")
-    parser.add_argument("--text_column_names", default="text", help="text column(s), comma-separated")
-    parser.add_argument("--label_column", default="label")
-    return parser.parse_args(argv)
+    return arguments.download().parse_args(argv)
 
 
 def download(args: argparse.Namespace) -> Path:

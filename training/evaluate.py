@@ -31,8 +31,8 @@ from contract import files, precision
 from contract.errors import CheckpointError
 from contract.files import file_sha256
 from contract.loading import LoadedModel, load_model
-from contract.long_text import MODES, LongText
-from training import calibration, reports
+from contract.long_text import LongText
+from training import arguments, calibration, reports
 from training.atomic import write_json
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
@@ -100,66 +100,13 @@ def load_saved(checkpoint_dir: str, device: str = "cpu", dtype: str = precision.
     return SavedModel(loaded, recorded.get("config", {}), recorded.get("label_values"))
 
 
-def checkpoint_parser(module: str, description: str) -> argparse.ArgumentParser:
-    """The parser of a command that reads a saved model (evaluate, predict): --checkpoint_dir first."""
-    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
-    parser.add_argument(
-        "--checkpoint_dir",
-        default="checkpoints",
-        help="a training output dir or any save_pretrained folder (default: checkpoints)",
-    )
-    return parser
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = checkpoint_parser("training.evaluate", __doc__.splitlines()[0])
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--test_file", help="csv/jsonl/parquet with text and label columns")
-    source.add_argument("--dataset_name", help="a Hub dataset (default when no file is given: ag_news)")
-    source.add_argument("--preset", choices=list(presets()), help="a smoke preset's test file (offline)")
-    parser.add_argument("--dataset_config_name", help="the Hub dataset's configuration (subset) name")
-    parser.add_argument("--split", default="test", help="Hub split (default: test)")
-    add_data_arguments(parser)
-    parser.add_argument("--label_column", help="default: the training run's, else label")
-    parser.add_argument("--per_device_eval_batch_size", type=int, default=64)
-    parser.add_argument(
-        "--mixed_precision",
-        type=precision.canonical,
-        help=f"one of {', '.join(precision.ACCEPTED)} (contract/precision.py): the weights are cast to it, as "
-        "training.predict and the service cast them, so all three compute the same numbers; default: the preset's "
-        "(smoke: fp32, so its test score is reproduced on any CPU), else auto",
-    )
-    parser.add_argument(
-        "--extra_metrics",
-        type=lambda s: [m for m in s.split(",") if m],
-        default=[],
-        help="more evaluate metrics, comma-separated (Hub names or local paths)",
-    )
-    args = parser.parse_args(argv)
+    args = arguments.evaluate().parse_args(argv)
     preset = presets()[args.preset] if args.preset else {}  # defaults < preset < flags, as in training
     args.test_file = preset.get("test_file", args.test_file)  # --preset and --test_file exclude each other
     if args.mixed_precision is None:
         args.mixed_precision = preset.get("mixed_precision", precision.AUTO)
     return args
-
-
-def add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """How texts are read, as in training; defaults: the training run's (metrics.json), else text."""
-    parser.add_argument("--text_column_names", type=lambda s: s.split(","), help="text column(s), comma-separated")
-    parser.add_argument("--text_column_delimiter", help="joins several text columns (default: a space)")
-    parser.add_argument("--text_pair_column", help="the second text of sentence-pair tasks")
-    parser.add_argument("--max_length", type=int, help="default: the training run's max_length, else 128")
-    parser.add_argument(
-        "--long_text",
-        choices=MODES,
-        help="texts longer than max_length: truncate, or chunk (every window scored, logits pooled as config.json's "
-        "chunk_pooling says); default: the model's config.json, else truncate",
-    )
-    parser.add_argument(
-        "--chunk_stride",
-        type=int,
-        help="tokens shared by consecutive windows (default: the model's config.json, else 32)",
-    )
 
 
 def windowing_for(loaded: LoadedModel, args: argparse.Namespace) -> LongText:

@@ -39,41 +39,22 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from contract import precision
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
 from contract.model_call import forward
+from training import arguments
+from training.arguments import OUTPUT_SUFFIXES
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.data.errors import DataError
 from training.data.reading import join_texts, load_file, require_columns
-from training.evaluate import add_data_arguments, checkpoint_parser, windowing_for
+from training.evaluate import windowing_for
 
 logger = get_logger(__name__)
-OUTPUT_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = checkpoint_parser("training.predict", __doc__.splitlines()[0])
-    parser.add_argument("--input_file", required=True, help="csv, jsonl or parquet with the text column(s)")
-    parser.add_argument(
-        "--output_file", required=True, help=f"{', '.join(OUTPUT_SUFFIXES)}: the format follows the extension"
-    )
-    add_data_arguments(parser)
-    parser.add_argument(
-        "--overwrite_prediction_columns",
-        action="store_true",
-        help="replace the input's own prediction columns (predicted_label(s), predicted_score, predicted_value, "
-        "score_<label>; default: refuse)",
-    )
-    parser.add_argument("--per_device_batch_size", type=int, default=64, help="texts per forward pass (default: 64)")
-    parser.add_argument("--chunk_size", type=int, default=4096, help="rows read, scored and written at a time")
-    parser.add_argument(
-        "--mixed_precision",
-        type=precision.canonical,
-        default="auto",
-        help="the service's DTYPE vocabulary; auto: bf16 where native, fp16 on GPUs without bf16, else fp32",
-    )
+    parser = arguments.predict()
     args = parser.parse_args(argv)
     if Path(args.output_file).suffix.lower() not in OUTPUT_SUFFIXES:
         parser.error(f"--output_file must end in one of {', '.join(OUTPUT_SUFFIXES)}")

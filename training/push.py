@@ -13,7 +13,6 @@ uploads from the main process only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -25,7 +24,7 @@ from huggingface_hub.errors import HfHubHTTPError
 from contract import files
 from contract.errors import UserError
 from contract.hub import hub_reachable, hub_url, is_offline
-from training import model_card
+from training import arguments, model_card
 from training.cli import run_command, setup_logging
 
 logger = logging.getLogger(__name__)
@@ -76,11 +75,7 @@ def push(folder: Path, repo_id: str, private: bool = False, api: HfApi | None = 
 
 def cli(argv: list[str] | None = None) -> int:
     setup_logging()
-    parser = argparse.ArgumentParser(prog="python -m training.push", description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint_dir", default="checkpoints", help="a training output dir (default: checkpoints)")
-    parser.add_argument("--hub_model_id", required=True, help="user/name or org/name")
-    parser.add_argument("--private", action="store_true", help="create the repository as private")
-    args = parser.parse_args(argv)
+    args = arguments.push().parse_args(argv)
     return run_command(lambda: push_folder(Path(args.checkpoint_dir), args.hub_model_id, args.private))
 
 

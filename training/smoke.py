@@ -23,9 +23,11 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-from transformers import DistilBertConfig, PreTrainedTokenizerFast
+if TYPE_CHECKING:  # imported where the assets are built: the preset's paths and labels come without them (--help)
+    from tokenizers import normalizers, pre_tokenizers
+    from transformers import DistilBertConfig, PreTrainedTokenizerFast
 
 from training.atomic import staging_dir
 
@@ -311,6 +313,9 @@ def build_vocab(
 
 def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     """An uncased WordPiece tokenizer shaped like DistilBERT's ([CLS] text [SEP], no token_type_ids)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
     normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
     tok = Tokenizer(models.WordPiece(build_vocab(texts, normalizer, pre_tokenizer), unk_token="[UNK]"))
     tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
@@ -331,6 +336,8 @@ def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
 
 
 def tiny_distilbert_config(vocab_size: int, pad_token_id: int) -> DistilBertConfig:
+    from transformers import DistilBertConfig
+
     return DistilBertConfig(
         vocab_size=vocab_size,
         dim=32,

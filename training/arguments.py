@@ -1,0 +1,150 @@
+"""The command lines of evaluate, predict, push, download and check-env: flags, help and defaults.
+
+Each command parses its arguments with these; `agnews COMMAND --help` (training/commands.py) prints them without
+importing torch. train's command line is its typed configuration (training/config_parsing.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from contract import precision
+from contract.help import HelpFormatter, prog
+from contract.long_text import MODES
+from training.config import presets
+
+OUTPUT_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
+
+
+def _parser(module: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog=prog(module), description=description, epilog=epilog, formatter_class=HelpFormatter
+    )
+
+
+def _checkpoint_parser(module: str, description: str) -> argparse.ArgumentParser:
+    """A command that reads a saved model (evaluate, predict): --checkpoint_dir first."""
+    parser = _parser(module, description)
+    parser.add_argument(
+        "--checkpoint_dir", default="checkpoints", help="a training output folder or any save_pretrained folder"
+    )
+    return parser
+
+
+def _data_arguments(parser: argparse.ArgumentParser) -> None:
+    """How texts are read, as in training; defaults: the training run's, else text."""
+    parser.add_argument("--text_column_names", type=lambda s: s.split(","), help="text column(s), comma-separated")
+    parser.add_argument("--text_column_delimiter", help="joins several text columns (default: a space)")
+    parser.add_argument("--text_pair_column", help="the second text of sentence-pair tasks")
+    parser.add_argument("--max_length", type=int, help="tokens per text; default: the training run's, else 128")
+    parser.add_argument(
+        "--long_text",
+        choices=MODES,
+        help="texts longer than max_length: truncate, or chunk (every window scored, logits pooled as the model's "
+        "config.json says); default: the model's config.json, else truncate",
+    )
+    parser.add_argument(
+        "--chunk_stride", type=int, help="tokens shared by consecutive windows; default: the model's, else 32"
+    )
+
+
+def evaluate() -> argparse.ArgumentParser:
+    parser = _checkpoint_parser("training.evaluate", "Score a saved checkpoint on a labelled split.")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--test_file", help="csv, jsonl or parquet with text and label columns")
+    source.add_argument("--dataset_name", help="a Hub dataset (default when no file is given: ag_news)")
+    source.add_argument("--preset", choices=list(presets()), help="a smoke preset's test file (offline)")
+    parser.add_argument("--dataset_config_name", help="the Hub dataset's configuration (subset) name")
+    parser.add_argument("--split", default="test", help="the Hub dataset's split")
+    _data_arguments(parser)
+    parser.add_argument("--label_column", help="the label column; default: the training run's, else label")
+    parser.add_argument("--per_device_eval_batch_size", type=int, default=64, help="texts per forward pass")
+    parser.add_argument(
+        "--mixed_precision",
+        type=precision.canonical,
+        help=f"one of {', '.join(precision.ACCEPTED)}: the weights are cast to it, as predict and the service cast "
+        "them, so all three compute the same numbers; default: the preset's (smoke: fp32), else auto",
+    )
+    parser.add_argument(
+        "--extra_metrics",
+        type=lambda s: [m for m in s.split(",") if m],
+        default=[],
+        help="more `evaluate` metrics, comma-separated (Hub names or local paths)",
+    )
+    return parser
+
+
+def predict() -> argparse.ArgumentParser:
+    parser = _checkpoint_parser("training.predict", "Label a csv, jsonl or parquet file with a checkpoint.")
+    parser.add_argument("--input_file", required=True, help="csv, jsonl or parquet with the text column(s)")
+    parser.add_argument(
+        "--output_file", required=True, help=f"{', '.join(OUTPUT_SUFFIXES)}: the format follows the extension"
+    )
+    _data_arguments(parser)
+    parser.add_argument(
+        "--overwrite_prediction_columns",
+        action="store_true",
+        help="replace the input's own prediction columns (predicted_label(s), predicted_score, predicted_value, "
+        "score_<label>) instead of refusing",
+    )
+    parser.add_argument("--per_device_batch_size", type=int, default=64, help="texts per forward pass")
+    parser.add_argument("--chunk_size", type=int, default=4096, help="rows read, scored and written at a time")
+    parser.add_argument(
+        "--mixed_precision",
+        type=precision.canonical,
+        default="auto",
+        help="the service's DTYPE names; auto: bf16 where native, fp16 on GPUs without bf16, else fp32",
+    )
+    return parser
+
+
+def push() -> argparse.ArgumentParser:
+    parser = _parser("training.push", "Upload a training output folder to the Hugging Face Hub.")
+    parser.add_argument("--checkpoint_dir", default="checkpoints", help="a training output folder")
+    parser.add_argument("--hub_model_id", required=True, help="user/name or org/name")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+    return parser
+
+
+DOWNLOAD_EPILOG = """\
+On a machine with internet, then copy the folder to the offline machines and train there:
+  agnews download --output_dir offline
+  HF_HUB_OFFLINE=1 accelerate launch training/train.py --config offline/train_config.yaml"""
+
+
+def download() -> argparse.ArgumentParser:
+    parser = _parser("training.download", "Fetch a model and a dataset for machines without the Hub.", DOWNLOAD_EPILOG)
+    parser.add_argument("--output_dir", required=True, help="folder to fill (created; existing files are replaced)")
+    parser.add_argument("--model_name_or_path", default="distilbert-base-uncased", help="Hub model id or folder")
+    parser.add_argument("--dataset_name", default="ag_news", help="Hub dataset id or local dataset folder")
+    parser.add_argument("--text_column_names", default="text", help="text column(s), comma-separated")
+    parser.add_argument("--label_column", default="label", help="the label column")
+    return parser
+
+
+CHECK_ENV_EPILOG = """\
+  agnews check-env                      this process: devices, precision, collectives
+  agnews check-env --num_processes 2    the same across 2 processes, started with accelerate launch"""
+
+
+def check_env() -> argparse.ArgumentParser:
+    parser = _parser(
+        "training.check_env",
+        "What this machine and its processes can do: devices, collectives, speed.",
+        CHECK_ENV_EPILOG,
+    )
+    parser.add_argument(
+        "--num_processes",
+        type=int,
+        help="without a launcher: check, then start this many processes with accelerate launch",
+    )
+    parser.add_argument("--main_process_port", type=int, default=29500, help="rendezvous port for --num_processes")
+    parser.add_argument(
+        "--config_file",
+        help="accelerate config for --num_processes (default: --multi_gpu on GPUs, the 2-process CPU config on CPU)",
+    )
+    parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for all processes to join")
+    parser.add_argument(
+        "--buffer_mb", type=float, help="all-reduce size for the bandwidth probe (default: 256 MB on GPU, 16 on CPU)"
+    )
+    return parser
