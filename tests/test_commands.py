@@ -14,17 +14,19 @@ from pathlib import Path
 import pytest
 
 from inference.settings import Settings
-from tests.helpers.processes import ROOT, cli_env, describe
+from tests.helpers.processes import CPU_2PROC, ROOT, cli_env, describe
 from training.commands import COMMANDS, PARSERS
 
 HEAVY = ("torch", "transformers", "datasets", "accelerate")
 SOURCE_FILE = re.compile(r"\b(contract|training|inference)/\w+\.py\b")
 
 
-def agnews(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def agnews(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     script = shutil.which("agnews", path=Path(sys.executable).parent) or shutil.which("agnews")
     assert script, "the console script is installed by `pip install -e .`"
-    return subprocess.run([script, *args], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [script, *args], cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def imported(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
@@ -76,7 +78,7 @@ def option_entries(text: str) -> list[str]:
     return [" ".join(e.split()) for e in entries if e]
 
 
-@pytest.mark.parametrize("name", list(COMMANDS))
+@pytest.mark.parametrize("name", [name for name in COMMANDS if name != "launch"])  # launch's help is accelerate's
 def test_every_help_is_one_style_and_imports_nothing_heavy(name):
     shown, packages = imported(name, "--help")
     assert shown.returncode == 0 and shown.stdout.startswith(f"usage: agnews {name} "), describe(shown)
@@ -101,3 +103,27 @@ def test_every_flag_is_explained(name):
 
 def test_every_service_setting_is_explained():
     assert not [name for name, field in Settings.model_fields.items() if not (field.description or "").strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_launch_is_accelerate_launch_without_its_defaults_block_and_traceback(processes, tmp_path):
+    """A run refused at start (its folder holds another run) through `agnews launch` and through `accelerate launch`,
+    with accelerate's default config absent (HF_HOME empty): the same exit code and error line; ours without the
+    block of launcher defaults and without the launcher's traceback."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.json").write_text("{}")
+    launcher = [] if processes == 1 else ["--config_file", str(CPU_2PROC)]
+    args = [*launcher, "training/train.py", "--preset", "smoke", "--output_dir", str(out)]
+    env = cli_env(HF_HOME=str(tmp_path / "hf"))
+    ours = agnews("launch", *args, env=env)
+    theirs = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    said = "holds another run"
+    assert ours.returncode == theirs.returncode == 1, describe(ours) + describe(theirs)
+    assert said in ours.stderr and said in theirs.stderr
+    assert "Traceback" in theirs.stderr and "Traceback" not in ours.stderr, describe(ours)
+    if processes == 1:  # a config file sets every launcher value: the block appears only without one
+        assert "were not passed" in theirs.stderr and "were not passed" not in ours.stderr, describe(ours)

@@ -14,6 +14,7 @@ COMMANDS = {  # name: (module, what it does)
     "train": ("training.train", "fine-tune a classifier (accelerate launch -m training.train for several processes)"),
     "evaluate": ("training.evaluate", "score a checkpoint on a labelled split: per-class table, confusion matrix"),
     "predict": ("training.predict", "label a csv / jsonl / parquet file with a checkpoint"),
+    "launch": ("training.launch", "accelerate launch, quieter: the same arguments (several processes, GPUs, nodes)"),
     "serve": ("inference", "the text-embeddings-inference compatible service (POST /predict)"),
     "export": ("inference.export", "convert a checkpoint for an optimized CPU runtime before serving it"),
     "push": ("training.push", "upload a checkpoint folder to the Hugging Face Hub"),

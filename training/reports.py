@@ -324,7 +324,7 @@ def next_steps(cfg, best_step: int, best_metric: float, test_metrics: dict | Non
     data = f" --test_file {shlex.quote(str(cfg.test_file))}" if cfg.test_file else ""
     return (
         f"Done: the best model (step {best_step}, validation {metric} {best_metric:.4f}{test}) is in {folder}. "
-        f"Evaluate it: python -m training.evaluate --checkpoint_dir {folder}{data}  |  label a file: python -m "
-        f"training.predict --checkpoint_dir {folder} --input_file TEXTS.csv --output_file labelled.csv  |  serve it: "
-        f"python -m inference --model_id {folder}"
+        f"Evaluate it: agnews evaluate --checkpoint_dir {folder}{data}  |  label a file: agnews predict "
+        f"--checkpoint_dir {folder} --input_file TEXTS.csv --output_file labelled.csv  |  serve it: "
+        f"agnews serve --model_id {folder}"
     )

@@ -281,7 +281,7 @@ def test_a_finished_run_ends_with_one_line_whose_commands_run_as_printed(smoke_d
     last = result.stderr.strip().splitlines()[-1]
     assert "Done: the best model (step 10, validation accuracy " in last and f"is in {out}." in last, last
     evaluate, predict, serve = (part.split(": ", 1)[1] for part in last.split(". ", 1)[1].split("  |  "))
-    assert serve == f"python -m inference --model_id {out}"
+    assert serve == f"agnews serve --model_id {out}"
     texts = tmp_path / "texts.csv"
     texts.write_text("text\nstocks rallied\nthe match ended\nthe probe landed\n")
     for command in (
