@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shlex
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from fastapi.testclient import TestClient
 from contract import files
 from inference.app import create_app
 from inference.settings import Settings
+from tests.helpers.docs import block
 from tests.helpers.files import write_rows
 from tests.helpers.processes import cli_env, describe, run_train
 from training.smoke import LABELS, make_example, make_split
@@ -238,10 +240,10 @@ def test_the_offline_recipe_fine_tunes_the_packaged_minilm_on_a_200_row_csv(tmp_
         write_rows(tmp_path / "mine.csv", topic_rows(200, 1)),
         write_rows(tmp_path / "held.csv", topic_rows(90, 2)),
     )
-    recipe = ["--model_name_or_path", "minilm", "--train_file", str(train), "--learning_rate", "1e-4"]
-    result, _ = run_train(
-        [*recipe, "--num_train_epochs", "5", "--test_file", str(test), "--output_dir", str(tmp_path / "o")]
-    )
+    command = shlex.split(block("README.md", "--model_name_or_path minilm").code.split("#")[0])
+    assert command[:2] == ["python", "training/train.py"], command  # README's own command, its file made here
+    recipe = [str(train) if arg == "mine.csv" else arg for arg in command[2:]]
+    result, _ = run_train([*recipe, "--test_file", str(test), "--output_dir", str(tmp_path / "o")])
     assert result.returncode == 0, describe(result)
     assert "LOAD REPORT" not in result.stderr  # transformers' table of the fresh head: with --verbose only
     metrics = json.loads((tmp_path / "o" / files.METRICS).read_text())

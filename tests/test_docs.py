@@ -1,0 +1,75 @@
+"""Every shell and Python block of README.md and docs/*.md runs as written (tests/helpers/docs.py collects them).
+
+They run in a folder laid out as a user's: the repository's packages and accelerate_configs/, a trained smoke model
+in checkpoints/, news.csv (text, label) and unlabelled.csv (text); the service on localhost:8000 for the curl and
+client blocks. A block the suite cannot run says why on the line above it, and that reason is the skip's.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.docs import ROOT, Block, blocks
+from tests.helpers.processes import cli_env, describe
+from tests.helpers.service import Server
+
+pytestmark = pytest.mark.slow
+LINKED = ("training", "inference", "contract", "accelerate_configs")
+
+
+@pytest.fixture(scope="module")
+def workspace(smoke_model, smoke_dir, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("user")
+    for name in LINKED:
+        (folder / name).symlink_to(ROOT / name)
+    shutil.copytree(smoke_model, folder / "checkpoints")
+    with open(smoke_dir / "test.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))[:60]
+    with open(folder / "news.csv", "w", newline="", encoding="utf-8") as fh:
+        csv.DictWriter(fh, ["text", "label"]).writeheader()
+        csv.DictWriter(fh, ["text", "label"]).writerows(rows)
+    (folder / "unlabelled.csv").write_text("text\n" + "\n".join(row["text"] for row in rows[:10]) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def service(workspace):
+    """The service the curl and client blocks call, where they say: localhost:8000."""
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 8000)) == 0:
+            pytest.skip("port 8000 is taken on this machine: the blocks call localhost:8000 as written")
+    server = Server(workspace / "checkpoints", "--reload_interval_s", "0", port=8000).wait_ready()
+    yield server
+    server.stop()
+
+
+def test_every_block_is_run_here_or_says_why_not():
+    reasons = ("not run in the suite: ", "run by ")
+    unmarked_reasons = [b.where for b in blocks() if b.mark and not b.mark.startswith(reasons)]
+    assert not unmarked_reasons, f"a mark names its reason: {unmarked_reasons}"
+    for marked in (b for b in blocks() if b.mark and b.mark.startswith("run by ")):
+        test_file = ROOT / marked.mark.removeprefix("run by ").split()[0]
+        doc = marked.where.split(":")[0]
+        assert test_file.is_file() and f'block("{doc}"' in test_file.read_text(), f"{marked}: {test_file} runs it"
+
+
+@pytest.mark.parametrize("doc_block", blocks(), ids=str)
+def test_the_block_runs_as_written(doc_block: Block, workspace, request):
+    if doc_block.mark:
+        pytest.skip(f"{doc_block.where}: {doc_block.mark}")
+    env = cli_env()
+    if "localhost:8000" in doc_block.code:
+        request.getfixturevalue("service")
+        del env["HF_HUB_OFFLINE"]  # huggingface_hub's offline mode refuses every URL, localhost too
+        env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # and the Hub stays out of reach
+    command = ["bash", "-euo", "pipefail", "-c", doc_block.code] if doc_block.lang == "bash" else None
+    command = command or [sys.executable, "-c", doc_block.code]
+    done = subprocess.run(command, cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{doc_block.where}\n{doc_block.code}\n{describe(done)}"
