@@ -1,4 +1,4 @@
-"""The intra-op threads a CPU training run chooses (training/cpu_speed.py choose_threads) against torch's default (all
+"""The intra-op threads a CPU training run chooses (cpu_speed.choose_threads) against torch's default (all
 physical cores), on an idle machine and beside a process that keeps one core busy: the smoke preset's training time
 (metrics.json `train_runtime_s`, data and model loading left out) and the ratio default / chosen, each the median of
 `--repeats` runs.

@@ -191,7 +191,7 @@ def prepare_runtime(checkpoint: Path, texts: list[str]) -> None:
     if not importlib.util.find_spec("openvino") or bench_device() != "cpu" or os.environ.get("BACKEND") == "torch":
         return  # BACKEND=torch: the services serve PyTorch, nothing to convert
     from contract import backends
-    from inference import runtimes
+    from inference.runtimes import choice as runtimes
 
     if not (checkpoint / files.CALIBRATION).is_file():  # a checkpoint trained by our CLI has its own
         calibration = load_texts(600, offset=len(texts))[0]
@@ -581,7 +581,7 @@ def setup(args: argparse.Namespace, work: Path):
 def report_runtime(work: Path, servers: dict) -> list[str]:
     """What our runtime choice measured, and what CUDA-graph capture cost each of our worker processes."""
     runtime_lines = [line for line in (work / "ours.log").read_text().splitlines() if "Runtime" in line]
-    print("\nours, what its runtime choice measured (inference/runtimes.py):", *runtime_lines, sep="\n  ")
+    print("\nours, what its runtime choice measured (inference/runtimes/choice.py):", *runtime_lines, sep="\n  ")
     for name in (n for n in servers if n.startswith("ours")):  # CUDA: what capture cost each worker process
         graphs = [line for line in (work / f"{name}.log").read_text().splitlines() if "CUDA graphs" in line]
         print(*(f"{name}: {line.split(' [-] ')[-1]}" for line in graphs), sep="\n", end="\n" if graphs else "")

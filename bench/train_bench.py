@@ -17,7 +17,7 @@ none on CPU, as ours), in a fresh process each. Rows:
 Runs alternate (ours, trainer, trainer+gbl, then the reverse order, ...) to cancel machine drift; each row's
 figures are the median over its repeats. Printed per row: examples/s and non-padding tokens/s of the training
 loop (evaluation excluded; ours: its steady steps, timed with CUDA events on a GPU, the steps that compile or
-record CUDA graphs reported apart: training/throughput.py), padding fraction, peak memory (GPU: max allocated;
+record CUDA graphs reported apart: training/speed/throughput.py), padding fraction, peak memory (GPU: max allocated;
 CPU: peak RSS), validation accuracy after the epoch, and ours/peer ratios.
 
 Data: ../shared/data/ag_news/train_subset.csv (real AG News text) when present, else synthetic news whose
@@ -55,7 +55,7 @@ LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 ROWS = ("ours", "ours+packed", "ours+compile", "ours+graph", "ours+graph+packed", "trainer", "trainer+gbl")
 SCRATCH = ("distilbert-base", "tiny")  # random init: configs without weights
 COMPILE = {"cuda": "reduce-overhead", "cpu": "default"}  # the ours+compile row's --torch_compile
-# ours+graph: the whole step as one CUDA graph per width (training/step_graph.py), CUDA only; +packed: --packing
+# ours+graph: the whole step as one CUDA graph per width (training/speed/step_graph.py), CUDA only; +packed: --packing
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0, "T4": 65.0}  # dense
 
 
@@ -253,7 +253,7 @@ def trainer_child(spec: dict) -> None:
         Trainer,
     )
 
-    from training.throughput import peak_memory_mb
+    from training.speed.throughput import peak_memory_mb
 
     transformers.utils.logging.set_verbosity_error()
     datasets.utils.logging.disable_progress_bar()
@@ -335,12 +335,12 @@ def profile_ours(args, model_dir: Path, work: Path, steps: int = 12) -> dict:
     from accelerate import Accelerator
 
     from contract import precision
-    from training import cpu_speed
     from training.config_parsing import load_config
     from training.data.batching import make_dataloaders
     from training.data.reading import load_splits
     from training.data.tokenizing import tokenize_splits
     from training.model import build_model, build_optimizer, load_tokenizer
+    from training.speed import cpu_speed
 
     cfg = load_config(profile_flags(args, model_dir, work))
     accelerator = Accelerator(

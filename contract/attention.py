@@ -3,7 +3,7 @@
 transformers' SDPA mask code asks the device whether a batch has any padding (`padding_mask.all()`, a blocking
 device-to-host copy in every forward pass) so that it may skip the mask. A forward pass with that copy in it can be
 neither captured as a CUDA graph nor overlapped with the host's next step. `sync_free_sdpa` registers SDPA under
-another name whose mask is always built: the same attention, the same numbers, no sync. Training (training/capture.py)
+another name whose mask is always built: the same attention, the same numbers, no sync. Training (speed/capture.py)
 and serving (inference/graphs.py) use it alike.
 """
 

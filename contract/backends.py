@@ -1,16 +1,7 @@
-"""The optimized CPU runtimes, each described once by a `Runtime`: what it needs installed, the precisions it serves,
-the file its conversion writes and the module that builds and runs it. The dispatcher (inference/runtimes.py) and
-its cache know a runtime only through this interface; adding a runtime is one entry here and one module.
-
-A runtime's module is imported only when it serves or is measured (OpenVINO alone takes seconds to import, and
-neither is installed by default), so the declarations live here, apart from the code they point to. The module
-provides:
-
-    version() -> str                                      part of the conversion cache's key
-    build(model, example, precision, calibration, folder) the classifier converted (quantized for int8) into
-                                                          `folder`; `calibration`: batches of one text (int8 only)
-    Runner(path, precision, threads)                      called with a batch of tensors, returns fp32 logits; one
-                                                          thread at a time (the engine's model thread)
+"""The optimized CPU runtimes, each declared once by a `Runtime`: what it needs installed, the precisions it serves,
+the file its conversion writes and the module that builds and runs it (imported only when it serves or is measured).
+inference/runtimes/ knows a runtime only through this; adding one is an entry here and one module providing
+`version()`, `build(model, example, precision, calibration, folder)` and `Runner(path, precision, threads)`.
 """
 
 from __future__ import annotations
@@ -54,7 +45,7 @@ OPENVINO = Runtime(
     needs=("openvino", "nncf"),
     precisions=(precision.INT8, precision.BF16, precision.FP32),
     model_file=files.RUNTIME_MODEL,
-    module="inference.openvino_runtime",
+    module="inference.runtimes.openvino",
     calibrated=True,  # NNCF post-training quantization
     hinted=(precision.BF16,),
 )
@@ -63,6 +54,6 @@ ONNXRUNTIME = Runtime(
     needs=("onnxruntime", "onnx", "onnxscript"),
     precisions=(precision.INT8, precision.FP32),  # int8: dynamic quantization, no calibration texts
     model_file=files.RUNTIME_ONNX,
-    module="inference.onnx_runtime",
+    module="inference.runtimes.onnx",
 )
 RUNTIMES = {runtime.name: runtime for runtime in (OPENVINO, ONNXRUNTIME)}  # in auto's order among equals

@@ -1,30 +1,8 @@
 """The names of everything in a checkpoint folder: the one contract between training and serving.
 
-Every writer and reader imports these names (training, evaluation, batch prediction, the service, the
-benchmarks and the tests); nothing else spells a file name of the folder. It lives in `contract/`, which both
-sides import and which imports neither.
-
-    distilbert_agnews.pt        state_dict of the unwrapped model (plain tensors): what the service loads first
-    config.json                 model config with id2label / label2id, and (written by our trainer) weights_sha256:
-                                per weights file, the sha256 of the tensors it was saved with (`tensors_sha256`:
-                                names, dtypes, shapes, values; a re-save of the same tensors matches); config.json
-                                is published last, so a reader that finds them unequal has a torn set and waits
-    tokenizer/                  tokenizer.save_pretrained
-    model.safetensors           the same weights in Hugging Face format, tokenizer files beside config.json
-    metrics.json                what training measured, with which config, on which data
-    README.md                   the model card
-    training_curves.json/.png   loss, validation metrics and learning rate per step
-    eval_results.json, confusion_matrix.png, calibration.png, misclassified.csv   by python -m training.evaluate
-    residuals.png, largest_errors.csv                              (regression models)
-    adapter/                    with LoRA (--lora_r): what peft's PeftModel.from_pretrained loads (adapter_config.json,
-                                adapter_model.safetensors: adapters + head) and config.json (with the sha256 of both
-                                and the base's identity) + tokenizer files; base/ with a from-scratch base's weights;
-                                the files above hold the merged weights
-    calibration_texts.json      a sample of training texts: int8 calibration and the agreement check when serving
-    runtime/<sha>/              the model converted for an optimized runtime (OpenVINO IR, fp32 or int8) and
-                                runtime.json (what was measured and chosen), per weights hash: inference/runtimes.py
-    state/step_N/               resumable training state (accelerator.save_state + lr_scheduler.pt + progress.json)
-    .distilbert_agnews.lock     held (flock) by the training run writing the folder; holds its PID and host
+Every writer and reader imports these names; nothing else spells a file name of the folder. docs/checkpoints.md
+describes each file. config.json records each weights file's `tensors_sha256` and is published last, so a reader
+that finds them unequal has a torn set and waits.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """CUDA graph capture as serving and training both do it: eager warm-up passes on a side stream (lazy
 initialisation must not be captured), then the capture into a memory pool the caller's graphs share. Serving
-captures forward passes (inference/graphs.py), training whole steps (training/step_graph.py); their CPU stand-ins
+captures forward passes (inference/graphs.py), training whole steps (training/speed/step_graph.py); their CPU stand-ins
 (tests/helpers/cuda_graphs) replace the callers' classes, not this."""
 
 from __future__ import annotations

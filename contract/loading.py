@@ -1,11 +1,6 @@
-"""Load a classifier to serve from this project's checkpoint folder, any `save_pretrained` folder, or a Hub id.
-
-    this project's folder   distilbert_agnews.pt (state_dict, torch.load(weights_only=True)) + config.json
-                            + tokenizer/  (contract/files.py names them); the state_dict wins over an export
-    save_pretrained folder  model.safetensors (or its shards) + config.json + tokenizer files
-    peft adapter folder     adapter_config.json + adapter_model.safetensors: merged into its base model at load
-                            (contract/adapters.py; a LoRA run's adapter/ folder)
-    Hub id (org/name)       downloaded once (safetensors only) into the Hugging Face cache, then as above
+"""Load a classifier to serve: this project's checkpoint folder (the state_dict wins over an export), any
+`save_pretrained` folder, a peft adapter folder (merged into its base: contract/adapters.py) or a Hub id (downloaded
+once, safetensors only). Called by the service, evaluate and predict.
 
 Pickled weights (`pytorch_model.bin`) are refused: unpickling can run code. So is a model without its
 classification head (e.g. a base encoder), which would answer with random scores.
@@ -66,9 +61,9 @@ class LoadedModel:
     metrics: dict | None = None
     signature: tuple = ()  # the files as they were just before loading (see `signature`); reload compares to it
     loaded_at: float = field(default_factory=time.time)
-    backend: str = "torch"  # or openvino: inference/runtimes.py
+    backend: str = "torch"  # or openvino: inference/runtimes/choice.py
     runner: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None  # batch -> logits, instead of `model`
-    runtime: dict | None = None  # what inference/runtimes.py measured and chose, for /info
+    runtime: dict | None = None  # what inference/runtimes/choice.py measured and chose, for /info
     task: Task = field(default_factory=lambda: Task(SINGLE, 2))  # problem type and thresholds: contract/task.py
     long_text: LongText = field(default_factory=LongText)  # windowing and pooling of long texts: contract/long_text.py
 

@@ -1,17 +1,10 @@
-"""Texts longer than the model's window: truncated to it, or cut into overlapping windows that are all scored and
-whose logits are pooled per text. The one contract that training, evaluation, batch prediction and the service share;
-`config.json` carries it in three fields of ours (FIELDS), so every reader windows and pools as training did:
+"""Texts longer than the model's window: truncated, or cut into overlapping windows whose logits are pooled per
+text. Training, evaluation, prediction and the service share it through config.json's FIELDS (long_text,
+chunk_stride, chunk_pooling, chunk_max_length), so every reader windows and pools as training did.
 
-    long_text       truncate (the default: everything past max_length tokens is cut off) or chunk
-    chunk_stride    tokens shared by consecutive windows (the tokenizer's `stride`)
-    chunk_pooling   mean or max: how the windows' logits become the text's logits, which are then scored by the
-                    model's task (contract/task.py)
-    chunk_max_length  tokens per window: the training run's max_length (the service windows as training did)
-
-Windows are the tokenizer's own (`return_overflowing_tokens=True`): each holds the special tokens and at most
-max_length tokens. A text pair is windowed along its longer text (by characters); the shorter one is repeated whole in
-every window (the tokenizer's `only_first` / `only_second`: its `longest_first` would window both and pair every window
-of one with every window of the other).
+Windows are the tokenizer's own (`return_overflowing_tokens`). A text pair is windowed along its longer text; the
+shorter one is repeated whole in every window (the tokenizer's `longest_first` would pair every window with every
+window of the other).
 """
 
 from __future__ import annotations

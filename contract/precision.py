@@ -1,23 +1,9 @@
 """One precision vocabulary and one bf16 probe for training, evaluation, batch prediction and serving.
 
-Accepted names (any of each group, case-insensitive):
-
-    auto              bf16 where the hardware multiplies bf16 natively (a bf16 GPU; a CPU with AMX or
-                      AVX512-BF16), fp16 on a GPU without bf16 (Kaggle's T4), else fp32
-    fp32  no  float32 full precision
-    fp16  float16     half precision (GPU; training uses a loss scaler)
-    bf16  bfloat16    bfloat16
-    int8              8-bit integer weights and activations: serving only, with an optimized CPU runtime
-                      (inference/runtimes.py), guarded by its agreement with fp32
-
-`auto` means the same thing everywhere; a resolved precision is always one of fp32, fp16, bf16 (or int8 when
-serving).
-
-What a precision does, by command (issue 42: one meaning per word, two regimes named):
-    training (train.py --mixed_precision, with its own validation)   mixed precision: autocast over fp32 master
-                                                                     weights (what training needs to update them)
-    evaluation, batch prediction, serving (training.evaluate,        the weights cast to it once, no autocast: the
-    training.predict --mixed_precision; the service's DTYPE)         three compute the same numbers on a checkpoint
+auto (bf16 where the hardware has native bf16, fp16 on a GPU without it, else fp32), fp32/no/float32, fp16/float16,
+bf16/bfloat16, and int8 (serving only, through an optimized CPU runtime). Training uses a precision as autocast over
+fp32 master weights; evaluation, prediction and serving cast the weights to it once, so the three compute the same
+numbers on a checkpoint.
 """
 
 from __future__ import annotations

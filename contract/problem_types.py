@@ -66,7 +66,9 @@ class ProblemType:
     headline: ClassVar[tuple[str, ...]]  # the metrics a card, a curve plot or a summary shows first
     selection: ClassVar[str]  # the default metric_for_best_model
     metric_modules: ClassVar[tuple[str, ...]]  # the project's own `evaluate` modules (training/metric_modules)
-    reports: ClassVar[tuple[str, ...]]  # the tables and pictures training.evaluate draws (training/reports.py REPORTS)
+    reports: ClassVar[
+        tuple[str, ...]
+    ]  # the tables and pictures training.evaluate draws (training/output/reports.py REPORTS)
     card_tag: ClassVar[str | None] = None  # the model card's tag beside text-classification
     temperatures: ClassVar[str] = NONE  # --calibration temperature: "one" for all outputs, "per_label", or none
     groups_by_length: ClassVar[bool] = True  # --group_by_length's default

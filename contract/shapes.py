@@ -1,14 +1,9 @@
 """Batch shapes, one owner for training and serving: the widths batches are padded to, and the padding itself.
 
-A compiled or graph-captured forward pass is specialised to its input shapes: every new width would mean another
-compilation (or another CUDA graph). So batches can be padded to the smallest of a few fixed widths ("buckets")
-that holds their longest input, instead of to the longest input itself: a handful of shapes per run, at the cost
-of some extra padding (measured and reported by training/throughput.py and bench/train_bench.py).
-
-Without buckets a batch is padded to its longest input rounded up to a multiple (8 on GPU: tensor-core shapes).
-
-Serving pads the batch dimension too (`serving_buckets`): a CUDA graph is captured per (rows, width) shape, so both
-come from doublings, rows up to a micro-batch's inputs and widths from SMALLEST_WIDTH up to the model's maximum.
+A compiled or graph-captured forward pass is specialised to its shapes, so batches can be padded to the smallest of a
+few fixed widths ("buckets") instead of their longest input: a handful of shapes per run for some extra padding.
+Without buckets a batch is padded to its longest input rounded up to a multiple (8 on GPU). Serving pads rows too
+(`serving_buckets`): a CUDA graph per (rows, width) shape, both from doublings.
 """
 
 from __future__ import annotations

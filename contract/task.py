@@ -1,17 +1,10 @@
-"""What a model predicts and how its logits become scores and decisions: the one contract that training,
-evaluation, batch prediction, the agreement guard and the service share. `config.json` carries it, in
-transformers' own field (`problem_type`) plus one of ours (THRESHOLDS):
+"""What a model predicts and how its logits become scores and decisions, as config.json carries it
+(transformers' `problem_type` plus our `decision_thresholds`): single-label (softmax, the top label), multi-label
+(a sigmoid per label against its threshold) or regression (the raw value). Training, evaluation, prediction, the
+agreement guard and the service read it; what each type does is its object's (contract/problem_types.py).
 
-    single_label_classification   one class per text: softmax over the labels; the decision is the top label
-    multi_label_classification    any number of labels per text: a sigmoid per label; a label is predicted when its
-                                  score reaches its threshold (config.json `decision_thresholds`: 0.5 each, unless
-                                  training fitted one per label on validation)
-    regression                    one output: the raw value, no squashing
-
-A config without `problem_type` (a model not trained here) is read the way transformers' text-classification
-pipeline reads it: one output is a one-logit classifier (sigmoid, threshold 0.5), several are single-label.
-TEI instead softmaxes every model with more than one label; docs/serving.md says where we follow the pipeline.
-What each type does is its object's (contract/problem_types.py): `Task.kind`.
+A config without `problem_type` is read as transformers' pipeline reads it: one output is a one-logit classifier,
+several are single-label (TEI softmaxes every multi-output model: docs/serving.md).
 """
 
 from __future__ import annotations

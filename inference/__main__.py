@@ -1,15 +1,9 @@
-"""`python -m inference --model_id checkpoints --hostname 0.0.0.0 --port 8000` (`--help` lists every setting).
+"""`python -m inference` (`agnews serve`): the service from flags and environment (inference/settings.py).
 
-Flags override the environment variables of inference/settings.py. The model is loaded here first, so a
-missing or broken one stops the command with one line naming the file (exit 1) and a bad setting with one
-line naming it (exit 2), instead of a traceback.
-
-With one worker process the model runs on this process's main thread and uvicorn's event loop on a second
-thread: on CPU, PyTorch's OpenMP kernels run a batch-1 forward slower from any thread other than the main one
-(docs/benchmarks.md), which is the whole latency of a lone request. With `--workers N`, uvicorn starts N
-processes that each load the model and count their requests into one set of Prometheus metrics. uvicorn starts
-those processes from an import string (`inference.app:app_from_env`), passing nothing else, so the settings this
-command parsed reach them the only way left: written into the environment, which `app_from_env` reads again.
+The model is loaded here first, so a missing or broken one stops with one line (exit 1), a bad setting with one line
+naming it (exit 2). With one worker the model runs on the main thread and uvicorn's loop on another (on CPU, a
+batch-1 forward is slower off the main thread); with `--workers N` each uvicorn worker loads its own copy and reads
+these settings from the environment, the only way an import string passes them.
 """
 
 from __future__ import annotations

@@ -2,15 +2,9 @@
 
     uvicorn inference.app:app_from_env --factory   # settings from environment variables (inference/settings.py)
     uvicorn inference.app:app                      # the same; the app is built when uvicorn asks for it
-    python -m inference --model_id checkpoints --port 8000
 
 Importing this module builds nothing: `create_app(settings)` is the factory (tests, python -m inference),
 `app_from_env` the one uvicorn calls.
-
-Pieces: settings.py (configuration), service.py (state and lifespan: load once, reload, drain), routes.py,
-errors.py (TEI's error bodies), middleware.py (status count, request id, body limit), engine.py (micro-batching),
-loading.py (folders and Hub ids), metrics.py (Prometheus), metrics_port.py (PROMETHEUS_PORT), tracing.py
-(OTLP_ENDPOINT).
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Micro-batching: concurrent requests share forward passes, run off the event loop.
 
-A request puts a job (its inputs: texts or text pairs, and an asyncio future) on a queue. The engine gathers jobs,
-waiting up to `max_wait` only while requests keep arriving together, until they hold `max_batch_requests` inputs
-(a job that would pass it starts the next micro-batch; a job whose client already went away is dropped first), and
-tokenizes them together: one tokenizer call for all the plain texts that share truncation settings (and one for the
-pairs), every window of each input for a job that chunks long texts (contract/long_text.py, at most `max_chunks` per
-input). An input refused (too long, too many windows) fails its own job only. Where that runs:
-- on CUDA (`Limits.tokenizer_thread`), on a tokenizer thread of its own, which hands each micro-batch to the model
-  thread through a short bounded queue: tokenizing the next batch overlaps the GPU's work on this one;
-- on the CPU, on the model thread, between forward passes: there the forward pass holds the cores, and a second
-  thread would only compete with it (and the event loop) for them and for the GIL.
-The model thread (`Engine.serve_forever`: on a thread of its own after `start()`, or on the process's main thread: see
-inference/__main__.py) alone runs the model. It sorts the inputs by length and runs them in forward passes bounded
-by `max_batch_requests` inputs and `max_batch_tokens` padded tokens, so long inputs cannot blow up memory: with
-dynamic shapes (the CPU's default) passes of similar lengths, each padded to its own longest input; with static
-shapes (`Limits.static_shapes`, CUDA's default) as few passes as fit, usually one, each padded to the smallest of a
-few fixed (rows, width) shapes, whose forward passes are CUDA graphs captured at warm-up on CUDA
-(inference/graphs.py). The logits stay on the device until the micro-batch is done (one copy back), then it pools
-each chunked input's windows and hands each job exactly its own rows on its event loop, with its token count (every
-window's) and timings.
-Windows count as inputs everywhere (`max_batch_requests`, `max_batch_tokens`). The model is read once per
-micro-batch, so a reload swaps models between batches (a batch tokenized for the old model is tokenized again). In-
-flight inputs are bounded by `max_concurrent_requests` (Overloaded beyond it: 429).
+A request queues a job (its inputs and a future). The engine gathers jobs into micro-batches bounded by
+`max_batch_requests` inputs, tokenizes them together (on a thread of its own on CUDA, between passes on the CPU), and
+the model thread runs them sorted by length in passes bounded by `max_batch_tokens` (dynamic shapes, or the fixed
+(rows, width) shapes of captured graphs), then hands each job exactly its own rows. Windows of long texts count as
+inputs. A reload swaps models between micro-batches; in-flight inputs beyond `max_concurrent_requests` get 429.
+docs/architecture.md follows a request through it.
 """
 
 from __future__ import annotations

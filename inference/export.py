@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime", required=True, choices=sorted(RUNTIMES), help="the runtime to convert for")
     args = parser.parse_args(argv)
     logs.configure()
-    from inference.runtimes import export  # OpenVINO and ONNX Runtime are imported only once the arguments are good
+    from inference.runtimes.choice import (
+        export,  # OpenVINO and ONNX Runtime are imported only once the arguments are good
+    )
 
     try:
         export(Path(args.checkpoint_dir), args.runtime)

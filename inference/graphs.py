@@ -1,14 +1,9 @@
 """CUDA graphs for serving: each (batch, width) bucket's forward pass captured once, at warm-up, then replayed.
 
-A replay launches the whole forward pass (hundreds of kernels) in one call, so a micro-batch costs the host a copy
-in, one launch and a copy out, instead of the Python and launch time of every layer. What it needs:
-- static shapes: the engine pads every forward pass to one of the buckets (contract/shapes.py: `serving_buckets`);
-- no host syncs inside the forward pass: the model runs attention whose mask is always built
-  (contract/attention.py), so nothing asks the device whether a batch has padding;
-- fixed input and output tensors per bucket: a replay reads the inputs copied into them, writes the same output.
-The graphs share one memory pool, captured largest first, so they cost about the activations of the largest bucket
-on top of the weights (docs/serving.md: workers on a GPU). Capture happens once per loaded model (start-up and each
-reload), and the log says how long it took.
+A replay launches the whole forward pass in one call. It needs static shapes (contract/shapes.py `serving_buckets`),
+no host syncs inside (contract/attention.py) and fixed input and output tensors per bucket. The graphs share one
+memory pool, captured largest first: about the largest bucket's activations on top of the weights. Called by the
+engine at start-up and on each reload.
 """
 
 from __future__ import annotations

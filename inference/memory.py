@@ -1,21 +1,9 @@
-"""Keep a long-running service's resident memory flat under varied request shapes.
+"""Keep a long-running service's resident memory flat under varied request shapes (docs/serving.md, "Memory").
 
-Every micro-batch has its own (batch, padded length) shape, so the activation tensors of one forward pass are
-allocated and freed in ever-changing sizes of several megabytes. glibc's malloc serves large blocks with mmap
-(handed back to the system on free) but raises that threshold each time such a block is freed, up to 32 MiB;
-after a few batches every activation comes from the heap arenas instead, whose free holes of odd sizes are
-rarely reused or returned, so RSS creeps up with the variety of shapes seen (docs/serving.md, "Memory").
-Fixing the threshold (mallopt M_MMAP_THRESHOLD, which also switches the adjustment off) keeps every block of
-1 MiB or more on mmap: freed blocks go back to the system at once. The small blocks below it are reused well.
-
-Python's cyclic garbage collector is the other cost of a long-lived process: a full collection walks every object
-alive, and a loaded model, its tokenizer and the libraries hold millions. Triggered by the allocations of serving
-itself, each one stops every thread (the event loop and the model thread alike) for a long pause; under load that
-was the service's tail latency (docs/serving.md, "Memory"). `freeze_long_lived` moves what start-up made into the
-collector's permanent generation, so collections walk only what requests allocate since.
-
-oneDNN's primitive caches (used by bf16 and fp16 matmuls on CPU) are bounded by their own capacities, 1024
-entries each by default; ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY set before start-up lower them.
+glibc raises its mmap threshold as large blocks are freed, so activations of ever-changing sizes end up in heap
+arenas whose odd holes are rarely returned: the threshold is fixed at 1 MiB instead. `freeze_long_lived` moves what
+start-up made into the collector's permanent generation, so a collection walks only what requests allocate.
+oneDNN's primitive caches are bounded by their own capacities (ONEDNN_PRIMITIVE_CACHE_CAPACITY, LRU_CACHE_CAPACITY).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Prometheus metrics under text-embeddings-inference's names, counted by prometheus-client.
 
-TEI's series (router/src/http/server.rs, core/src/infer.rs, router/src/prometheus.rs of
-huggingface/text-embeddings-inference) keep their names, labels and buckets, so dashboards built for TEI read
-this service: te_request_count{method}, te_request_success{method}, te_request_failure{err},
-te_predict_count and te_predict_success (per input), te_request_duration and its tokenization/queue/inference parts,
-te_request_input_length, te_queue_size, te_batch_next_size, te_batch_next_tokens. Ours beside them:
-te_model_reloads{result}, and the process's memory and CPU.
-
-With several worker processes, prometheus-client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set by
-`python -m inference --workers N` before the workers start) sums every worker's files at each scrape, so
-whichever worker answers /metrics counts all of them. Counters are written as TEI's exporter writes them,
-without the `_total` suffix prometheus-client adds, so TEI's queries match.
+TEI's series (router/src/prometheus.rs, router/src/http/server.rs of huggingface/text-embeddings-inference) keep
+their names, labels, buckets and counters without `_total`, so TEI's dashboards read this service; ours beside them:
+te_model_reloads{result}, the process's memory and CPU. With several workers, prometheus-client's multiprocess mode
+(PROMETHEUS_MULTIPROC_DIR, set by `python -m inference --workers N`) sums every worker's counts at each scrape.
 """
 
 from __future__ import annotations

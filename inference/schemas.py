@@ -1,13 +1,8 @@
 """Request and response bodies, as text-embeddings-inference defines them (router/src/http/types.rs and
-router/src/lib.rs of huggingface/text-embeddings-inference: `PredictRequest`, `PredictInput`, `Prediction`,
-`Info`, `ErrorResponse`).
+router/src/lib.rs of huggingface/text-embeddings-inference: `PredictRequest`, `PredictInput`, `Prediction`).
 
-`inputs` follows TEI's deserializer (`PredictInput`), which differs from its OpenAPI examples:
-    "a"                    one text                        -> [{label, score}, ...]
-    ["a"]                  one text                        -> [{label, score}, ...]
-    ["a", "b"]             ONE (text, text_pair) input     -> [{label, score}, ...]
-    [["a"], ["b", "c"]]    a batch of singles and pairs    -> [[...], [...]], in input order
-    ["a", "b", "c"]        invalid (422)
+`inputs` follows TEI's deserializer: "a" and ["a"] are one text; ["a", "b"] is ONE (text, text_pair) input;
+[["a"], ["b", "c"]] is a batch of singles and pairs answered in input order; ["a", "b", "c"] is invalid (422).
 """
 
 from __future__ import annotations

@@ -18,10 +18,11 @@ from fastapi.concurrency import run_in_threadpool
 from contract import precision
 from contract.loading import CheckpointError, LoadedModel, load_model
 from contract.long_text import CHUNK, LongTextError
-from inference import errors, logs, memory, metrics, runtimes
+from inference import errors, logs, memory, metrics
 from inference.engine import Engine, Limits, warm_up
 from inference.metrics import Metrics
 from inference.reload import CheckpointWatcher
+from inference.runtimes import choice as runtimes
 from inference.settings import Settings, SettingsError
 from inference.tokenizing import window_length
 
@@ -139,7 +140,7 @@ def exit_abandoning_race(code: int) -> None:
     """End the process now when a background runtime race is still converting: the converter's own native threads
     (OpenVINO, NNCF) are then running, and letting the interpreter finalise around them aborts the process
     (std::terminate, exit -6) after a clean drain. The race is abandoned: its half-written conversion carries this
-    process's id and the next start removes it and measures again (inference/runtime_cache.py)."""
+    process's id and the next start removes it and measures again (inference/runtimes/cache.py)."""
     if not any(t.name == RACE_THREAD and t.is_alive() for t in threading.enumerate()):
         return
     logger.info("Runtime: the background measurement is abandoned at shutdown; the next start measures again")

@@ -19,7 +19,11 @@ from contract import precision
 from contract.backends import AGREEMENT_BOUND, RUNTIMES
 from contract.errors import UsageError
 
-BACKENDS = ("auto", "torch", *RUNTIMES)  # what serves the model: inference/runtimes.py chooses, backends.py declares
+BACKENDS = (
+    "auto",
+    "torch",
+    *RUNTIMES,
+)  # what serves the model: inference/runtimes/choice.py chooses, backends.py declares
 
 
 def available_cores() -> int:

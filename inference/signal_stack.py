@@ -1,15 +1,9 @@
 """Keep a thread's alternate signal stack its own across calls into a library that replaces it.
 
-OpenVINO's CPU plugin gives the thread that creates it an alternate signal stack of its own (for AMX state) and
-unmaps that stack when the plugin is destroyed. It puts the previous stack back only when it is destroyed on the
-same thread, in reverse order of creation. Otherwise the thread keeps pointing at unmapped memory, and the next
-signal handled on that thread (SIGTERM or SIGINT in the service, SIGCHLD after a subprocess, any Python handler: they
-run on the alternate stack) kills the process with SIGSEGV. Two runtimes built and dropped on one thread are
-enough (tests/inference/test_runtimes.py).
-
-`kept()` records the calling thread's alternate stack and restores it afterwards, so a plugin's stack is never the
-thread's: destroyed anywhere, it unmaps memory no thread uses. Linux with glibc only, where the plugin does this;
-elsewhere it does nothing.
+OpenVINO's CPU plugin gives its thread an alternate signal stack and unmaps it when destroyed, restoring the previous
+one only when destroyed on the same thread in reverse order; otherwise the next signal handled there (SIGTERM,
+SIGCHLD) crashes the process. `kept()` restores the calling thread's stack after the call, so a plugin's stack is
+never the thread's. Linux with glibc only; elsewhere it does nothing.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The shape the code keeps (issue 13): short functions, few positional parameters, no test hooks in the package,
-and docs that are generated from the code still match it."""
+"""The shape the code keeps: short functions, few positional parameters, no test hooks in the package, training/
+in rooms, short module docstrings, and docs that are generated from the code still match it."""
 
 from __future__ import annotations
 
@@ -55,12 +55,12 @@ def test_the_package_has_no_fault_injection_hooks():
 
 
 def test_importing_the_training_modules_registers_nothing_with_transformers():
-    """The CPU attention is registered by the run's set-up (training/cpu_speed.py), not as an import side effect."""
+    """The CPU attention is registered by the run's set-up (speed/cpu_speed.py), not as an import side effect."""
     import subprocess
     import sys
 
     code = (
-        "import training.train, training.model, training.cpu_speed, training.loop\n"
+        "import training.train, training.model, training.speed.cpu_speed, training.loop\n"
         "from transformers import AttentionInterface\n"
         "print('eager_fast_dropout' in AttentionInterface._global_mapping)"
     )
@@ -174,3 +174,34 @@ def test_every_install_line_takes_torch_from_a_named_pytorch_index():
     assert len(installs) >= 5, installs  # README's two commands, the service's, CI's two, docs
     bare = [(n, line) for n, line in installs if "download.pytorch.org/whl/" not in line]
     assert not bare, bare
+
+
+# training/'s top: what a user runs and the loop's spine; everything else lives in a room named for its job
+TRAINING_TOP = {
+    *("train", "loop", "evaluate", "predict", "push", "download", "check_env", "commands", "arguments", "launch"),
+    *("cli", "config", "config_parsing", "config_docs", "smoke", "hub", "model", "lora", "weights", "objective"),
+    *("calibration", "guards", "collective", "__init__"),
+}
+TRAINING_ROOMS = {"data", "output", "speed", "scoring"}
+
+
+def test_training_keeps_the_spine_at_its_top_and_the_rest_in_rooms():
+    top = {p.stem for p in (ROOT / "training").glob("*.py")}
+    rooms = {p.name for p in (ROOT / "training").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert top == TRAINING_TOP, f"new at the top: {sorted(top - TRAINING_TOP)}; gone: {sorted(TRAINING_TOP - top)}"
+    assert rooms == TRAINING_ROOMS
+    for room in ("training/output", "training/speed", "training/scoring", "inference/runtimes"):  # tests mirror them
+        assert (ROOT / "tests" / room).is_dir(), room
+
+
+MAX_MODULE_DOC_LINES = 8  # what a module holds and who calls it; the stories live in docs/
+
+
+def test_module_docstrings_say_what_the_module_holds_in_a_few_lines():
+    long = []
+    for package in ("contract", *PACKAGES):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False) or ""
+            if len(doc.strip().splitlines()) > MAX_MODULE_DOC_LINES:
+                long.append(f"{path.relative_to(ROOT)} ({len(doc.strip().splitlines())} lines)")
+    assert not long, f"module docstrings over {MAX_MODULE_DOC_LINES} lines: {long}"

@@ -33,7 +33,7 @@ def test_the_notebook_runs_top_to_bottom_in_smoke_mode(smoke_dir, tmp_path, monk
 
     output_dir = tmp_path / "checkpoints"
     # BACKEND=torch: what BACKEND=auto serves on Kaggle's GPUs; on this CPU auto would first race the optimized
-    # runtimes (tested in tests/inference/test_runtimes.py), which only costs time here.
+    # runtimes (tested in tests/inference/runtimes/test_runtimes.py), which only costs time here.
     env = cli_env(AGNEWS_NOTEBOOK_SMOKE="1", AGNEWS_NOTEBOOK_OUTPUT=str(output_dir), BACKEND="torch")
     for name, value in env.items():
         monkeypatch.setenv(name, value)  # the kernel, and every process it starts, inherits these

@@ -1,22 +1,9 @@
-"""Calibrated scores carried in the weights (--calibration temperature): after the best model is chosen, temperatures
-are fitted on the validation split and folded into the final linear layer, so every consumer of the checkpoint (the
-service, transformers' pipeline, any TEI client, the ONNX / OpenVINO runtimes, the int8 guard) computes calibrated
-probabilities with no code of its own, and every decision stays what it was:
-
-    single-label   one T for the softmax (the T minimising the negative log-likelihood of softmax(z / T)); weight and
-                   bias divided by T; z / T keeps every row's order, so the argmax is unchanged
-    multi-label    one T_j per label (each minimising its label's binary cross-entropy of sigmoid(z_j / T_j)); output
-                   row j and bias j divided by T_j; each decision threshold t_j moves to sigmoid(logit(t_j) / T_j), so
-                   sigmoid(z_j / T_j) >= t_j' exactly when sigmoid(z_j) >= t_j: the label sets are unchanged
-
-`--calibration temperature` always folds them in; `auto` (the default for classification) only when temperatures fitted
-on one half of the validation texts lower the other half's negative log-likelihood or ECE (both halves in turn),
-so calibration never makes held-out scores worse; a temperature at a bound of LIMITS is said.
-
-The expected calibration error (ECE, 15 equal-width confidence bins: the gap between confidence and accuracy,
-weighted by each bin's share) is measured before and after: over the top label for single-label, over every (text,
-label) yes/no for multi-label. metrics.json records both, and `python -m training.evaluate` draws the reliability
-diagram (calibration.png).
+"""Calibrated scores carried in the weights (--calibration): temperatures fitted on the validation split after
+the best model is chosen, folded into the output layer, so every consumer of the checkpoint reads calibrated
+probabilities with no code of its own and every decision stays what it was (multi-label thresholds move with
+their temperatures). `auto` folds them in only where they help held-out texts: fitted on one half of validation,
+they must improve the other half (both halves in turn). The expected calibration error before and after goes to
+metrics.json. Called by train.py once the best model is back.
 """
 
 from __future__ import annotations
@@ -31,6 +18,7 @@ from accelerate.logging import get_logger
 
 from contract import task
 from contract.problem_types import kind_of
+from training.weights import edit_weights
 
 logger = get_logger(__name__)  # the main process says it
 
@@ -226,3 +214,60 @@ def say_clamped(temperatures: list[float]) -> list[int]:
 
 def rounded(numbers: list[float]) -> str:
     return ", ".join(f"{n:.3f}" for n in numbers)
+
+
+def apply(run, validation) -> dict:  # run: training/loop.py's Run (it imports this module)
+    """--calibration on the best model (put back, scored on `validation` by every rank: each fits the same): with
+    `temperature` the temperatures are fitted and folded into the output layer; with `auto` only where they help
+    held-out texts (training/py). Multi-label thresholds move with them and the model is saved again;
+    config.json says what was applied. A best model an earlier run of this folder already calibrated (a finished run
+    resumed from one of its states, no better model since) is kept as it is. What was applied and measured."""
+    unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
+    if run.cfg.calibration == NONE:
+        setattr(unwrapped.config, CONFIG_FIELD, {"method": NONE})
+        return {"method": NONE}
+    scale, labels = scale_for(run.objective.problem_type), validation.labels
+    kept, logits, measured = run.out.saved_calibration(), validation.logits, None
+    if kept.get("method") == TEMPERATURE:
+        temperatures = Scale.temperatures(kept)
+        logits = logits.double() * torch.tensor(temperatures, dtype=torch.float64)  # as before calibration
+        said = rounded(temperatures)
+        logger.info("Calibration: kept, as an earlier run of this folder applied it (T %s)", said)
+    else:
+        temperatures = scale.fit(logits, labels)
+        if run.cfg.calibration == AUTO:
+            measured = held_out(scale, logits, labels, run.cfg.seed)
+            if not helps(measured):
+                ece = {"validation": scale.error(scale.probabilities(logits), labels)}
+                return {**not_applied(unwrapped, temperatures, measured), "ece": ece}
+        layer = output_layer(unwrapped, len(run.splits.label_names))
+        edit_weights(run.accelerator, run.model, lambda w: fold_temperature(w, layer, temperatures))
+        said = rounded(temperatures), held_out_figures(measured)
+        logger.info("Calibration: temperature %s fitted on validation, folded in%s", *said)
+    applied = scale.record(temperatures)
+    setattr(unwrapped.config, CONFIG_FIELD, applied)
+    thresholds = (run.progress.best_validation or {}).get("thresholds")
+    if thresholds:  # multi-label: the same decisions from the calibrated scores
+        applied = {**applied, "thresholds": moved_thresholds(thresholds, temperatures)}
+        setattr(unwrapped.config, task.THRESHOLDS, applied["thresholds"])
+    if kept.get("method") != TEMPERATURE:
+        run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
+    return {
+        **applied,
+        "clamped": say_clamped(temperatures),
+        "held_out": measured,
+        "bins": BINS,
+        "ece_before": {"validation": scale.error(scale.probabilities(logits), labels)},
+        "ece_after": {"validation": scale.error(scale.probabilities(logits, temperatures), labels)},
+    }
+
+
+def add_test_errors(calibrated: dict, scored, problem_type: str) -> None:
+    """The expected calibration error on the test split beside validation's, in what `apply` returned."""
+    scale = scale_for(problem_type)
+    if "ece" in calibrated:  # auto kept no temperature: the error of the scores as they are
+        calibrated["ece"]["test"] = scale.error(scored.scores, scored.labels)
+    if "ece_after" in calibrated:
+        undone = [1 / t for t in Scale.temperatures(calibrated)]  # the logits are the calibrated ones
+        calibrated["ece_before"]["test"] = scale.error(scale.probabilities(scored.logits, undone), scored.labels)
+        calibrated["ece_after"]["test"] = scale.error(scale.probabilities(scored.logits), scored.labels)

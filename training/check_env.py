@@ -1,15 +1,8 @@
-"""Check the machine and the launch before a long run; exit 1 with a hint for each problem found.
+"""Check the machine and the launch before a long run; exit 1 with a one-line hint for each problem found.
 
-    python -m training.check_env                                 this process: versions, devices, a 1-process group
-    python -m training.check_env --num_processes 2       checks first, then starts itself under accelerate launch
-    accelerate launch [--config_file F] -m training.check_env    every process: rendezvous, all-reduce, bandwidth
-
-Every process prints what it sees (versions, GPUs with memory and bf16 support, CUDA_VISIBLE_DEVICES and the
-launcher's variables); the group then all-reduces rank+1 (the sum must be N(N+1)/2) and times a short
-all-reduce of a larger buffer. Common failures end with exit 1 and one line saying what to change:
-port in use, fewer GPUs than processes on a node, NCCL missing, a world that did not fully assemble
-(nodes disagreeing on the number of processes, a node not started, a firewall) and processes that each
-believe they are alone. With `NCCL_DEBUG=INFO` set, NCCL logs its transport choices as well.
+Every process prints its versions, devices and launcher variables; the group then all-reduces rank+1 and times a
+larger all-reduce. Port in use, too few GPUs, no NCCL, a world that did not assemble, and processes that each
+believe they are alone end with what to change. `agnews check-env --help` shows how to run it on several processes.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def run_command(work: Callable[[], object], accelerator: Accelerator | None = No
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
     if accelerator is not None and accelerator.device.type == "cpu":
-        from training.cpu_speed import choose_threads  # imported here: it imports transformers
+        from training.speed.cpu_speed import choose_threads  # imported here: it imports transformers
 
         choose_threads(int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))  # torchrun sets it
     try:

@@ -1,14 +1,9 @@
 """The one way the ranks agree on something only one of them should work out.
 
-`decided_on_main(accelerator, decide)` runs `decide()` on the main process alone (it reads or writes files the
-others must not touch at once: the output folder's lock, a resumable state, the data files) and hands its result to
-every rank. Should it raise a UserError (contract/errors.py), every rank raises that same error, so each one stops
-with the same line and none is left waiting in a collective. Anything else it raises is a bug and keeps its traceback on
-the main process; the launcher then stops the other ranks (torch elastic ends every rank once one has failed).
-
-`main_first(accelerator, work)` is accelerate's `main_process_first` (the main process runs `work` first, e.g. to
-download or tokenize into a cache the others then read) with the same rule: accelerate's own context manager leaves
-the other ranks waiting at its barrier when the main process raises inside it; here they raise the same UserError.
+`decided_on_main(accelerator, decide)` runs `decide()` on the main process alone and hands its result to every rank;
+a UserError it raises is raised on every rank, so none is left waiting in a collective (anything else is a bug and
+keeps its traceback; the launcher stops the others). `main_first(accelerator, work)` is accelerate's
+`main_process_first` with the same rule.
 """
 
 from __future__ import annotations

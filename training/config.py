@@ -1,22 +1,9 @@
 """The one typed training configuration: defaults < ``--preset`` < ``--config file.yaml`` < CLI flags.
 
-Fields are grouped by concern, one pydantic model per group (model, data, optimization, evaluation and
-checkpoints, run); `TrainConfig` holds them all, flat (`cfg.learning_rate`). Every field's documentation
-is its attribute docstring: `--help` and docs/configuration.md print it. A YAML file may list fields flat
-or under their group's name. Parsing never touches torch, a process group or a model, so a bad value is
-reported in one line (`learning_rate: must be > 0 (got -1.0)`, exit code 2) before anything expensive.
-
-Why argparse here when the service reads its settings with pydantic-settings (inference/settings.py, `CliApp`):
-the values are checked by the same pydantic models either way; what differs is where they come from.
-- The service is configured by its environment (TEI's variable names, a container's `-e`), which is what
-  pydantic-settings is for. A training run must not be: `accelerate launch`, torchrun and SLURM export dozens of
-  variables into every rank, and a settings class would also take `SEED`, `OUTPUT_DIR` or `MAX_LENGTH` from a job's
-  environment without a word. Training reads flags and files only.
-- Its layers are chosen on the command line itself: `--preset` and `--config FILE` decide which defaults and which
-  YAML lie beneath the other flags, and the YAML may name the preset. pydantic-settings orders its sources once,
-  when the class is built; here the flags are read first, then the preset and the file they name are layered below.
-- The flags are the flat names of the transformers examples (`--learning_rate`, not `--optimization.learning_rate`),
-  listed in one `--help` group per concern, and the YAML takes them flat or under their group.
+One pydantic model per group of fields (model, data, optimization, evaluation and checkpoints, run); `TrainConfig`
+holds them flat. Each field's attribute docstring is its documentation (`--help`, docs/configuration.md). A bad
+value is one line (`learning_rate: must be > 0 (got -1.0)`, exit 2) before anything expensive. Training reads flags
+and files only, never the environment: launchers export many variables into every rank.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""Download the model, tokenizer and dataset once, for clusters whose compute nodes have no internet.
-
-On a machine with internet (a login node), into a folder the compute nodes can read:
-
-    python -m training.download --output_dir /shared/agnews_offline
-
-then on the compute nodes, with the network never touched:
-
-    HF_HUB_OFFLINE=1 accelerate launch training/train.py --config /shared/agnews_offline/train_config.yaml
-
-The folder holds `model/` (weights, config and tokenizer, written by save_pretrained), `data/<split>.parquet`
-for every split of the dataset, and `train_config.yaml`, which points train.py at them (absolute paths, with
-the dataset's label names in their id order). Any other training flag can still be added on the command line.
+"""`agnews download`: the model, tokenizer and dataset fetched once, for clusters whose compute nodes have no
+internet. The folder holds model/ (save_pretrained), data/<split>.parquet and train_config.yaml, which points
+train.py at them: `HF_HUB_OFFLINE=1 accelerate launch training/train.py --config DIR/train_config.yaml`.
 """
 
 from __future__ import annotations
@@ -24,11 +14,12 @@ import datasets
 import yaml
 from transformers import AutoModel, AutoTokenizer
 
+from contract.errors import UserError
 from contract.hub import hub_reachable, is_offline
 from training import arguments
 from training.cli import run_command
 from training.data.errors import DataError
-from training.hub import HubUnavailableError, explain_missing
+from training.hub import explain_missing
 
 logger = logging.getLogger("download")
 
@@ -39,7 +30,7 @@ def require_hub(sources: list[str]) -> None:
     """Fail at once, with the reason, when a source must come from the Hub and the Hub does not answer."""
     remote = [s for s in sources if not Path(s).exists()]
     if remote and (is_offline() or not hub_reachable()):
-        raise HubUnavailableError(
+        raise UserError(
             f"Cannot download {', '.join(remote)}: the Hugging Face Hub is out of reach"
             f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}. Run `python -m training.download` on a machine "
             "with internet (a login node), into a folder the compute nodes can read."

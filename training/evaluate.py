@@ -1,17 +1,9 @@
-"""Score a saved checkpoint on a labelled split, on every process at once.
+"""`agnews evaluate`: score a saved checkpoint on a labelled split, on every process at once.
 
-    python -m training.evaluate --checkpoint_dir checkpoints                      # ag_news test split (Hub)
-    python -m training.evaluate --checkpoint_dir checkpoints --test_file news.csv
-    python -m training.evaluate --checkpoint_dir checkpoints --preset smoke      # the smoke preset's test.csv
-    accelerate launch --config_file accelerate_configs/cpu_2proc.yaml -m training.evaluate --checkpoint_dir ...
-
-Each rank scores its shard; `gather_for_metrics` drops the duplicates accelerate adds to even out the last
-batch, so the counts are exact with any number of processes. The main process prints a per-class table and
-writes, beside the checkpoint, `eval_results.json` (the weights' SHA-256 and training step it describes, metrics,
-per-class precision/recall/F1) and, by problem type (training/reports.py): single-label `confusion_matrix.png`
-and `misclassified.csv`; multi-label `misclassified.csv` (rows whose label set is wrong); regression
-`residuals.png` and `largest_errors.csv`; unless the weights file changed while it was scored. The scoring itself
-is training/scoring.py, which training's own validation calls too.
+Each rank scores its shard (training/scoring/split.py, as training's validation does); `gather_for_metrics` drops
+accelerate's duplicates, so the counts are exact with any number of processes. The main process prints a per-class
+table and writes eval_results.json and the problem type's reports beside the checkpoint (docs/evaluation.md),
+unless the weights changed while they were scored.
 """
 
 from __future__ import annotations
@@ -32,8 +24,7 @@ from contract.errors import CheckpointError
 from contract.files import file_sha256
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
-from training import arguments, calibration, reports
-from training.atomic import write_json
+from training import arguments, calibration
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.config import TrainConfig, presets
@@ -42,8 +33,10 @@ from training.data.labels import LabelSpace
 from training.data.reading import hub_split, labelled, load_file, load_hub, require_columns
 from training.data.tokenizing import tokenize
 from training.hub import ensure_hub_or_offline
-from training.metrics import MetricSuite, Scored
-from training.scoring import score
+from training.output import reports
+from training.output.atomic import write_json
+from training.scoring.metrics import MetricSuite, Scored
+from training.scoring.split import score
 from training.smoke import ensure_smoke_assets
 
 logger = get_logger(__name__)
@@ -215,7 +208,7 @@ def unchanged(accelerator: Accelerator, loaded: LoadedModel) -> None:
 
 
 def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, loaded: LoadedModel) -> None:
-    """eval_results.json and the problem type's pictures and tables (training/reports.py)."""
+    """eval_results.json and the problem type's pictures and tables (training/output/reports.py)."""
     write_json(root / files.EVAL_RESULTS, evaluation)
     title = f"{evaluation['data']}: " + "  ".join(
         f"{k} {evaluation['metrics'][k]:.4f}" for k in ("accuracy", "micro_f1", "r2") if k in evaluation["metrics"]

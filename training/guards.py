@@ -1,12 +1,9 @@
 """Starting and stopping safely: a launch whose processes do not form one group is refused; preemption
-(SIGTERM) and divergence (non-finite loss) are decided by all ranks together.
+(SIGTERM) and divergence (non-finite losses) are decided by all ranks together.
 
-Kaggle, SLURM and spot instances announce the end with SIGTERM (`accelerate launch` forwards it to every
-rank). A rank that receives it only raises a flag; every `stop_check_steps` optimizer steps, and before any
-evaluation or save, the ranks sum their flags in one tiny all-reduce, so they all stop at the same step:
-after a SIGTERM they save a resumable state and exit; after `max_nonfinite_steps` consecutive non-finite
-losses they stop with an error before a diverged model can be evaluated or saved. Between checks nothing
-syncs with the host: the non-finite streak is counted on the device.
+A rank that receives SIGTERM only raises a flag; every `stop_check_steps` steps, and before any evaluation or save,
+the ranks sum their flags in one tiny all-reduce, so they all stop at the same step (a resumable state saved after
+SIGTERM; an error after `max_nonfinite_steps` non-finite losses). The non-finite streak is counted on the device.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ class StopGuard:
 
     def observe(self, loss: torch.Tensor) -> None:
         """Count the non-finite streak on the device (no host sync), in place: a captured step keeps these tensors
-        (training/step_graph.py)."""
+        (training/speed/step_graph.py)."""
         finite = torch.isfinite(loss.detach())
         self.streak.copy_(torch.where(finite, torch.zeros_like(self.streak), self.streak + 1))
         torch.maximum(self.longest, self.streak, out=self.longest)

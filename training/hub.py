@@ -41,10 +41,6 @@ def looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep in name.replace("/", "")
 
 
-class HubUnavailableError(UserError, RuntimeError):
-    """The Hub cannot be reached and what the run needs is not in the local cache."""
-
-
 def go_offline() -> None:
     """Switch huggingface_hub, transformers, datasets and evaluate to cache-only loading for this process.
 
@@ -67,12 +63,12 @@ def ensure_hub_or_offline(needs_hub: bool) -> None:
         go_offline()
 
 
-def explain_missing(what: str, exc: BaseException, name: str | None = None) -> HubUnavailableError:
+def explain_missing(what: str, exc: BaseException, name: str | None = None) -> UserError:
     """A one-paragraph error for a resource (`name`) that could not be loaded from a folder, the network or the
     cache, with what would work instead for the command that failed."""
     if name is not None and looks_local(name) and not os.path.exists(os.path.expanduser(name)):
-        return HubUnavailableError(f"Cannot load {what}: there is no folder {name} (a Hub id reads org/name)")
+        return UserError(f"Cannot load {what}: there is no folder {name} (a Hub id reads org/name)")
     where = "the Hub is unreachable (offline mode)" if is_offline() else "it could not be loaded"
     reason = " ".join(str(exc).split())[:300]
     hint = OFFLINE_HELP.get(command(), "")
-    return HubUnavailableError(f"Cannot load {what}: {where} and it is not in the local cache ({reason}). {hint}")
+    return UserError(f"Cannot load {what}: {where} and it is not in the local cache ({reason}). {hint}")

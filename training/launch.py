@@ -1,4 +1,5 @@
-"""`agnews launch ...` is `accelerate launch ...`: the same arguments, accelerate's own launcher, minus its noise.
+"""`agnews launch ...` is `accelerate launch ...`: the same arguments, accelerate's own launcher, minus its noise;
+and the precision a launcher asked a training run for (train.py reads it).
 
 Hidden unless the run is given --verbose: the block of launcher values accelerate filled in by default (printed on
 every launch without an accelerate config) and the launcher's traceback after a run that failed, whose processes
@@ -8,11 +9,17 @@ have already said why in one line. The exit code is the run's.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 
+import torch
 from accelerate.commands.launch import launch_command, launch_command_parser
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from contract import precision
+
+logger = logging.getLogger(__name__)
 
 
 def verbose(script_args: list[str]) -> bool:
@@ -36,6 +43,31 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as exc:  # several processes (torch's elastic launcher, used by accelerate)
         return exc.get_first_failure()[1].exitcode
     return 0
+
+
+def launcher_precision() -> str:
+    """The precision `accelerate launch` was given (its flag or config file), or "no"."""
+    return os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+
+
+def mixed_precision(asked: str) -> str:
+    """accelerate's name for a training run's precision: --mixed_precision; for `auto`, the launcher's fp16/bf16 if it
+    sets one, else `auto` as contract/precision.py decides it for this machine."""
+    launcher = launcher_precision()
+    if asked == precision.AUTO and launcher != "no":
+        return launcher
+    return precision.accelerate_name(precision.resolve(asked, "cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def say_overridden_precision(asked: str, used: str) -> None:
+    """A launcher precision that --mixed_precision overrode, said once with the flag that would follow it."""
+    launcher = launcher_precision()
+    if launcher not in ("no", used):
+        logger.warning(
+            "accelerate launch asked for %s, but --mixed_precision %s (flag, YAML or preset) decides: training in %s. "
+            "Pass --mixed_precision %s to train in %s.",
+            *(launcher, asked, precision.canonical(used), launcher, launcher),
+        )
 
 
 if __name__ == "__main__":

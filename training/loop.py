@@ -1,22 +1,15 @@
-"""The training loop: `fit` holds it whole (forward, backward, optimizer step, log, stop check, evaluate, save, early
-stop), one function read top to bottom. When to log, evaluate, save or check for a stop is decided by one plain
-function of numbers, `plan_step`, unit tested without a process group (tests/training/test_loop.py), as are the
-bookkeeping helpers beside it.
+"""The training loop: `fit` holds it whole, one function read top to bottom; `plan_step`, a plain function of
+numbers, decides when to log, evaluate, save or check for a stop. Called by train.py on every rank.
 
-What a run carries from step to step travels as one `Run`; its output folder is a `checkpoint.OutputDir`, and every
-save goes through `save_state` / `validate_and_save` here, then `OutputDir`. Every function taking a `Run` is called
-on all ranks at the same step; rank logic goes through the Accelerator only.
-
-Seams: the crash tests (tests/helpers/faults) wrap `forward_loss` (a NaN loss) and `after_optimizer_step` (a rank
-that raises or hangs after a step); the step guards (tests/helpers/guarded_train.py, bench/gpu_lease.py) watch from
-`forward_loss` to `plan_step`, the window of one step that must not read the device. Keep these names.
+Seams the tests wrap (keep these names): `forward_loss` and `after_optimizer_step` (tests/helpers/faults), and the
+window from `forward_loss` to `plan_step` that must not read the device (tests/helpers/guarded_train.py).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from importlib.metadata import version
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +19,18 @@ from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
 from contract import files, task
-from training.capture import CompileReport, eager
-from training.checkpoint import OutputDir, Progress
 from training.config import TrainConfig
-from training.data.batching import model_inputs, num_texts
+from training.data.batching import model_inputs
 from training.data.reading import Splits
 from training.guards import StopGuard, TrainingDiverged
-from training.lora import parameter_counts
-from training.metrics import MetricSuite
 from training.objective import Objective
-from training.scoring import FIT, evaluate
-from training.step_graph import StepGraph
-from training.throughput import Throughput, peak_memory_mb
+from training.output.checkpoint import OutputDir, Progress
+from training.output.reports import run_summary
+from training.scoring.metrics import MetricSuite
+from training.scoring.split import FIT, evaluate
+from training.speed.capture import CompiledSteps, eager
+from training.speed.step_graph import StepGraph
+from training.speed.throughput import Throughput, peak_memory_mb
 
 logger = get_logger(__name__)
 
@@ -70,8 +63,8 @@ class Run:
     throughput: Throughput
     guard: StopGuard
     objective: Objective  # the loss for the problem type, with class weights and smoothing (training/objective.py)
-    compiled: CompileReport  # --torch_compile: the mode, and what compiling cost (training/capture.py)
-    graphs: StepGraph | None = None  # --torch_compile whole-step: the captured steps (training/step_graph.py)
+    compiled: CompiledSteps  # --torch_compile: the mode, and what compiling cost (training/speed/capture.py)
+    graphs: StepGraph | None = None  # --torch_compile whole-step: the captured steps (training/speed/step_graph.py)
     early_stopped: bool = False  # set by validate_and_save when the patience is spent (on every rank alike)
 
     def finished(self) -> bool:
@@ -287,8 +280,13 @@ def epoch_batches(run: Run, epoch: int):
     return run.loaders.train
 
 
-def fit(run: Run) -> bool:
-    """Train until done, early-stopped or preempted; True when preempted (a resumable state was saved)."""
+class Outcome(Enum):
+    FINISHED = "finished"  # every step done, or stopped early: the best model is saved
+    PREEMPTED = "preempted"  # SIGTERM: a resumable state was saved; resume later
+
+
+def fit(run: Run) -> Outcome:
+    """Train until done, early-stopped or preempted."""
     cfg, accelerator, progress, model = run.cfg, run.accelerator, run.progress, run.model
     per_epoch = len(run.loaders.train)
     clip_here = cfg.max_grad_norm > 0 and not run.compiled.clips_in_step  # a compiled step clips in its own graph
@@ -309,7 +307,7 @@ def fit(run: Run) -> bool:
             # Forward and backward; the optimizer steps when the accumulation window is full.
             run.throughput.begin_step(run.compiled.begin_step(batch))  # steady: neither compiling nor recording
             with accelerator.accumulate(model):
-                if run.graphs is not None:  # all of the below as one replay (training/step_graph.py)
+                if run.graphs is not None:  # all of the below as one replay (training/speed/step_graph.py)
                     loss = run.graphs.step(batch, accelerator.sync_gradients, lambda b: forward_loss(run, b))
                 else:
                     loss = forward_loss(run, batch)
@@ -332,7 +330,7 @@ def fit(run: Run) -> bool:
                 log_loss(run, losses, epoch, bar)
             if plan.check_stop and preempted_or_diverged(run):
                 bar.close()
-                return True
+                return Outcome.PREEMPTED
             if plan.evaluate:
                 validate_and_save(run)
             if plan.save:
@@ -357,7 +355,7 @@ def fit(run: Run) -> bool:
             progress.best_metric,
             progress.best_step,
         )
-    return False
+    return Outcome.FINISHED
 
 
 # -------------------------------------------------------------------------------------------- reporting
@@ -378,34 +376,3 @@ def _shown(name: str, value) -> str:
     if isinstance(value, list) and len(value) > 8:
         return f"{name} [{len(value)} values: {files.METRICS}]"
     return f"{name} {value}"
-
-
-def run_summary(run: Run, test_metrics: dict | None = None, runtime_s: float | None = None) -> dict:
-    """metrics.json: the best validation, the test metrics, the history, the config, versions."""
-    cfg, progress, splits, world = run.cfg, run.progress, run.splits, run.accelerator.num_processes
-    chunked = cfg.windowing().chunked
-    return {
-        "validation": progress.best_validation,
-        "test": test_metrics,
-        "best_step": progress.best_step,
-        "global_step": progress.global_step,
-        "epochs_completed": progress.epoch,
-        "metric_for_best_model": cfg.metric_for_best_model,
-        "world_size": world,
-        "effective_batch_size": cfg.effective_batch_size(world),
-        "mixed_precision": run.accelerator.mixed_precision,
-        "parameters": parameter_counts(run.accelerator.unwrap_model(run.model, keep_torch_compile=False)),
-        "history": progress.history,
-        "train_loss": progress.train_loss,
-        "config": cfg.to_dict(),
-        "versions": {name: version(name) for name in ("torch", "accelerate", "transformers", "datasets", "tokenizers")},
-        "train_runtime_s": runtime_s,
-        "cpu_threads": progress.layout.get("cpu_threads"),  # chosen by the machine's load unless OMP_NUM_THREADS
-        "num_examples": {name: num_texts(split) for name, split in splits.named().items()},
-        **({"num_windows": {name: len(split or ()) for name, split in splits.named().items()}} if chunked else {}),
-        "label_names": splits.label_names,
-        "problem_type": splits.labels.problem_type,
-        "label_values": splits.labels.values,  # the training data's value of each class id
-        "provenance": progress.provenance,  # data fingerprints, model and settings (training/provenance.py)
-        "inexact_resumes": progress.inexact_resumes,  # what changed at a resume with --allow_inexact_resume
-    }

@@ -30,10 +30,6 @@ QUERY_VALUE = ("q_lin", "v_lin", "query", "value", "q_proj", "v_proj", "query_pr
 FUSED_QKV = ("Wqkv", "qkv_proj", "c_attn", "query_key_value")
 
 
-class LoraError(UsageError, ValueError):
-    """LoRA settings that cannot apply to this model (target modules that match nothing, peft missing)."""
-
-
 def peft_installed() -> bool:
     try:
         import peft  # noqa: F401
@@ -77,7 +73,7 @@ def target_modules(model: PreTrainedModel, requested: list[str] | None) -> list[
         found = [name for name in family if name in linear]
         if found:
             return found
-    raise LoraError(
+    raise UsageError(
         f"lora_target_modules: no attention projection found in {model.config.model_type!r} (linear layers: "
         f"{', '.join(sorted(linear)[:8])}); name the modules to adapt with --lora_target_modules"
     )
@@ -107,7 +103,7 @@ def apply_lora(
         nothing_matched = getattr(peft.utils.error, "NoMatchingPeftModuleError", ())
         if not isinstance(exc, nothing_matched) and "not found in the base model" not in str(exc):
             raise
-        raise LoraError(
+        raise UsageError(
             f"lora_target_modules: {', '.join(targets)} match no module of {model.config.model_type!r}; name "
             "linear layers of the model (e.g. query,value or q_proj,v_proj)"
         ) from None
@@ -171,7 +167,3 @@ def restore_adapter(model, folder: Path) -> None:
     from peft.utils import load_peft_weights, set_peft_model_state_dict
 
     set_peft_model_state_dict(model, load_peft_weights(str(folder), device="cpu"))
-
-
-def adapter_dir(root: Path) -> Path:
-    return root / files.ADAPTER_DIR

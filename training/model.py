@@ -1,11 +1,14 @@
-"""Model and optimizer construction (the CPU speed-ups live in training/cpu_speed.py)."""
+"""Model and optimizer construction (the CPU speed-ups live in training/speed/cpu_speed.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 
 import torch
+import transformers
+from accelerate import Accelerator
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
 from contract import files
@@ -14,14 +17,12 @@ from contract.padding import ensure_pad_token, match_pad_token
 from contract.quiet import quiet_transformers
 from training import calibration
 from training.config import TrainConfig
+from training.data.batching import steps_in_epoch
 from training.data.labels import LabelSpace
 from training.hub import explain_missing
+from training.speed import capture
 
 logger = logging.getLogger(__name__)
-
-
-class ModelSizeError(UserError, ValueError):
-    """The starting model's classification head does not fit the labels (and --ignore_mismatched_sizes is off)."""
 
 
 def hub_options(cfg: TrainConfig) -> dict:
@@ -105,7 +106,7 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
     except RuntimeError as exc:
         if "ignore_mismatched_sizes" not in str(exc):  # transformers' words for a head of another size
             raise
-        raise ModelSizeError(
+        raise UserError(
             f"model {cfg.model_name_or_path!r}: its classification head has another number of outputs than the "
             f"{len(names)} of this data; pass --ignore_mismatched_sizes to start that head fresh"
         ) from None
@@ -115,9 +116,9 @@ def build_optimizer(
     model: torch.nn.Module, cfg: TrainConfig, learning_rate: float, capturable: bool = False, fused: bool = False
 ) -> torch.optim.AdamW:
     """AdamW with weight decay on weight matrices only: biases and LayerNorm weights are not decayed. `capturable`: the
-    multi-tensor AdamW whose step torch.compile fuses and may capture in a CUDA graph (training/capture.py; the fused
+    multi-tensor AdamW whose step torch.compile fuses and may capture in a CUDA graph (speed/capture.py; the fused
     kernel is opaque to the compiler), or with `fused` the fused one a whole-step graph replays
-    (training/step_graph.py); else the fused kernel with --fused_optimizer."""
+    (training/speed/step_graph.py); else the fused kernel with --fused_optimizer."""
     no_decay = set()
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
@@ -151,3 +152,41 @@ def keep_optimizer_kind(optimizer: torch.optim.Optimizer) -> None:
             state = inner.state.get(param, {})
             if capturable and isinstance(state.get("step"), torch.Tensor):
                 state["step"] = state["step"].to(device)
+
+
+def schedule_plan(cfg: TrainConfig, world: int, train_examples: int) -> tuple[float, int, int, int]:
+    """(learning rate, optimizer steps per epoch, in all, epochs): --scale_lr linear multiplies the rate by the world
+    size; --max_train_steps, when set, decides the length over --num_train_epochs."""
+    learning_rate = cfg.learning_rate * (world if cfg.scale_lr == "linear" else 1)
+    batch, accumulation = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+    epoch_steps = steps_in_epoch(train_examples, batch, world, accumulation)
+    total_steps = cfg.max_train_steps or epoch_steps * cfg.num_train_epochs
+    return learning_rate, epoch_steps, total_steps, math.ceil(total_steps / epoch_steps)
+
+
+def optimization(
+    cfg: TrainConfig,
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    learning_rate: float,
+    total_steps: int,
+    compiled: str,
+):
+    """(AdamW, its schedule): with compilation on (speed/capture.py), a capturable AdamW whose compiled step reads
+    a tensor learning rate, except under fp16, where the GradScaler steps it eagerly."""
+    step_compiled = capture.steps_compiled(compiled, accelerator.mixed_precision)
+    captured = compiled == capture.WHOLE_STEP  # the fused AdamW, replayed uncompiled (training/speed/step_graph.py)
+    optimizer = build_optimizer(model, cfg, learning_rate, capturable=step_compiled or captured, fused=captured)
+    scheduler = transformers.get_scheduler(
+        cfg.lr_scheduler_type,
+        optimizer,
+        num_training_steps=total_steps,
+        num_warmup_steps=round(cfg.warmup_ratio * total_steps),
+    )
+    if step_compiled:
+        capture.compile_optimizer_step(optimizer, compiled, accelerator.device, cfg.max_grad_norm)
+    elif captured:
+        capture.tensor_learning_rate(optimizer, accelerator.device)
+    if compiled == capture.REDUCE_OVERHEAD and cfg.gradient_accumulation_steps > 1:
+        capture.grads_outside_graphs(model)
+    return optimizer, scheduler

@@ -1,14 +1,8 @@
-"""The training loss for each problem type (contract/task.py), with class weights and label smoothing.
+"""The training loss for each problem type (cross-entropy, per-label BCE, MSE), with class weights and label
+smoothing, and the problem type's defaults (length grouping, calibration). Called by train.py.
 
-    single-label   cross-entropy; class weights scale each example's loss by its class's weight
-    multi-label    binary cross-entropy per label; class weights are BCE's pos_weight (a label's positives count
-                   that many times); smoothing moves the targets towards 1/2
-    regression     mean squared error
-
-Weighted losses are the plain mean of the weighted per-example losses, not divided by the batch's sum of weights:
-that mean does not depend on how a global batch is split over processes and accumulation steps, so 1 x 16 and
-2 x 8 still train alike (tests/training/test_equivalence.py). `balanced` weights (n / (classes x count), as
-scikit-learn) average 1 over the training data, so the learning rate keeps its meaning.
+Weighted losses are the plain mean of the weighted per-example losses: independent of how a global batch is split
+over processes and accumulation steps, so 1x16 and 2x8 train alike. `balanced` weights average 1 over the data.
 """
 
 from __future__ import annotations

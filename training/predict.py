@@ -1,22 +1,9 @@
-"""Label a file with a trained model: every row once, in input order, on any number of processes.
+"""`agnews predict`: label a file with a trained model, every row once, in input order, on any number of processes.
 
-    python -m training.predict --checkpoint_dir checkpoints --input_file news.csv --output_file labelled.parquet
-    accelerate launch --config_file accelerate_configs/cpu_2proc.yaml -m training.predict --checkpoint_dir ... \\
-        --input_file news.jsonl --output_file labelled.csv
-
-The input (csv, jsonl or parquet) is read through `datasets` (Arrow, memory-mapped: the rows are never held as
-Python objects) in chunks of --chunk_size rows. Rank r of N scores chunks r, r+N, ... (each chunk sorted by
-length into batches, as the service does) and writes each chunk's predictions to a part file; then the main
-process streams the input and the parts, chunk by chunk and in order, into the output, whose format follows its
-extension: the input's columns and, by the model's problem type (contract/task.py, scored as the service scores
-it): `predicted_label`, `predicted_score` and one `score_<label>` per class (single-label); `predicted_labels` (the
-list of labels at or above their thresholds) and one `score_<label>` per label (multi-label); `predicted_value`
-(regression). The
-output is written under a temporary name of this run and renamed, so it is complete or absent, and two runs never
-share their staging files. Nothing is destroyed: an output that is the input is refused, and so is an input that
-already has prediction columns, unless --overwrite_prediction_columns replaces them. Memory stays bounded by the
-chunk size, whatever the size of the file. The model is this project's checkpoint folder or any
-save_pretrained folder (contract/loading.py reads both), served at the precision the service would use.
+The input is read through `datasets` in chunks of --chunk_size rows; rank r of N scores chunks r, r+N, ... into part
+files, which the main process streams into the output in order (format by extension; columns by problem type:
+docs/evaluation.md). The output is staged and renamed, so it is complete or absent; an input with prediction
+columns is refused unless --overwrite_prediction_columns. Memory stays bounded by the chunk size.
 """
 
 from __future__ import annotations

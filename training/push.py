@@ -1,14 +1,8 @@
-"""Publish a training output folder on the Hugging Face Hub.
+"""`agnews push`: publish a training output folder on the Hugging Face Hub with huggingface_hub.
 
-    python -m training.push --checkpoint_dir checkpoints --hub_model_id your-name/agnews-distilbert [--private]
-    accelerate launch training/train.py ... --push_to_hub --hub_model_id your-name/agnews-distilbert
-
-Uploads, with huggingface_hub, everything a user of the model needs: the Hugging Face-format export
-(model.safetensors, config.json, tokenizer files), the state_dict and tokenizer/ folder the service loads, the
-model card (README.md, rewritten with the repository's name) and the reports (metrics, curves, evaluation).
-Resumable training states (state/) and temporary files stay local. The token comes from HF_TOKEN or
-`hf auth login`. Training checks, before it starts, that the Hub answers and that a token exists, and
-uploads from the main process only.
+Uploads what a user of the model needs (the Hugging Face-format export, the state_dict and tokenizer/, the model
+card, the reports); resumable states and temporary files stay local. The token comes from HF_TOKEN or
+`hf auth login`. Training's --push_to_hub calls it from the main process after checking the Hub at start.
 """
 
 from __future__ import annotations
@@ -24,32 +18,29 @@ from huggingface_hub.errors import HfHubHTTPError
 from contract import files
 from contract.errors import UserError
 from contract.hub import hub_reachable, hub_url, is_offline
-from training import arguments, model_card
+from training import arguments
 from training.cli import run_command, setup_logging
+from training.output import model_card
 
 logger = logging.getLogger(__name__)
 IGNORE = [f"{files.STATE_DIR}/*", ".*", "*/.*", "*.tmp"]  # resumable states, temporary and hidden files
-
-
-class PushError(UserError, RuntimeError):
-    """The upload cannot happen; the message says why."""
 
 
 def check_can_push(repo_id: str | None, training_run: bool = True) -> None:
     """Before a long run (or the push command's upload): a repository name, a reachable Hub and a token, or one line
     saying which is missing."""
     if not repo_id:
-        raise PushError("push_to_hub: give --hub_model_id (user/name or org/name)")
+        raise UserError("push_to_hub: give --hub_model_id (user/name or org/name)")
     if is_offline() or not hub_reachable():
         # training names the command that pushes later; the push command itself, what it needs
         later = "`python -m training.push --checkpoint_dir DIR --hub_model_id ID`" if training_run else "this command"
-        raise PushError(
+        raise UserError(
             f"push_to_hub: the Hugging Face Hub ({hub_url()}) is out of reach"
             f"{' (HF_HUB_OFFLINE is set)' if is_offline() else ''}; push later with {later} from a machine that "
             "reaches it" + (" (unset HF_HUB_OFFLINE)" if is_offline() else "")
         )
     if not get_token():
-        raise PushError("push_to_hub: no Hugging Face token: set HF_TOKEN or run `hf auth login`")
+        raise UserError("push_to_hub: no Hugging Face token: set HF_TOKEN or run `hf auth login`")
 
 
 def push(folder: Path, repo_id: str, private: bool = False, api: HfApi | None = None) -> str:
@@ -68,7 +59,7 @@ def push(folder: Path, repo_id: str, private: bool = False, api: HfApi | None = 
             commit_message="Upload model trained with distilbert-agnews",
         )
     except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise PushError(f"push to {repo_id}: {' '.join(str(exc).split())[:300]}") from None
+        raise UserError(f"push to {repo_id}: {' '.join(str(exc).split())[:300]}") from None
     logger.info("Pushed %s to %s", folder, getattr(commit, "commit_url", repo_id))
     return getattr(commit, "commit_url", repo_id)
 
@@ -82,7 +73,7 @@ def cli(argv: list[str] | None = None) -> int:
 def push_folder(folder: Path, repo_id: str, private: bool) -> None:
     """push, once the folder is known to be a training output dir and the Hub to take it."""
     if not (folder / files.CONFIG).is_file():
-        raise PushError(f"{folder / files.CONFIG}: missing; is {folder} a training output dir?")
+        raise UserError(f"{folder / files.CONFIG}: missing; is {folder} a training output dir?")
     check_can_push(repo_id, training_run=False)
     push(folder, repo_id, private)
 

@@ -19,7 +19,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from contract import files
 from contract.loading import CheckpointError, load_model
-from tests.helpers.processes import ROOT, cli_env, launch
+from tests.helpers.processes import ROOT, cli_env, free_port, launch
 from tests.helpers.service import Server, assert_matches
 
 MINILM_LABELS = {0: "negative", 1: "neutral", 2: "positive"}
@@ -145,7 +145,8 @@ def test_a_hub_id_is_served_from_the_cache_offline_and_converted_into_runtime_ca
 def test_a_hub_id_offline_and_not_cached_fails_in_seconds(tmp_path):
     env = cli_env(HF_HOME=str(tmp_path / "empty"), HF_ENDPOINT="http://127.0.0.1:9")
     env.pop("HF_HUB_OFFLINE")
-    result, seconds = launch(["-m", "inference", "--model_id", "acme/not-here"], env=env, timeout=120)
+    args = ["-m", "inference", "--model_id", "acme/not-here", "--port", str(free_port())]  # 8000: tests/test_docs.py
+    result, seconds = launch(args, env=env, timeout=120)
     assert result.returncode == 1 and seconds < 30
     assert result.stderr.strip().splitlines()[-1] == (
         "inference: error: acme/not-here: not in the local Hugging Face cache and the Hub (http://127.0.0.1:9) is "

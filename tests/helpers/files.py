@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from training.output.checkpoint import complete_states
+
 
 @contextlib.contextmanager
 def read_only(*folders: Path):
@@ -64,3 +66,9 @@ def save_new_weights(folder: Path, state: dict) -> None:
     config[files.WEIGHTS_SHA256] = {files.WEIGHTS: files.tensors_sha256(state)}
     (folder / files.CONFIG).with_suffix(".tmp").write_text(json.dumps(config))
     os.replace((folder / files.CONFIG).with_suffix(".tmp"), folder / files.CONFIG)
+
+
+def find_latest_state(output_dir: str | Path) -> Path | None:
+    """The complete state folder with the highest recorded optimizer step (not the newest mtime)."""
+    states = complete_states(output_dir)
+    return states[-1][1] if states else None

@@ -71,11 +71,12 @@ def assert_matches(answer: list[dict], expected: dict[str, float], tolerance: fl
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`python -m inference ARGS` run to its end (a start-up refusal), output captured."""
+    """`python -m inference ARGS` run to its end (a start-up refusal), output captured. Its port is a free one unless
+    ARGS or `env` name one: the default 8000 is what tests/test_docs.py serves on, as the docs say."""
     return subprocess.run(
         [sys.executable, "-m", "inference", *args],
         cwd=ROOT,
-        env=env or cli_env(),
+        env={"PORT": str(free_port()), **(env or cli_env())},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -194,7 +194,7 @@ def test_an_over_confident_model_is_calibrated_in_its_weights_and_every_consumer
 def test_a_resumed_run_refuses_a_recorded_temperature_it_would_divide_by(tmp_path, temperature):
     """A finished run resumed keeps the calibration its config.json records (training/train.py calibrate): a NaN,
     negative or zero temperature there is one line, not a model divided by it."""
-    from training.checkpoint import OutputDir, ResumeError
+    from training.output.checkpoint import OutputDir, ResumeError
 
     record = {"method": "temperature", "temperature": temperature}
     (tmp_path / files.CONFIG).write_text(json.dumps({"calibration": record}))

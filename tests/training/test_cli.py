@@ -14,16 +14,11 @@ from contract.long_text import LongTextError
 from contract.task import TaskError
 from inference.settings import SettingsError
 from training.check_env import EnvProblem
-from training.checkpoint import ResumeError, SaveError
-from training.claim import OutputDirError
 from training.cli import run_command
 from training.config import ConfigError
 from training.data.errors import DataError
 from training.guards import LaunchError, TrainingDiverged
-from training.hub import HubUnavailableError
-from training.metrics import MetricError
-from training.model import ModelSizeError
-from training.push import PushError
+from training.output.checkpoint import ResumeError
 
 
 def raising(exc: Exception):
@@ -58,15 +53,9 @@ def test_the_exit_code_is_what_the_work_returns_and_a_bug_propagates():
         (ConfigError, True, ValueError),
         (DataError, False, ValueError),
         (EnvProblem, False, RuntimeError),
-        (HubUnavailableError, False, RuntimeError),
         (LaunchError, True, RuntimeError),
         (LongTextError, False, ValueError),
-        (MetricError, False, RuntimeError),
-        (ModelSizeError, False, ValueError),
-        (OutputDirError, False, RuntimeError),
-        (PushError, False, RuntimeError),
         (ResumeError, False, RuntimeError),
-        (SaveError, False, RuntimeError),
         (SettingsError, True, ValueError),
         (TaskError, False, ValueError),
         (TrainingDiverged, False, RuntimeError),

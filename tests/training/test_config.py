@@ -12,7 +12,8 @@ import torch
 from tests.helpers.processes import ROOT
 from training.config import GROUPS, ConfigError, TrainConfig, presets
 from training.config_parsing import build_parser, load_config
-from training.train import cli, resolve_mixed_precision
+from training.launch import mixed_precision
+from training.train import cli
 
 
 def test_defaults_are_the_documented_real_run():
@@ -232,11 +233,11 @@ def test_one_precision_vocabulary_with_auto_meaning_what_it_means_for_serving(mo
     assert load_config([]).mixed_precision == "auto"
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     expected = precision.accelerate_name(precision.resolve("auto", "cuda" if torch.cuda.is_available() else "cpu"))
-    assert resolve_mixed_precision(load_config([])) == expected
-    assert resolve_mixed_precision(load_config(["--mixed_precision", "fp32"])) == "no"
+    assert mixed_precision(load_config([]).mixed_precision) == expected
+    assert mixed_precision("fp32") == "no"
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # what `accelerate launch` sets from its config
-    assert resolve_mixed_precision(load_config([])) == "fp16"
-    assert resolve_mixed_precision(load_config(["--mixed_precision", "bf16"])) == "bf16"
+    assert mixed_precision(load_config([]).mixed_precision) == "fp16"
+    assert mixed_precision("bf16") == "bf16"
 
 
 def test_a_launcher_precision_the_config_overrides_is_a_warning(monkeypatch, caplog, tmp_path):

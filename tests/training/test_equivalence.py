@@ -35,7 +35,7 @@ LAYOUTS = {  # name: (processes, per-device batch, accumulation, more flags) -> 
     # DDP with CUDA-graph steps (the step rule of CUDA graph trees on the CPU: tests/helpers/cuda_graphs) and
     # accumulation, which read overwritten gradients before issue 39 (NaN here, a crash on CUDA)
     "2x4 accumulate 2 captured": (2, 4, 2, ("--torch_compile", "reduce-overhead", "--pad_buckets", "4")),
-    # packed batches (training/packing.py): each rank's texts end to end in one row, attention per text
+    # packed batches (training/speed/packing.py): each rank's texts end to end in one row, attention per text
     "2x4 accumulate 2 packed": (2, 4, 2, ("--packing",)),
     # FSDP2 (accelerate_configs/fsdp.yaml through tests/helpers/fsdp): each rank holds half of every layer
     "2x8 fsdp": (2, 8, 1, ()),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from training.checkpoint import Progress
 from training.config_parsing import load_config
 from training.loop import (
     evaluated_now,
@@ -16,6 +15,7 @@ from training.loop import (
     record_evaluation,
     save_interval,
 )
+from training.output.checkpoint import Progress
 
 
 def test_every_fires_on_multiples_and_never_without_an_interval():

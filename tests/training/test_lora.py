@@ -23,7 +23,7 @@ from inference.app import create_app
 from inference.settings import Settings
 from tests.helpers.processes import cli_env, describe, run_train
 from tests.helpers.service import wait_for
-from training.checkpoint import load_weights
+from training.output.checkpoint import load_weights
 
 peft = pytest.importorskip("peft", reason="pip install 'distilbert-agnews[peft]' (dev extra)")
 

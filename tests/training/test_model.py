@@ -49,7 +49,7 @@ def test_dropout_override_reaches_every_dropout_of_the_config(smoke_dir):
 
 
 def test_fast_dropout_keeps_1_minus_p_and_preserves_the_expected_value():
-    from training.cpu_speed import FastDropout
+    from training.speed.cpu_speed import FastDropout
 
     dropout = FastDropout(0.1).train()
     scale = 65536 / (65536 - round(0.1 * 65536))  # 1 / the exact keep probability (16-bit draws)
@@ -68,7 +68,7 @@ def test_fast_dropout_keeps_1_minus_p_and_preserves_the_expected_value():
 
 
 def test_use_fast_dropout_swaps_every_dropout_module_and_leaves_eval_outputs_unchanged(smoke_dir):
-    from training.cpu_speed import FastDropout, use_fast_dropout
+    from training.speed.cpu_speed import FastDropout, use_fast_dropout
 
     model = build_model(load_config(["--preset", "smoke"]), labels("a", "b", "c", "d")).eval()
     ids = torch.randint(5, 100, (2, 9))
@@ -82,7 +82,7 @@ def test_use_fast_dropout_swaps_every_dropout_module_and_leaves_eval_outputs_unc
 
 def test_cpu_training_attention_equals_eager_without_dropout_and_is_the_cpu_default(smoke_dir):
     from contract.attention import SYNC_FREE_SDPA
-    from training.cpu_speed import CPU_TRAINING_ATTENTION, attention_for
+    from training.speed.cpu_speed import CPU_TRAINING_ATTENTION, attention_for
 
     cfg = load_config(["--preset", "smoke"])
     assert attention_for(None, True, torch.device("cpu")) == CPU_TRAINING_ATTENTION
@@ -108,7 +108,7 @@ def test_cpu_training_attention_handles_grouped_query_attention_as_eager_does(ar
     from transformers import AutoModelForSequenceClassification
 
     from tests.helpers.tiny_models import tiny_config
-    from training.cpu_speed import register_attention
+    from training.speed.cpu_speed import register_attention
 
     config = tiny_config(architecture, 100, num_labels=3, pad_token_id=0)
     torch.manual_seed(0)
@@ -124,7 +124,7 @@ def test_cpu_training_attention_handles_grouped_query_attention_as_eager_does(ar
 
 
 def test_fast_dropout_is_switched_on_only_on_cpu_and_only_when_asked(smoke_dir):
-    from training.cpu_speed import FastDropout, enable
+    from training.speed.cpu_speed import FastDropout, enable
 
     def fresh():
         return build_model(load_config(["--preset", "smoke"]), labels("a", "b"))

@@ -13,7 +13,8 @@ from huggingface_hub.utils import filter_repo_objects
 
 from contract import files
 from tests.helpers.processes import ROOT, cli_env, describe, launch, run_train
-from training import model_card, push
+from training import push
+from training.output import model_card
 
 FAKE_HUB = ROOT / "tests" / "helpers" / "fake_hub"
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]

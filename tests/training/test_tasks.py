@@ -24,8 +24,8 @@ from contract.loading import load_model
 from tests.helpers.processes import describe, launch, run_train
 from tests.helpers.service import Server
 from training import calibration
-from training.checkpoint import load_weights
-from training.metrics import THRESHOLD_GRID
+from training.output.checkpoint import load_weights
+from training.scoring.metrics import THRESHOLD_GRID
 
 pytestmark = pytest.mark.slow
 EPOCHS = ["--num_train_epochs", "2"]  # 336 optimizer steps, 168 per epoch
@@ -267,7 +267,8 @@ def test_an_int8_runtime_is_guarded_by_what_a_one_output_model_decides(runs, tmp
     """The argmax of one output is always 0; the guard compares the value (regression) or the thresholded sigmoid
     (one-logit pair model) with PyTorch fp32, and its figure is what those rules give on the held-out texts."""
     from contract.model_call import forward
-    from inference import measuring, runtime_texts
+    from inference.runtimes import measuring
+    from inference.runtimes import texts as runtime_texts
     from inference.service import load_configured
     from inference.settings import from_env
     from inference.tokenizing import encode

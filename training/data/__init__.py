@@ -1,12 +1,5 @@
-"""The data pipeline, one module per stage: load (Hub or local csv/jsonl/parquet) -> validate -> split -> tokenize
-(cached) -> batches.
-
-The pieces, in the order train.py calls them:
-- reading.py     `load_splits`: train/validation/test as `text` (text columns joined; `text_pair` for pair tasks) and
-                 a `labels` column (class ids, multi-hot vectors or regression targets)
-- labels.py      the label space and problem type (run_classification.py's convention): `LabelSpace`
-- tokenizing.py  `tokenize_splits`: `datasets.map` (cached on disk) adding input ids and each text's token count
-- batching.py    `make_dataloaders`: a length-grouped batch sampler for training, length-sorted batches for
-                 evaluation, padding to a few fixed widths (--pad_buckets) or to the longest text in the batch
-- errors.py      `DataError`: bad input data, named by file (or dataset) and row
+"""The data pipeline, one module per stage, in the order train.py calls them: reading.py (`load_splits`: Hub or
+local csv/jsonl/parquet into text and labels columns), labels.py (`LabelSpace`: the label space and problem type),
+tokenizing.py (`tokenize_splits`, cached), batching.py (`make_dataloaders`: length-grouped batches, padded to
+fixed widths or the longest text), errors.py (`DataError`, named by file and row).
 """

@@ -13,10 +13,10 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import PreTrainedTokenizerBase
 
 from contract import shapes
-from training import capture, packing
 from training.config import TrainConfig
 from training.data.errors import DataError
 from training.data.reading import Splits
+from training.speed import capture, packing
 
 GPU_LOADER_WORKERS = 2  # collation off the training thread: a captured step waits on it otherwise
 
@@ -115,7 +115,7 @@ def pad_multiple(cfg: TrainConfig, device_type: str) -> int:
 
 
 def pad_widths(cfg: TrainConfig, device_type: str, compile_mode: str = capture.NONE) -> tuple[int, ...]:
-    """The fixed widths batches are padded to (--pad_buckets; training/capture.py decides the default from the
+    """The fixed widths batches are padded to (--pad_buckets; training/speed/capture.py decides the default from the
     resolved compile mode), or (): dynamic widths."""
     count = capture.bucket_count(cfg.pad_buckets, compile_mode, device_type)
     return shapes.bucket_widths(cfg.max_length, count) if count else ()
@@ -147,7 +147,7 @@ class Collator:
     left: bool = False
     widths: tuple[int, ...] = ()
     multiple: int = 1
-    packed: bool = False  # the texts end to end in one row (training/packing.py); `widths` are then row lengths
+    packed: bool = False  # the texts end to end in one row (training/speed/packing.py); `widths` are then row lengths
     longest: int | None = None  # packed with fixed row lengths: every text mask this wide (max_length)
 
     @classmethod

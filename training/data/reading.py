@@ -32,7 +32,7 @@ class Splits:
     test: datasets.Dataset | None
     labels: LabelSpace
     calibration: list[str] = field(default_factory=list)  # training texts recorded for int8 serving
-    sources: dict[str, dict] = field(default_factory=dict)  # where each split was read (training/provenance.py)
+    sources: dict[str, dict] = field(default_factory=dict)  # where each split was read (training/output/provenance.py)
 
     @property
     def label_names(self) -> list[str]:
@@ -218,7 +218,7 @@ def load_splits(cfg: TrainConfig) -> Splits:
 
 def calibration_sample(train: datasets.Dataset, seed: int, n: int = CALIBRATION_TEXTS) -> list[str]:
     """A seeded sample of training texts, recorded beside the model: the service calibrates int8 on it and checks
-    the agreement with fp32 (inference/runtimes.py). None for text-pair tasks."""
+    the agreement with fp32 (inference/runtimes/choice.py). None for text-pair tasks."""
     if "text_pair" in train.column_names:
         return []
     return list(_subsample(train, n, seed + 1)["text"])

@@ -15,14 +15,14 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
         self.done: set[str] = set()
 
     def find_spec(self, name, path=None, target=None):
-        if name not in ("inference.graphs", "training.capture", "training.step_graph") or name in self.done:
+        if name not in ("inference.graphs", "training.speed.capture", "training.speed.step_graph") or name in self.done:
             return None
         self.done.add(name)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         exec_module = spec.loader.exec_module
 
         def exec_and_install(module):
-            if name == "training.capture":
+            if name == "training.speed.capture":
                 pool = stand_in.install_training()
                 atexit.register(
                     lambda: sys.stderr.write(f"{stand_in.REPORT}: {pool.held} ({pool.overwritten} overwritten)\n")
@@ -30,7 +30,7 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
             exec_module(module)
             if name == "inference.graphs":
                 stand_in.install_serving()
-            if name == "training.step_graph":
+            if name == "training.speed.step_graph":
                 stand_in.install_step_graphs()
                 captures = stand_in.CpuStepGraphs
                 atexit.register(lambda: sys.stderr.write(f"{stand_in.STEP_REPORT}: {captures.captures}\n"))

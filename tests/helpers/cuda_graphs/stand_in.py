@@ -15,7 +15,7 @@ with NaN: whatever reads one after the next mark (gradient accumulation into an 
 computes NaN, as on CUDA it reads overwritten memory or raises. .grad that are views (DDP's buckets) are not the
 pool's and are left alone.
 
-Whole-step training graphs (training/step_graph.py): `CpuStepGraphs` stands in for its `CudaGraphs`. A capture runs
+Whole-step training graphs (speed/step_graph.py): `CpuStepGraphs` stands in for its `CudaGraphs`. A capture runs
 the warm-up passes, then the step once under a guard that raises on any host-device sync (CUDA refuses one inside a
 capture); a replay re-runs the step on the same static tensors. What the stand-in cannot show: Python that a replay
 would skip (a replay re-runs it here).
@@ -82,7 +82,7 @@ class _NoSyncs(TorchDispatchMode):
 
 
 class CpuStepGraphs:
-    """`training.step_graph.CudaGraphs` on the CPU: capture = warm up, then run once with syncs refused; replay =
+    """`training.speed.step_graph.CudaGraphs` on the CPU: capture = warm up, then run once with syncs refused; replay =
     re-run on the same static tensors."""
 
     captures = 0  # across instances (tests read it)
@@ -91,7 +91,7 @@ class CpuStepGraphs:
         self.device = device
 
     def capture(self, step):
-        for _ in range(importlib.import_module("training.step_graph").WARM_UP_PASSES):
+        for _ in range(importlib.import_module("training.speed.step_graph").WARM_UP_PASSES):
             step()
         with _NoSyncs():
             step()
@@ -101,7 +101,7 @@ class CpuStepGraphs:
 
 def install_step_graphs(patch=None) -> None:
     """Whole-step training graphs on the CPU: `patch` a pytest monkeypatch (undone after the test), else for good."""
-    module = importlib.import_module("training.step_graph")  # also while it is being imported (sitecustomize.py)
+    module = importlib.import_module("training.speed.step_graph")  # also while it is being imported (sitecustomize.py)
     setter = patch.setattr if patch is not None else setattr
     setter(module, "CudaGraphs", CpuStepGraphs)
     setter(module, "available", lambda device: True)

@@ -1,0 +1,246 @@
+"""Which runtime serves the model (BACKEND: torch, openvino, onnxruntime or auto) at which precision, and the
+converted model, produced once per weights hash. docs/serving.md describes the choice for users.
+
+Each candidate's decisions must agree with PyTorch fp32's on held-out calibration texts (measuring.py); the
+fastest agreeing one serves. runtimes are declared in contract/backends.py and built by conversion.py; texts.py
+says which texts, cache.py where the results live. A later start with the same weights, texts, CPU and versions
+reads runtime.json and only compiles; a missing or altered file is never served. On hot reload this runs on the
+watcher's thread while the old model serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from contract import precision
+from contract.backends import RUNTIMES
+from contract.loading import LoadedModel, load_model
+from inference.runtimes import cache as runtime_cache
+from inference.runtimes.cache import Cache
+from inference.runtimes.conversion import AUTO, OPTIMIZED, TORCH, Candidate
+from inference.runtimes.measuring import cache_key, measure, percent
+from inference.runtimes.texts import calibration_texts
+from inference.settings import SettingsError, from_env
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = f"pip install 'distilbert-agnews[{OPTIMIZED[0]}]'" + "".join(f" or '[{name}]'" for name in OPTIMIZED[1:])
+
+
+def installed(backend: str) -> bool:
+    return RUNTIMES[backend].installed()
+
+
+def candidates(backend: str, dtype: str, device_type: str) -> tuple[list[Candidate], str]:
+    """The runtimes and precisions to consider, in order of preference, and why these."""
+    if backend in OPTIMIZED:
+        if not installed(backend):
+            raise SettingsError(f"BACKEND: {backend} is not installed (pip install 'distilbert-agnews[{backend}]')")
+        if device_type != "cpu":
+            raise SettingsError(f"BACKEND: {backend} serves on the CPU; set DEVICE=cpu, or BACKEND=torch for the GPU")
+        return _options(backend, dtype), f"BACKEND={backend}"
+    present = [b for b in OPTIMIZED if installed(b)]
+    if backend == AUTO and device_type == "cpu" and present:
+        # an explicit bfloat16 leaves out a runtime that has no bf16 path; the others serve it
+        usable = [b for b in present if dtype != precision.BF16 or precision.BF16 in RUNTIMES[b].precisions]
+        options = [c for b in usable for c in _options(b, dtype)]
+        if dtype == precision.INT8:
+            options.sort(key=lambda c: c.precision != precision.INT8)  # every int8 first, then the fallbacks
+        else:
+            options.append(Candidate(TORCH, precision.resolve(dtype, device_type)))
+        return options, f"BACKEND=auto on a CPU with {' and '.join(present)} installed"
+    if dtype == precision.INT8 and (backend == TORCH or device_type != "cpu"):
+        raise SettingsError(
+            f"DTYPE: int8 needs an optimized CPU runtime (BACKEND={' or '.join(OPTIMIZED)}, or auto on a CPU)"
+        )
+    why = "BACKEND=torch" if backend == TORCH else "BACKEND=auto on a GPU"
+    if backend == AUTO and device_type == "cpu":
+        why = f"BACKEND=auto: no optimized CPU runtime is installed ({INSTALL_HINT})"
+        dtype = precision.AUTO if dtype == precision.INT8 else dtype
+    return [Candidate(TORCH, precision.resolve(dtype, device_type))], why
+
+
+def _options(backend: str, dtype: str) -> list[Candidate]:
+    """One runtime's candidates at DTYPE: that precision alone, or (auto, int8) its precisions in preference order."""
+    if dtype == precision.FP16:
+        raise SettingsError(f"DTYPE: float16 is for GPUs; {backend} on the CPU serves {_names(backend)}")
+    if dtype != precision.AUTO and dtype not in RUNTIMES[backend].precisions:
+        raise SettingsError(f"DTYPE: {backend} on the CPU serves {_names(backend)}")
+    if dtype in (precision.FP32, precision.BF16):
+        return [Candidate(backend, dtype)]
+    native = precision.native_bf16("cpu")
+    return [Candidate(backend, p) for p in RUNTIMES[backend].precisions if p != precision.BF16 or native]
+
+
+def _names(backend: str) -> str:
+    return ", ".join(precision.tei_name(p) for p in RUNTIMES[backend].precisions)
+
+
+def races(backend: str, dtype: str) -> bool:
+    """Speed decides among agreeing candidates (else the first agreeing one in order serves)."""
+    return dtype == precision.AUTO or (backend == AUTO and dtype != precision.INT8)
+
+
+def choose_runtime(loaded: LoadedModel, settings) -> LoadedModel:
+    """`loaded` (PyTorch fp32) made ready in the chosen runtime and precision, with what was measured."""
+    options, why = candidates(settings.backend, settings.dtype, loaded.device.type)
+    if len(options) == 1 and options[0].backend == TORCH:
+        chosen = options[0].precision
+        if loaded.task.kind.keeps_fp32 and settings.dtype == precision.AUTO and chosen != precision.FP32:
+            chosen, why = precision.FP32, f"{why}; DTYPE=auto keeps a regression model's raw values in fp32"
+        logger.info("Runtime: torch %s (%s)", chosen, why)
+        return _as_torch(loaded, chosen, None)
+    texts, source = calibration_texts(loaded.folder, settings.calibration_file)
+    torch.set_num_threads(settings.torch_threads)
+    key = cache_key(loaded, texts, options, settings.torch_threads)
+    places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
+    damaged = []
+    for cache in places:  # a finished, verified conversion is read where it lies: no lock, no write
+        report = cache.report_for(key)
+        if report is None:
+            continue
+        problem = _damage(cache, report, report["chosen"])
+        if problem is None:
+            _tidy(cache)
+            return _build(loaded, report, report["chosen"], cache, settings.torch_threads)
+        logger.warning("Runtime: %s; not served", problem)
+        damaged.append((cache, report))
+    try:
+        cache = runtime_cache.writable(places, why)
+    except SettingsError:
+        if not damaged:
+            raise
+        return _next_best(loaded, *damaged[0], settings.torch_threads)
+    with cache.lock():  # --workers N: one converts, the others then read
+        cache.remove_leftovers()
+        report = cache.report_for(key)
+        if report is not None and _damage(cache, report, report["chosen"]):
+            cache.discard(next(m.get("ir") for m in report["candidates"] if m["name"] == report["chosen"]))
+            report = None  # named above; converted and measured again
+        if report is None:
+            logger.info("Runtime: measuring %s (%s; texts: %s)", ", ".join(c.name for c in options), why, source)
+            report = measure(loaded, options, texts, cache, settings.torch_threads)
+            report.update(chosen=pick_candidate(report["candidates"], races(settings.backend, settings.dtype)), key=key)
+            report["texts"] = source
+            cache.save(report, sorted({c["ir"] for c in report["candidates"] if c.get("ir")}))
+        served = _build(loaded, report, report["chosen"], cache, settings.torch_threads)
+    runtime_cache.prune_siblings(cache, loaded.folder)
+    return served
+
+
+def needs_measuring(loaded: LoadedModel, settings) -> bool:
+    """Whether choose_runtime would convert and measure candidates: more than PyTorch is considered and no verified
+    choice is recorded for these weights, texts and settings (a new checkpoint's first start)."""
+    options, _ = candidates(settings.backend, settings.dtype, loaded.device.type)
+    if len(options) == 1 and options[0].backend == TORCH:
+        return False
+    texts, _ = calibration_texts(loaded.folder, settings.calibration_file)
+    key = cache_key(loaded, texts, options, settings.torch_threads)
+    places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
+    for cache in places:
+        report = cache.report_for(key)
+        if report is not None and _damage(cache, report, report["chosen"]) is None:
+            return False
+    try:
+        runtime_cache.writable(places, "")
+    except SettingsError:
+        return False  # nothing can be written: choose_runtime says so at start, in one line
+    return True
+
+
+def provisional(loaded: LoadedModel) -> LoadedModel:
+    """PyTorch fp32 (the reference every candidate is checked against: never refused), serving while the candidates
+    are measured in the background (settings.measure_in_background)."""
+    logger.info("Runtime: torch fp32 serves while the candidates are converted and measured in the background")
+    summary = {"backend": TORCH, "precision": precision.FP32, "agreement": None, "candidates": [], "provisional": True}
+    return _as_torch(loaded, precision.FP32, summary)
+
+
+def _damage(cache: Cache, report: dict, name: str) -> str | None:
+    """Why candidate `name` of `report` cannot be served from `cache` (its files fail their digests), or None."""
+    measured = next((m for m in report.get("candidates", []) if m.get("name") == name), None)
+    if measured is None:
+        return f"{cache.report_file}: no candidate {name!r}"
+    return cache.damage(measured["ir"]) if measured.get("ir") else None
+
+
+def _tidy(cache: Cache) -> None:
+    """Leftovers of a process that died mid-conversion, removed when the folder can be written (no lock needed:
+    only dead processes' files are touched)."""
+    if os.access(cache.folder, os.W_OK):
+        cache.remove_leftovers()
+
+
+def _next_best(loaded: LoadedModel, cache: Cache, report: dict, threads: int) -> LoadedModel:
+    """Nothing can be written: the fastest other agreeing candidate whose files verify, else PyTorch fp32."""
+    others = [m for m in report["candidates"] if m["refused"] is None and m["name"] != report["chosen"]]
+    for measured in sorted(others, key=lambda m: -m["texts_per_s"]):
+        if _damage(cache, report, measured["name"]) is None:
+            logger.warning("Runtime: nothing can be written to convert again; serving %s instead", measured["name"])
+            return _build(loaded, report, measured["name"], cache, threads)
+    logger.warning("Runtime: nothing can be written to convert again; serving torch fp32 instead")
+    return _as_torch(loaded, precision.FP32, None)
+
+
+def export(folder: Path, backend: str) -> LoadedModel:
+    """Training's --export_runtime: convert and measure now, for the service's default settings (BACKEND=auto,
+    DTYPE=auto on this CPU), so its first start only compiles."""
+    if backend not in OPTIMIZED:
+        raise ValueError(f"export_runtime: unknown runtime {backend!r}")
+    if not installed(backend):
+        raise SettingsError(f"export_runtime: {backend} is not installed (pip install 'distilbert-agnews[{backend}]')")
+    settings = from_env(model_id=str(folder), backend=AUTO, dtype=precision.AUTO, device="cpu")
+    return choose_runtime(load_model(str(folder), device="cpu", dtype=precision.FP32), settings)
+
+
+def pick_candidate(measured: list[dict], race: bool) -> str:
+    """The candidate to serve: the fastest agreeing one when racing, else the first agreeing one."""
+    agreeing = [m for m in measured if m["refused"] is None]
+    if not agreeing:
+        raise RuntimeError("no runtime candidate agrees with fp32")  # fp32 ones are never refused: a bug
+    chosen = max(agreeing, key=lambda m: m["texts_per_s"]) if race else agreeing[0]
+    for m in measured:
+        mark = "*" if m is chosen else " "
+        ties = f" ({m['ties']} ties left out)" if m.get("ties") else ""
+        detail = f"agreement {percent(m['agreement'])}{ties}, {m['texts_per_s']:.1f} texts/s"
+        detail = f"{m['refused']} ({m['texts_per_s']:.1f} texts/s)" if m["refused"] else detail
+        logger.info("Runtime %s %-14s %s", mark, m["name"], detail)
+    return chosen["name"]
+
+
+def _build(loaded: LoadedModel, report: dict, name: str, cache: Cache, threads: int) -> LoadedModel:
+    """Candidate `name` of `report` ready to serve (its files verified by the caller)."""
+    chosen = next(m for m in report["candidates"] if m["name"] == name)
+    backend, chosen_precision = chosen["name"].split()
+    summary = {
+        "backend": backend,
+        "precision": chosen_precision,
+        "agreement": chosen["agreement"],
+        "held_out_texts": report["held_out_texts"],
+        "texts": report.get("texts"),  # what the agreement was measured on
+        "candidates": report["candidates"],
+    }
+    if backend == TORCH:
+        return _as_torch(loaded, chosen_precision, summary)
+    xml = cache.folder / chosen["ir"] / RUNTIMES[backend].model_file
+    runner = RUNTIMES[backend].load().Runner(xml, chosen_precision, threads)
+    logger.info(
+        "Runtime: serving %s from %s (agreement with fp32 %s, %.1f texts/s when measured)",
+        chosen["name"],
+        xml.parent,
+        percent(chosen["agreement"]),
+        chosen["texts_per_s"],
+    )
+    return replace(loaded, model=None, runner=runner, backend=backend, precision=chosen_precision, runtime=summary)
+
+
+def _as_torch(loaded: LoadedModel, torch_precision: str, summary: dict | None) -> LoadedModel:
+    model = loaded.model.to(precision.torch_dtype(torch_precision))
+    if summary is None:
+        summary = {"backend": TORCH, "precision": torch_precision, "agreement": None, "candidates": []}
+    return replace(loaded, model=model, precision=torch_precision, backend=TORCH, runtime=summary)

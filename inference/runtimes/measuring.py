@@ -1,0 +1,152 @@
+"""Measuring the runtime candidates against PyTorch fp32: each one's agreement with fp32's decisions on held-out
+texts (the problem type's rule, contract/problem_types.py) and its texts/s, best of two rounds with the order
+reversed; and the key a measurement is valid for (weights, texts, CPU, threads, library versions, the rule)."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from contract import precision
+from contract.backends import AGREEMENT_BOUND, RUNTIMES
+from contract.loading import LoadedModel
+from contract.model_call import collate
+from contract.task import Task
+from inference.runtimes.cache import Cache
+from inference.runtimes.conversion import TORCH, Candidate, conversion_name, digest, runner_for, torch_runner
+from inference.runtimes.texts import HELD_OUT_EVERY, split
+from inference.tokenizing import encode
+
+logger = logging.getLogger("inference.runtimes.choice")  # one channel for the runtime choice, whichever part logs
+
+MIN_HELD_OUT = 50  # fewer held-out texts cannot show AGREEMENT_BOUND
+BATCH = 32
+TIMED_BATCHES = 4  # the speed race: TIMED_BATCHES x BATCH held-out texts per round
+
+
+def cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
+def cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], threads: int) -> dict:
+    backends = sorted({c.backend for c in options} - {TORCH})
+    return {
+        "sha256": loaded.sha256,
+        "texts": digest(texts),
+        "options": [c.name for c in options],
+        "cpu": cpu_name(),
+        "threads": threads,
+        "guard": guard_description(loaded.task),  # how agreement is measured
+        **{b: RUNTIMES[b].load().version() for b in backends},
+        "torch": torch.__version__,
+    }
+
+
+def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cache: Cache, threads: int) -> dict:
+    """Agreement with PyTorch fp32 (on held-out texts) and texts/s of each candidate."""
+    calibration, held = split(texts)
+    real = len(held) >= MIN_HELD_OUT
+    batches = _batches(loaded, held) if real else _synthetic_batches(loaded)
+    fp32 = torch_runner(loaded.model)
+    reference = [fp32(b) for b in batches]
+    results, runners = {}, {}
+    for candidate in options:
+        refused = _cannot_check(candidate, held, calibration)
+        if refused:
+            results[candidate] = {"name": candidate.name, "refused": refused, "agreement": None, "texts_per_s": 0.0}
+            continue
+        is_fp32 = candidate == Candidate(TORCH, precision.FP32)
+        runner = fp32 if is_fp32 else runner_for(loaded, candidate, cache, threads, calibration)
+        if isinstance(runner, str):  # the conversion failed: the other candidates are still measured
+            results[candidate] = {"name": candidate.name, "refused": runner, "agreement": None, "texts_per_s": 0.0}
+            continue
+        # every batch shape once (first-shape set-up is not speed), and the answers; torch fp32 gave them already
+        outputs = reference if runner is fp32 else [runner(b) for b in batches]
+        results[candidate] = _verdict(candidate, *(agreement(outputs, reference, loaded.task) if real else (None, 0)))
+        if candidate.backend != TORCH:
+            results[candidate]["ir"] = conversion_name(candidate, calibration)
+        runners[candidate] = runner
+    for candidate, speed in _speeds(runners, batches[:TIMED_BATCHES]).items():
+        results[candidate]["texts_per_s"] = speed
+    return {"candidates": list(results.values()), "held_out_texts": len(held), "calibration_texts": len(calibration)}
+
+
+def _speeds(runners: dict, batches: list[dict], rounds: int = 2) -> dict:
+    """texts/s of each runner, best of `rounds` passes over the same (warm) batches, the order reversed from one
+    round to the next: a noisy neighbour or a slow start then favours no candidate."""
+    texts = sum(len(b["input_ids"]) for b in batches)
+    best = dict.fromkeys(runners, 0.0)
+    order = list(runners)
+    for _ in range(rounds):
+        for candidate in order:
+            started = time.perf_counter()
+            for batch in batches:
+                runners[candidate](batch)
+            best[candidate] = max(best[candidate], texts / (time.perf_counter() - started))
+        order.reverse()
+    return best
+
+
+def _cannot_check(candidate: Candidate, held: list[str], calibration: list[str]) -> str | None:
+    if candidate.precision == precision.FP32 or len(held) >= MIN_HELD_OUT:
+        return None
+    return (
+        f"refused: {len(held)} held-out texts, {MIN_HELD_OUT} needed to check agreement "
+        f"(give CALIBRATION_FILE with {HELD_OUT_EVERY * MIN_HELD_OUT} or more texts)"
+    )
+
+
+def agreement(outputs: list[torch.Tensor], reference: list[torch.Tensor], model_task: Task) -> tuple[float | None, int]:
+    """(share of fp32's decisions the candidate keeps, number of ties left out), by the problem type's agreement rule
+    (contract/problem_types.py `agreement`: the argmax, each label's thresholded decision, or a value within a
+    tolerance; decisions fp32 itself makes by a hair are ties, neither blamed nor credited). None when fewer than
+    MIN_HELD_OUT decisions are left."""
+    out, ref = torch.cat(outputs).float(), torch.cat(reference).float()
+    same, ties = model_task.kind.agreement(out, ref, model_task.thresholds)
+    return (same.float().mean().item() if len(same) >= MIN_HELD_OUT else None), ties
+
+
+def guard_description(model_task: Task) -> str:
+    """How agreement is measured for this task: part of the cache key, so a changed rule measures again."""
+    return model_task.kind.agreement_rule(model_task.thresholds)
+
+
+def _verdict(candidate: Candidate, share: float | None, ties: int) -> dict:
+    refused = None  # fp32 is the reference precision: its agreement is reported, never refused
+    if candidate.precision != precision.FP32:
+        if share is None:
+            refused = f"refused: only {MIN_HELD_OUT - 1} or fewer held-out texts decided by fp32 ({ties} ties)"
+        elif share < AGREEMENT_BOUND:
+            refused = f"refused: agreement {percent(share)} < {percent(AGREEMENT_BOUND)} with fp32"
+    return {"name": candidate.name, "refused": refused, "agreement": share, "ties": ties, "texts_per_s": 0.0}
+
+
+def _batches(loaded: LoadedModel, texts: list[str]) -> list[dict]:
+    features = encode(loaded, [(t, None) for t in texts], truncate=True, left=False)
+    pad = loaded.tokenizer.pad_token_id
+    return [collate(features[i : i + BATCH], pad) for i in range(0, len(features), BATCH)]
+
+
+def _synthetic_batches(loaded: LoadedModel) -> list[dict]:
+    """For speed alone: random token ids at a typical news-text length."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = loaded.tokenizer.vocab_size
+    ids = torch.randint(1000 % vocab, vocab, (4, BATCH, 64), generator=generator)
+    batches = [{"input_ids": i, "attention_mask": torch.ones_like(i)} for i in ids]
+    if "token_type_ids" in loaded.tokenizer.model_input_names:
+        for batch in batches:
+            batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+    return batches
+
+
+def percent(value: float | None) -> str:
+    return "not measured (fp32)" if value is None else f"{100 * value:.2f} %"

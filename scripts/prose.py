@@ -1,0 +1,59 @@
+"""Prose density of the packages: words per docstring and per comment (consecutive `#` lines are one comment).
+
+    python scripts/prose.py            # median words, share over 40 words, the longest ones
+
+tests/test_code_shape.py keeps the bounds; the figures are comparable with the codebases docs/architecture.md names.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import statistics
+import sys
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("contract", "training", "inference")
+
+
+def units(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every docstring and comment block of one file."""
+    source = path.read_text(encoding="utf-8")
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc:
+                found.append((getattr(node, "lineno", 1), doc))
+    block, last = [], -2
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type != tokenize.COMMENT or token.string.startswith(("# noqa", "# type:", "# fmt:", "#!")):
+            continue
+        line = token.start[0]
+        if line != last + 1 and block:
+            found.append((block[0][0], " ".join(text for _, text in block)))
+            block = []
+        block.append((line, token.string.lstrip("#").strip()))
+        last = line
+    if block:
+        found.append((block[0][0], " ".join(text for _, text in block)))
+    return found
+
+
+def measure() -> tuple[float, float, list[tuple[int, str]]]:
+    """Median words, the share of units over 40 words, and every unit's (words, where)."""
+    counted = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for line, text in units(path):
+                counted.append((len(text.split()), f"{path.relative_to(ROOT)}:{line}"))
+    words = [n for n, _ in counted]
+    return statistics.median(words), sum(n > 40 for n in words) / len(words), sorted(counted, reverse=True)
+
+
+if __name__ == "__main__":
+    median, over_40, counted = measure()
+    sys.stdout.write(f"{len(counted)} docstrings and comments: median {median} words, {over_40:.1%} over 40 words\n")
+    sys.stdout.writelines(f"  {n:4d}  {where}\n" for n, where in counted[:20])

@@ -1,0 +1,364 @@
+"""What people look at after a run or an evaluation: the per-class table, the confusion-matrix and training
+curve PNGs and the misclassified examples (the model card is training/output/model_card.py).
+
+Every function takes finished numbers; the callers decide that only the main process writes. Plots use
+matplotlib's object API with the Agg canvas (no pyplot, no global backend switch, no display needed).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from contract import files, task
+from contract.problem_types import KINDS, kind_of
+from training import calibration
+from training.data.batching import num_texts
+from training.lora import parameter_counts
+from training.output.atomic import write_bytes, write_json
+from training.scoring.metrics import Scored
+
+if TYPE_CHECKING:
+    from training.output.progress import Progress
+
+
+def _png(figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+# ------------------------------------------------------------------------------------------- evaluation
+
+
+@dataclass
+class Evaluated:
+    """What python -m training.evaluate's reports are drawn from."""
+
+    texts: Sequence[str]
+    scored: Scored
+    task: task.Task
+    labels: list[str]
+    evaluation: dict  # eval_results.json
+    title: str
+
+
+def written_for(problem_type: str) -> list[str]:
+    """The files python -m training.evaluate writes beside eval_results.json for this problem type."""
+    return [REPORTS[name][0] for name in kind_of(problem_type).reports]
+
+
+def write_reports(root: Path, evaluated: Evaluated) -> int:
+    """The problem type's reports (contract/problem_types.py `reports`) into `root`: the rows of its error table."""
+    rows = 0
+    for name in evaluated.task.kind.reports:
+        file, draw = REPORTS[name]
+        rows += draw(root / file, evaluated) or 0
+    return rows
+
+
+def report_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]) -> str:
+    """The terminal summary: one row per class (or label), then accuracy and the macro average (single-label), the
+    micro and macro averages and subset accuracy (multi-label), or the regression metrics."""
+    if not per_class:
+        return "\n".join(f"{k:<12} {metrics[k]:>9.4f}" for k in ("mse", "mae", "r2", "pearson", "spearman", "loss"))
+    multi = "micro_f1" in metrics
+    width = max(16 if multi else 12, *(len(name) for name in per_class))
+    lines = [f"{'label' if multi else 'class':<{width}} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>9}"]
+    for name, row in per_class.items():
+        lines.append(
+            f"{name:<{width}} {row['precision']:>9.4f} {row['recall']:>9.4f} {row['f1']:>9.4f} {row['support']:>9d}"
+        )
+    n = metrics["num_examples"]
+    if multi:
+        lines += [f"{key.replace('_', ' '):<{width}} {metrics[key]:>29.4f}" for key in ("micro_f1", "macro_f1")]
+        lines.append(f"{'subset accuracy':<{width}} {metrics['subset_accuracy']:>29.4f} {n:>9d}")
+    else:
+        mean = {k: sum(row[k] for row in per_class.values()) / len(per_class) for k in ("precision", "recall")}
+        lines.append(f"{'accuracy':<{width}} {'':>9} {'':>9} {metrics['accuracy']:>9.4f} {n:>9d}")
+        lines.append(
+            f"{'macro avg':<{width}} {mean['precision']:>9.4f} {mean['recall']:>9.4f} {metrics['macro_f1']:>9.4f} "
+            f"{n:>9d}"
+        )
+    lines.append(f"{'loss':<{width}} {metrics['loss']:>9.4f}")
+    return "\n".join(lines)
+
+
+def write_confusion_matrix(path: Path, confusion: torch.Tensor, label_names: Sequence[str], title: str) -> None:
+    """Counts in each cell, colour by the share of the true class (rows sum to 1)."""
+    from matplotlib.figure import Figure
+
+    counts = confusion.double()
+    shares = counts / counts.sum(1, keepdim=True).clamp(min=1)
+    n = len(label_names)
+    figure = Figure(figsize=(1.4 * n + 2.5, 1.2 * n + 1.8))
+    ax = figure.add_subplot()
+    image = ax.imshow(shares.numpy(), cmap="Blues", vmin=0, vmax=1)
+    figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+    for i in range(n):
+        for j in range(n):
+            ax.text(
+                j,
+                i,
+                f"{int(counts[i, j])}\n{shares[i, j]:.1%}",
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="white" if shares[i, j] > 0.5 else "black",
+            )
+    ax.set_xticks(range(n), label_names, rotation=30, ha="right")
+    ax.set_yticks(range(n), label_names)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    write_bytes(path, _png(figure))
+
+
+def write_reliability_diagram(path: Path, points: Sequence[tuple[float, float, int]], ece: float, title: str) -> None:
+    """Accuracy against mean confidence per confidence bin (training/calibration.py), bar widths the bins', the
+    diagonal a perfectly calibrated model; the expected calibration error in the title."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(5.5, 5.2))
+    ax = figure.add_subplot()
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
+    # each bar over its own bin (bars at the bins' mean confidences overlapped where two means lie close), its
+    # mean confidence a dot on it, its count of texts above it
+    bins = calibration.BINS
+    centres = [(min(int(c * bins), bins - 1) + 0.5) / bins for c, _, _ in points]
+    ax.bar(centres, [a for _, a, _ in points], width=0.9 / bins, alpha=0.7, label="accuracy per confidence bin")
+    ax.plot([c for c, _, _ in points], [a for _, a, _ in points], "k.", markersize=4, label="mean confidence")
+    for centre, (_, a, n) in zip(centres, points, strict=True):
+        ax.annotate(str(n), (centre, a), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("confidence (top score)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{title}\nexpected calibration error {ece:.4f}", fontsize=9)
+    ax.legend(loc="upper left", fontsize=8)
+    write_bytes(path, _png(figure))
+
+
+def write_misclassified(
+    path: Path, texts: Sequence[str], labels: torch.Tensor, probabilities: torch.Tensor, label_names: Sequence[str]
+) -> int:
+    """Every wrong prediction, most confident first: row of the split, text, label, prediction, probabilities."""
+    predictions = probabilities.argmax(dim=1)
+    wrong = (predictions != labels).nonzero().flatten().tolist()
+    wrong.sort(key=lambda i: (-probabilities[i, predictions[i]].item(), i))
+    rows = [
+        [
+            i,
+            texts[i],
+            label_names[labels[i]],
+            label_names[predictions[i]],
+            f"{probabilities[i, predictions[i]].item():.4f}",
+            f"{probabilities[i, labels[i]].item():.4f}",
+        ]
+        for i in wrong
+    ]
+    _write_csv(path, ["row", "text", "label", "predicted", "predicted_probability", "label_probability"], rows)
+    return len(wrong)
+
+
+def write_wrong_label_sets(
+    path: Path, texts: Sequence[str], scored: Scored, decided: torch.Tensor, label_names: Sequence[str]
+) -> int:
+    """Multi-label: every row whose predicted label set differs from its labels, most wrong decisions first."""
+    actual = scored.labels.bool()
+    misses = (decided != actual).sum(dim=1)
+    wrong = sorted(misses.nonzero().flatten().tolist(), key=lambda i: (-int(misses[i]), i))
+
+    def names(row: torch.Tensor) -> str:
+        return "|".join(label_names[j] for j in row.nonzero().flatten().tolist())
+
+    rows = [
+        [i, texts[i], names(actual[i]), names(decided[i]), " ".join(f"{v:.4f}" for v in scored.scores[i].tolist())]
+        for i in wrong
+    ]
+    _write_csv(path, ["row", "text", "labels", "predicted_labels", "scores"], rows)
+    return len(wrong)
+
+
+def write_residuals(path: Path, predicted: torch.Tensor, targets: torch.Tensor, title: str) -> None:
+    """Regression: predicted against true values (left) and the residuals against the prediction (right)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 4.2))
+    left, right = figure.subplots(1, 2)
+    low, high = min(predicted.min(), targets.min()).item(), max(predicted.max(), targets.max()).item()
+    left.scatter(targets.numpy(), predicted.numpy(), s=6, alpha=0.5)
+    left.plot([low, high], [low, high], color="grey", linewidth=1)
+    left.set_xlabel("true value")
+    left.set_ylabel("predicted value")
+    right.scatter(predicted.numpy(), (predicted - targets).numpy(), s=6, alpha=0.5)
+    right.axhline(0, color="grey", linewidth=1)
+    right.set_xlabel("predicted value")
+    right.set_ylabel("residual (predicted - true)")
+    figure.suptitle(title)
+    write_bytes(path, _png(figure))
+
+
+def write_largest_errors(path: Path, texts: Sequence[str], predicted: torch.Tensor, targets: torch.Tensor) -> int:
+    """Regression: every row, largest absolute error first."""
+    errors = (predicted - targets).abs()
+    order = sorted(range(len(errors)), key=lambda i: (-errors[i].item(), i))
+    rows = [
+        [i, texts[i], f"{targets[i].item():.4f}", f"{predicted[i].item():.4f}", f"{errors[i].item():.4f}"]
+        for i in order
+    ]
+    _write_csv(path, ["row", "text", "target", "predicted", "absolute_error"], rows)
+    return len(rows)
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(rows)
+    write_bytes(path, buffer.getvalue().encode("utf-8"))
+
+
+# --------------------------------------------------------------------------------------------- training
+
+
+def _confusion_matrix(path: Path, e: Evaluated) -> None:
+    confusion = torch.tensor(e.evaluation["confusion_matrix"]["rows_true_columns_predicted"])
+    write_confusion_matrix(path, confusion, e.labels, e.title)
+
+
+def _calibration(path: Path, e: Evaluated) -> None:
+    points = calibration.scale_for(e.task.problem_type).points(e.scored.scores, e.scored.labels)
+    write_reliability_diagram(path, points, e.evaluation["calibration"]["ece"], e.title)
+
+
+def _misclassified(path: Path, e: Evaluated) -> int:
+    return write_misclassified(path, e.texts, e.scored.labels, e.scored.scores, e.labels)
+
+
+def _wrong_label_sets(path: Path, e: Evaluated) -> int:
+    return write_wrong_label_sets(path, e.texts, e.scored, e.task.decisions(e.scored.scores), e.labels)
+
+
+def _residuals(path: Path, e: Evaluated) -> None:
+    write_residuals(path, e.scored.scores[:, 0], e.scored.labels, e.title)
+
+
+def _largest_errors(path: Path, e: Evaluated) -> int:
+    return write_largest_errors(path, e.texts, e.scored.scores[:, 0], e.scored.labels)
+
+
+REPORTS: dict[str, tuple[str, Callable[[Path, Evaluated], int | None]]] = {  # name: (file, how it is drawn)
+    "confusion_matrix": (files.CONFUSION_PNG, _confusion_matrix),
+    "calibration": (files.RELIABILITY_PNG, _calibration),
+    "misclassified": (files.MISCLASSIFIED_CSV, _misclassified),
+    "wrong_label_sets": (files.MISCLASSIFIED_CSV, _wrong_label_sets),
+    "residuals": (files.RESIDUALS_PNG, _residuals),
+    "largest_errors": (files.LARGEST_ERRORS_CSV, _largest_errors),
+}
+
+
+def write_training_curves(output_dir: Path, progress: Progress, plot: bool = True) -> None:
+    """training_curves.json (the raw series) and, with `plot`, training_curves.png: loss per logging step,
+    validation metrics per evaluation, learning rate. (Drawing the PNG costs the main process a second or two
+    while the other ranks wait, so the loop writes it once, at the end.)"""
+    series = {"train": progress.train_loss, "validation": progress.history}
+    write_json(output_dir / files.CURVES_JSON, series)
+    if plot:
+        write_bytes(output_dir / files.CURVES_PNG, _png(_curves_figure(progress)))
+
+
+def headline(results: dict) -> tuple[str, ...]:
+    """The headline metric names of a results dict: those of the problem type whose headline it holds (the longer
+    lists tried first, so extra metrics cannot make a multi-label result look single-label)."""
+    kinds = sorted(KINDS.values(), key=lambda kind: -len(kind.headline))
+    return next((kind.headline for kind in kinds if set(kind.headline) <= results.keys()), ())
+
+
+def _curves_figure(progress: Progress):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(13, 3.6))
+    loss_ax, eval_ax, lr_ax = figure.subplots(1, 3)
+    steps = [row["step"] for row in progress.train_loss]
+    loss_ax.plot(steps, [row["loss"] for row in progress.train_loss], marker=".", label="train (logged mean)")
+    loss_ax.plot(
+        [row["step"] for row in progress.history],
+        [row["loss"] for row in progress.history],
+        marker="o",
+        label="validation",
+    )
+    loss_ax.set(title="loss", xlabel="optimizer step")
+    for metric in [m for m in headline(progress.history[0]) if m in progress.history[0]] if progress.history else []:
+        eval_ax.plot(
+            [row["step"] for row in progress.history],
+            [row[metric] for row in progress.history],
+            marker="o",
+            label=metric,
+        )
+    if progress.best_step is not None:
+        eval_ax.axvline(progress.best_step, color="grey", linestyle=":", label=f"best (step {progress.best_step})")
+    eval_ax.set(title="validation", xlabel="optimizer step")
+    lr_ax.plot(steps, [row["lr"] for row in progress.train_loss], marker=".")
+    lr_ax.set(title="learning rate", xlabel="optimizer step")
+    lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+    for ax in (loss_ax, eval_ax):
+        ax.legend(fontsize=8)
+    for ax in (loss_ax, eval_ax, lr_ax):
+        ax.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def next_steps(cfg, best_step: int, best_metric: float, test_metrics: dict | None) -> str:
+    """A finished run's last line: where its best model is, how good, and the commands that evaluate, label a file
+    with and serve it (each runs as printed; TEXTS.csv stands for your own file)."""
+    folder, metric = shlex.quote(str(cfg.output_dir)), cfg.metric_for_best_model
+    tested = (test_metrics or {}).get(metric)
+    test = f", test {tested:.4f}" if isinstance(tested, float) else ""
+    data = f" --test_file {shlex.quote(str(cfg.test_file))}" if cfg.test_file else ""
+    return (
+        f"Done: the best model (step {best_step}, validation {metric} {best_metric:.4f}{test}) is in {folder}. "
+        f"Evaluate it: agnews evaluate --checkpoint_dir {folder}{data}  |  label a file: agnews predict "
+        f"--checkpoint_dir {folder} --input_file TEXTS.csv --output_file labelled.csv  |  serve it: "
+        f"agnews serve --model_id {folder}"
+    )
+
+
+def run_summary(run, test_metrics: dict | None = None, runtime_s: float | None = None) -> dict:
+    """metrics.json: the best validation, the test metrics, the history, the config, versions."""
+    cfg, progress, splits, world = run.cfg, run.progress, run.splits, run.accelerator.num_processes
+    chunked = cfg.windowing().chunked
+    return {
+        "validation": progress.best_validation,
+        "test": test_metrics,
+        "best_step": progress.best_step,
+        "global_step": progress.global_step,
+        "epochs_completed": progress.epoch,
+        "metric_for_best_model": cfg.metric_for_best_model,
+        "world_size": world,
+        "effective_batch_size": cfg.effective_batch_size(world),
+        "mixed_precision": run.accelerator.mixed_precision,
+        "parameters": parameter_counts(run.accelerator.unwrap_model(run.model, keep_torch_compile=False)),
+        "history": progress.history,
+        "train_loss": progress.train_loss,
+        "config": cfg.to_dict(),
+        "versions": {name: version(name) for name in ("torch", "accelerate", "transformers", "datasets", "tokenizers")},
+        "train_runtime_s": runtime_s,
+        "cpu_threads": progress.layout.get("cpu_threads"),  # chosen by the machine's load unless OMP_NUM_THREADS
+        "num_examples": {name: num_texts(split) for name, split in splits.named().items()},
+        **({"num_windows": {name: len(split or ()) for name, split in splits.named().items()}} if chunked else {}),
+        "label_names": splits.label_names,
+        "problem_type": splits.labels.problem_type,
+        "label_values": splits.labels.values,  # the training data's value of each class id
+        "provenance": progress.provenance,  # data fingerprints, model and settings (training/output/provenance.py)
+        "inexact_resumes": progress.inexact_resumes,  # what changed at a resume with --allow_inexact_resume
+    }

@@ -1,0 +1,186 @@
+"""Metrics through Hugging Face `evaluate`: every rank gathers a split's scores, then computes the same numbers.
+
+The built-in metrics are `evaluate` modules in metric_modules/, loaded from their path (offline), one set per
+problem type; `--extra_metrics` adds any `evaluate` metric by Hub name or path, tried on a tiny input at start so
+one that cannot load or score this task fails before training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from accelerate.logging import get_logger
+
+from contract import task
+from contract.errors import UserError
+
+logger = get_logger(__name__)  # the main process says it
+
+if TYPE_CHECKING:
+    import evaluate
+
+MODULES = Path(__file__).with_name("metric_modules")
+
+
+@dataclass
+class Scored:
+    """Per-text results in the split's row order, gathered from every rank (CPU tensors): targets (class ids,
+    multi-hot rows or values), scores by the task's function (contract/task.py) of the text's pooled logits, unweighted
+    losses, how many windows each text was scored in (contract/long_text.py; 1 unless --long_text chunk), and the
+    pooled fp32 logits themselves (calibration fits on them: a saturated score has lost its logit)."""
+
+    labels: torch.Tensor
+    scores: torch.Tensor
+    losses: torch.Tensor
+    windows: torch.Tensor
+    logits: torch.Tensor
+
+
+def load_module(name_or_path: str) -> evaluate.EvaluationModule:
+    import evaluate  # on first use: python -m training.predict imports this module and never scores
+
+    return evaluate.load(name_or_path, keep_in_memory=True)
+
+
+def _load_extra(name: str) -> evaluate.EvaluationModule:
+    try:
+        return load_module(name)
+    except (FileNotFoundError, ConnectionError, ImportError, OSError, ValueError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise UserError(
+            f"extra_metrics: cannot load {name!r} ({reason}); without the Hub only a local metric folder loads"
+        ) from None
+
+
+def _scalar(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+def greater_is_better(metric: str, given: bool | None = None) -> bool:
+    """--greater_is_better when given, else by the metric's nature: losses and errors are better lower."""
+    if given is not None:
+        return given
+    lower = metric in ("loss", "mse", "mae", "rmse") or metric.endswith(("_loss", "error", "_mse", "_mae"))
+    return not lower
+
+
+THRESHOLD_GRID = [round(0.05 * i, 2) for i in range(1, 20)]  # per-label thresholds are fitted on these
+
+
+def fit_thresholds(scores: torch.Tensor, references: torch.Tensor) -> list[float]:
+    """Each label's threshold from THRESHOLD_GRID that maximises its F1 on these texts (the lowest on a tie)."""
+    grid = torch.tensor(THRESHOLD_GRID, dtype=scores.dtype)
+    predicted = (scores[None] >= grid[:, None, None]).double()  # grid x texts x labels
+    actual = references.double()[None]
+    f1 = 2 * (predicted * actual).sum(1) / (predicted.sum(1) + actual.sum(1)).clamp(min=1)
+    return [THRESHOLD_GRID[i] for i in f1.argmax(dim=0).tolist()]
+
+
+class MetricSuite:
+    """The problem type's own metrics (training/metric_modules) plus the extra metrics, computed together from a
+    whole split's gathered scores (identical on every rank)."""
+
+    def __init__(self, labels_task: task.Task, label_names: Sequence[str], extra: Sequence[str] = ()):
+        self.task, self.label_names = labels_task, list(label_names)
+        self.modules = {name: load_module(str(MODULES / name)) for name in labels_task.kind.metric_modules}
+        self.extra = {name: _load_extra(name) for name in extra}
+        for name in self.extra:
+            self._try(name)
+
+    def _example(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A tiny split with every kind of answer: scores and references."""
+        return self.task.kind.example(len(self.label_names))
+
+    def _try(self, name: str) -> None:
+        predictions, references = self._inputs(*self._example(), self.task.thresholds)
+        try:
+            self.extra[name].compute(predictions=predictions, references=references)
+        except Exception as exc:  # noqa: BLE001 - any failure of a third-party metric is reported the same way
+            raise UserError(
+                f"extra_metrics: {name!r} cannot score {self.task.problem_type} predictions "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+            ) from None
+
+    def _inputs(self, scores: torch.Tensor, references: torch.Tensor, thresholds) -> tuple[list, list]:
+        """What the modules are given: class ids, 0/1 lists per text, or values."""
+        decided = replace(self.task, thresholds=tuple(thresholds)).decisions(scores)
+        return self.task.kind.metric_inputs(decided, references)
+
+    def compute(self, scores: torch.Tensor, references: torch.Tensor, thresholds=()) -> tuple[dict, dict]:
+        """(flat metrics: the module results plus precision_/recall_/f1_<label> per class, the per-class report)."""
+        predictions, refs = self._inputs(scores, references, thresholds or self.task.thresholds)
+        results: dict = {}
+        report: dict = {}
+        for name, module in self.modules.items():
+            extra_args = {"label_names": self.label_names} if name in ("classification_report", "multilabel") else {}
+            for key, value in module.compute(predictions=predictions, references=refs, **extra_args).items():
+                if key in ("per_class", "confusion_matrix"):
+                    report[key] = value
+                else:
+                    results[key] = _scalar(value)
+        for label, row in report.get("per_class", {}).items():
+            results.update({f"{measure}_{label}": row[measure] for measure in ("precision", "recall", "f1")})
+        for module in self.extra.values():  # the project's own names win over an extra metric's same key
+            for key, value in module.compute(predictions=predictions, references=refs).items():
+                results.setdefault(key, _scalar(value))
+        return results, report
+
+    def names(self) -> list[str]:
+        """Every metric name compute() reports (a dry run on a tiny split), plus the mean loss."""
+        return [*self.compute(*self._example())[0], "loss"]
+
+    def check_selection(self, metric: str) -> None:
+        reported = self.names()
+        if metric not in reported:
+            raise UserError(
+                f"metric_for_best_model: {metric!r} is not reported for {self.task.problem_type} "
+                f"(reported: {', '.join(reported)})"
+            )
+
+
+SMALL_SPLIT, SMALL_CLASS = 100, 10  # a validation split under these (texts, texts per class or label) picks noisily
+
+
+def thin_validation(kind, references: torch.Tensor, names: Sequence[str]) -> str | None:
+    """Why the validation split is too small to pick the best model, calibrate or fit thresholds on reliably (under
+    SMALL_SPLIT texts, or a class or label with under SMALL_CLASS of them), or None."""
+    matrix = kind.label_matrix(references, len(names))
+    counts = matrix.sum(0).tolist() if matrix is not None else []
+    rare = [f"{name} {count}" for name, count in zip(names, counts) if count < SMALL_CLASS]
+    if len(references) >= SMALL_SPLIT and not rare:
+        return None
+    also = f" ({', '.join(rare[:5])}{', ...' if len(rare) > 5 else ''} of its labels)" if rare else ""
+    return f"the validation split has {len(references)} texts{also}"
+
+
+def one_sided(kind, decided: torch.Tensor, references: torch.Tensor, names: Sequence[str]) -> dict[str, list[str]]:
+    """The labels a model predicts for every text ('always') or for none of the texts that have them ('never'): it
+    learned their frequencies, not the texts. {} without classes."""
+    predicted, actual = kind.label_matrix(decided, len(names)), kind.label_matrix(references, len(names))
+    if predicted is None or not len(predicted):
+        return {}
+    found = {
+        "always": [name for j, name in enumerate(names) if predicted[:, j].all() and not actual[:, j].all()],
+        "never": [name for j, name in enumerate(names) if not predicted[:, j].any() and actual[:, j].any()],
+    }
+    return {which: labels for which, labels in found.items() if labels}
+
+
+def say_one_sided(labels, validation, thresholds, label_names) -> dict[str, list[str]]:
+    """A best model that predicts a label for every validation text, or for none of those that have it, learned the
+    label frequencies rather than the texts: said once, with what to try; the labels (metrics.json)."""
+    labels = replace(labels, thresholds=tuple(thresholds)) if thresholds else labels
+    found = one_sided(labels.kind, labels.decisions(validation.scores), validation.labels, label_names)
+    if found:
+        said = "; ".join(f"{which}: {', '.join(names[:8])}" for which, names in found.items())
+        logger.warning(
+            "The best model predicts some labels for every validation text or for none (%s): it may have learned only "
+            "how frequent they are. Try --class_weights balanced, more epochs (--num_train_epochs) or a lower "
+            "--learning_rate",
+            said,
+        )
+    return found

@@ -1,0 +1,116 @@
+"""Packed batches (--packing): a batch's texts end to end in one row, padded only to a token bucket, so the linear
+layers do no work on padding; a packed batch holds the examples the padded one would.
+
+Attention stays within each text: varlen attention on CUDA, SDPA over gathered texts elsewhere (registered with
+transformers as PACKED). A hook on DistilBERT's encoder hands the head each text's first token. Called by
+training/data/batching.py (the collator) and train.py (the model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from contract import shapes
+from contract.attention import sync_free_mask
+
+PACKED = "sdpa_packed"
+STARTS, TEXT_MASK = "cu_seq_lens_q", "packed_text_mask"  # batch keys the model's attention reads (transformers' name)
+MODEL_TYPES = ("distilbert",)  # heads known to read the first token of the encoder's output
+
+
+def supported(model: torch.nn.Module) -> bool:
+    return getattr(model.config, "model_type", None) in MODEL_TYPES
+
+
+def pack(
+    features: Sequence[dict], pad_token_id: int, widths: tuple[int, ...], multiple: int, longest: int | None = None
+) -> dict:
+    """The texts of `features` in one row of ids and restarting positions, padded to the smallest of `widths` that
+    holds them (or to a `multiple`); STARTS: where each text starts, then the end (int32, varlen's cu_seqlens);
+    TEXT_MASK: [texts, `longest` or the longest text rounded to `multiple`] True where a text has a token (its shape
+    carries the longest length as a static number, which varlen attention and the gather path both need; a fixed
+    `longest` keeps the shapes of a captured step to one per row length)."""
+    lengths = np.fromiter((len(f["input_ids"]) for f in features), dtype=np.int64, count=len(features))
+    total = int(lengths.sum())
+    width = shapes.width_for(total, widths, multiple)
+    ids = np.full((1, width), pad_token_id, dtype=np.int64)
+    ids[0, :total] = np.concatenate([np.asarray(f["input_ids"], dtype=np.int64) for f in features])
+    positions = np.zeros((1, width), dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    positions[0, :total] = np.arange(total) - np.repeat(starts[:-1], lengths)
+    longest = longest or shapes.width_for(int(lengths.max()), (), multiple)
+    text_mask = np.arange(longest)[None, :] < lengths[:, None]
+    return {
+        "input_ids": torch.from_numpy(ids),
+        "position_ids": torch.from_numpy(positions),
+        STARTS: torch.from_numpy(starts.astype(np.int32)),
+        TEXT_MASK: torch.from_numpy(text_mask),
+    }
+
+
+def real_tokens(batch: dict) -> torch.Tensor:
+    """How many tokens of a packed batch are text (the rest pads the row to its bucket)."""
+    return batch[STARTS][-1]
+
+
+def register() -> str:
+    """Register PACKED with transformers (idempotent); returns the name for attn_implementation."""
+    AttentionInterface.register(PACKED, _attention)
+    AttentionMaskInterface.register(PACKED, _mask)
+    return PACKED
+
+
+def _mask(*args, **kwargs):
+    """No mask for a packed row (attention is split by STARTS); the sync-free SDPA mask for a padded batch."""
+    if kwargs.get("attention_mask") is None:
+        return None
+    return sync_free_mask(*args, **kwargs)
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' attention interface: [1, heads, tokens, dim] in, [1, tokens, heads, dim] out."""
+    starts = kwargs.get(STARTS)
+    if starts is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    longest = kwargs[TEXT_MASK].shape[1]
+    if query.device.type == "cuda":
+        from torch.nn.attention.varlen import varlen_attn
+
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [tokens, heads, dim]
+        return varlen_attn(q, k, v, starts, starts, longest, longest, scale=scaling).unsqueeze(0), None
+    return _gathered_attention(query[0], key[0], value[0], starts, kwargs[TEXT_MASK], scaling), None
+
+
+def _gathered_attention(q, k, v, starts, text_mask, scaling) -> torch.Tensor:
+    """Attention per text without varlen kernels: each text's tokens gathered into a padded block, SDPA with a key
+    mask, then scattered back; padding slots write to one spare row that is dropped. Indices, not boolean masks:
+    nothing here asks the device for a count (a captured step could not)."""
+    heads, tokens, dim = q.shape
+    slots = starts[:-1, None].long() + torch.arange(text_mask.shape[1], device=q.device)  # [texts, longest]
+    spare = torch.full_like(slots, tokens)
+    where = torch.where(text_mask, slots, spare)
+    blocks = [torch.cat([t, t.new_zeros(heads, 1, dim)], 1)[:, where].transpose(0, 1) for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*blocks, attn_mask=text_mask[:, None, None, :], scale=scaling)
+    packed = out.new_zeros(tokens + 1, heads, dim)
+    packed = packed.index_put((where.reshape(-1),), out.permute(0, 2, 1, 3).reshape(-1, heads, dim))
+    return packed[:tokens].unsqueeze(0)
+
+
+def hand_first_tokens(model: torch.nn.Module) -> None:
+    """Make the classifier head read each packed text's first token: the encoder's output of a packed row becomes
+    [texts, 1, dim], so the head's `hidden[:, 0]` picks one token per text, as it does for a padded batch."""
+    encoder = next(m for m in model.modules() if type(m).__name__ == "DistilBertModel")
+
+    def first_tokens(module, args, kwargs, output):
+        starts = kwargs.get(STARTS)
+        if starts is not None:
+            output["last_hidden_state"] = output["last_hidden_state"][0, starts[:-1].long()].unsqueeze(1)
+        return output
+
+    encoder.register_forward_hook(first_tokens, with_kwargs=True)
