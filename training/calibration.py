@@ -216,12 +216,11 @@ def rounded(numbers: list[float]) -> str:
     return ", ".join(f"{n:.3f}" for n in numbers)
 
 
-def apply(run, validation) -> dict:  # run: training/loop.py's Run (it imports this module)
-    """--calibration on the best model (put back, scored on `validation` by every rank: each fits the same): with
-    `temperature` the temperatures are fitted and folded into the output layer; with `auto` only where they help
-    held-out texts (training/py). Multi-label thresholds move with them and the model is saved again;
-    config.json says what was applied. A best model an earlier run of this folder already calibrated (a finished run
-    resumed from one of its states, no better model since) is kept as it is. What was applied and measured."""
+def apply(run, validation) -> dict:
+    """--calibration on the best model of `run` (training/loop.py's Run), scored on `validation` by every rank:
+    temperatures fitted and folded into the output layer (`auto`: only where they help held-out texts), multi-label
+    thresholds moved with them, the model saved again. A best model an earlier run of this folder calibrated is kept
+    as it is. What was applied and measured."""
     unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
     if run.cfg.calibration == NONE:
         setattr(unwrapped.config, CONFIG_FIELD, {"method": NONE})

@@ -24,17 +24,10 @@ GPU_LOADER_WORKERS = 2  # collation off the training thread: a captured step wai
 class LengthGroupedBatchSampler(Sampler[list[int]]):
     """Training batches for ALL ranks, in the order accelerate deals them out (batch i -> rank i % world).
 
-    One optimizer step consumes `num_replicas x accumulation` batches (one per rank per accumulation
-    micro-step); call that group a step. Each epoch (seeded by seed + epoch, so it reshuffles and is
-    reproducible):
-    1. shuffle all indices and drop the remainder that would not fill one whole step, so each rank gets the
-       same number of full batches and no example is seen twice;
-    2. if group_by_length: sort chunks of `megabatch` steps by length, so a batch holds texts of similar
-       length (little padding) and the ranks of one step get similar lengths (little waiting);
-    3. cut into batches, group them into steps, shuffle the steps, and put the step with the longest texts
-       first (an out-of-memory error shows up at once, not hours in).
-    The examples of each optimizer step depend only on (per-device batch x processes x accumulation), so
-    1 x 16, 2 x 8, 1 x 8 x accumulation 2 and 2 x 4 x accumulation 2 train on the same global batches.
+    Each epoch (seeded by seed + epoch): shuffle, drop what would not fill a whole optimizer step (processes x
+    accumulation batches), sort chunks of `megabatch` steps by length when group_by_length, cut into steps, shuffle
+    them, and put the longest step first (an out-of-memory error shows at once). A step's examples depend only on
+    the global batch, so 1x16, 2x8 and 2x4 with accumulation 2 train on the same batches.
     """
 
     def __init__(
