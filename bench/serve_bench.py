@@ -190,13 +190,13 @@ def prepare_runtime(checkpoint: Path, texts: list[str]) -> None:
     service under test starts at once with what BACKEND=auto chose."""
     if not importlib.util.find_spec("openvino") or bench_device() != "cpu" or os.environ.get("BACKEND") == "torch":
         return  # BACKEND=torch: the services serve PyTorch, nothing to convert
-    from contract import backends
-    from inference.runtimes import choice as runtimes
+    from contract.runtimes import OPENVINO
+    from inference.runtimes import choice
 
     if not (checkpoint / files.CALIBRATION).is_file():  # a checkpoint trained by our CLI has its own
         calibration = load_texts(600, offset=len(texts))[0]
         (checkpoint / files.CALIBRATION).write_text(json.dumps({"texts": calibration}))
-    runtimes.export(checkpoint, backends.OPENVINO.name)
+    choice.export(checkpoint, OPENVINO.name)
 
 
 def load_texts(n: int = 2000, offset: int = 0) -> tuple[list[str], str]:

@@ -13,9 +13,9 @@ import argparse
 import logging
 from pathlib import Path
 
-from contract.backends import RUNTIMES
 from contract.errors import UserError
 from contract.help import HelpFormatter, prog
+from contract.runtimes import RUNTIMES
 from inference import logs
 
 logger = logging.getLogger("inference")

@@ -16,14 +16,14 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator, mode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contract import precision
-from contract.backends import AGREEMENT_BOUND, RUNTIMES
 from contract.errors import UsageError
+from contract.runtimes import AGREEMENT_BOUND, RUNTIMES
 
 BACKENDS = (
     "auto",
     "torch",
     *RUNTIMES,
-)  # what serves the model: inference/runtimes/choice.py chooses, backends.py declares
+)  # what serves the model: inference/runtimes/choice.py chooses, contract/runtimes.py declares
 
 
 def available_cores() -> int:

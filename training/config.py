@@ -16,9 +16,9 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Val
 from pydantic_core import PydanticCustomError
 
 from contract import precision
-from contract.backends import RUNTIMES
 from contract.errors import UsageError
 from contract.long_text import DEFAULT_STRIDE, LongText
+from contract.runtimes import RUNTIMES
 from training.smoke import LABELS as SMOKE_LABELS
 from training.smoke import smoke_dir
 
@@ -39,7 +39,7 @@ TRACKERS = (
 )
 
 
-ExportRuntime = Literal[("none", *RUNTIMES)]  # --export_runtime: the names contract/backends.py declares
+ExportRuntime = Literal[("none", *RUNTIMES)]  # --export_runtime: the names contract/runtimes.py declares
 
 
 class ConfigError(UsageError, ValueError):
@@ -441,7 +441,7 @@ def presets() -> dict[str, dict[str, Any]]:
 
 
 def _runtime_installed(backend: str) -> bool:
-    """Whether this runtime can convert (contract/backends.py declares what it needs)."""
+    """Whether this runtime can convert (contract/runtimes.py declares what it needs)."""
     return RUNTIMES[backend].installed()
 
 

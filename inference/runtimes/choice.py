@@ -2,7 +2,7 @@
 converted model, produced once per weights hash. docs/serving.md describes the choice for users.
 
 Each candidate's decisions must agree with PyTorch fp32's on held-out calibration texts (measuring.py); the
-fastest agreeing one serves. runtimes are declared in contract/backends.py and built by conversion.py; texts.py
+fastest agreeing one serves. runtimes are declared in contract/runtimes.py and built by conversion.py; texts.py
 says which texts, cache.py where the results live. A later start with the same weights, texts, CPU and versions
 reads runtime.json and only compiles; a missing or altered file is never served. On hot reload this runs on the
 watcher's thread while the old model serves.
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from contract import precision
-from contract.backends import RUNTIMES
 from contract.loading import LoadedModel, load_model
+from contract.runtimes import RUNTIMES
 from inference.runtimes import cache as runtime_cache
 from inference.runtimes.cache import Cache
 from inference.runtimes.conversion import AUTO, OPTIMIZED, TORCH, Candidate

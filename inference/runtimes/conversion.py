@@ -1,5 +1,5 @@
 """Building a candidate's runner: the PyTorch model cast to its precision, or the model converted (and for int8
-quantized on the calibration texts) by the runtime's own module (contract/backends.py declares each), staged and
+quantized on the calibration texts) by the runtime's own module (contract/runtimes.py declares each), staged and
 moved into the cache folder; an earlier conversion whose files match their recorded digests is reused."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from contract import precision
-from contract.backends import RUNTIMES, Runtime
 from contract.loading import LoadedModel
 from contract.model_call import collate
+from contract.runtimes import RUNTIMES, Runtime
 from inference.runtimes import cache as runtime_cache
 from inference.runtimes.cache import Cache
 from inference.settings import BACKENDS
@@ -26,7 +26,7 @@ from inference.tokenizing import encode
 
 logger = logging.getLogger("inference.runtimes.choice")  # one channel for the runtime choice, whichever part logs
 
-AUTO, TORCH, *OPTIMIZED = BACKENDS  # the optimized runtimes in auto's order among equals (contract/backends.py)
+AUTO, TORCH, *OPTIMIZED = BACKENDS  # the optimized runtimes in auto's order among equals (contract/runtimes.py)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from contract import precision
-from contract.backends import AGREEMENT_BOUND, RUNTIMES
 from contract.loading import LoadedModel
 from contract.model_call import collate
+from contract.runtimes import AGREEMENT_BOUND, RUNTIMES
 from contract.task import Task
 from inference.runtimes.cache import Cache
 from inference.runtimes.conversion import TORCH, Candidate, conversion_name, digest, runner_for, torch_runner

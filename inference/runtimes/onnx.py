@@ -43,7 +43,7 @@ class _Logits(torch.nn.Module):
 
 
 def build(model: torch.nn.Module, example: dict, serving_precision: str, calibration: list[dict], folder: Path) -> Path:
-    """model.onnx in `folder` (contract/backends.py's interface): the exported classifier, fed the names in
+    """model.onnx in `folder` (contract/runtimes.py's interface): the exported classifier, fed the names in
     `example`, quantized for int8 (dynamically: `calibration` is not needed)."""
     int8 = serving_precision == precision.INT8
     target = folder / files.RUNTIME_ONNX

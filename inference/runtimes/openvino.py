@@ -29,7 +29,7 @@ def version() -> str:
 
 
 def build(model: torch.nn.Module, example: dict, serving_precision: str, calibration: list[dict], folder: Path) -> Path:
-    """model.xml in `folder` (contract/backends.py's interface): converted, and for int8 quantized on the
+    """model.xml in `folder` (contract/runtimes.py's interface): converted, and for int8 quantized on the
     `calibration` batches (one text each)."""
     converted = convert(model, example)
     if serving_precision == precision.INT8:
