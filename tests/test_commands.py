@@ -21,20 +21,22 @@ HEAVY = ("torch", "transformers", "datasets", "accelerate")
 SOURCE_FILE = re.compile(r"\b(contract|training|inference)/\w+\.py\b")
 
 
-def agnews(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+def console_script() -> str:
     script = shutil.which("agnews", path=Path(sys.executable).parent) or shutil.which("agnews")
     assert script, "the console script is installed by `pip install -e .`"
+    return script
+
+
+def agnews(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [script, *args], cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=timeout
+        [console_script(), *args], cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=timeout
     )
 
 
 def imported(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     """The console script run with python -X importtime: its result and every top-level package it imported."""
-    script = shutil.which("agnews", path=Path(sys.executable).parent) or shutil.which("agnews")
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", script, *args], cwd=ROOT, env=cli_env(), capture_output=True, text=True
-    )
+    command = [sys.executable, "-X", "importtime", console_script(), *args]
+    done = subprocess.run(command, cwd=ROOT, env=cli_env(), capture_output=True, text=True)
     rows = [line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
     return done, {row.split(".")[0] for row in rows}
 
@@ -73,8 +75,8 @@ def option_entries(text: str) -> list[str]:
             entries.append(line)
         elif entries and line.startswith("    "):
             entries[-1] += " " + line.strip()
-        else:
-            entries.append("") if line.strip() == "" else None
+        elif not line.strip():
+            entries.append("")  # a blank line closes the entry above it
     return [" ".join(e.split()) for e in entries if e]
 
 

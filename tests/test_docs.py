@@ -33,8 +33,9 @@ def workspace(smoke_model, smoke_dir, tmp_path_factory) -> Path:
     with open(smoke_dir / "test.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))[:60]
     with open(folder / "news.csv", "w", newline="", encoding="utf-8") as fh:
-        csv.DictWriter(fh, ["text", "label"]).writeheader()
-        csv.DictWriter(fh, ["text", "label"]).writerows(rows)
+        writer = csv.DictWriter(fh, ["text", "label"])
+        writer.writeheader()
+        writer.writerows(rows)
     (folder / "unlabelled.csv").write_text("text\n" + "\n".join(row["text"] for row in rows[:10]) + "\n")
     return folder
 

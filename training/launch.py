@@ -15,11 +15,12 @@ import sys
 
 import torch
 from accelerate.commands.launch import launch_command, launch_command_parser
+from accelerate.logging import get_logger
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from contract import precision
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)  # the main process says it (as train.py did)
 
 
 def verbose(script_args: list[str]) -> bool:

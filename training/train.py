@@ -67,7 +67,7 @@ PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM  # the shell's code for SIGTERM: stop
 
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
-    """One Accelerator for the whole run; topology from `accelerate launch`, precision from resolve_mixed_precision."""
+    """One Accelerator for the whole run; topology from `accelerate launch`, precision from launch.mixed_precision."""
     check_strategy(cfg.lora_r)
     accelerator = Accelerator(
         # On a CPU-only machine, cpu=True turns a torchrun-started group into MULTI_CPU over gloo.
