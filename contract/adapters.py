@@ -1,7 +1,7 @@
 """Serve a peft adapter folder: its base model loaded, the adapters and head applied and merged once at load.
 
     adapter folder   adapter_config.json (base_model_name_or_path) + adapter_model.safetensors; with a LoRA run of
-                     ours (its adapter/ folder) also config.json (labels, task) and the tokenizer files
+                     ours (its adapter/ folder) also config.json (labels, problem type) and the tokenizer files
 
 After the merge the service holds an ordinary classifier: the runtimes, the int8 guard and every route treat it as
 any other. peft is needed only here (`pip install 'distilbert-agnews[peft]'`).
@@ -215,7 +215,7 @@ def _body(folder: Path, base: str, config, head: list[str], revision: str | None
 
 
 def _config(folder: Path, base: str, weights: Path):
-    """The folder's config.json (labels, task: a LoRA run of ours writes it) or the base model's, with as many
+    """The folder's config.json (labels, problem type: a LoRA run of ours writes it) or the base model's, with as many
     outputs as the adapter's head has."""
     source = folder if (folder / files.CONFIG).is_file() else base
     try:

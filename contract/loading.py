@@ -33,8 +33,8 @@ from contract.files import file_sha256
 from contract.hub import HUB_ID, hub_reachable, hub_url, is_offline
 from contract.long_text import LongText, LongTextError
 from contract.padding import NoPadToken, ensure_pad_token, match_pad_token
+from contract.problem_types import ProblemType, ProblemTypeError, SingleLabel, calibration_of
 from contract.quiet import quiet_transformers
-from contract.task import SINGLE, Task, TaskError, calibration_of
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,9 @@ class LoadedModel:
     backend: str = "torch"  # or openvino: inference/runtimes/choice.py
     runner: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None  # batch -> logits, instead of `model`
     runtime: dict | None = None  # what inference/runtimes/choice.py measured and chose, for /info
-    task: Task = field(default_factory=lambda: Task(SINGLE, 2))  # problem type and thresholds: contract/task.py
+    problem: ProblemType = field(
+        default_factory=lambda: SingleLabel(2)
+    )  # scores and decisions: contract/problem_types.py
     long_text: LongText = field(default_factory=LongText)  # windowing and pooling of long texts: contract/long_text.py
 
     @property
@@ -119,9 +121,9 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     match_pad_token(config, tokenizer.pad_token_id)
     labels = label_names(config, folder)
     try:
-        model_task, long_text = Task.of(config), LongText.of(config)
+        problem, long_text = ProblemType.of(config), LongText.of(config)
         calibration_of(config)
-    except (TaskError, LongTextError) as exc:
+    except (ProblemTypeError, LongTextError) as exc:
         raise CheckpointError(f"{folder}: {exc}") from None
     max_length = min(tokenizer.model_max_length, getattr(config, "max_position_embeddings", 512))
     if max_length <= tokenizer.num_special_tokens_to_add(pair=True):  # no room for any text: one answer for all
@@ -145,7 +147,7 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
         model_sha=model_sha,
         metrics=_read_metrics(folder),
         signature=before,
-        task=model_task,
+        problem=problem,
         long_text=long_text,
     )
 

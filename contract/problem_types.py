@@ -1,14 +1,15 @@
-"""One object per problem type: everything that differs between single-label, multi-label and regression lives in
-its class here, and nowhere else branches on the problem type. Training asks it for the loss, the targets of a label
-column, the metrics, the report tables and the prediction columns; every reader (evaluation, prediction, the service
-and its agreement guard) asks it how logits become scores and decisions. contract/task.py carries the type, the number
-of outputs and the thresholds in config.json; `Task.kind` is the object below.
+"""The problem type of a model: single-label, multi-label or regression, one class each, with the outputs and
+thresholds config.json carries (transformers' `problem_type` plus `decision_thresholds`). Training, evaluation,
+prediction, the agreement guard and the service ask it for losses, scores, decisions, metrics and columns.
 
-Adding a type is one new class (a subclass of ProblemType, registered in KINDS) plus its tests.
+A config without `problem_type` is read as transformers' pipeline reads it: one output is multi-label, several are
+single-label. A new type is one subclass, registered in PROBLEM_TYPES.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -25,10 +26,13 @@ FUNCTIONS = (SOFTMAX, SIGMOID, NONE)
 
 TIE_MARGIN = 0.02  # the agreement guard leaves out a decision fp32 itself makes by less than this
 REGRESSION_TOLERANCE = 0.1  # a value agrees within this many standard deviations of fp32's outputs
+THRESHOLDS = "decision_thresholds"  # config.json: one per label, multi-label models only
+DEFAULT_THRESHOLD = 0.5
+CALIBRATION = "calibration"  # config.json: {"method": "none"} or {"method": "temperature", "temperature(s)": ...}
 
 
-class TaskError(UserError, ValueError):
-    """A config whose problem type or thresholds cannot be served; the message names the field."""
+class ProblemTypeError(UserError, ValueError):
+    """A config whose problem type, thresholds or calibration cannot be served; the message names the field."""
 
 
 class LabelReader(Protocol):
@@ -55,8 +59,12 @@ def scored(logits: torch.Tensor, function: str) -> torch.Tensor:
     return logits
 
 
+@dataclass(frozen=True)
 class ProblemType:
-    """The interface; each class below fills it for its type."""
+    """The interface and the configured outputs; each class below fills it for its type."""
+
+    num_labels: int = 1
+    thresholds: tuple[float, ...] = field(default=())  # multi-label: one per label, DEFAULT_THRESHOLD each unless given
 
     name: ClassVar[str]  # transformers' config.problem_type
     function: ClassVar[str]  # the default scoring function: the text-classification pipeline's rule
@@ -66,9 +74,7 @@ class ProblemType:
     headline: ClassVar[tuple[str, ...]]  # the metrics a card, a curve plot or a summary shows first
     selection: ClassVar[str]  # the default metric_for_best_model
     metric_modules: ClassVar[tuple[str, ...]]  # the project's own `evaluate` modules (training/metric_modules)
-    reports: ClassVar[
-        tuple[str, ...]
-    ]  # the tables and pictures training.evaluate draws (training/output/reports.py REPORTS)
+    reports: ClassVar[tuple[str, ...]]  # the tables and pictures training.evaluate draws (output/reports.py)
     card_tag: ClassVar[str | None] = None  # the model card's tag beside text-classification
     temperatures: ClassVar[str] = NONE  # --calibration temperature: "one" for all outputs, "per_label", or none
     groups_by_length: ClassVar[bool] = True  # --group_by_length's default
@@ -76,10 +82,44 @@ class ProblemType:
     threshold_strategy: ClassVar[str] = "fixed"  # --threshold_strategy auto
     keeps_fp32: ClassVar[bool] = False  # DTYPE=auto serves fp32 on a CPU without an optimized runtime
 
-    def check_outputs(self, num: int) -> None:
-        """A config with `num` outputs can be served as this type, else a TaskError naming the field."""
+    def __post_init__(self) -> None:
+        if self.thresholded and not self.thresholds:
+            object.__setattr__(self, "thresholds", (DEFAULT_THRESHOLD,) * self.num_labels)
 
-    def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
+    @staticmethod
+    def named(name: str, num_labels: int = 1, thresholds: tuple[float, ...] = ()) -> ProblemType:
+        """The problem type config.json's problem_type (or a run summary's) names."""
+        if name not in PROBLEM_TYPES:
+            raise ProblemTypeError(f"config.json: problem_type {name!r} is not one of {', '.join(PROBLEM_TYPES)}")
+        return PROBLEM_TYPES[name](num_labels, tuple(thresholds))
+
+    @staticmethod
+    def of(config: Any) -> ProblemType:
+        """The problem type a transformers config describes (see the module docstring for a config without one)."""
+        num = int(config.num_labels)
+        name = getattr(config, "problem_type", None) or (MULTI if num == 1 else SINGLE)
+        ProblemType.named(name, num).check_outputs(num)
+        given = (getattr(config, THRESHOLDS, None) or ()) if PROBLEM_TYPES[name].thresholded else ()
+        numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in given)
+        if given and (len(given) != num or not numbers):
+            raise ProblemTypeError(f"config.json: {THRESHOLDS} must hold {num} numbers in [0, 1] (got {given!r})")
+        return ProblemType.named(name, num, tuple(float(t) for t in given))
+
+    def scores(self, logits: torch.Tensor, function: str | None = None) -> torch.Tensor:
+        """Scores from fp32 logits (texts x outputs) by `function`, this type's default when None."""
+        return scored(logits, function or self.function)
+
+    def config_fields(self) -> dict[str, Any]:
+        """What a writer sets on the model config so that every reader gets this problem type back."""
+        fields: dict[str, Any] = {"problem_type": self.name}
+        if self.thresholds:
+            fields[THRESHOLDS] = list(self.thresholds)
+        return fields
+
+    def check_outputs(self, num: int) -> None:
+        """A config with `num` outputs can be served as this type, else a ProblemTypeError naming the field."""
+
+    def decisions(self, scores: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def label_matrix(self, values: torch.Tensor, num: int) -> torch.Tensor | None:
@@ -122,13 +162,11 @@ class ProblemType:
         """The columns a prediction file adds, each a list or array in row order."""
         raise NotImplementedError
 
-    def agreement(
-        self, out: torch.Tensor, ref: torch.Tensor, thresholds: tuple[float, ...]
-    ) -> tuple[torch.Tensor, int]:
+    def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
         """(for each text fp32 decides clearly: does the candidate's output decide the same, ties left out)."""
         raise NotImplementedError
 
-    def agreement_rule(self, thresholds: tuple[float, ...]) -> str:
+    def agreement_rule(self) -> str:
         raise NotImplementedError
 
 
@@ -147,9 +185,9 @@ class SingleLabel(ProblemType):
 
     def check_outputs(self, num: int) -> None:
         if num < 2:
-            raise TaskError(f"config.json: a {SINGLE} model needs two or more labels (has {num})")
+            raise ProblemTypeError(f"config.json: a {SINGLE} model needs two or more labels (has {num})")
 
-    def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
+    def decisions(self, scores: torch.Tensor) -> torch.Tensor:
         return scores.argmax(dim=-1)
 
     def label_matrix(self, values: torch.Tensor, num: int) -> torch.Tensor:
@@ -188,16 +226,14 @@ class SingleLabel(ProblemType):
             **_per_label_scores(scores, labels),
         }
 
-    def agreement(
-        self, out: torch.Tensor, ref: torch.Tensor, thresholds: tuple[float, ...]
-    ) -> tuple[torch.Tensor, int]:
+    def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The argmax; a text whose fp32 top two probabilities are within TIE_MARGIN is a tie (fp32 itself is a coin
         flip there: a padding change can turn it), neither blamed nor credited."""
         top = ref.softmax(-1).topk(2, dim=-1).values
         decided = top[:, 0] - top[:, 1] >= TIE_MARGIN
         return (out.argmax(-1) == ref.argmax(-1))[decided], len(ref) - int(decided.sum())
 
-    def agreement_rule(self, thresholds: tuple[float, ...]) -> str:
+    def agreement_rule(self) -> str:
         return f"argmax agreement on texts fp32 decides by {TIE_MARGIN} or more"
 
 
@@ -215,8 +251,8 @@ class MultiLabel(ProblemType):
     # pos_weight and its own threshold, together, gave the best micro- and macro-F1 in both
     class_weights, threshold_strategy = "balanced", "per_label"
 
-    def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
-        return scores >= torch.tensor(thresholds, dtype=scores.dtype)
+    def decisions(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores >= torch.tensor(self.thresholds, dtype=scores.dtype)
 
     def label_matrix(self, values: torch.Tensor, num: int) -> torch.Tensor:
         return values.bool()
@@ -256,17 +292,15 @@ class MultiLabel(ProblemType):
         chosen = [[labels[j] for j in row.nonzero().flatten().tolist()] for row in decided]
         return {"predicted_labels": chosen, **_per_label_scores(scores, labels)}
 
-    def agreement(
-        self, out: torch.Tensor, ref: torch.Tensor, thresholds: tuple[float, ...]
-    ) -> tuple[torch.Tensor, int]:
+    def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Every label's thresholded decision; a score within TIE_MARGIN of its threshold is a tie."""
-        bounds = torch.tensor(thresholds)
+        bounds = torch.tensor(self.thresholds)
         expected, got = ref.sigmoid(), out.sigmoid()
         decided = (expected - bounds).abs() >= TIE_MARGIN
         return ((got >= bounds) == (expected >= bounds))[decided], int((~decided).sum())
 
-    def agreement_rule(self, thresholds: tuple[float, ...]) -> str:
-        return f"per-label decisions at thresholds {list(thresholds)}, ties within {TIE_MARGIN} left out"
+    def agreement_rule(self) -> str:
+        return f"per-label decisions at thresholds {list(self.thresholds)}, ties within {TIE_MARGIN} left out"
 
 
 class Regression(ProblemType):
@@ -278,15 +312,15 @@ class Regression(ProblemType):
     reports = ("residuals", "largest_errors")
     card_tag = "regression"
     # a score often follows the text's length, and batches of alike lengths then hold alike targets, each a biased
-    # sample of the task (docs/benchmarks.md, "Regression against the Trainer")
+    # sample of the data (docs/benchmarks.md, "Regression against the Trainer")
     groups_by_length = False
     keeps_fp32 = True  # raw values: a precision drop moves them
 
     def check_outputs(self, num: int) -> None:
         if num != 1:  # what would 4 raw values ranked as label scores mean?
-            raise TaskError(f"config.json: a {REGRESSION} model has one output here (has {num} in id2label)")
+            raise ProblemTypeError(f"config.json: a {REGRESSION} model has one output here (has {num} in id2label)")
 
-    def decisions(self, scores: torch.Tensor, thresholds: tuple[float, ...]) -> torch.Tensor:
+    def decisions(self, scores: torch.Tensor) -> torch.Tensor:
         return scores[..., 0]
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
@@ -308,24 +342,36 @@ class Regression(ProblemType):
     def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
         return {"predicted_value": decided.numpy()}
 
-    def agreement(
-        self, out: torch.Tensor, ref: torch.Tensor, thresholds: tuple[float, ...]
-    ) -> tuple[torch.Tensor, int]:
+    def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
         """A text agrees when its value is within REGRESSION_TOLERANCE standard deviations of fp32's outputs (the
         target's spread as the model sees it) of fp32's value."""
         bound = REGRESSION_TOLERANCE * ref[:, 0].std().clamp(min=1e-6)
         return (out[:, 0] - ref[:, 0]).abs() <= bound, 0
 
-    def agreement_rule(self, thresholds: tuple[float, ...]) -> str:
+    def agreement_rule(self) -> str:
         return f"regression values within {REGRESSION_TOLERANCE} standard deviations of fp32's"
 
 
-KINDS: dict[str, ProblemType] = {kind.name: kind for kind in (SingleLabel(), MultiLabel(), Regression())}
-PROBLEM_TYPES = tuple(KINDS)
+PROBLEM_TYPES: dict[str, type[ProblemType]] = {kind.name: kind for kind in (SingleLabel, MultiLabel, Regression)}
 
 
-def kind_of(name: str) -> ProblemType:
-    """The problem type named by config.json's problem_type (or a run summary's)."""
-    if name not in KINDS:
-        raise TaskError(f"config.json: problem_type {name!r} is not one of {', '.join(PROBLEM_TYPES)}")
-    return KINDS[name]
+def calibration_of(config: Any) -> dict:
+    """config.json's record of the calibration folded into the weights (training/calibration.py writes it), {} when
+    there is none; ProblemTypeError for a record training never writes (a temperature that is not a positive number)."""
+    record = getattr(config, CALIBRATION, None)
+    if record is None:
+        return {}
+    method = record.get("method") if isinstance(record, dict) else None
+    if method == "none":
+        return record
+    temperatures = record.get("temperatures", [record.get("temperature")]) if method == "temperature" else None
+    if not isinstance(temperatures, list) or not temperatures or not all(_positive(t) for t in temperatures):
+        raise ProblemTypeError(
+            f'config.json: {CALIBRATION} must be {{"method": "none"}} or {{"method": "temperature", '
+            f'"temperature": T}} with finite T > 0 (got {record!r:.80})'
+        )
+    return record
+
+
+def _positive(number) -> bool:
+    return isinstance(number, (int, float)) and not isinstance(number, bool) and math.isfinite(number) and number > 0

@@ -54,9 +54,8 @@ class Limits:
 
 @dataclass
 class Answer:
-    """One job's answer: each input's labels with their scores, best first (scored as the job asked, by the task of
-    the model that computed them, whatever was swapped in since), that model, its token count and where its time
-    went (seconds)."""
+    """One job's answer: each input's labels with their scores, best first (scored as the job asked, by the model
+    that computed them, whatever was swapped in since), that model, its token count and where its time went."""
 
     ranked: list[list[dict]]
     model: LoadedModel
@@ -74,7 +73,7 @@ class _Job:
     chunk: bool
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
-    scoring: str | None = None  # softmax, sigmoid, none; None: the model's task decides (contract/task.py)
+    scoring: str | None = None  # softmax, sigmoid, none; None: the model's problem type decides
     enqueued: float = field(default_factory=time.perf_counter)
     features: list[dict] = field(default_factory=list)  # one tokenized window each: input_ids (+ token_type_ids)
     owner: list[int] = field(default_factory=list)  # the input of each window
@@ -350,7 +349,7 @@ def rank(loaded: LoadedModel, pooled: list[torch.Tensor], scorings: list[str | N
     labels = loaded.labels
     for scoring in dict.fromkeys(scorings):
         which = [j for j, s in enumerate(scorings) if s == scoring]
-        scores = loaded.task.scores(torch.cat([pooled[j] for j in which]), scoring)
+        scores = loaded.problem.scores(torch.cat([pooled[j] for j in which]), scoring)
         values, order = scores.sort(dim=-1, descending=True, stable=True)  # ties keep the labels' order
         rows = [
             [{"score": v, "label": labels[i]} for v, i in zip(row_values, row_order)]

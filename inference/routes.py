@@ -325,7 +325,7 @@ async def info(request: Request) -> Info:
         distilbert_agnews={
             "device": str(served.device),
             "runtime": served.runtime,
-            "task": {"problem_type": served.task.problem_type, "decision_thresholds": list(served.task.thresholds)},
+            "problem_type": {"name": served.problem.name, "decision_thresholds": list(served.problem.thresholds)},
             "long_text": {
                 **served.long_text.config_fields(),
                 "long_text": CHUNK if chunks_long_texts(settings, served) else TRUNCATE,

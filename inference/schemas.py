@@ -113,7 +113,7 @@ class PredictRequest(BaseModel):
 
     def scoring(self) -> str | None:
         """softmax, sigmoid or none: raw_scores means none; parameters.function_to_apply when given; None leaves it
-        to the model's problem type (contract/task.py)."""
+        to the model's problem type (contract/problem_types.py)."""
         if self.raw_scores:
             return "none"
         return self.parameters.function_to_apply if self.parameters else None

@@ -16,15 +16,17 @@ import torch
 import torch.nn.functional as F
 from accelerate.logging import get_logger
 
-from contract import task
-from contract.problem_types import kind_of
+from contract import problem_types
+from contract.problem_types import PROBLEM_TYPES
 from training.weights import edit_weights
 
 logger = get_logger(__name__)  # the main process says it
 
 BINS = 15
 NONE, TEMPERATURE, AUTO = "none", "temperature", "auto"
-CONFIG_FIELD = task.CALIBRATION  # config.json: {"method": ..., "temperature": T} or {..., "temperatures": [T_j]}
+CONFIG_FIELD = (
+    problem_types.CALIBRATION
+)  # config.json: {"method": ..., "temperature": T} or {..., "temperatures": [T_j]}
 LIMITS = (0.05, 20.0)  # a fitted temperature is kept within these
 # auto keeps temperatures only when, fitted on one half of validation, they lower the other half's negative
 # log-likelihood or ECE by this share and raise neither by more (both halves in turn)
@@ -121,8 +123,8 @@ def helps(measured: dict) -> bool:
 def scale_for(problem_type: str) -> Scale | None:
     """How this problem type's scores are calibrated (contract/problem_types.py `temperatures`), None when they are
     not probabilities (regression)."""
-    temperatures = kind_of(problem_type).temperatures
-    return None if temperatures == task.NONE else Scale(per_label=temperatures == "per_label")
+    temperatures = PROBLEM_TYPES[problem_type].temperatures
+    return None if temperatures == problem_types.NONE else Scale(per_label=temperatures == "per_label")
 
 
 def moved_thresholds(thresholds: Sequence[float], temperatures: Sequence[float]) -> list[float]:
@@ -225,7 +227,7 @@ def apply(run, validation) -> dict:
     if run.cfg.calibration == NONE:
         setattr(unwrapped.config, CONFIG_FIELD, {"method": NONE})
         return {"method": NONE}
-    scale, labels = scale_for(run.objective.problem_type), validation.labels
+    scale, labels = scale_for(run.objective.problem.name), validation.labels
     kept, logits, measured = run.out.saved_calibration(), validation.logits, None
     if kept.get("method") == TEMPERATURE:
         temperatures = Scale.temperatures(kept)
@@ -248,7 +250,7 @@ def apply(run, validation) -> dict:
     thresholds = (run.progress.best_validation or {}).get("thresholds")
     if thresholds:  # multi-label: the same decisions from the calibrated scores
         applied = {**applied, "thresholds": moved_thresholds(thresholds, temperatures)}
-        setattr(unwrapped.config, task.THRESHOLDS, applied["thresholds"])
+        setattr(unwrapped.config, problem_types.THRESHOLDS, applied["thresholds"])
     if kept.get("method") != TEMPERATURE:
         run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
     return {

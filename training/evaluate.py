@@ -68,9 +68,9 @@ class SavedModel:
     def labels_for(self, ds: datasets.Dataset, column: str) -> LabelSpace:
         """The training run's values, else (a folder from elsewhere) class ids when the data has integers,
         else the class names."""
-        names, kind = self.loaded.labels, self.loaded.task.problem_type
+        names, problem_type = self.loaded.labels, self.loaded.problem.name
         values = self.label_values
-        if not self.loaded.task.kind.classes:
+        if not self.loaded.problem.classes:
             values = []
         elif values is None:
             first = ds[0][column] if len(ds) else None
@@ -80,7 +80,7 @@ class SavedModel:
             values=values,
             names=names,
             source=f"the labels of {self.loaded.model_id}",
-            problem_type=kind,
+            problem_type=problem_type,
             delimiter=self.trained_with.get("label_delimiter"),
         )
 
@@ -127,7 +127,7 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
     root = Path(args.checkpoint_dir)
     saved = load_saved(str(root), str(accelerator.device), args.mixed_precision)
     cfg = saved.data_config(args)
-    metrics = MetricSuite(saved.loaded.task, saved.loaded.labels, args.extra_metrics)
+    metrics = MetricSuite(saved.loaded.problem, saved.loaded.labels, args.extra_metrics)
     tokenizer = saved.loaded.tokenizer
     windowing = windowing_for(saved.loaded, args)
 
@@ -147,15 +147,15 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
         "checkpoint_dir": str(root),
         "model": described_model(saved),
         "data": source,
-        "problem_type": saved.loaded.task.problem_type,
+        "problem_type": saved.loaded.problem.name,
         "world_size": accelerator.num_processes,
         "max_length": cfg.max_length,
         "long_text": windowing.config_fields(),
         "metrics": results,
         **({"per_class": report["per_class"]} if "per_class" in report else {}),
-        "files": [files.EVAL_RESULTS, *reports.written_for(saved.loaded.task.problem_type)],
+        "files": [files.EVAL_RESULTS, *reports.written_for(saved.loaded.problem.name)],
     }
-    scale = calibration.scale_for(saved.loaded.task.problem_type)
+    scale = calibration.scale_for(saved.loaded.problem.name)
     if scale is not None:  # how far the scores are from probabilities
         applied = getattr(saved.loaded.model.config, calibration.CONFIG_FIELD, None) if saved.loaded.model else None
         ece = scale.error(scored.scores, scored.labels)
@@ -213,7 +213,9 @@ def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, loaded
     title = f"{evaluation['data']}: " + "  ".join(
         f"{k} {evaluation['metrics'][k]:.4f}" for k in ("accuracy", "micro_f1", "r2") if k in evaluation["metrics"]
     )
-    wrong = reports.write_reports(root, reports.Evaluated(texts, scored, loaded.task, loaded.labels, evaluation, title))
+    wrong = reports.write_reports(
+        root, reports.Evaluated(texts, scored, loaded.problem, loaded.labels, evaluation, title)
+    )
     logger.info("Wrote %s in %s (%d rows in its error table)", ", ".join(evaluation["files"]), root, wrong)
 
 

@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from contract import files, task
+from contract import files, problem_types
 from training.config import TrainConfig
 from training.data.batching import model_inputs
 from training.data.reading import Splits
@@ -207,7 +207,7 @@ def validate_and_save(run: Run) -> None:
     ranks)."""
     with run.throughput.paused():
         cfg = run.cfg
-        fit = cfg.threshold_strategy == "per_label" and run.metrics.task.kind.thresholded
+        fit = cfg.threshold_strategy == "per_label" and run.metrics.problem.thresholded
         thresholds = FIT if fit else None
         model = eager(run.model)  # evaluation's shapes would only add graphs to a compiled model
         results = evaluate(run.accelerator, model, run.loaders.validation, run.metrics, thresholds, cfg.windowing())
@@ -223,7 +223,7 @@ def validate_and_save(run: Run) -> None:
         )
         if best:
             if "thresholds" in results:  # multi-label: the thresholds go with the model (config.json)
-                setattr(run.accelerator.unwrap_model(model).config, task.THRESHOLDS, results["thresholds"])
+                setattr(run.accelerator.unwrap_model(model).config, problem_types.THRESHOLDS, results["thresholds"])
             run.out.save_model(model, run.tokenizer, run.cfg.export_hf_format)
             run.out.write_json(files.METRICS, run_summary(run))
             run.out.write_curves(run.progress, plot=False)  # the PNG is drawn once, at the end

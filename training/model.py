@@ -46,10 +46,8 @@ def load_tokenizer(cfg: TrainConfig):
 def build_model(
     cfg: TrainConfig, labels: LabelSpace, attn_implementation: str = "sdpa", pad_token_id: int | None = None
 ) -> PreTrainedModel:
-    """A sequence classifier with one output per class (one for regression), the task and the long-text windowing in
-    its config (contract/task.py, contract/long_text.py), the tokenizer's pad token where the config names none (a
-    decoder pools the last token that is not it); pretrained weights unless cfg.from_scratch; activations recomputed
-    in the backward pass with --gradient_checkpointing."""
+    """A sequence classifier, one output per class (one for regression), with its problem type, long-text windowing
+    and pad token in its config; gradient checkpointing on request."""
     model = _pretrained_or_new(cfg, labels, attn_implementation)
     if pad_token_id is not None:
         match_pad_token(model.config, pad_token_id)
@@ -69,7 +67,7 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
         num_labels=len(names),
         id2label={i: name for i, name in enumerate(names)},
         label2id={name: i for i, name in enumerate(names)},
-        **labels.task.config_fields(),
+        **labels.problem.config_fields(),
     )
     try:
         config = AutoConfig.from_pretrained(cfg.model_name_or_path, **fields, **hub_options(cfg))

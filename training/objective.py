@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from contract import task
-from contract.problem_types import ProblemType, kind_of
+from contract import problem_types
+from contract.problem_types import ProblemType
 from training.config import TrainConfig, class_weight_values
 from training.data.errors import DataError
 from training.data.labels import LabelSpace
@@ -20,55 +20,51 @@ from training.data.labels import LabelSpace
 
 @dataclass
 class Objective:
-    problem_type: str
+    problem: ProblemType
     weights: torch.Tensor | None = None  # per class (single-label) or per label (multi-label pos_weight)
     label_smoothing: float = 0.0
-
-    @property
-    def kind(self) -> ProblemType:
-        return kind_of(self.problem_type)
 
     def to(self, device: torch.device) -> Objective:
         return replace(self, weights=self.weights.to(device) if self.weights is not None else None)
 
     def per_example(self, logits: torch.Tensor, labels: torch.Tensor, weighted: bool = False) -> torch.Tensor:
         """Each example's loss (fp32); unweighted unless asked (evaluation reports the plain loss)."""
-        return self.kind.loss(logits, labels, self.weights if weighted else None, self.label_smoothing)
+        return self.problem.loss(logits, labels, self.weights if weighted else None, self.label_smoothing)
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The batch's training loss."""
-        return self.kind.batch_loss(logits, labels, self.weights, self.label_smoothing)
+        return self.problem.batch_loss(logits, labels, self.weights, self.label_smoothing)
 
 
 def class_weights(spec: str, labels: LabelSpace, targets: list) -> torch.Tensor | None:
     """--class_weights for the training targets: None, balanced, or the given numbers (one per class)."""
     if spec == "none":
         return None
-    if not labels.kind.classes:
+    if not labels.problem.classes:
         raise DataError("class_weights: a regression model has no classes; leave it at 'none'")
     count = len(labels.names)
     if spec == "balanced":
-        return labels.kind.balanced_weights(targets, count)
+        return labels.problem.balanced_weights(targets, count)
     values = class_weight_values(spec) or []
     if len(values) != count:
         raise DataError(f"class_weights: {len(values)} weights for {count} classes ({', '.join(labels.names)})")
     return torch.tensor(values)
 
 
-def problem_type_defaults(cfg: TrainConfig, kind) -> TrainConfig:
+def problem_type_defaults(cfg: TrainConfig, problem: ProblemType) -> TrainConfig:
     """The settings left to the problem type (None or 'auto') decided by it (contract/problem_types.py): length
     grouping (off for regression), calibration (auto for classification: training/calibration.py; none for
     regression), class weights and decision thresholds (balanced and per label for multi-label, as measured)."""
     chosen = {
-        "group_by_length": kind.groups_by_length,
-        "calibration": "none" if kind.temperatures == task.NONE else "auto",
-        "class_weights": kind.class_weights,
-        "threshold_strategy": kind.threshold_strategy,
+        "group_by_length": problem.groups_by_length,
+        "calibration": "none" if problem.temperatures == problem_types.NONE else "auto",
+        "class_weights": problem.class_weights,
+        "threshold_strategy": problem.threshold_strategy,
     }
     return cfg.model_copy(update={k: v for k, v in chosen.items() if getattr(cfg, k) in (None, "auto")})
 
 
 def objective_for(cfg: TrainConfig, labels: LabelSpace, targets: list) -> Objective:
-    if not labels.kind.classes and cfg.label_smoothing_factor:
+    if not labels.problem.classes and cfg.label_smoothing_factor:
         raise DataError("label_smoothing_factor: a regression target cannot be smoothed; leave it at 0")
-    return Objective(labels.problem_type, class_weights(cfg.class_weights, labels, targets), cfg.label_smoothing_factor)
+    return Objective(labels.problem, class_weights(cfg.class_weights, labels, targets), cfg.label_smoothing_factor)

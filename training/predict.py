@@ -82,7 +82,7 @@ def score_chunk(
     max_length: int,
     windowing: LongText,
 ) -> tuple[torch.Tensor, list[int]]:
-    """(scores (fp32) of each text by the model's task (contract/task.py: softmax, sigmoid or the raw value, as the
+    """(scores (fp32) of each text by the model's problem type (softmax, sigmoid or the raw value, as the
     service scores it), windows per text), in input order. Windows (contract/long_text.py: one per text unless
     chunked) run in batches of similar lengths, as the service runs them; a text's windows' logits are pooled."""
     windows = windowing.encode(loaded.tokenizer, texts, pairs, max_length)
@@ -93,7 +93,7 @@ def score_chunk(
         rows = order[start : start + batch_size]
         logits[rows] = forward(loaded, [features[i] for i in rows])
     pooled = windowing.pool(logits, windows.owner, len(texts))
-    return loaded.task.scores(pooled), windows.counts(len(texts))
+    return loaded.problem.scores(pooled), windows.counts(len(texts))
 
 
 def part_path(parts: Path, chunk: int) -> Path:
@@ -129,7 +129,7 @@ def prediction_names(loaded: LoadedModel, windowing: LongText) -> list[str]:
     at or above their thresholds (multi-label), with one score column per label; the value (regression); and, when
     long texts are chunked, the number of windows of each row."""
     windows = [WINDOWS_COLUMN] if windowing.chunked else []
-    return [*loaded.task.kind.prediction_names(loaded.labels), *windows]
+    return [*loaded.problem.prediction_names(loaded.labels), *windows]
 
 
 def prediction_columns(table: pa.Table, loaded: LoadedModel, windowing: LongText) -> dict[str, pa.Array]:
@@ -143,7 +143,7 @@ def _decided(table: pa.Table, loaded: LoadedModel) -> dict[str, pa.Array]:
     """The problem type's columns (contract/problem_types.py `prediction_values`) from the scores."""
     values = table.column("scores").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     scores = torch.tensor(values).reshape(-1, len(loaded.labels))
-    decided = loaded.task.kind.prediction_values(scores, loaded.task.decisions(scores), loaded.labels)
+    decided = loaded.problem.prediction_values(scores, loaded.problem.decisions(scores), loaded.labels)
     return {name: _arrow(column) for name, column in decided.items()}
 
 

@@ -128,7 +128,7 @@ def warn_thin_validation(cfg: TrainConfig, splits: Splits) -> None:
     rows = splits.validation
     windowed = "document" in rows.column_names
     labels = [rows[i]["labels"] for i in _first_windows(rows)] if windowed else rows["labels"]
-    why = thin_validation(splits.labels.kind, torch.tensor(labels), splits.label_names)
+    why = thin_validation(splits.labels.problem, torch.tensor(labels), splits.label_names)
     if why:
         more = (
             "a larger --validation_file" if cfg.validation_file else f"--validation_split (now {cfg.validation_split})"
@@ -185,8 +185,8 @@ def make_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace, p
 def choose_metrics(cfg: TrainConfig, splits: Splits) -> tuple[TrainConfig, MetricSuite]:
     """The problem type's metrics (extras loaded and tried here, not after training) and the config with the metric
     that picks the best model and its direction decided (metrics.json records them)."""
-    metrics = MetricSuite(splits.labels.task, splits.label_names, cfg.extra_metrics or [])
-    metric = cfg.metric_for_best_model or splits.labels.kind.selection
+    metrics = MetricSuite(splits.labels.problem, splits.label_names, cfg.extra_metrics or [])
+    metric = cfg.metric_for_best_model or splits.labels.problem.selection
     metrics.check_selection(metric)
     greater = greater_is_better(metric, cfg.greater_is_better)
     return cfg.model_copy(update={"metric_for_best_model": metric, "greater_is_better": greater}), metrics
@@ -197,7 +197,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     tokenizer, splits = load_data(cfg, accelerator)
     warn_thin_validation(cfg, splits)
     cfg, metrics = choose_metrics(cfg, splits)
-    cfg = problem_type_defaults(cfg, splits.labels.kind)
+    cfg = problem_type_defaults(cfg, splits.labels.problem)
     if cfg.calibration == calibration.TEMPERATURE and calibration.scale_for(splits.labels.problem_type) is None:
         raise ConfigError(f"calibration: a {splits.labels.problem_type} model has no probabilities to calibrate")
     objective = objective_for(cfg, splits.labels, splits.train["labels"]).to(accelerator.device)
@@ -288,14 +288,14 @@ def score_best_model(run: Run) -> tuple[dict | None, dict, dict]:
     model, windowing = capture.eager(run.model), run.cfg.windowing()
     validation, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, windowing=windowing)
     best_thresholds = (run.progress.best_validation or {}).get("thresholds")
-    found = say_one_sided(run.metrics.task, validation, best_thresholds, run.splits.label_names)
+    found = say_one_sided(run.metrics.problem, validation, best_thresholds, run.splits.label_names)
     calibrated = calibration.apply(run, validation)
     if run.loaders.test is None:
         return None, calibrated, found
     # multi-label: the best model's thresholds, moved with its temperatures when calibrated
     thresholds = calibrated.get("thresholds") or best_thresholds
     scored, results, _ = score(run.accelerator, model, run.loaders.test, run.metrics, thresholds, windowing)
-    calibration.add_test_errors(calibrated, scored, run.objective.problem_type)
+    calibration.add_test_errors(calibrated, scored, run.objective.problem.name)
     logger.info("Test (best model, step %s): %s", run.progress.best_step, format_metrics(results))
     return results, calibrated, found
 

@@ -91,7 +91,7 @@ def choose_runtime(loaded: LoadedModel, settings) -> LoadedModel:
     options, why = candidates(settings.backend, settings.dtype, loaded.device.type)
     if len(options) == 1 and options[0].backend == TORCH:
         chosen = options[0].precision
-        if loaded.task.kind.keeps_fp32 and settings.dtype == precision.AUTO and chosen != precision.FP32:
+        if loaded.problem.keeps_fp32 and settings.dtype == precision.AUTO and chosen != precision.FP32:
             chosen, why = precision.FP32, f"{why}; DTYPE=auto keeps a regression model's raw values in fp32"
         logger.info("Runtime: torch %s (%s)", chosen, why)
         return _as_torch(loaded, chosen, None)

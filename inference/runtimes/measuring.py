@@ -14,8 +14,8 @@ import torch
 from contract import precision
 from contract.loading import LoadedModel
 from contract.model_call import collate
+from contract.problem_types import ProblemType
 from contract.runtimes import AGREEMENT_BOUND, RUNTIMES
-from contract.task import Task
 from inference.runtimes.cache import Cache
 from inference.runtimes.conversion import TORCH, Candidate, conversion_name, digest, runner_for, torch_runner
 from inference.runtimes.texts import HELD_OUT_EVERY, split
@@ -45,7 +45,7 @@ def cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], t
         "options": [c.name for c in options],
         "cpu": cpu_name(),
         "threads": threads,
-        "guard": guard_description(loaded.task),  # how agreement is measured
+        "guard": guard_description(loaded.problem),  # how agreement is measured
         **{b: RUNTIMES[b].load().version() for b in backends},
         "torch": torch.__version__,
     }
@@ -71,7 +71,9 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
             continue
         # every batch shape once (first-shape set-up is not speed), and the answers; torch fp32 gave them already
         outputs = reference if runner is fp32 else [runner(b) for b in batches]
-        results[candidate] = _verdict(candidate, *(agreement(outputs, reference, loaded.task) if real else (None, 0)))
+        results[candidate] = _verdict(
+            candidate, *(agreement(outputs, reference, loaded.problem) if real else (None, 0))
+        )
         if candidate.backend != TORCH:
             results[candidate]["ir"] = conversion_name(candidate, calibration)
         runners[candidate] = runner
@@ -105,19 +107,21 @@ def _cannot_check(candidate: Candidate, held: list[str], calibration: list[str])
     )
 
 
-def agreement(outputs: list[torch.Tensor], reference: list[torch.Tensor], model_task: Task) -> tuple[float | None, int]:
+def agreement(
+    outputs: list[torch.Tensor], reference: list[torch.Tensor], problem: ProblemType
+) -> tuple[float | None, int]:
     """(share of fp32's decisions the candidate keeps, number of ties left out), by the problem type's agreement rule
     (contract/problem_types.py `agreement`: the argmax, each label's thresholded decision, or a value within a
     tolerance; decisions fp32 itself makes by a hair are ties, neither blamed nor credited). None when fewer than
     MIN_HELD_OUT decisions are left."""
     out, ref = torch.cat(outputs).float(), torch.cat(reference).float()
-    same, ties = model_task.kind.agreement(out, ref, model_task.thresholds)
+    same, ties = problem.agreement(out, ref)
     return (same.float().mean().item() if len(same) >= MIN_HELD_OUT else None), ties
 
 
-def guard_description(model_task: Task) -> str:
-    """How agreement is measured for this task: part of the cache key, so a changed rule measures again."""
-    return model_task.kind.agreement_rule(model_task.thresholds)
+def guard_description(problem: ProblemType) -> str:
+    """How agreement is measured for this problem type: part of the cache key, so a changed rule measures again."""
+    return problem.agreement_rule()
 
 
 def _verdict(candidate: Candidate, share: float | None, ties: int) -> dict:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from contract.long_text import LongText, LongTextError
-from contract.task import MULTI, REGRESSION, Task, TaskError
+from contract.problem_types import MULTI, REGRESSION, ProblemType, ProblemTypeError
 from training.loop import format_metrics
 
 
@@ -18,15 +18,15 @@ def config(**fields) -> SimpleNamespace:
 
 @pytest.mark.parametrize("thresholds", [[True, False, True], [0.5, 0.5], [0.5, 1.5, 0.5], ["0.5", 0.5, 0.5]])
 def test_decision_thresholds_must_be_one_number_in_0_1_per_label(thresholds):
-    with pytest.raises(TaskError, match="decision_thresholds must hold 3 numbers in \\[0, 1\\]"):
-        Task.of(config(problem_type=MULTI, decision_thresholds=thresholds))
-    assert Task.of(config(problem_type=MULTI, decision_thresholds=[0, 1, 0.25])).thresholds == (0.0, 1.0, 0.25)
+    with pytest.raises(ProblemTypeError, match="decision_thresholds must hold 3 numbers in \\[0, 1\\]"):
+        ProblemType.of(config(problem_type=MULTI, decision_thresholds=thresholds))
+    assert ProblemType.of(config(problem_type=MULTI, decision_thresholds=[0, 1, 0.25])).thresholds == (0.0, 1.0, 0.25)
 
 
 def test_a_regression_model_has_one_output():
-    with pytest.raises(TaskError, match="a regression model has one output here \\(has 4 in id2label\\)"):
-        Task.of(config(problem_type=REGRESSION, num_labels=4))
-    assert Task.of(config(problem_type=REGRESSION, num_labels=1)).function == "none"
+    with pytest.raises(ProblemTypeError, match="a regression model has one output here \\(has 4 in id2label\\)"):
+        ProblemType.of(config(problem_type=REGRESSION, num_labels=4))
+    assert ProblemType.of(config(problem_type=REGRESSION, num_labels=1)).function == "none"
 
 
 @pytest.mark.parametrize("window", [-5, 0, True, 64.0])

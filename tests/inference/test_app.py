@@ -479,7 +479,7 @@ def test_the_contract_package_imports_neither_side():
     """contract/ (file names, problem type, pooling, precision, Hub probe) is what training and serving share: it
     imports neither of them, so each side can depend on it."""
     code = (
-        "import sys, contract.files, contract.task, contract.long_text, contract.precision, contract.hub; "
+        "import sys, contract.files, contract.problem_types, contract.long_text, contract.precision, contract.hub; "
         "print([m for m in sys.modules if m.split('.')[0] in ('training', 'inference')])"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

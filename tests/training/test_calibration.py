@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from contract import files, task
+from contract import files, problem_types
 from contract.loading import load_model
 from tests.helpers.processes import describe, run_train
 from training import calibration
@@ -26,7 +26,7 @@ def test_the_fitted_temperature_is_the_one_the_labels_were_drawn_with():
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(20_000, 4, generator=generator) * 4
     labels = torch.multinomial((logits / 2.5).softmax(-1), 1, generator=generator)[:, 0]
-    (temperature,) = calibration.scale_for(task.SINGLE).fit(logits.log_softmax(-1), labels)
+    (temperature,) = calibration.scale_for(problem_types.SINGLE).fit(logits.log_softmax(-1), labels)
     assert temperature == pytest.approx(2.5, rel=0.1)
     before = calibration.expected_calibration_error(logits.softmax(-1), labels)
     after = calibration.expected_calibration_error((logits / temperature).softmax(-1), labels)
@@ -40,7 +40,7 @@ def test_per_label_temperatures_are_the_ones_each_label_was_drawn_with():
     logits = torch.randn(20_000, 4, generator=generator) * 3
     drawn = torch.tensor([0.5, 1.0, 2.0, 4.0])
     labels = torch.bernoulli((logits / drawn).sigmoid(), generator=generator)
-    scale = calibration.scale_for(task.MULTI)
+    scale = calibration.scale_for(problem_types.MULTI)
     fitted = scale.fit(logits, labels)
     assert fitted == pytest.approx(drawn.tolist(), rel=0.1)
     before = scale.error(scale.probabilities(logits), labels)
@@ -50,14 +50,19 @@ def test_per_label_temperatures_are_the_ones_each_label_was_drawn_with():
 
 @pytest.mark.parametrize(
     ("name", "drawn", "kept"),
-    [(task.SINGLE, 2.5, True), (task.SINGLE, 1.0, False), (task.MULTI, 3.0, True), (task.MULTI, 1.0, False)],
+    [
+        (problem_types.SINGLE, 2.5, True),
+        (problem_types.SINGLE, 1.0, False),
+        (problem_types.MULTI, 3.0, True),
+        (problem_types.MULTI, 1.0, False),
+    ],
 )
 def test_auto_keeps_a_temperature_only_where_it_helps_held_out_texts(name, drawn, kept):
     """Labels drawn at temperature `drawn` from 600 texts' logits: an over-confident model (drawn 2.5 or 3) gains on
     held-out halves and keeps its temperature; a calibrated one (drawn 1) gains nothing beyond noise and keeps none."""
     generator = torch.Generator().manual_seed(3)
     logits = torch.randn(600, 4, generator=generator) * 4
-    if name == task.SINGLE:
+    if name == problem_types.SINGLE:
         labels = torch.multinomial((logits / drawn).softmax(-1), 1, generator=generator)[:, 0]
     else:
         labels = torch.bernoulli((logits / drawn).sigmoid(), generator=generator)

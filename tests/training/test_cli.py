@@ -11,7 +11,7 @@ import pytest
 from contract.errors import UsageError, UserError
 from contract.loading import CheckpointError
 from contract.long_text import LongTextError
-from contract.task import TaskError
+from contract.problem_types import ProblemTypeError
 from inference.settings import SettingsError
 from training.check_env import EnvProblem
 from training.cli import run_command
@@ -57,7 +57,7 @@ def test_the_exit_code_is_what_the_work_returns_and_a_bug_propagates():
         (LongTextError, False, ValueError),
         (ResumeError, False, RuntimeError),
         (SettingsError, True, ValueError),
-        (TaskError, False, ValueError),
+        (ProblemTypeError, False, ValueError),
         (TrainingDiverged, False, RuntimeError),
     ],
 )

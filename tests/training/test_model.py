@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contract.task import MULTI, REGRESSION, Task
+from contract.problem_types import MULTI, REGRESSION, ProblemType
 from training.config_parsing import load_config
 from training.data.labels import LabelSpace
 from training.model import build_model, build_optimizer
@@ -19,7 +19,7 @@ def test_tiny_model_from_config_and_no_decay_on_bias_and_layernorm(smoke_dir):
     cfg = load_config(["--preset", "smoke", "--weight_decay", "0.05"])
     model = build_model(cfg, labels("World", "Sports", "Business", "Sci/Tech"))
     assert model.config.num_labels == 4 and model.config.id2label[3] == "Sci/Tech"
-    assert Task.of(model.config) == Task("single_label_classification", 4)
+    assert ProblemType.of(model.config) == ProblemType.named("single_label_classification", 4)
     optimizer = build_optimizer(model, cfg, learning_rate=1e-3)
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
@@ -139,9 +139,9 @@ def test_fast_dropout_is_switched_on_only_on_cpu_and_only_when_asked(smoke_dir):
 def test_the_task_is_written_into_the_model_config(smoke_dir):
     cfg = load_config(["--preset", "smoke"])
     tags = build_model(cfg, labels("a", "b", "c", problem_type=MULTI)).config
-    assert tags.problem_type == MULTI and Task.of(tags).thresholds == (0.5, 0.5, 0.5)
+    assert tags.problem_type == MULTI and ProblemType.of(tags).thresholds == (0.5, 0.5, 0.5)
     score = build_model(cfg, LabelSpace(values=[], names=["rating"], source="t", problem_type=REGRESSION)).config
-    assert score.num_labels == 1 and score.id2label == {0: "rating"} and Task.of(score).function == "none"
+    assert score.num_labels == 1 and score.id2label == {0: "rating"} and ProblemType.of(score).function == "none"
 
 
 def test_sync_free_sdpa_gives_the_logits_of_sdpa_with_and_without_padding(smoke_dir):

@@ -12,8 +12,8 @@ import torch
 from sklearn.utils.class_weight import compute_class_weight
 from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
-from contract import files, task
-from contract.problem_types import kind_of
+from contract import files, problem_types
+from contract.problem_types import ProblemType
 from tests.helpers.files import write_rows
 from tests.helpers.processes import describe, run_train
 from training.data.errors import DataError
@@ -31,33 +31,37 @@ def tiny_model(num_labels: int, problem_type: str) -> DistilBertForSequenceClass
 
 @pytest.mark.parametrize(
     "problem_type,num_labels",
-    [(task.SINGLE, 4), (task.MULTI, 3), (task.REGRESSION, 1)],
+    [(problem_types.SINGLE, 4), (problem_types.MULTI, 3), (problem_types.REGRESSION, 1)],
 )
 def test_without_weights_the_loss_is_transformers_own(problem_type, num_labels):
     torch.manual_seed(0)
     model = tiny_model(num_labels, problem_type)
     ids = torch.randint(1, 50, (6, 9))
     labels = {
-        task.SINGLE: torch.randint(0, 4, (6,)),
-        task.MULTI: (torch.rand(6, 3) < 0.5).float(),
-        task.REGRESSION: torch.randn(6),
+        problem_types.SINGLE: torch.randint(0, 4, (6,)),
+        problem_types.MULTI: (torch.rand(6, 3) < 0.5).float(),
+        problem_types.REGRESSION: torch.randn(6),
     }[problem_type]
     with torch.no_grad():
         output = model(input_ids=ids, labels=labels)
-    assert Objective(problem_type)(output.logits, labels).item() == pytest.approx(output.loss.item(), abs=1e-6)
+    assert Objective(ProblemType.named(problem_type))(output.logits, labels).item() == pytest.approx(
+        output.loss.item(), abs=1e-6
+    )
 
 
-@pytest.mark.parametrize("problem_type", [task.SINGLE, task.MULTI])
+@pytest.mark.parametrize("problem_type", [problem_types.SINGLE, problem_types.MULTI])
 def test_weighted_losses_do_not_depend_on_how_the_batch_is_split(problem_type):
     """2 x 8 (DDP averages the ranks' losses' gradients) must equal 1 x 16: a plain mean of weighted losses."""
     torch.manual_seed(0)
     logits = torch.randn(16, 3)
-    labels = torch.randint(0, 3, (16,)) if problem_type == task.SINGLE else (torch.rand(16, 3) < 0.3).float()
-    objective = Objective(problem_type, torch.tensor([1.0, 20.0, 3.0]), label_smoothing=0.1)
+    labels = torch.randint(0, 3, (16,)) if problem_type == problem_types.SINGLE else (torch.rand(16, 3) < 0.3).float()
+    objective = Objective(ProblemType.named(problem_type), torch.tensor([1.0, 20.0, 3.0]), label_smoothing=0.1)
     whole = objective(logits, labels)
     halves = (objective(logits[:8], labels[:8]) + objective(logits[8:], labels[8:])) / 2
     assert whole.item() == pytest.approx(halves.item(), abs=1e-6)
-    assert whole.item() != pytest.approx(Objective(problem_type, label_smoothing=0.1)(logits, labels).item())
+    assert whole.item() != pytest.approx(
+        Objective(ProblemType.named(problem_type), label_smoothing=0.1)(logits, labels).item()
+    )
 
 
 def test_balanced_weights_are_scikit_learns_and_explicit_ones_are_checked():
@@ -70,11 +74,11 @@ def test_balanced_weights_are_scikit_learns_and_explicit_ones_are_checked():
     assert class_weights("1,20,4", space, targets).tolist() == [1.0, 20.0, 4.0]
     with pytest.raises(DataError, match=r"class_weights: 2 weights for 3 classes \(a, b, c\)"):
         class_weights("1,2", space, targets)
-    multi = LabelSpace(values=[0, 1], names=["x", "y"], source="t", problem_type=task.MULTI)
+    multi = LabelSpace(values=[0, 1], names=["x", "y"], source="t", problem_type=problem_types.MULTI)
     assert class_weights("balanced", multi, [[1, 0], [1, 1], [1, 0], [0, 0]]).tolist() == pytest.approx(
         [1 / 3, 3.0]
     )  # neg / pos
-    scores = LabelSpace(values=[], names=["s"], source="t", problem_type=task.REGRESSION)
+    scores = LabelSpace(values=[], names=["s"], source="t", problem_type=problem_types.REGRESSION)
     with pytest.raises(DataError, match="class_weights: a regression model has no classes"):
         class_weights("balanced", scores, [0.5, 1.0])
 
@@ -111,12 +115,29 @@ def test_the_problem_type_decides_what_is_left_to_it():
     from training.config import TrainConfig
     from training.objective import problem_type_defaults
 
-    decided = {name: problem_type_defaults(TrainConfig(), kind_of(name)) for name in (task.SINGLE, task.MULTI)}
-    decided[task.REGRESSION] = problem_type_defaults(TrainConfig(), kind_of(task.REGRESSION))
-    assert [decided[n].group_by_length for n in (task.SINGLE, task.MULTI, task.REGRESSION)] == [True, True, False]
-    assert [decided[n].calibration for n in (task.SINGLE, task.MULTI, task.REGRESSION)] == ["auto", "auto", "none"]
-    assert (decided[task.MULTI].class_weights, decided[task.MULTI].threshold_strategy) == ("balanced", "per_label")
-    assert (decided[task.SINGLE].class_weights, decided[task.SINGLE].threshold_strategy) == ("none", "fixed")
+    decided = {
+        name: problem_type_defaults(TrainConfig(), ProblemType.named(name))
+        for name in (problem_types.SINGLE, problem_types.MULTI)
+    }
+    decided[problem_types.REGRESSION] = problem_type_defaults(
+        TrainConfig(), ProblemType.named(problem_types.REGRESSION)
+    )
+    assert [
+        decided[n].group_by_length for n in (problem_types.SINGLE, problem_types.MULTI, problem_types.REGRESSION)
+    ] == [True, True, False]
+    assert [decided[n].calibration for n in (problem_types.SINGLE, problem_types.MULTI, problem_types.REGRESSION)] == [
+        "auto",
+        "auto",
+        "none",
+    ]
+    assert (decided[problem_types.MULTI].class_weights, decided[problem_types.MULTI].threshold_strategy) == (
+        "balanced",
+        "per_label",
+    )
+    assert (decided[problem_types.SINGLE].class_weights, decided[problem_types.SINGLE].threshold_strategy) == (
+        "none",
+        "fixed",
+    )
     given = TrainConfig(class_weights="none", threshold_strategy="fixed", group_by_length=True)
-    assert problem_type_defaults(given, kind_of(task.MULTI)).class_weights == "none"
-    assert problem_type_defaults(given, kind_of(task.REGRESSION)).group_by_length is True
+    assert problem_type_defaults(given, ProblemType.named(problem_types.MULTI)).class_weights == "none"
+    assert problem_type_defaults(given, ProblemType.named(problem_types.REGRESSION)).group_by_length is True

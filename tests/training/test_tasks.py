@@ -19,7 +19,7 @@ import transformers
 from huggingface_hub import InferenceClient
 from safetensors.torch import load_file
 
-from contract import files, task
+from contract import files, problem_types
 from contract.loading import load_model
 from tests.helpers.processes import describe, launch, run_train
 from tests.helpers.service import Server
@@ -60,9 +60,9 @@ def runs(smoke_dir, tmp_path_factory) -> dict[str, Path]:
 
 def test_files_carry_the_task_and_the_card_names_it(runs):
     multi = json.loads((runs["multi-label"] / files.CONFIG).read_text())
-    assert multi["problem_type"] == task.MULTI
+    assert multi["problem_type"] == problem_types.MULTI
     assert list(multi["id2label"].values()) == ["Business", "Sci/Tech", "Sports", "World"]  # the sorted union
-    fitted = multi[task.THRESHOLDS]
+    fitted = multi[problem_types.THRESHOLDS]
     summary = json.loads((runs["multi-label"] / files.METRICS).read_text())
     assert summary["metric_for_best_model"] == "micro_f1" and summary["config"]["greater_is_better"] is True
     # fitted on the grid on validation, then moved with each label's temperature (training/calibration.py)
@@ -73,7 +73,7 @@ def test_files_carry_the_task_and_the_card_names_it(runs):
     assert "multi-label-classification" in (runs["multi-label"] / files.MODEL_CARD).read_text()
 
     scored = json.loads((runs["regression"] / files.CONFIG).read_text())
-    assert scored["problem_type"] == task.REGRESSION and scored["id2label"] == {"0": "pair_score"}
+    assert scored["problem_type"] == problem_types.REGRESSION and scored["id2label"] == {"0": "pair_score"}
     summary = json.loads((runs["regression"] / files.METRICS).read_text())
     assert summary["metric_for_best_model"] == "mse" and summary["config"]["greater_is_better"] is False
     assert summary["config"]["group_by_length"] is False  # regression's default (training/objective.py)
@@ -96,7 +96,7 @@ def our_scores(out: Path, pairs: list[tuple[str, str | None]]) -> torch.Tensor:
     """The state_dict contract read by the service's loader, scored by the task (sigmoid / raw value)."""
     loaded = load_model(str(out), device="cpu", dtype="fp32")
     logits = torch.cat([loaded.model(**loaded.tokenizer(a, b, return_tensors="pt")).logits for a, b in pairs])
-    return loaded.task.scores(logits.float())
+    return loaded.problem.scores(logits.float())
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -128,7 +128,7 @@ def test_multi_label_scores_are_calibrated_per_label_and_decide_as_before(runs, 
     texts = [json.loads(line)["text"] for line in (smoke_dir / "multi_label_test.jsonl").read_text().splitlines()]
     batch = loaded.tokenizer(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
     logits = loaded.model(**batch).logits.float()
-    calibrated = loaded.task.decisions(loaded.task.scores(logits))
+    calibrated = loaded.task.decisions(loaded.problem.scores(logits))
     uncalibrated = (logits * torch.tensor(recorded["temperatures"])).sigmoid()
     assert torch.equal(calibrated, uncalibrated >= torch.tensor(summary["validation"]["thresholds"]))
     assert 0 < calibrated.float().mean() < 1
@@ -146,7 +146,7 @@ def evaluate_copy(out: Path, tmp_path: Path, preset: str, processes: int = 1) ->
 def test_evaluate_reports_per_label_for_multi_label(runs, tmp_path):
     copy, results = evaluate_copy(runs["multi-label"], tmp_path, "smoke-multi-label")
     trained = json.loads((copy / files.METRICS).read_text())["test"]
-    assert results["problem_type"] == task.MULTI and "confusion_matrix" not in results
+    assert results["problem_type"] == problem_types.MULTI and "confusion_matrix" not in results
     assert set(results["per_class"]) == {"Business", "Sci/Tech", "Sports", "World"}
     for key in ("micro_f1", "macro_f1", "subset_accuracy", "loss"):  # the same model on the same test file
         assert results["metrics"][key] == pytest.approx(trained[key], abs=1e-5)
@@ -165,7 +165,7 @@ def test_evaluate_reports_per_label_for_multi_label(runs, tmp_path):
 def test_evaluate_reports_residuals_for_regression(runs, tmp_path):
     copy, results = evaluate_copy(runs["regression"], tmp_path, "smoke-regression")
     trained = json.loads((copy / files.METRICS).read_text())["test"]
-    assert results["problem_type"] == task.REGRESSION and "per_class" not in results
+    assert results["problem_type"] == problem_types.REGRESSION and "per_class" not in results
     assert {k: results["metrics"][k] for k in ("mse", "pearson")} == pytest.approx(
         {k: trained[k] for k in ("mse", "pearson")}, abs=1e-5
     )
@@ -191,7 +191,7 @@ def test_predict_writes_the_tasks_columns_identically_on_one_and_two_processes(r
     if name == "multi-label":
         names = ["Business", "Sci/Tech", "Sports", "World"]
         scores = torch.tensor(frame[[f"score_{n}" for n in names]].to_numpy())
-        thresholds = json.loads((runs[name] / files.CONFIG).read_text())[task.THRESHOLDS]
+        thresholds = json.loads((runs[name] / files.CONFIG).read_text())[problem_types.THRESHOLDS]
         chosen = [[n for n, s, t in zip(names, row, thresholds) if s >= t] for row in scores.tolist()]
         assert [list(labels) for labels in frame["predicted_labels"]] == chosen
     else:
@@ -226,8 +226,8 @@ def test_the_service_scores_by_the_task_for_the_real_client(runs, smoke_dir, nam
         info = httpx.get(f"{server.url}/info").json()
         kind = "reranker" if len(labels) == 1 else "classifier"  # TEI's rule (router/src/lib.rs): one label re-ranks
         assert list(info["model_type"][kind]["id2label"].values()) == list(labels.values())
-        served_task = info["distilbert_agnews"]["task"]
-        assert served_task["problem_type"] == (task.MULTI if pair is None else task.REGRESSION)
+        served_type = info["distilbert_agnews"]["problem_type"]
+        assert served_type["name"] == (problem_types.MULTI if pair is None else problem_types.REGRESSION)
     finally:
         server.stop()
     assert raw.status_code == 200 and len(raw.json()[0]) == len(labels)
@@ -276,8 +276,8 @@ def test_an_int8_runtime_is_guarded_by_what_a_one_output_model_decides(runs, tmp
     folder = one_output_folder(runs, tmp_path, variant)
     settings = from_env(model_id=str(folder), device="cpu", reload_interval_s=0, backend="onnxruntime", dtype="int8")
     loaded = load_configured(settings)
-    expected_type = task.REGRESSION if variant == "regression" else task.MULTI
-    assert loaded.task.problem_type == expected_type
+    expected_type = problem_types.REGRESSION if variant == "regression" else problem_types.MULTI
+    assert loaded.problem.name == expected_type
     int8 = loaded.runtime["candidates"][0]
     print(f"{variant}: {int8}")
     assert int8["name"] == "onnxruntime int8" and int8["agreement"] is not None
@@ -294,7 +294,7 @@ def test_an_int8_runtime_is_guarded_by_what_a_one_output_model_decides(runs, tmp
         if loaded.precision == "int8"
         else load_configured(from_env(**{**settings.model_dump(), "dtype": "int8"}))
     )
-    share, _ = measuring.agreement([logits(quantized)], [logits(fp32)], fp32.task)
+    share, _ = measuring.agreement([logits(quantized)], [logits(fp32)], fp32.problem)
     if loaded.precision == "int8":
         assert share == pytest.approx(int8["agreement"], abs=0.01) and share >= measuring.AGREEMENT_BOUND
     else:

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import datasets
 import torch
 
-from contract import task
-from contract.problem_types import ProblemType, kind_of
+from contract.problem_types import MULTI, REGRESSION, SINGLE, ProblemType
 from training.config import TrainConfig
 from training.data.errors import DataError
 
@@ -54,16 +53,16 @@ def _problem_type(feature, values: list, delimiter: str | None, regression: bool
     --do_regression) is regression, anything else is single-label; --do_regression false keeps floats as classes. A
     column of whole numbers with missing values (pandas reads it as floats) stays classes, so the gap is reported."""
     if regression:
-        return task.REGRESSION
+        return REGRESSION
     if delimiter is not None or _is_list_feature(feature) or any(isinstance(v, list) for v in values):
-        return task.MULTI
+        return MULTI
     if regression is False:
-        return task.SINGLE
+        return SINGLE
     present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     fractions = any(isinstance(v, float) and not v.is_integer() for v in present)
     floats = isinstance(feature, datasets.Value) and feature.dtype.startswith("float")
     # a float column of whole numbers with gaps is an integer column with missing labels (pandas reads it as float)
-    return task.REGRESSION if fractions or (floats and len(present) == len(values)) else task.SINGLE
+    return REGRESSION if fractions or (floats and len(present) == len(values)) else SINGLE
 
 
 def _check_one_label_type(feature, values: list, source: str, column: str) -> None:
@@ -120,31 +119,31 @@ class LabelSpace:
     values: list  # the label value of each id, as found in the data ([] for regression)
     names: list[str]
     source: str  # where the values were found, for error messages
-    problem_type: str = task.SINGLE
+    problem_type: str = SINGLE
     delimiter: str | None = None  # --label_delimiter: a multi-label string column's separator
 
     @classmethod
     def of_training_data(cls, ds: datasets.Dataset, source: str, column: str, cfg: TrainConfig) -> LabelSpace:
         feature, raw = ds.features[column], ds[column]
-        kind = kind_of(_problem_type(feature, raw, cfg.label_delimiter, cfg.do_regression))
-        if not kind.label_lists and cfg.do_regression is None:
+        problem = ProblemType.named(_problem_type(feature, raw, cfg.label_delimiter, cfg.do_regression))
+        if not problem.label_lists and cfg.do_regression is None:
             _check_one_label_type(feature, raw, source, column)
-        if cfg.threshold_strategy == "per_label" and not kind.thresholded:
+        if cfg.threshold_strategy == "per_label" and not problem.thresholded:
             raise DataError(
                 f"--threshold_strategy per_label fits a threshold per label of multi-label data; {source} column "
-                f"{column!r} is {kind.name}"
+                f"{column!r} is {problem.name}"
             )
         names = cfg.label_names
-        space = cls(values=[], names=[], source=source, problem_type=kind.name, delimiter=cfg.label_delimiter)
+        space = cls(values=[], names=[], source=source, problem_type=problem.name, delimiter=cfg.label_delimiter)
         inner = getattr(feature, "feature", feature)
         if isinstance(inner, datasets.ClassLabel):  # its ids and names are given: no pass over the rows
             seen = set()
         else:  # every cell read (and checked) once: a regression target, a class, or a list of classes
-            seen = {v for row, cell in enumerate(raw, start=1) for v in kind.cell_values(cell, row, source, space)}
-        if not kind.classes:
+            seen = {v for row, cell in enumerate(raw, start=1) for v in problem.cell_values(cell, row, source, space)}
+        if not problem.classes:
             if names and len(names) != 1:
                 raise DataError(f"label_names: a regression model has one output; give one name (got {len(names)})")
-            return cls(values=[], names=list(names or [column]), source=source, problem_type=kind.name)
+            return cls(values=[], names=list(names or [column]), source=source, problem_type=problem.name)
         if isinstance(inner, datasets.ClassLabel):
             values, found = list(range(inner.num_classes)), list(inner.names)
         else:
@@ -166,13 +165,9 @@ class LabelSpace:
         return space
 
     @property
-    def task(self) -> task.Task:
-        """The model's task (contract/task.py); multi-label starts at the default threshold for every label."""
-        return task.Task(self.problem_type, len(self.names))
-
-    @property
-    def kind(self) -> ProblemType:
-        return kind_of(self.problem_type)
+    def problem(self) -> ProblemType:
+        """The model's problem type; multi-label starts at the default threshold for every label."""
+        return ProblemType.named(self.problem_type, len(self.names))
 
     @property
     def count(self) -> int:
@@ -213,4 +208,4 @@ class LabelSpace:
     def encode(self, ds: datasets.Dataset, source: str, column: str) -> list:
         """Every row's label as the model's target (contract/problem_types.py `encode`): a class id, a multi-hot
         list, or a float."""
-        return [self.kind.encode(value, row, source, self) for row, value in enumerate(ds[column], start=1)]
+        return [self.problem.encode(value, row, source, self) for row, value in enumerate(ds[column], start=1)]

@@ -35,7 +35,7 @@ from accelerate.utils.constants import RNG_STATE_NAME
 from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as transformers_logging
 
-from contract import files, task
+from contract import files, problem_types
 from contract.adapters import adapter_digests
 from contract.errors import UserError
 from training import calibration, lora
@@ -423,8 +423,8 @@ class OutputDir:
             return {}
         record = json.loads(path.read_text()).get(calibration.CONFIG_FIELD)
         try:
-            return task.calibration_of(types.SimpleNamespace(**{calibration.CONFIG_FIELD: record}))
-        except task.TaskError as exc:
+            return problem_types.calibration_of(types.SimpleNamespace(**{calibration.CONFIG_FIELD: record}))
+        except problem_types.ProblemTypeError as exc:
             raise ResumeError(f"{path}: {exc}") from None
 
     def restore_best(self, model: torch.nn.Module) -> None:

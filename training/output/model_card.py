@@ -13,9 +13,9 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from contract import files, task
+from contract import files
 from contract.hub import HUB_ID
-from contract.problem_types import ProblemType, kind_of
+from contract.problem_types import SINGLE, ProblemType
 from training.output.atomic import write_bytes
 
 
@@ -48,7 +48,7 @@ def eval_results(summary: dict[str, Any], dataset: str) -> list[EvalResult]:
 
 def summary_kind(summary: dict[str, Any]) -> ProblemType:
     """The problem type a run summary (metrics.json) describes; single-label for one written before it was kept."""
-    return kind_of(summary.get("problem_type", task.SINGLE))
+    return ProblemType.named(summary.get("problem_type", SINGLE))
 
 
 def card_data(summary: dict[str, Any], repo_id: str | None = None) -> ModelCardData:
@@ -92,7 +92,7 @@ def _results_section(summary: dict) -> list[str]:
     return [
         "## Results",
         "",
-        f"Problem type: `{summary.get('problem_type', task.SINGLE)}`.",
+        f"Problem type: `{summary.get('problem_type', SINGLE)}`.",
         "",
         "| split | " + " | ".join(shown) + " | loss | examples |",
         "|---|" + "---|" * (len(shown) + 2),

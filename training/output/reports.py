@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from contract import files, task
-from contract.problem_types import KINDS, kind_of
+from contract import files
+from contract.problem_types import PROBLEM_TYPES, ProblemType
 from training import calibration
 from training.data.batching import num_texts
 from training.lora import parameter_counts
@@ -45,7 +45,7 @@ class Evaluated:
 
     texts: Sequence[str]
     scored: Scored
-    task: task.Task
+    problem: ProblemType
     labels: list[str]
     evaluation: dict  # eval_results.json
     title: str
@@ -53,13 +53,13 @@ class Evaluated:
 
 def written_for(problem_type: str) -> list[str]:
     """The files python -m training.evaluate writes beside eval_results.json for this problem type."""
-    return [REPORTS[name][0] for name in kind_of(problem_type).reports]
+    return [REPORTS[name][0] for name in PROBLEM_TYPES[problem_type].reports]
 
 
 def write_reports(root: Path, evaluated: Evaluated) -> int:
     """The problem type's reports (contract/problem_types.py `reports`) into `root`: the rows of its error table."""
     rows = 0
-    for name in evaluated.task.kind.reports:
+    for name in evaluated.problem.reports:
         file, draw = REPORTS[name]
         rows += draw(root / file, evaluated) or 0
     return rows
@@ -236,7 +236,7 @@ def _confusion_matrix(path: Path, e: Evaluated) -> None:
 
 
 def _calibration(path: Path, e: Evaluated) -> None:
-    points = calibration.scale_for(e.task.problem_type).points(e.scored.scores, e.scored.labels)
+    points = calibration.scale_for(e.problem.name).points(e.scored.scores, e.scored.labels)
     write_reliability_diagram(path, points, e.evaluation["calibration"]["ece"], e.title)
 
 
@@ -245,7 +245,7 @@ def _misclassified(path: Path, e: Evaluated) -> int:
 
 
 def _wrong_label_sets(path: Path, e: Evaluated) -> int:
-    return write_wrong_label_sets(path, e.texts, e.scored, e.task.decisions(e.scored.scores), e.labels)
+    return write_wrong_label_sets(path, e.texts, e.scored, e.problem.decisions(e.scored.scores), e.labels)
 
 
 def _residuals(path: Path, e: Evaluated) -> None:
@@ -279,7 +279,7 @@ def write_training_curves(output_dir: Path, progress: Progress, plot: bool = Tru
 def headline(results: dict) -> tuple[str, ...]:
     """The headline metric names of a results dict: those of the problem type whose headline it holds (the longer
     lists tried first, so extra metrics cannot make a multi-label result look single-label)."""
-    kinds = sorted(KINDS.values(), key=lambda kind: -len(kind.headline))
+    kinds = sorted(PROBLEM_TYPES.values(), key=lambda kind: -len(kind.headline))
     return next((kind.headline for kind in kinds if set(kind.headline) <= results.keys()), ())
 
 

@@ -2,7 +2,7 @@
 
 The built-in metrics are `evaluate` modules in metric_modules/, loaded from their path (offline), one set per
 problem type; `--extra_metrics` adds any `evaluate` metric by Hub name or path, tried on a tiny input at start so
-one that cannot load or score this task fails before training.
+one that cannot load or score this problem type fails before training.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 from accelerate.logging import get_logger
 
-from contract import task
 from contract.errors import UserError
+from contract.problem_types import ProblemType
 
 logger = get_logger(__name__)  # the main process says it
 
@@ -29,7 +29,7 @@ MODULES = Path(__file__).with_name("metric_modules")
 @dataclass
 class Scored:
     """Per-text results in the split's row order, gathered from every rank (CPU tensors): targets (class ids,
-    multi-hot rows or values), scores by the task's function (contract/task.py) of the text's pooled logits, unweighted
+    multi-hot rows or values), scores by the problem type's function of the text's pooled logits, unweighted
     losses, how many windows each text was scored in (contract/long_text.py; 1 unless --long_text chunk), and the
     pooled fp32 logits themselves (calibration fits on them: a saturated score has lost its logit)."""
 
@@ -84,35 +84,35 @@ class MetricSuite:
     """The problem type's own metrics (training/metric_modules) plus the extra metrics, computed together from a
     whole split's gathered scores (identical on every rank)."""
 
-    def __init__(self, labels_task: task.Task, label_names: Sequence[str], extra: Sequence[str] = ()):
-        self.task, self.label_names = labels_task, list(label_names)
-        self.modules = {name: load_module(str(MODULES / name)) for name in labels_task.kind.metric_modules}
+    def __init__(self, problem: ProblemType, label_names: Sequence[str], extra: Sequence[str] = ()):
+        self.problem, self.label_names = problem, list(label_names)
+        self.modules = {name: load_module(str(MODULES / name)) for name in problem.metric_modules}
         self.extra = {name: _load_extra(name) for name in extra}
         for name in self.extra:
             self._try(name)
 
     def _example(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A tiny split with every kind of answer: scores and references."""
-        return self.task.kind.example(len(self.label_names))
+        return self.problem.example(len(self.label_names))
 
     def _try(self, name: str) -> None:
-        predictions, references = self._inputs(*self._example(), self.task.thresholds)
+        predictions, references = self._inputs(*self._example(), self.problem.thresholds)
         try:
             self.extra[name].compute(predictions=predictions, references=references)
         except Exception as exc:  # noqa: BLE001 - any failure of a third-party metric is reported the same way
             raise UserError(
-                f"extra_metrics: {name!r} cannot score {self.task.problem_type} predictions "
+                f"extra_metrics: {name!r} cannot score {self.problem.name} predictions "
                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
             ) from None
 
     def _inputs(self, scores: torch.Tensor, references: torch.Tensor, thresholds) -> tuple[list, list]:
         """What the modules are given: class ids, 0/1 lists per text, or values."""
-        decided = replace(self.task, thresholds=tuple(thresholds)).decisions(scores)
-        return self.task.kind.metric_inputs(decided, references)
+        decided = replace(self.problem, thresholds=tuple(thresholds)).decisions(scores)
+        return self.problem.metric_inputs(decided, references)
 
     def compute(self, scores: torch.Tensor, references: torch.Tensor, thresholds=()) -> tuple[dict, dict]:
         """(flat metrics: the module results plus precision_/recall_/f1_<label> per class, the per-class report)."""
-        predictions, refs = self._inputs(scores, references, thresholds or self.task.thresholds)
+        predictions, refs = self._inputs(scores, references, thresholds or self.problem.thresholds)
         results: dict = {}
         report: dict = {}
         for name, module in self.modules.items():
@@ -137,7 +137,7 @@ class MetricSuite:
         reported = self.names()
         if metric not in reported:
             raise UserError(
-                f"metric_for_best_model: {metric!r} is not reported for {self.task.problem_type} "
+                f"metric_for_best_model: {metric!r} is not reported for {self.problem.name} "
                 f"(reported: {', '.join(reported)})"
             )
 
@@ -145,10 +145,10 @@ class MetricSuite:
 SMALL_SPLIT, SMALL_CLASS = 100, 10  # a validation split under these (texts, texts per class or label) picks noisily
 
 
-def thin_validation(kind, references: torch.Tensor, names: Sequence[str]) -> str | None:
+def thin_validation(problem: ProblemType, references: torch.Tensor, names: Sequence[str]) -> str | None:
     """Why the validation split is too small to pick the best model, calibrate or fit thresholds on reliably (under
     SMALL_SPLIT texts, or a class or label with under SMALL_CLASS of them), or None."""
-    matrix = kind.label_matrix(references, len(names))
+    matrix = problem.label_matrix(references, len(names))
     counts = matrix.sum(0).tolist() if matrix is not None else []
     rare = [f"{name} {count}" for name, count in zip(names, counts) if count < SMALL_CLASS]
     if len(references) >= SMALL_SPLIT and not rare:
@@ -157,10 +157,12 @@ def thin_validation(kind, references: torch.Tensor, names: Sequence[str]) -> str
     return f"the validation split has {len(references)} texts{also}"
 
 
-def one_sided(kind, decided: torch.Tensor, references: torch.Tensor, names: Sequence[str]) -> dict[str, list[str]]:
+def one_sided(
+    problem: ProblemType, decided: torch.Tensor, references: torch.Tensor, names: Sequence[str]
+) -> dict[str, list[str]]:
     """The labels a model predicts for every text ('always') or for none of the texts that have them ('never'): it
     learned their frequencies, not the texts. {} without classes."""
-    predicted, actual = kind.label_matrix(decided, len(names)), kind.label_matrix(references, len(names))
+    predicted, actual = problem.label_matrix(decided, len(names)), problem.label_matrix(references, len(names))
     if predicted is None or not len(predicted):
         return {}
     found = {
@@ -170,11 +172,11 @@ def one_sided(kind, decided: torch.Tensor, references: torch.Tensor, names: Sequ
     return {which: labels for which, labels in found.items() if labels}
 
 
-def say_one_sided(labels, validation, thresholds, label_names) -> dict[str, list[str]]:
+def say_one_sided(problem: ProblemType, validation, thresholds, label_names) -> dict[str, list[str]]:
     """A best model that predicts a label for every validation text, or for none of those that have it, learned the
     label frequencies rather than the texts: said once, with what to try; the labels (metrics.json)."""
-    labels = replace(labels, thresholds=tuple(thresholds)) if thresholds else labels
-    found = one_sided(labels.kind, labels.decisions(validation.scores), validation.labels, label_names)
+    problem = replace(problem, thresholds=tuple(thresholds)) if thresholds else problem
+    found = one_sided(problem, problem.decisions(validation.scores), validation.labels, label_names)
     if found:
         said = "; ".join(f"{which}: {', '.join(names[:8])}" for which, names in found.items())
         logger.warning(

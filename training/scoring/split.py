@@ -37,23 +37,23 @@ def score(
     """(scored texts, metrics, per-class report). Every rank scores its shard of the windows; each text's windows are
     pooled once all are gathered (`windowing`'s pooling), so the figures are exact and the same on every rank with
     any number of processes, wherever a text's windows were scored. Multi-label decisions use `thresholds` (default:
-    the task's); FIT fits one per label on this split first, reported as `thresholds`."""
+    the problem type's); FIT fits one per label on this split first, reported as `thresholds`."""
     labels, logits, documents = gather_windows(accelerator, model, loader)
     texts = int(documents.max()) + 1
     pooled = (windowing or LongText()).pool(logits, documents, texts)
     text_labels = torch.empty((texts, *labels.shape[1:]), dtype=labels.dtype)
     text_labels[documents] = labels  # every window carries its text's label
-    losses = Objective(metrics.task.problem_type).per_example(pooled, text_labels)
+    losses = Objective(metrics.problem).per_example(pooled, text_labels)
     windows = torch.bincount(documents, minlength=texts)
-    scored = Scored(text_labels, metrics.task.scores(pooled), losses, windows, pooled)
+    scored = Scored(text_labels, metrics.problem.scores(pooled), losses, windows, pooled)
     if thresholds == FIT:
         thresholds = fit_thresholds(scored.scores, scored.labels)
     results, report = metrics.compute(scored.scores, scored.labels, thresholds or ())
     results.update(num_examples=texts, loss=scored.losses.mean().item())
     if windowing is not None and windowing.chunked:
         results["num_windows"] = len(documents)
-    if metrics.task.kind.thresholded:
-        results["thresholds"] = list(thresholds or metrics.task.thresholds)
+    if metrics.problem.thresholded:
+        results["thresholds"] = list(thresholds or metrics.problem.thresholds)
     return scored, results, report
 
 

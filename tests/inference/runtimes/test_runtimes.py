@@ -20,8 +20,7 @@ import torch
 
 from contract import files, precision
 from contract.model_call import forward
-from contract.problem_types import TIE_MARGIN
-from contract.task import MULTI, REGRESSION, SINGLE, Task
+from contract.problem_types import MULTI, REGRESSION, SINGLE, TIE_MARGIN, ProblemType
 from inference.runtimes import choice as runtimes
 from inference.runtimes import measuring
 from inference.runtimes import texts as runtime_texts
@@ -171,7 +170,7 @@ def test_int8_on_real_news_serves_only_if_it_keeps_the_fp32_labels(checkpoint_co
     assert int8["refused"] is None and loaded.precision == "int8"
     _, held = runtime_texts.split(texts)  # the texts the guard held out
     reference = torch_fp32_logits(Reference(checkpoint_copy), held)
-    share, ties = measuring.agreement([served_logits(loaded, held)], [reference], loaded.task)
+    share, ties = measuring.agreement([served_logits(loaded, held)], [reference], loaded.problem)
     assert share >= measuring.AGREEMENT_BOUND and share == pytest.approx(int8["agreement"], abs=0.01)
     assert ties == pytest.approx(int8["ties"], abs=2)
 
@@ -197,12 +196,12 @@ def test_a_save_pretrained_folder_without_recorded_texts_gets_int8_measured_on_t
     loaded = serve(folder, backend="openvino", dtype="int8")
     _, held = runtime_texts.split(runtime_texts.sample_texts())
     reference = torch_fp32_logits(Reference.from_pretrained(folder), held)  # transformers' own reading of the folder
-    share, _ = measuring.agreement([served_logits(loaded, held)], [reference], loaded.task)
+    share, _ = measuring.agreement([served_logits(loaded, held)], [reference], loaded.problem)
     assert int8["agreement"] >= measuring.AGREEMENT_BOUND and runtime["precision"] == "int8"
     assert share == pytest.approx(int8["agreement"], abs=0.01)
 
 
-THREE = Task(SINGLE, 3)
+THREE = ProblemType.named(SINGLE, 3)
 
 
 def test_the_guard_leaves_out_fp32_ties_and_counts_every_decided_flip():
@@ -224,12 +223,12 @@ def test_a_one_output_model_is_guarded_by_its_decisions_not_by_an_argmax_that_is
     its thresholded sigmoid (near-threshold ties left out), a regression model on its values."""
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(200, 1, generator=gen) * 3
-    one_logit = Task(MULTI, 1, (0.5,))
+    one_logit = ProblemType.named(MULTI, 1, (0.5,))
     share, ties = measuring.agreement([-logits], [logits], one_logit)  # every decision flips
     assert share == 0.0 and ties == int(((logits.sigmoid() - 0.5).abs() < TIE_MARGIN).sum())
     assert measuring.agreement([logits], [logits], one_logit)[0] == 1.0
     values = torch.randn(200, 1, generator=gen) * 4 + 10
-    regression = Task(REGRESSION, 1)
+    regression = ProblemType.named(REGRESSION, 1)
     close = values + 0.05 * values.std() * torch.randn(200, 1, generator=gen).clamp(-1, 1)
     assert measuring.agreement([close], [values], regression) == (1.0, 0)
     off = values.clone()

@@ -18,11 +18,11 @@ from sklearn.metrics import (
 )
 
 from contract.errors import UserError
-from contract.task import MULTI, REGRESSION, SINGLE, Task
+from contract.problem_types import MULTI, REGRESSION, SINGLE, ProblemType
 from training.scoring.metrics import MODULES, MetricSuite, fit_thresholds, greater_is_better
 
 NAMES = ["World", "Sports", "Business", "Sci/Tech"]
-SINGLE_TASK = Task(SINGLE, 4)
+SINGLE_TASK = ProblemType.named(SINGLE, 4)
 
 
 def one_hot_scores(predictions: torch.Tensor, count: int = 4) -> torch.Tensor:
@@ -64,7 +64,7 @@ def test_multi_label_metrics_match_sklearn(seed):
     scores = (labels * 0.6 + torch.rand(300, 5, generator=gen) * 0.5).clamp(max=1)
     thresholds = (0.5, 0.4, 0.6, 0.5, 0.7)
     names = list("abcde")
-    metrics, report = MetricSuite(Task(MULTI, 5, (0.5,) * 5), names).compute(scores, labels, thresholds)
+    metrics, report = MetricSuite(ProblemType.named(MULTI, 5, (0.5,) * 5), names).compute(scores, labels, thresholds)
     predicted = (scores >= torch.tensor(thresholds)).int().numpy()
     actual = labels.int().numpy()
     assert metrics["micro_f1"] == pytest.approx(f1_score(actual, predicted, average="micro"), abs=1e-12)
@@ -84,7 +84,7 @@ def test_regression_metrics_match_sklearn_and_scipy():
     targets = torch.randn(400, generator=gen) * 2 + 3
     predicted = targets + torch.randn(400, generator=gen) * 0.7
     predicted[:20] = predicted[20]  # ties: Spearman's mean ranks
-    metrics, report = MetricSuite(Task(REGRESSION, 1), ["score"]).compute(predicted[:, None], targets)
+    metrics, report = MetricSuite(ProblemType.named(REGRESSION, 1), ["score"]).compute(predicted[:, None], targets)
     expected = {
         "mse": mean_squared_error(targets, predicted),
         "mae": mean_absolute_error(targets, predicted),
@@ -109,7 +109,7 @@ def test_the_direction_of_a_metric_follows_its_nature_unless_given():
 
 
 def test_the_selection_metric_must_be_reported():
-    suite = MetricSuite(Task(MULTI, 3, (0.5,) * 3), ["a", "b", "c"])
+    suite = MetricSuite(ProblemType.named(MULTI, 3, (0.5,) * 3), ["a", "b", "c"])
     suite.check_selection("micro_f1")
     suite.check_selection("recall_b")
     with pytest.raises(UserError, match=r"metric_for_best_model: 'accuracy' is not reported for multi_label"):
@@ -151,6 +151,6 @@ def test_an_extra_metric_that_cannot_score_the_task_fails_at_once(tmp_path):
             "        predictions, references = torch.as_tensor",
         )
     )
-    MetricSuite(Task(SINGLE, 2), ["a", "b"], [str(binary_only)])
+    MetricSuite(ProblemType.named(SINGLE, 2), ["a", "b"], [str(binary_only)])
     with pytest.raises(UserError, match=r"cannot score single_label_classification predictions \(ValueError: binary"):
         MetricSuite(SINGLE_TASK, NAMES, [str(binary_only)])
