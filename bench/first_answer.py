@@ -83,7 +83,7 @@ def start(folder: Path, port: int, background: bool) -> dict:
     finally:
         process.terminate()
         process.wait(60)
-    return {"first_answer_s": first, "chosen_s": settled, "chosen": f"{runtime['backend']} {runtime['precision']}"}
+    return {"first_answer_s": first, "chosen_s": settled, "chosen": f"{runtime['name']} {runtime['precision']}"}
 
 
 def main() -> None:

@@ -77,10 +77,10 @@ def throughput(model: Path, texts: list[str]) -> None:
     print("| base-shaped model, ~600-token stories | texts/s | windows/s | windows per text |")
     print("|---|---|---|---|")
     rates = {}
-    for name, windowing in {"truncate to 128": LongText(), "chunk 128, stride 32": LongText(CHUNK, 32)}.items():
-        score_chunk(loaded, texts[:4], None, 16, 128, windowing)  # warm-up
+    for name, long_text in {"truncate to 128": LongText(), "chunk 128, stride 32": LongText(CHUNK, 32)}.items():
+        score_chunk(loaded, texts[:4], None, 16, 128, long_text)  # warm-up
         started = time.perf_counter()
-        _, windows = score_chunk(loaded, texts, None, 16, 128, windowing)
+        _, windows = score_chunk(loaded, texts, None, 16, 128, long_text)
         seconds = time.perf_counter() - started
         rates[name] = len(texts) / seconds
         print(f"| {name} | {rates[name]:.1f} | {sum(windows) / seconds:.1f} | {sum(windows) / len(texts):.2f} |")

@@ -263,7 +263,7 @@ def runtime_agreement(checkpoint: Path, texts: list[str]) -> None:
         agree = sum(a == b for a, b in zip(labels(loaded), reference)) / len(reference)
         print(
             f"  openvino {dtype} asked, {loaded.precision} served: {agree:.2%} of {len(texts)} benchmark texts keep "
-            f"the fp32 label (guard: {loaded.runtime['agreement']:.2%} on held-out calibration texts)"
+            f"the fp32 label (guard: {loaded.report['agreement']:.2%} on held-out calibration texts)"
         )
 
 

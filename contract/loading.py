@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import pickle
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,10 +59,8 @@ class LoadedModel:
     model_sha: str | None = None  # the Hub commit, for a Hub id
     metrics: dict | None = None
     signature: tuple = ()  # the files as they were just before loading (see `signature`); reload compares to it
-    loaded_at: float = field(default_factory=time.time)
-    backend: str = "torch"  # or openvino: inference/runtimes/choice.py
+    runtime: str = "torch"  # or openvino, onnxruntime: inference/runtimes/choice.py
     runner: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None  # batch -> logits, instead of `model`
-    runtime: dict | None = None  # what inference/runtimes/choice.py measured and chose, for /info
     problem: ProblemType = field(
         default_factory=lambda: SingleLabel(2)
     )  # scores and decisions: contract/problem_types.py

@@ -324,7 +324,7 @@ async def info(request: Request) -> Info:
         version=VERSION,
         distilbert_agnews={
             "device": str(served.device),
-            "runtime": served.runtime,
+            "runtime": served.report,
             "problem_type": {"name": served.problem.name, "decision_thresholds": list(served.problem.thresholds)},
             "long_text": {
                 **served.long_text.config_fields(),

@@ -86,7 +86,7 @@ class Service:
             self.reloads += 1
             self.metrics.reloads.labels("ok").inc()
         self.engine.swap(loaded)
-        served = f"{loaded.backend} {loaded.precision}"
+        served = f"{loaded.runtime} {loaded.precision}"
         logger.info("Now serving %s (sha256 %s, %s)", loaded.weights_file, loaded.sha256[:12], served)
         memory.freeze_long_lived()  # the new model's objects out of the collector's walks, the old one's freed
 
@@ -94,12 +94,12 @@ class Service:
         self.metrics.reloads.labels("failed").inc()
 
 
-def load_configured(settings: Settings) -> LoadedModel:
+def load_configured(settings: Settings) -> runtimes.ServedModel:
     """The model in the runtime and precision the settings ask for (converted once per weights hash)."""
     return runtimes.choose_runtime(_fp32(settings), settings)
 
 
-def load_for_start(settings: Settings) -> LoadedModel:
+def load_for_start(settings: Settings) -> runtimes.ServedModel:
     """As load_configured, except that a runtime choice still to be measured (a new checkpoint's first start) is left
     to a background thread while PyTorch fp32 serves (MEASURE_IN_BACKGROUND; `measure_in_background` starts it)."""
     loaded = _fp32(settings)
@@ -116,7 +116,7 @@ def measure_in_background(service: Service) -> threading.Thread | None:
     """When a provisional PyTorch fp32 serves: convert and measure on a thread of its own, then swap the chosen
     runtime in. A failure leaves PyTorch fp32 serving, said in one warning (any runtime's own exception: the
     conversion runs third-party code)."""
-    if not (service.engine.current.runtime or {}).get("provisional"):
+    if not service.engine.current.report.get("provisional"):
         return None
 
     def measure() -> None:
@@ -235,7 +235,7 @@ async def lifespan(app: FastAPI):
         "Ready: %s on %s (%s %s), labels %s",
         served.weights_file,
         served.device,
-        served.backend,
+        served.runtime,
         served.precision,
         ", ".join(served.labels),
     )

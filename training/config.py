@@ -385,7 +385,7 @@ class TrainConfig(RunConfig, EvaluationConfig, OptimizationConfig, DataConfig, M
         """Examples per optimizer step across all ranks."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps * num_processes
 
-    def windowing(self) -> LongText:
+    def long_text_rule(self) -> LongText:
         """How long texts are windowed and pooled (contract/long_text.py), as config.json records it."""
         return LongText(self.long_text, self.chunk_stride, self.chunk_pooling, self.max_length)
 
@@ -440,9 +440,9 @@ def presets() -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------------------------------ checks
 
 
-def _runtime_installed(backend: str) -> bool:
+def _runtime_installed(runtime: str) -> bool:
     """Whether this runtime can convert (contract/runtimes.py declares what it needs)."""
-    return RUNTIMES[backend].installed()
+    return RUNTIMES[runtime].installed()
 
 
 def check(cfg: TrainConfig) -> None:

@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def windowing_for(loaded: LoadedModel, args: argparse.Namespace) -> LongText:
+def long_text_for(loaded: LoadedModel, args: argparse.Namespace) -> LongText:
     """How long texts are read (contract/long_text.py): the model's config.json, --long_text and --chunk_stride
     overriding it; the pooling is always the model's."""
     recorded = loaded.long_text
@@ -129,18 +129,18 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
     cfg = saved.data_config(args)
     metrics = MetricSuite(saved.loaded.problem, saved.loaded.labels, args.extra_metrics)
     tokenizer = saved.loaded.tokenizer
-    windowing = windowing_for(saved.loaded, args)
+    long_text = long_text_for(saved.loaded, args)
 
     def load() -> tuple:  # the main process tokenizes and caches; the others read it
         split, source = load_split(args, saved, cfg)
         texts, labels = split["text"], split["labels"]  # for the reports: tokenizing drops the text
-        return tokenize(split, tokenizer, cfg.max_length, "evaluation", windowing=windowing), source, texts, labels
+        return tokenize(split, tokenizer, cfg.max_length, "evaluation", long_text=long_text), source, texts, labels
 
     split, source, texts, labels = main_first(accelerator, load)
     model, loader = accelerator.prepare(
         saved.loaded.model, make_eval_loader(split, tokenizer, args.per_device_eval_batch_size)
     )
-    scored, results, report = score(accelerator, model, loader, metrics, windowing=windowing)
+    scored, results, report = score(accelerator, model, loader, metrics, long_text=long_text)
     if not torch.equal(scored.labels, torch.tensor(labels, dtype=scored.labels.dtype)):
         raise RuntimeError("gathered results are not in the split's row order")  # the reports depend on it
     evaluation = {
@@ -150,7 +150,7 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
         "problem_type": saved.loaded.problem.name,
         "world_size": accelerator.num_processes,
         "max_length": cfg.max_length,
-        "long_text": windowing.config_fields(),
+        "long_text": long_text.config_fields(),
         "metrics": results,
         **({"per_class": report["per_class"]} if "per_class" in report else {}),
         "files": [files.EVAL_RESULTS, *reports.written_for(saved.loaded.problem.name)],

@@ -210,7 +210,8 @@ def validate_and_save(run: Run) -> None:
         fit = cfg.threshold_strategy == "per_label" and run.metrics.problem.thresholded
         thresholds = FIT if fit else None
         model = eager(run.model)  # evaluation's shapes would only add graphs to a compiled model
-        results = evaluate(run.accelerator, model, run.loaders.validation, run.metrics, thresholds, cfg.windowing())
+        loader, long_text = run.loaders.validation, cfg.long_text_rule()
+        results = evaluate(run.accelerator, model, loader, run.metrics, thresholds, long_text)
         best = record_evaluation(run.progress, results, cfg.metric_for_best_model, cfg.greater_is_better)
         run.accelerator.log(
             {f"eval/{k}": v for k, v in results.items() if isinstance(v, (int, float))}, step=run.progress.global_step

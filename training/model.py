@@ -71,7 +71,7 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
     )
     try:
         config = AutoConfig.from_pretrained(cfg.model_name_or_path, **fields, **hub_options(cfg))
-        for name, value in cfg.windowing().config_fields().items():  # fields of ours: from_pretrained drops them
+        for name, value in cfg.long_text_rule().config_fields().items():  # fields of ours: from_pretrained drops them
             setattr(config, name, value)
         for field in (files.WEIGHTS_SHA256, files.ADAPTER_BASE):  # fine-tuning one of our checkpoints: not ours
             if hasattr(config, field):

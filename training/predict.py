@@ -35,7 +35,7 @@ from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.data.errors import DataError
 from training.data.reading import join_texts, load_file, require_columns
-from training.evaluate import windowing_for
+from training.evaluate import long_text_for
 
 logger = get_logger(__name__)
 
@@ -53,8 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class Reader:
     """The input file and how its texts are read; a chunk is a range of rows."""
 
-    def __init__(self, ds: datasets.Dataset, args: argparse.Namespace, trained_with: dict, windowing: LongText):
-        self.ds, self.source, self.windowing = ds, args.input_file, windowing
+    def __init__(self, ds: datasets.Dataset, args: argparse.Namespace, trained_with: dict, long_text: LongText):
+        self.ds, self.source, self.long_text = ds, args.input_file, long_text
         self.columns = args.text_column_names or trained_with.get("text_column_names") or ["text"]
         self.delimiter = args.text_column_delimiter or trained_with.get("text_column_delimiter", " ")
         self.pair_column = args.text_pair_column or trained_with.get("text_pair_column")
@@ -80,19 +80,19 @@ def score_chunk(
     pairs: list[str] | None,
     batch_size: int,
     max_length: int,
-    windowing: LongText,
+    long_text: LongText,
 ) -> tuple[torch.Tensor, list[int]]:
     """(scores (fp32) of each text by the model's problem type (softmax, sigmoid or the raw value, as the
     service scores it), windows per text), in input order. Windows (contract/long_text.py: one per text unless
     chunked) run in batches of similar lengths, as the service runs them; a text's windows' logits are pooled."""
-    windows = windowing.encode(loaded.tokenizer, texts, pairs, max_length)
+    windows = long_text.encode(loaded.tokenizer, texts, pairs, max_length)
     features = windows.features
     order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
     logits = torch.empty(len(features), len(loaded.labels))
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         logits[rows] = forward(loaded, [features[i] for i in rows])
-    pooled = windowing.pool(logits, windows.owner, len(texts))
+    pooled = long_text.pool(logits, windows.owner, len(texts))
     return loaded.problem.scores(pooled), windows.counts(len(texts))
 
 
@@ -113,7 +113,7 @@ def score_my_chunks(
     )
     for chunk in mine:
         texts, pairs = reader.texts(chunk)
-        scores, windows = score_chunk(loaded, texts, pairs, args.per_device_batch_size, max_length, reader.windowing)
+        scores, windows = score_chunk(loaded, texts, pairs, args.per_device_batch_size, max_length, reader.long_text)
         column = pa.FixedSizeListArray.from_arrays(pa.array(scores.flatten().numpy()), len(loaded.labels))
         table = pa.table({"scores": column, "windows": pa.array(windows, type=pa.int32())})
         pyarrow.parquet.write_table(table, part_path(parts, chunk))
@@ -124,17 +124,17 @@ def score_my_chunks(
 WINDOWS_COLUMN = "num_windows"  # --long_text chunk: the windows each row was scored in
 
 
-def prediction_names(loaded: LoadedModel, windowing: LongText) -> list[str]:
+def prediction_names(loaded: LoadedModel, long_text: LongText) -> list[str]:
     """The columns a prediction adds, by problem type: the label and its score (single-label), the list of labels
     at or above their thresholds (multi-label), with one score column per label; the value (regression); and, when
     long texts are chunked, the number of windows of each row."""
-    windows = [WINDOWS_COLUMN] if windowing.chunked else []
+    windows = [WINDOWS_COLUMN] if long_text.chunked else []
     return [*loaded.problem.prediction_names(loaded.labels), *windows]
 
 
-def prediction_columns(table: pa.Table, loaded: LoadedModel, windowing: LongText) -> dict[str, pa.Array]:
+def prediction_columns(table: pa.Table, loaded: LoadedModel, long_text: LongText) -> dict[str, pa.Array]:
     columns = _decided(table, loaded)
-    if windowing.chunked:
+    if long_text.chunked:
         columns[WINDOWS_COLUMN] = table.column("windows").combine_chunks()
     return columns
 
@@ -193,14 +193,14 @@ def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, sta
     """Input columns (less any prediction columns being replaced) + predictions, chunk by chunk in input order, into
     `staged`, renamed to `output` once complete."""
     writer = Writer(staged, output.suffix)
-    replaced = [name for name in prediction_names(loaded, reader.windowing) if name in reader.ds.column_names]
+    replaced = [name for name in prediction_names(loaded, reader.long_text) if name in reader.ds.column_names]
     try:
         arrow = reader.ds.with_format("arrow")
         for chunk in range(reader.num_chunks):
             rows = reader.rows(chunk)
             table = arrow[rows.start : rows.stop].drop_columns(replaced)
             predicted = pyarrow.parquet.read_table(part_path(parts, chunk))
-            for name, column in prediction_columns(predicted, loaded, reader.windowing).items():
+            for name, column in prediction_columns(predicted, loaded, reader.long_text).items():
                 table = table.append_column(name, column)
             writer.write(table)
     finally:
@@ -218,7 +218,7 @@ def check_paths(args: argparse.Namespace) -> None:
 
 
 def check_columns(reader: Reader, loaded: LoadedModel, overwrite: bool) -> None:
-    present = [name for name in prediction_names(loaded, reader.windowing) if name in reader.ds.column_names]
+    present = [name for name in prediction_names(loaded, reader.long_text) if name in reader.ds.column_names]
     if present and not overwrite:
         raise DataError(
             f"{reader.source}: already has prediction columns ({', '.join(present)}); pass "
@@ -246,11 +246,11 @@ def predict_file(args: argparse.Namespace, accelerator: Accelerator) -> None:
     loaded = load_model(args.checkpoint_dir, device=str(accelerator.device), dtype=args.mixed_precision)
     trained_with = (loaded.metrics or {}).get("config", {})
     reader = main_first(  # the main process converts the file to Arrow; the others reuse it
-        accelerator, lambda: Reader(load_file(args.input_file), args, trained_with, windowing_for(loaded, args))
+        accelerator, lambda: Reader(load_file(args.input_file), args, trained_with, long_text_for(loaded, args))
     )
     check_columns(reader, loaded, args.overwrite_prediction_columns)
     max_length = args.max_length or trained_with.get("max_length") or loaded.max_length
-    reader.windowing.check(loaded.tokenizer, max_length, reader.pair_column is not None)
+    reader.long_text.check(loaded.tokenizer, max_length, reader.pair_column is not None)
     run_id = decided_on_main(accelerator, lambda: f"{os.getpid()}-{secrets.token_hex(3)}")  # the staging names
     parts, staged = (output.with_name(f".{output.name}.{kind}.{run_id}") for kind in ("parts", "tmp"))
     on_main(accelerator, parts.mkdir, str(output.parent))

@@ -285,8 +285,8 @@ def score_best_model(run: Run) -> tuple[dict | None, dict, dict]:
     said when it predicts some label for every text or for none, then scored once on the test split: (test metrics or
     None without a test split, what calibration applied and measured, the labels predicted always or never)."""
     run.out.restore_best(run.model)
-    model, windowing = capture.eager(run.model), run.cfg.windowing()
-    validation, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, windowing=windowing)
+    model, long_text = capture.eager(run.model), run.cfg.long_text_rule()
+    validation, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, long_text=long_text)
     best_thresholds = (run.progress.best_validation or {}).get("thresholds")
     found = say_one_sided(run.metrics.problem, validation, best_thresholds, run.splits.label_names)
     calibrated = calibration.apply(run, validation)
@@ -294,7 +294,7 @@ def score_best_model(run: Run) -> tuple[dict | None, dict, dict]:
         return None, calibrated, found
     # multi-label: the best model's thresholds, moved with its temperatures when calibrated
     thresholds = calibrated.get("thresholds") or best_thresholds
-    scored, results, _ = score(run.accelerator, model, run.loaders.test, run.metrics, thresholds, windowing)
+    scored, results, _ = score(run.accelerator, model, run.loaders.test, run.metrics, thresholds, long_text)
     calibration.add_test_errors(calibrated, scored, run.objective.problem.name)
     logger.info("Test (best model, step %s): %s", run.progress.best_step, format_metrics(results))
     return results, calibrated, found

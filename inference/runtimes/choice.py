@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
+import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -32,8 +33,21 @@ logger = logging.getLogger(__name__)
 INSTALL_HINT = f"pip install 'distilbert-agnews[{OPTIMIZED[0]}]'" + "".join(f" or '[{name}]'" for name in OPTIMIZED[1:])
 
 
-def installed(backend: str) -> bool:
-    return RUNTIMES[backend].installed()
+@dataclass
+class ServedModel(LoadedModel):
+    """A loaded model ready in its runtime, with what the choice measured (both shown by /info)."""
+
+    report: dict = field(default_factory=dict)
+    loaded_at: float = field(default_factory=time.time)
+
+
+def served(loaded: LoadedModel, report: dict, **changes) -> ServedModel:
+    kept = {f.name: getattr(loaded, f.name) for f in fields(LoadedModel)}
+    return ServedModel(**{**kept, **changes}, report=report)
+
+
+def installed(runtime: str) -> bool:
+    return RUNTIMES[runtime].installed()
 
 
 def candidates(backend: str, dtype: str, device_type: str) -> tuple[list[Candidate], str]:
@@ -65,20 +79,20 @@ def candidates(backend: str, dtype: str, device_type: str) -> tuple[list[Candida
     return [Candidate(TORCH, precision.resolve(dtype, device_type))], why
 
 
-def _options(backend: str, dtype: str) -> list[Candidate]:
+def _options(runtime: str, dtype: str) -> list[Candidate]:
     """One runtime's candidates at DTYPE: that precision alone, or (auto, int8) its precisions in preference order."""
     if dtype == precision.FP16:
-        raise SettingsError(f"DTYPE: float16 is for GPUs; {backend} on the CPU serves {_names(backend)}")
-    if dtype != precision.AUTO and dtype not in RUNTIMES[backend].precisions:
-        raise SettingsError(f"DTYPE: {backend} on the CPU serves {_names(backend)}")
+        raise SettingsError(f"DTYPE: float16 is for GPUs; {runtime} on the CPU serves {_names(runtime)}")
+    if dtype != precision.AUTO and dtype not in RUNTIMES[runtime].precisions:
+        raise SettingsError(f"DTYPE: {runtime} on the CPU serves {_names(runtime)}")
     if dtype in (precision.FP32, precision.BF16):
-        return [Candidate(backend, dtype)]
+        return [Candidate(runtime, dtype)]
     native = precision.native_bf16("cpu")
-    return [Candidate(backend, p) for p in RUNTIMES[backend].precisions if p != precision.BF16 or native]
+    return [Candidate(runtime, p) for p in RUNTIMES[runtime].precisions if p != precision.BF16 or native]
 
 
-def _names(backend: str) -> str:
-    return ", ".join(precision.tei_name(p) for p in RUNTIMES[backend].precisions)
+def _names(runtime: str) -> str:
+    return ", ".join(precision.tei_name(p) for p in RUNTIMES[runtime].precisions)
 
 
 def races(backend: str, dtype: str) -> bool:
@@ -86,10 +100,10 @@ def races(backend: str, dtype: str) -> bool:
     return dtype == precision.AUTO or (backend == AUTO and dtype != precision.INT8)
 
 
-def choose_runtime(loaded: LoadedModel, settings) -> LoadedModel:
+def choose_runtime(loaded: LoadedModel, settings) -> ServedModel:
     """`loaded` (PyTorch fp32) made ready in the chosen runtime and precision, with what was measured."""
     options, why = candidates(settings.backend, settings.dtype, loaded.device.type)
-    if len(options) == 1 and options[0].backend == TORCH:
+    if len(options) == 1 and options[0].runtime == TORCH:
         chosen = options[0].precision
         if loaded.problem.keeps_fp32 and settings.dtype == precision.AUTO and chosen != precision.FP32:
             chosen, why = precision.FP32, f"{why}; DTYPE=auto keeps a regression model's raw values in fp32"
@@ -137,7 +151,7 @@ def needs_measuring(loaded: LoadedModel, settings) -> bool:
     """Whether choose_runtime would convert and measure candidates: more than PyTorch is considered and no verified
     choice is recorded for these weights, texts and settings (a new checkpoint's first start)."""
     options, _ = candidates(settings.backend, settings.dtype, loaded.device.type)
-    if len(options) == 1 and options[0].backend == TORCH:
+    if len(options) == 1 and options[0].runtime == TORCH:
         return False
     texts, _ = calibration_texts(loaded.folder, settings.calibration_file)
     key = cache_key(loaded, texts, options, settings.torch_threads)
@@ -153,11 +167,11 @@ def needs_measuring(loaded: LoadedModel, settings) -> bool:
     return True
 
 
-def provisional(loaded: LoadedModel) -> LoadedModel:
+def provisional(loaded: LoadedModel) -> ServedModel:
     """PyTorch fp32 (the reference every candidate is checked against: never refused), serving while the candidates
     are measured in the background (settings.measure_in_background)."""
     logger.info("Runtime: torch fp32 serves while the candidates are converted and measured in the background")
-    summary = {"backend": TORCH, "precision": precision.FP32, "agreement": None, "candidates": [], "provisional": True}
+    summary = {"name": TORCH, "precision": precision.FP32, "agreement": None, "candidates": [], "provisional": True}
     return _as_torch(loaded, precision.FP32, summary)
 
 
@@ -176,7 +190,7 @@ def _tidy(cache: Cache) -> None:
         cache.remove_leftovers()
 
 
-def _next_best(loaded: LoadedModel, cache: Cache, report: dict, threads: int) -> LoadedModel:
+def _next_best(loaded: LoadedModel, cache: Cache, report: dict, threads: int) -> ServedModel:
     """Nothing can be written: the fastest other agreeing candidate whose files verify, else PyTorch fp32."""
     others = [m for m in report["candidates"] if m["refused"] is None and m["name"] != report["chosen"]]
     for measured in sorted(others, key=lambda m: -m["texts_per_s"]):
@@ -187,13 +201,13 @@ def _next_best(loaded: LoadedModel, cache: Cache, report: dict, threads: int) ->
     return _as_torch(loaded, precision.FP32, None)
 
 
-def export(folder: Path, backend: str) -> LoadedModel:
+def export(folder: Path, runtime: str) -> ServedModel:
     """Training's --export_runtime: convert and measure now, for the service's default settings (BACKEND=auto,
     DTYPE=auto on this CPU), so its first start only compiles."""
-    if backend not in OPTIMIZED:
-        raise ValueError(f"export_runtime: unknown runtime {backend!r}")
-    if not installed(backend):
-        raise SettingsError(f"export_runtime: {backend} is not installed (pip install 'distilbert-agnews[{backend}]')")
+    if runtime not in OPTIMIZED:
+        raise ValueError(f"export_runtime: unknown runtime {runtime!r}")
+    if not installed(runtime):
+        raise SettingsError(f"export_runtime: {runtime} is not installed (pip install 'distilbert-agnews[{runtime}]')")
     settings = from_env(model_id=str(folder), backend=AUTO, dtype=precision.AUTO, device="cpu")
     return choose_runtime(load_model(str(folder), device="cpu", dtype=precision.FP32), settings)
 
@@ -213,22 +227,22 @@ def pick_candidate(measured: list[dict], race: bool) -> str:
     return chosen["name"]
 
 
-def _build(loaded: LoadedModel, report: dict, name: str, cache: Cache, threads: int) -> LoadedModel:
+def _build(loaded: LoadedModel, report: dict, name: str, cache: Cache, threads: int) -> ServedModel:
     """Candidate `name` of `report` ready to serve (its files verified by the caller)."""
     chosen = next(m for m in report["candidates"] if m["name"] == name)
-    backend, chosen_precision = chosen["name"].split()
+    runtime, chosen_precision = chosen["name"].split()
     summary = {
-        "backend": backend,
+        "name": runtime,
         "precision": chosen_precision,
         "agreement": chosen["agreement"],
         "held_out_texts": report["held_out_texts"],
         "texts": report.get("texts"),  # what the agreement was measured on
         "candidates": report["candidates"],
     }
-    if backend == TORCH:
+    if runtime == TORCH:
         return _as_torch(loaded, chosen_precision, summary)
-    xml = cache.folder / chosen["ir"] / RUNTIMES[backend].model_file
-    runner = RUNTIMES[backend].load().Runner(xml, chosen_precision, threads)
+    xml = cache.folder / chosen["ir"] / RUNTIMES[runtime].model_file
+    runner = RUNTIMES[runtime].load().Runner(xml, chosen_precision, threads)
     logger.info(
         "Runtime: serving %s from %s (agreement with fp32 %s, %.1f texts/s when measured)",
         chosen["name"],
@@ -236,11 +250,11 @@ def _build(loaded: LoadedModel, report: dict, name: str, cache: Cache, threads: 
         percent(chosen["agreement"]),
         chosen["texts_per_s"],
     )
-    return replace(loaded, model=None, runner=runner, backend=backend, precision=chosen_precision, runtime=summary)
+    return served(loaded, summary, model=None, runner=runner, runtime=runtime, precision=chosen_precision)
 
 
-def _as_torch(loaded: LoadedModel, torch_precision: str, summary: dict | None) -> LoadedModel:
+def _as_torch(loaded: LoadedModel, torch_precision: str, summary: dict | None) -> ServedModel:
     model = loaded.model.to(precision.torch_dtype(torch_precision))
     if summary is None:
-        summary = {"backend": TORCH, "precision": torch_precision, "agreement": None, "candidates": []}
-    return replace(loaded, model=model, precision=torch_precision, backend=TORCH, runtime=summary)
+        summary = {"name": TORCH, "precision": torch_precision, "agreement": None, "candidates": []}
+    return served(loaded, summary, model=model, precision=torch_precision, runtime=TORCH)

@@ -31,12 +31,12 @@ AUTO, TORCH, *OPTIMIZED = BACKENDS  # the optimized runtimes in auto's order amo
 
 @dataclass(frozen=True)
 class Candidate:
-    backend: str
+    runtime: str
     precision: str
 
     @property
     def name(self) -> str:
-        return f"{self.backend} {self.precision}"
+        return f"{self.runtime} {self.precision}"
 
 
 def torch_runner(model: torch.nn.Module):
@@ -53,11 +53,11 @@ def digest(texts: list[str]) -> str:
 
 def runner_for(loaded: LoadedModel, candidate: Candidate, cache: Cache, threads: int, calibration: list[str]):
     """The candidate's runner, or why it could not be built (a converter or runtime that fails on this model)."""
-    if candidate.backend == TORCH:
+    if candidate.runtime == TORCH:
         return torch_runner(copy.deepcopy(loaded.model).to(precision.torch_dtype(candidate.precision)))
     try:
         path = _converted(loaded, candidate, cache, calibration)
-        return RUNTIMES[candidate.backend].load().Runner(path, candidate.precision, threads)
+        return RUNTIMES[candidate.runtime].load().Runner(path, candidate.precision, threads)
     except Exception as exc:  # noqa: BLE001 - any failure of a third-party converter refuses this candidate alone
         cache.discard(conversion_name(candidate, calibration))
         logger.warning("Runtime: %s cannot be built: %s: %s", candidate.name, type(exc).__name__, _short(exc))
@@ -70,13 +70,13 @@ def _short(exc: BaseException) -> str:
 
 def conversion_name(candidate: Candidate, calibration: list[str]) -> str:
     """The name of the candidate's converted model's folder in the cache."""
-    return RUNTIMES[candidate.backend].folder(candidate.precision, digest(calibration))
+    return RUNTIMES[candidate.runtime].folder(candidate.precision, digest(calibration))
 
 
 def _converted(loaded: LoadedModel, candidate: Candidate, cache: Cache, calibration: list[str]) -> Path:
     """The candidate's converted model (quantized for int8): an earlier conversion whose files match runtime.json's
     digests, else a new one (what was there is named and removed)."""
-    runtime: Runtime = RUNTIMES[candidate.backend]
+    runtime: Runtime = RUNTIMES[candidate.runtime]
     name = conversion_name(candidate, calibration)
     folder = cache.folder / name
     if name in cache.converted:  # by this measurement, for another precision (a hinted one shares the fp32 model)

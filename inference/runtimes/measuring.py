@@ -38,7 +38,7 @@ def cpu_name() -> str:
 
 
 def cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], threads: int) -> dict:
-    backends = sorted({c.backend for c in options} - {TORCH})
+    runtimes = sorted({c.runtime for c in options} - {TORCH})
     return {
         "sha256": loaded.sha256,
         "texts": digest(texts),
@@ -46,7 +46,7 @@ def cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], t
         "cpu": cpu_name(),
         "threads": threads,
         "guard": guard_description(loaded.problem),  # how agreement is measured
-        **{b: RUNTIMES[b].load().version() for b in backends},
+        **{name: RUNTIMES[name].load().version() for name in runtimes},
         "torch": torch.__version__,
     }
 
@@ -74,7 +74,7 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
         results[candidate] = _verdict(
             candidate, *(agreement(outputs, reference, loaded.problem) if real else (None, 0))
         )
-        if candidate.backend != TORCH:
+        if candidate.runtime != TORCH:
             results[candidate]["ir"] = conversion_name(candidate, calibration)
         runners[candidate] = runner
     for candidate, speed in _speeds(runners, batches[:TIMED_BATCHES]).items():

@@ -41,11 +41,11 @@ def test_a_new_checkpoint_answers_with_torch_fp32_at_once_then_the_measured_runt
         settled = wait_for(lambda: runtime(client), lambda r: not r.get("provisional"), timeout=180)
         after = client.post("/predict", json={"inputs": TEXTS[0]})
         info = client.get("/info").json()["distilbert_agnews"]
-    assert first["provisional"] is True and (first["backend"], first["precision"]) == ("torch", "fp32")
+    assert first["provisional"] is True and (first["name"], first["precision"]) == ("torch", "fp32")
     assert answer.status_code == 200 and after.status_code == 200
     assert_matches(answer.json(), reference.probabilities(TEXTS[0]))
     assert_matches(after.json(), reference.probabilities(TEXTS[0]), tolerance=1e-4)
-    assert settled["candidates"] and settled["backend"] in ("openvino", "onnxruntime", "torch")
+    assert settled["candidates"] and settled["name"] in ("openvino", "onnxruntime", "torch")
     assert info["checkpoint"]["reloads"] == 0
     assert list((checkpoint_copy / files.RUNTIME_DIR).glob(f"*/{files.RUNTIME_CHOICE}"))
 
@@ -67,7 +67,7 @@ def test_a_failed_background_measurement_leaves_torch_fp32_serving(new_checkpoin
     with make_client(checkpoint_copy, measure_in_background=True, **cache) as client:
         wait_for(lambda: said.append(capfd.readouterr().err) or "".join(said), lambda text: "failed" in text)
         answer = client.post("/predict", json={"inputs": TEXTS[0]})
-        assert runtime(client)["backend"] == "torch"
+        assert runtime(client)["name"] == "torch"
     assert answer.status_code == 200
     assert "measuring in the background failed (RuntimeError: conversion crashed); torch fp32 keeps serving" in "".join(
         said

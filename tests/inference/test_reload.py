@@ -292,7 +292,7 @@ def test_the_runtime_race_never_puts_older_weights_back_over_a_reload(checkpoint
     with make_client(checkpoint_copy, backend="torch") as client:
         service = client.app.state.service
         old = service.engine.current
-        measured, new = replace(old, backend="measured"), replace(old, sha256="f" * 64)  # same weights / new ones
+        measured, new = replace(old, runtime="measured"), replace(old, sha256="f" * 64)  # same weights / new ones
         warming, go_on = threading.Event(), threading.Event()
         warm_up = service_module.warm_up
 

@@ -40,7 +40,7 @@ def test_the_service_runs_from_a_serve_only_install(smoke_checkpoint):
         answer = httpx.post(f"{server.url}/predict", json={"inputs": "The yankees beat the red sox."})
         assert answer.status_code == 200 and answer.json()[0]["label"] == "Sports"
         runtime = httpx.get(f"{server.url}/info").json()["distilbert_agnews"]["runtime"]
-        assert (runtime["backend"], runtime["precision"]) == ("torch", auto)
+        assert (runtime["name"], runtime["precision"]) == ("torch", auto)
     finally:
         log = server.stop()
     # BACKEND=auto without the optimized runtime: today's path, said in one line

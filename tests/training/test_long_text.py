@@ -87,10 +87,10 @@ def predict(model: Path, source: Path, output: Path, processes: int = 1, *extra:
 def pooled_scores(model: Path, texts: list[str]) -> torch.Tensor:
     """Each text on its own: its windows through the plain model, their logits averaged, softmaxed."""
     loaded = load_model(str(model), device="cpu", dtype="fp32")
-    windowing = loaded.long_text
+    long_text = loaded.long_text
     rows = []
     for text in texts:
-        windows = windowing.encode(loaded.tokenizer, [text], None, windowing.window)
+        windows = long_text.encode(loaded.tokenizer, [text], None, long_text.window)
         logits = torch.cat([loaded.model(input_ids=torch.tensor([f["input_ids"]])).logits for f in windows.features])
         rows.append(logits.mean(0).softmax(-1))
     return torch.stack(rows)

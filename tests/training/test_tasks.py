@@ -128,7 +128,7 @@ def test_multi_label_scores_are_calibrated_per_label_and_decide_as_before(runs, 
     texts = [json.loads(line)["text"] for line in (smoke_dir / "multi_label_test.jsonl").read_text().splitlines()]
     batch = loaded.tokenizer(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
     logits = loaded.model(**batch).logits.float()
-    calibrated = loaded.task.decisions(loaded.problem.scores(logits))
+    calibrated = loaded.problem.decisions(loaded.problem.scores(logits))
     uncalibrated = (logits * torch.tensor(recorded["temperatures"])).sigmoid()
     assert torch.equal(calibrated, uncalibrated >= torch.tensor(summary["validation"]["thresholds"]))
     assert 0 < calibrated.float().mean() < 1
@@ -278,7 +278,7 @@ def test_an_int8_runtime_is_guarded_by_what_a_one_output_model_decides(runs, tmp
     loaded = load_configured(settings)
     expected_type = problem_types.REGRESSION if variant == "regression" else problem_types.MULTI
     assert loaded.problem.name == expected_type
-    int8 = loaded.runtime["candidates"][0]
+    int8 = loaded.report["candidates"][0]
     print(f"{variant}: {int8}")
     assert int8["name"] == "onnxruntime int8" and int8["agreement"] is not None
     # a pair task records no calibration texts: the shipped sample

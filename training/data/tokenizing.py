@@ -20,10 +20,10 @@ def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: Tra
     `datasets.map` caches the result next to the source data, keyed by the data and this function, so
     a second run (or the other ranks, which wait under `main_process_first`) reads it from disk.
     """
-    windowing, workers = cfg.windowing(), cfg.preprocessing_num_workers
+    long_text, workers = cfg.long_text_rule(), cfg.preprocessing_num_workers
 
     def split(ds: datasets.Dataset | None, name: str) -> datasets.Dataset | None:
-        return None if ds is None else tokenize(ds, tokenizer, cfg.max_length, name, workers, windowing)
+        return None if ds is None else tokenize(ds, tokenizer, cfg.max_length, name, workers, long_text)
 
     return Splits(
         train=split(splits.train, "train"),
@@ -41,17 +41,17 @@ def tokenize(
     max_length: int,
     name: str,
     num_proc: int | None = None,
-    windowing: LongText | None = None,
+    long_text: LongText | None = None,
 ) -> datasets.Dataset:
     """One split's `text` (and `text_pair`) as windows (unpadded input ids), each with its text's other columns
     (labels), its `length` and its text's row number, `document`; cached by `datasets.map`."""
-    windowing = windowing or LongText()
+    long_text = long_text or LongText()
     pairs = "text_pair" in ds.column_names
-    windowing.check(tokenizer, max_length, pairs)  # before the tokenizer could abort the process on a bad stride
+    long_text.check(tokenizer, max_length, pairs)  # before the tokenizer could abort the process on a bad stride
 
     def encode(batch, rows):
         try:
-            windows = windowing.encode(tokenizer, batch["text"], batch["text_pair"] if pairs else None, max_length)
+            windows = long_text.encode(tokenizer, batch["text"], batch["text_pair"] if pairs else None, max_length)
         except PairLeavesNoRoom as exc:  # its index is within this batch: name the split's row
             raise DataError(f"{name}: row {rows[exc.index] + 1}: {exc.detail}") from None
         out = {key: [feature[key] for feature in windows.features] for key in windows.features[0]}

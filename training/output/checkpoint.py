@@ -502,13 +502,13 @@ class OutputDir:
         if self.accelerator.is_main_process:
             model_card.write_model_card(self.root, summary, hub_model_id)
 
-    def export_runtime(self, backend: str) -> None:
+    def export_runtime(self, runtime: str) -> None:
         """The best model converted for an optimized CPU runtime by the service's own command (`python -m
         inference.export`, in a process of its own: training imports nothing of the service), from the main process;
         a failed conversion is one line on every rank."""
 
         def convert() -> None:
-            command = [sys.executable, "-m", "inference.export", str(self.root), "--runtime", backend]
+            command = [sys.executable, "-m", "inference.export", str(self.root), "--runtime", runtime]
             root = str(Path(__file__).resolve().parents[2])  # inference/ importable without installing
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
             code = subprocess.run(command, env=env, check=False).returncode

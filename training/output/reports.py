@@ -336,7 +336,7 @@ def next_steps(cfg, best_step: int, best_metric: float, test_metrics: dict | Non
 def run_summary(run, test_metrics: dict | None = None, runtime_s: float | None = None) -> dict:
     """metrics.json: the best validation, the test metrics, the history, the config, versions."""
     cfg, progress, splits, world = run.cfg, run.progress, run.splits, run.accelerator.num_processes
-    chunked = cfg.windowing().chunked
+    chunked = cfg.long_text_rule().chunked
     return {
         "validation": progress.best_validation,
         "test": test_metrics,

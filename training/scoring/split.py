@@ -32,15 +32,15 @@ def gather_windows(accelerator: Accelerator, model, loader) -> tuple[torch.Tenso
 
 
 def score(
-    accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None, windowing: LongText | None = None
+    accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None, long_text: LongText | None = None
 ) -> tuple[Scored, dict, dict]:
     """(scored texts, metrics, per-class report). Every rank scores its shard of the windows; each text's windows are
-    pooled once all are gathered (`windowing`'s pooling), so the figures are exact and the same on every rank with
+    pooled once all are gathered (`long_text`'s pooling), so the figures are exact and the same on every rank with
     any number of processes, wherever a text's windows were scored. Multi-label decisions use `thresholds` (default:
     the problem type's); FIT fits one per label on this split first, reported as `thresholds`."""
     labels, logits, documents = gather_windows(accelerator, model, loader)
     texts = int(documents.max()) + 1
-    pooled = (windowing or LongText()).pool(logits, documents, texts)
+    pooled = (long_text or LongText()).pool(logits, documents, texts)
     text_labels = torch.empty((texts, *labels.shape[1:]), dtype=labels.dtype)
     text_labels[documents] = labels  # every window carries its text's label
     losses = Objective(metrics.problem).per_example(pooled, text_labels)
@@ -50,7 +50,7 @@ def score(
         thresholds = fit_thresholds(scored.scores, scored.labels)
     results, report = metrics.compute(scored.scores, scored.labels, thresholds or ())
     results.update(num_examples=texts, loss=scored.losses.mean().item())
-    if windowing is not None and windowing.chunked:
+    if long_text is not None and long_text.chunked:
         results["num_windows"] = len(documents)
     if metrics.problem.thresholded:
         results["thresholds"] = list(thresholds or metrics.problem.thresholds)
@@ -58,8 +58,8 @@ def score(
 
 
 def evaluate(
-    accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None, windowing: LongText | None = None
+    accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None, long_text: LongText | None = None
 ) -> dict:
     """The problem type's metrics, the extra metrics, number of texts (and windows) and mean loss over the whole
     split, scored by every rank (every rank gets the same)."""
-    return score(accelerator, model, loader, metrics, thresholds, windowing)[1]
+    return score(accelerator, model, loader, metrics, thresholds, long_text)[1]

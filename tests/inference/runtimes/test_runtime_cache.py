@@ -41,7 +41,7 @@ def cache_of(folder: Path, loaded) -> Cache:
 
 def served_folder(loaded, cache: Cache) -> str:
     """The model folder (in the cache) of what `loaded` serves."""
-    name = f"{loaded.backend} {loaded.precision}"
+    name = f"{loaded.runtime} {loaded.precision}"
     return next(c["ir"] for r in cache.reports() for c in r["candidates"] if c["name"] == name)
 
 
@@ -112,7 +112,7 @@ def test_a_read_only_checkpoint_with_a_finished_conversion_starts_and_writes_not
         loaded = serve(checkpoint_copy, runtime_cache=str(runtime_cache))
     assert not any("converted" in line or "measuring" in line for line in lines), lines
     report = json.loads(next((checkpoint_copy / files.RUNTIME_DIR).glob(f"*/{files.RUNTIME_CHOICE}")).read_text())
-    assert f"{loaded.backend} {loaded.precision}" in {r["chosen"] for r in report["reports"]}
+    assert f"{loaded.runtime} {loaded.precision}" in {r["chosen"] for r in report["reports"]}
     assert list(runtime_cache.iterdir()) == []
 
 
@@ -153,7 +153,7 @@ def test_a_damaged_choice_where_nothing_can_be_written_serves_the_next_best_veri
 ):
     first = serve(checkpoint_copy)  # the export's choice among every installed runtime's candidates
     cache = cache_of(checkpoint_copy, first)
-    chosen = served_folder(first, cache) if first.backend != "torch" else None
+    chosen = served_folder(first, cache) if first.runtime != "torch" else None
     if chosen is None:
         pytest.skip(f"PyTorch ({first.precision}) won the race on this CPU: no converted file to damage")
     labels = served_logits(first, TEXTS).argmax(-1)  # before the damage: OpenVINO maps the weights file lazily
@@ -168,8 +168,8 @@ def test_a_damaged_choice_where_nothing_can_be_written_serves_the_next_best_veri
         again = serve(checkpoint_copy, runtime_cache=str(runtime_cache))
     assert any(str(cache.folder / chosen) in line and line.endswith("not served") for line in lines), lines
     assert any("nothing can be written to convert again; serving" in line for line in lines), lines
-    assert (again.backend, again.precision) != (first.backend, first.precision)
-    if again.backend != "torch":
+    assert (again.runtime, again.precision) != (first.runtime, first.precision)
+    if again.runtime != "torch":
         assert cache.damage(served_folder(again, cache)) is None
     assert torch.equal(served_logits(again, TEXTS).argmax(-1), labels), "the next-best must give the chosen's labels"
 
@@ -193,7 +193,7 @@ def test_a_conversion_killed_by_sigterm_leaves_a_staging_folder_that_the_next_st
         loaded = serve(checkpoint_copy, backend="openvino", dtype="int8")
     assert not any(p.exists() for p in staging), list(cache.folder.iterdir())
     assert any(f"removing {staging[0]}, left by a process that stopped" in line for line in lines), lines
-    assert loaded.backend == "openvino" and not [p.name for p in cache.folder.iterdir() if p.name.startswith(".")]
+    assert loaded.runtime == "openvino" and not [p.name for p in cache.folder.iterdir() if p.name.startswith(".")]
 
 
 def test_only_staging_of_dead_processes_is_removed(tmp_path):

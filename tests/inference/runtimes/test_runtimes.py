@@ -103,8 +103,8 @@ def test_optimized_runtimes_give_torch_fp32_labels(checkpoint_copy, backend, dty
     """On 600 fresh texts of the model's own distribution. The guard checked >= 99.5 % on 200 held-out ones; a
     fresh sample may sit a little below it (one text in 200 is 0.5 %), so the bound here is 99 %."""
     loaded = serve(checkpoint_copy, backend=backend, dtype=dtype)  # what training exported
-    assert (loaded.backend, loaded.precision, loaded.model) == (backend, dtype, None)
-    assert loaded.runtime["agreement"] >= measuring.AGREEMENT_BOUND
+    assert (loaded.runtime, loaded.precision, loaded.model) == (backend, dtype, None)
+    assert loaded.report["agreement"] >= measuring.AGREEMENT_BOUND
     texts = smoke_texts()
     expected = torch_fp32_logits(Reference(checkpoint_copy), texts)
     got = served_logits(loaded, texts)
@@ -128,7 +128,7 @@ def test_conversion_happens_once_per_weights_hash(checkpoint_copy):
         again = serve(folder, backend="openvino", dtype="int8")
     assert not any("converted" in line or "measuring" in line for line in second), second
     assert report.stat().st_mtime_ns == measured_at
-    assert (again.precision, again.runtime["agreement"]) == ("int8", loaded.runtime["agreement"])
+    assert (again.precision, again.report["agreement"]) == ("int8", loaded.report["agreement"])
 
     weights = folder / files.WEIGHTS  # new weights: converted again, the old conversion removed
     state = torch.load(weights, weights_only=True)
@@ -145,8 +145,8 @@ def test_int8_below_the_agreement_bound_is_refused_and_fp32_serves(checkpoint_co
     monkeypatch.setattr(measuring, "AGREEMENT_BOUND", 1.001)  # no int8 model can reach it: the guard must refuse
     with runtime_log() as lines:
         loaded = serve(checkpoint_copy, backend="openvino", dtype="int8")
-    assert (loaded.backend, loaded.precision) == ("openvino", "fp32")
-    int8 = next(c for c in loaded.runtime["candidates"] if c["name"] == "openvino int8")
+    assert (loaded.runtime, loaded.precision) == ("openvino", "fp32")
+    int8 = next(c for c in loaded.report["candidates"] if c["name"] == "openvino int8")
     assert int8["refused"].startswith("refused: agreement")
     assert any("openvino int8" in line and "refused: agreement" in line for line in lines), lines
 
@@ -161,9 +161,9 @@ def test_int8_on_real_news_serves_only_if_it_keeps_the_fp32_labels(checkpoint_co
     texts = ag_news_texts(600)
     (tmp_path / "ag_news.txt").write_text("\n".join(texts))
     loaded = serve(checkpoint_copy, backend="openvino", dtype="int8", calibration_file=str(tmp_path / "ag_news.txt"))
-    int8 = loaded.runtime["candidates"][0]
+    int8 = loaded.report["candidates"][0]
     print(f"openvino int8 on real AG News texts: {int8}")
-    assert int8["name"] == "openvino int8" and loaded.runtime["held_out_texts"] == 200
+    assert int8["name"] == "openvino int8" and loaded.report["held_out_texts"] == 200
     if int8["agreement"] is None or int8["agreement"] < measuring.AGREEMENT_BOUND:
         assert int8["refused"].startswith("refused: ") and loaded.precision != "int8"
         return
@@ -253,7 +253,7 @@ def test_calibration_file_is_used_and_a_bad_one_is_one_line(checkpoint_copy, tmp
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(smoke_texts()))
     loaded = serve(folder, backend="openvino", dtype="int8", calibration_file=str(texts))
-    assert loaded.precision == "int8" and loaded.runtime["held_out_texts"] >= measuring.MIN_HELD_OUT
+    assert loaded.precision == "int8" and loaded.report["held_out_texts"] >= measuring.MIN_HELD_OUT
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     with pytest.raises(SettingsError, match="CALIBRATION_FILE: .*empty.jsonl: holds no texts"):
@@ -265,7 +265,7 @@ def test_auto_without_an_optimized_runtime_serves_torch_and_says_why(smoke_check
     with runtime_log() as lines:
         loaded = serve(smoke_checkpoint)
     auto = precision.resolve(precision.AUTO, "cpu")  # bf16 on a CPU with AVX512-BF16 or AMX, else fp32
-    assert (loaded.backend, loaded.precision) == ("torch", auto)
+    assert (loaded.runtime, loaded.precision) == ("torch", auto)
     assert lines == [
         f"Runtime: torch {auto} (BACKEND=auto: no optimized CPU runtime is installed (pip install "
         "'distilbert-agnews[openvino]' or '[onnxruntime]'))"
@@ -280,17 +280,17 @@ def test_auto_without_an_optimized_runtime_serves_torch_and_says_why(smoke_check
 def test_auto_races_every_installed_runtime_and_onnxruntime_alone_is_cached(checkpoint_copy):
     """BACKEND=auto on a CPU measures OpenVINO, ONNX Runtime and PyTorch; BACKEND=onnxruntime converts once."""
     options, why = runtimes.candidates("auto", "auto", "cpu")
-    assert {c.backend for c in options} == {"openvino", "onnxruntime", "torch"}, why
+    assert {c.runtime for c in options} == {"openvino", "onnxruntime", "torch"}, why
     folder = fresh(checkpoint_copy)
     with runtime_log() as first:
         loaded = serve(folder, backend="onnxruntime")
     assert any(line.startswith("Runtime: converted onnxruntime fp32") for line in first), first
     assert (folder / files.RUNTIME_DIR / loaded.sha256[:16] / "onnxruntime-fp32" / files.RUNTIME_ONNX).is_file()
-    assert [c["name"] for c in loaded.runtime["candidates"]] == ["onnxruntime int8", "onnxruntime fp32"]
+    assert [c["name"] for c in loaded.report["candidates"]] == ["onnxruntime int8", "onnxruntime fp32"]
     with runtime_log() as second:
         again = serve(folder, backend="onnxruntime")
     assert not any("converted" in line or "measuring" in line for line in second), second
-    assert (again.backend, again.precision) == (loaded.backend, loaded.precision)
+    assert (again.runtime, again.precision) == (loaded.runtime, loaded.precision)
 
 
 @pytest.mark.parametrize(
@@ -319,7 +319,7 @@ def test_training_exported_the_runtime_and_the_service_starts_without_converting
     with runtime_log() as lines:
         loaded = serve(smoke_checkpoint)
     assert not any("converted" in line or "measuring" in line for line in lines), lines
-    assert f"{loaded.backend} {loaded.precision}" == report["chosen"]
+    assert f"{loaded.runtime} {loaded.precision}" == report["chosen"]
 
 
 @pytest.mark.slow  # converts a model
@@ -327,7 +327,7 @@ def test_info_reports_the_runtime_and_an_openvino_model_is_hot_reloaded(checkpoi
     with make_client(checkpoint_copy, backend="openvino", dtype="int8", reload_interval_s=0.1) as c:
         info = c.get("/info").json()
         runtime = info["distilbert_agnews"]["runtime"]
-        assert (info["model_dtype"], runtime["backend"], runtime["precision"]) == ("int8", "openvino", "int8")
+        assert (info["model_dtype"], runtime["name"], runtime["precision"]) == ("int8", "openvino", "int8")
         assert runtime["agreement"] >= measuring.AGREEMENT_BOUND
         weights = checkpoint_copy / files.WEIGHTS
         state = torch.load(weights, weights_only=True)
@@ -337,7 +337,7 @@ def test_info_reports_the_runtime_and_an_openvino_model_is_hot_reloaded(checkpoi
         while (after := c.get("/info").json())["distilbert_agnews"]["checkpoint"]["sha256"] == before:
             assert time.time() < deadline, "the new checkpoint was not served within 60 s"
             assert c.post("/predict", json={"inputs": TEXTS[0]}).status_code == 200  # the old model serves
-        assert (after["model_dtype"], after["distilbert_agnews"]["runtime"]["backend"]) == ("int8", "openvino")
+        assert (after["model_dtype"], after["distilbert_agnews"]["runtime"]["name"]) == ("int8", "openvino")
         assert c.post("/predict", json={"inputs": TEXTS[1]}).json()[0]["label"] == "Sci/Tech"
 
 
