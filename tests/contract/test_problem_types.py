@@ -53,7 +53,7 @@ def test_each_problem_type_fills_the_interface(name):
     losses = problem.loss(scores.float(), targets, None, 0.0)
     assert losses.shape == (len(scores),) and torch.isfinite(losses).all()
     assert problem.batch_loss(scores.float(), targets, None, 0.0) == pytest.approx(losses.mean().item(), rel=1e-6)
-    assert set(problem.reports) and problem.selection in problem.headline and problem.metric_modules
+    assert set(problem.reports) and problem.selection in problem.headline and problem.metric_sets
     matrix = problem.label_matrix(decided, n)
     if problem.classes:  # which labels each text has, decided or true: the same yes/no rows for this example
         assert matrix.shape == (len(scores), n) and matrix.dtype == torch.bool

@@ -1,15 +1,14 @@
-"""Metrics through Hugging Face `evaluate`: every rank gathers a split's scores, then computes the same numbers.
+"""A split's metrics: every rank gathers the split's scores, then computes the same numbers. Called by the loop,
+train.py and training.evaluate.
 
-The built-in metrics are `evaluate` modules in metric_modules/, loaded from their path (offline), one set per
-problem type; `--extra_metrics` adds any `evaluate` metric by Hub name or path, tried on a tiny input at start so
-one that cannot load or score this problem type fails before training.
+The built-in sets (builtin.py) are plain torch; `--extra_metrics` adds any Hugging Face `evaluate` metric by Hub
+name or path, tried on a tiny split at start so that one that cannot score this problem type fails before training.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,13 +16,12 @@ from accelerate.logging import get_logger
 
 from contract.errors import UserError
 from contract.problem_types import ProblemType
+from training.scoring.builtin import BUILTIN
 
 logger = get_logger(__name__)  # the main process says it
 
 if TYPE_CHECKING:
     import evaluate
-
-MODULES = Path(__file__).with_name("metric_modules")
 
 
 @dataclass
@@ -40,15 +38,11 @@ class Scored:
     logits: torch.Tensor
 
 
-def load_module(name_or_path: str) -> evaluate.EvaluationModule:
-    import evaluate  # on first use: python -m training.predict imports this module and never scores
-
-    return evaluate.load(name_or_path, keep_in_memory=True)
-
-
 def _load_extra(name: str) -> evaluate.EvaluationModule:
+    import evaluate  # only for --extra_metrics: importing it costs seconds
+
     try:
-        return load_module(name)
+        return evaluate.load(name, keep_in_memory=True)
     except (FileNotFoundError, ConnectionError, ImportError, OSError, ValueError) as exc:
         reason = " ".join(str(exc).split())[:200]
         raise UserError(
@@ -81,12 +75,11 @@ def fit_thresholds(scores: torch.Tensor, references: torch.Tensor) -> list[float
 
 
 class MetricSuite:
-    """The problem type's own metrics (training/metric_modules) plus the extra metrics, computed together from a
-    whole split's gathered scores (identical on every rank)."""
+    """The problem type's built-in metrics plus the extra ones, from a whole split's gathered scores (identical on
+    every rank)."""
 
     def __init__(self, problem: ProblemType, label_names: Sequence[str], extra: Sequence[str] = ()):
         self.problem, self.label_names = problem, list(label_names)
-        self.modules = {name: load_module(str(MODULES / name)) for name in problem.metric_modules}
         self.extra = {name: _load_extra(name) for name in extra}
         for name in self.extra:
             self._try(name)
@@ -106,18 +99,18 @@ class MetricSuite:
             ) from None
 
     def _inputs(self, scores: torch.Tensor, references: torch.Tensor, thresholds) -> tuple[list, list]:
-        """What the modules are given: class ids, 0/1 lists per text, or values."""
+        """What the metrics are given: class ids, 0/1 lists per text, or values."""
         decided = replace(self.problem, thresholds=tuple(thresholds)).decisions(scores)
         return self.problem.metric_inputs(decided, references)
 
     def compute(self, scores: torch.Tensor, references: torch.Tensor, thresholds=()) -> tuple[dict, dict]:
-        """(flat metrics: the module results plus precision_/recall_/f1_<label> per class, the per-class report)."""
+        """(flat metrics: the built-in and extra results plus precision_/recall_/f1_<label> per class, the per-class
+        report)."""
         predictions, refs = self._inputs(scores, references, thresholds or self.problem.thresholds)
         results: dict = {}
         report: dict = {}
-        for name, module in self.modules.items():
-            extra_args = {"label_names": self.label_names} if name in ("classification_report", "multilabel") else {}
-            for key, value in module.compute(predictions=predictions, references=refs, **extra_args).items():
+        for name in self.problem.metric_sets:
+            for key, value in BUILTIN[name](predictions, refs, self.label_names).items():
                 if key in ("per_class", "confusion_matrix"):
                     report[key] = value
                 else:

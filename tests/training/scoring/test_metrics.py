@@ -19,7 +19,7 @@ from sklearn.metrics import (
 
 from contract.errors import UserError
 from contract.problem_types import MULTI, REGRESSION, SINGLE, ProblemType
-from training.scoring.metrics import MODULES, MetricSuite, fit_thresholds, greater_is_better
+from training.scoring.metrics import MetricSuite, fit_thresholds, greater_is_better
 
 NAMES = ["World", "Sports", "Business", "Sci/Tech"]
 SINGLE_TASK = ProblemType.named(SINGLE, 4)
@@ -116,16 +116,34 @@ def test_the_selection_metric_must_be_reported():
         suite.check_selection("accuracy")
 
 
-def test_the_modules_load_with_evaluate_from_their_folder_offline():
-    accuracy = evaluate.load(str(MODULES / "accuracy"))
-    assert accuracy.compute(predictions=[0, 1, 1], references=[0, 1, 0]) == {"accuracy": pytest.approx(2 / 3)}
+# an `evaluate` metric as a user writes one (evaluate's own template: templates/new_metric_script.py)
+METRIC_SCRIPT = """
+import datasets
+import evaluate
+
+
+class Metric(evaluate.Metric):
+    def _info(self):
+        feature = datasets.Value("int64")
+        return evaluate.MetricInfo(
+            description="", citation="", features=datasets.Features({"predictions": feature, "references": feature})
+        )
+
+    def _compute(self, predictions, references):
+        CHECK
+        return {"NAME": sum(p == r for p, r in zip(predictions, references)) / len(references)}
+"""
+
+
+def metric_folder(root, name: str, check: str = "pass"):
+    folder = root / name
+    folder.mkdir()
+    (folder / f"{name}.py").write_text(METRIC_SCRIPT.replace("NAME", name).replace("CHECK", check))
+    return folder
 
 
 def test_an_extra_metric_by_local_path_is_reported(tmp_path):
-    folder = tmp_path / "exact_match_rate"
-    folder.mkdir()
-    source = (MODULES / "accuracy" / "accuracy.py").read_text()
-    (folder / "exact_match_rate.py").write_text(source.replace('return {"accuracy":', 'return {"exact_match_rate":'))
+    folder = metric_folder(tmp_path, "exact_match_rate")
     suite = MetricSuite(SINGLE_TASK, NAMES, [str(folder)])
     metrics, _ = suite.compute(one_hot_scores(torch.tensor([0, 1, 2, 3])), torch.tensor([0, 1, 2, 0]))
     assert metrics["exact_match_rate"] == metrics["accuracy"] == 0.75
@@ -140,17 +158,8 @@ def test_an_extra_metric_that_cannot_load_fails_at_once(monkeypatch):
 
 
 def test_an_extra_metric_that_cannot_score_the_task_fails_at_once(tmp_path):
-    binary_only = tmp_path / "binary_only"
-    binary_only.mkdir()
-    (binary_only / "binary_only.py").write_text(
-        (MODULES / "accuracy" / "accuracy.py")
-        .read_text()
-        .replace(
-            "        predictions, references = torch.as_tensor",
-            "        if max(references) > 1:\n            raise ValueError('binary labels only')\n"
-            "        predictions, references = torch.as_tensor",
-        )
-    )
+    check = "if max(references) > 1: raise ValueError('binary labels only')"
+    binary_only = metric_folder(tmp_path, "binary_only", check)
     MetricSuite(ProblemType.named(SINGLE, 2), ["a", "b"], [str(binary_only)])
     with pytest.raises(UserError, match=r"cannot score single_label_classification predictions \(ValueError: binary"):
         MetricSuite(SINGLE_TASK, NAMES, [str(binary_only)])

@@ -1,0 +1,105 @@
+"""The built-in metrics, one function per set, computed in torch from a split's decisions and references (lists
+or tensors). MetricSuite (metrics.py) calls the sets a problem type names; undefined ratios are 0, as scikit-learn's
+`zero_division=0`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    return torch.where(denominator > 0, numerator / denominator.clamp(min=1), torch.zeros_like(denominator))
+
+
+def _per_class(names: Sequence[str], true_positives: torch.Tensor, support: torch.Tensor, predicted: torch.Tensor):
+    """Each class's (or label's) precision, recall, F1 and support by name; and the F1s as a tensor."""
+    precision, recall = _ratio(true_positives, predicted), _ratio(true_positives, support)
+    f1 = _ratio(2 * true_positives, support + predicted)
+    report = {
+        name: {"precision": p, "recall": r, "f1": f, "support": int(s)}
+        for name, p, r, f, s in zip(names, precision.tolist(), recall.tolist(), f1.tolist(), support.tolist())
+    }
+    return report, f1
+
+
+def _confusion(predictions, references, n: int) -> torch.Tensor:
+    """Rows: reference class; columns: predicted class."""
+    predicted, actual = torch.as_tensor(predictions).long(), torch.as_tensor(references).long()
+    return torch.bincount(actual * n + predicted, minlength=n * n).reshape(n, n)
+
+
+def accuracy(predictions, references, names: Sequence[str]) -> dict:
+    correct = (torch.as_tensor(predictions) == torch.as_tensor(references)).sum().item()
+    return {"accuracy": correct / len(references) if len(references) else 0.0}
+
+
+def macro_f1(predictions, references, names: Sequence[str]) -> dict:
+    """scikit-learn's: the mean F1 over the classes in the references or the predictions."""
+    confusion = _confusion(predictions, references, len(names)).double()
+    denominator = confusion.sum(0) + confusion.sum(1)  # 2 TP + FP + FN, per class
+    present = denominator > 0
+    f1 = 2 * confusion.diag()[present] / denominator[present]
+    return {"macro_f1": f1.mean().item() if present.any() else 0.0}
+
+
+def classification_report(predictions, references, names: Sequence[str]) -> dict:
+    confusion = _confusion(predictions, references, len(names))
+    counts = confusion.double()
+    report, _ = _per_class(names, counts.diag(), counts.sum(1), counts.sum(0))
+    return {"per_class": report, "confusion_matrix": confusion.tolist()}
+
+
+def multilabel(predictions, references, names: Sequence[str]) -> dict:
+    """Micro-F1 (every decision pooled), macro-F1, subset and Hamming accuracy, and per-label figures."""
+    predicted = torch.as_tensor(predictions).double().reshape(-1, len(names))
+    actual = torch.as_tensor(references).double().reshape(-1, len(names))
+    true_positives, support, chosen = (predicted * actual).sum(0), actual.sum(0), predicted.sum(0)
+    per_label, f1 = _per_class(names, true_positives, support, chosen)
+    some = len(actual) > 0
+    return {
+        "micro_f1": _ratio(2 * true_positives.sum(), support.sum() + chosen.sum()).item(),
+        "macro_f1": f1.mean().item(),
+        "subset_accuracy": (predicted == actual).all(dim=1).double().mean().item() if some else 0.0,
+        "hamming_accuracy": (predicted == actual).double().mean().item() if some else 0.0,
+        "per_class": per_label,
+    }
+
+
+def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a - a.mean(), b - b.mean()
+    scale = (a.square().sum() * b.square().sum()).sqrt()
+    return (a * b).sum().div(scale).item() if scale > 0 else 0.0
+
+
+def _ranks(values: torch.Tensor) -> torch.Tensor:
+    """1-based ranks; tied values share their mean rank (Spearman's)."""
+    ranks = torch.empty_like(values)
+    ranks[values.argsort(stable=True)] = torch.arange(1, len(values) + 1, dtype=values.dtype)
+    unique, inverse = values.unique(return_inverse=True)
+    sums = torch.zeros(len(unique), dtype=values.dtype).index_add_(0, inverse, ranks)
+    counts = torch.zeros(len(unique), dtype=values.dtype).index_add_(0, inverse, torch.ones_like(values))
+    return (sums / counts)[inverse]
+
+
+def regression(predictions, references, names: Sequence[str]) -> dict:
+    """MSE, MAE, R², Pearson's and Spearman's correlation; 0 where undefined (constant values)."""
+    predicted, actual = torch.as_tensor(predictions).double(), torch.as_tensor(references).double()
+    if not len(actual):
+        return {"mse": 0.0, "mae": 0.0, "r2": 0.0, "pearson": 0.0, "spearman": 0.0}
+    residual = predicted - actual
+    total = (actual - actual.mean()).square().sum()
+    return {
+        "mse": residual.square().mean().item(),
+        "mae": residual.abs().mean().item(),
+        "r2": (1 - residual.square().sum() / total).item() if total > 0 else 0.0,
+        "pearson": _pearson(predicted, actual),
+        "spearman": _pearson(_ranks(predicted), _ranks(actual)),
+    }
+
+
+BUILTIN: dict[str, Callable[..., dict]] = {
+    f.__name__: f for f in (accuracy, macro_f1, classification_report, multilabel, regression)
+}
