@@ -1,10 +1,6 @@
-"""Serve a peft adapter folder: its base model loaded, the adapters and head applied and merged once at load.
+"""Serve a peft adapter folder: its base loaded, the adapters merged once at load. Called by loading.py.
 
-    adapter folder   adapter_config.json (base_model_name_or_path) + adapter_model.safetensors; with a LoRA run of
-                     ours (its adapter/ folder) also config.json (labels, problem type) and the tokenizer files
-
-After the merge the service holds an ordinary classifier: the runtimes, the int8 guard and every route treat it as
-any other. peft is needed only here (`pip install 'distilbert-agnews[peft]'`).
+After the merge the service holds an ordinary classifier. peft is needed only here.
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ def is_adapter_folder(folder: Path) -> bool:
 
 
 def base_model_of(folder: Path) -> str:
-    """Where the adapter's base is: adapter/base/ when training saved it there, else adapter_config.json's
-    base_model_name_or_path."""
+    """adapter/base/ when training saved it, else base_model_name_or_path."""
     base = _adapter_config(folder).get("base_model_name_or_path")
     if not base or not isinstance(base, str):
         raise CheckpointError(f"{folder / files.ADAPTER_CONFIG}: base_model_name_or_path must name the base model")
@@ -59,13 +54,12 @@ def _adapter_config(folder: Path) -> dict:
     return config
 
 
-# adapter_config.json's fields that say where the base is: free to edit (moving the base), since its weights are
-# checked against the recorded hash instead
+# where the base is: editable, since its weights are checked by hash
 WHERE_THE_BASE_IS = ("base_model_name_or_path", "revision")
 
 
 def adapter_config_sha256(config: dict) -> str:
-    """sha256 of adapter_config.json's settings (rank, alpha, target modules, head, ...), where the base is left out."""
+    """sha256 of the adapter settings, the base's location left out."""
     kept = {k: v for k, v in config.items() if k not in WHERE_THE_BASE_IS}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
@@ -79,16 +73,14 @@ def adapter_digests(folder: Path) -> dict[str, str]:
 
 
 def base_sha256(model: torch.nn.Module, head: list[str]) -> str:
-    """The base's identity: its weights outside the head (which the adapter brings), as float32, whatever the dtype
-    they were loaded in."""
+    """The base's identity: its float32 weights outside the head."""
     tensors = {k: v.float() for k, v in model.state_dict().items() if k.split(".")[0] not in head}
     return files.tensors_sha256(tensors)
 
 
 def load_adapter_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
-    """(the merged classifier, the adapter weights file, its SHA-256); CheckpointError in one line when peft is
-    missing, the adapter files are not those training wrote, the base model cannot be found or is not the one the
-    adapters were trained on, or the adapter does not fit it."""
+    """(merged classifier, adapter weights file, sha256); CheckpointError when peft is missing, the files or base are
+    not those training used, or the adapter does not fit."""
     try:
         from peft import PeftModel
     except ImportError:
@@ -114,7 +106,7 @@ def load_adapter_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
             f"from {files.CONFIG} {files.ADAPTER_BASE}); point base_model_name_or_path at that base"
         )
     try:
-        with warnings.catch_warnings():  # peft asks the model whether it checkpoints by transformers' old name
+        with warnings.catch_warnings():  # peft reads transformers' old checkpointing attribute
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message="Found missing adapter keys")  # checked below, as an error
             adapted = PeftModel.from_pretrained(model, folder)
@@ -128,8 +120,7 @@ def load_adapter_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
 
 
 def _check_recorded(folder: Path) -> dict:
-    """The adapter files checked against the sha256 that training recorded in the folder's config.json (a LoRA run's
-    adapter/); the recorded base identity ({} for an adapter folder from elsewhere, which records none)."""
+    """The adapter files checked against the recorded sha256; the recorded base identity, or {}."""
     path = folder / files.CONFIG
     try:
         config = json.loads(path.read_text()) if path.is_file() else {}
@@ -156,8 +147,7 @@ def _strings(record, keys: tuple[str, ...]) -> bool:
 
 
 def _revision(folder: Path, base: str, recorded: dict) -> str | None:
-    """The Hub revision to load the base at: adapter_config.json's `revision`, else the commit training recorded; none
-    for a local folder."""
+    """The base's Hub revision: the adapter's, else the recorded commit; None locally."""
     if Path(base).expanduser().is_dir():
         return None
     revision = _adapter_config(folder).get("revision") or recorded.get("revision")
@@ -167,11 +157,10 @@ def _revision(folder: Path, base: str, recorded: dict) -> str | None:
 
 
 def _check_keys(folder: Path, adapted, weights: Path) -> None:
-    """peft's missing adapter keys (its warning: the trained deltas dropped, the base answering) or unexpected ones
-    (weights the model has no place for) as an error."""
+    """peft's missing or unexpected adapter keys, as an error."""
     from peft.utils import get_peft_model_state_dict
 
-    with warnings.catch_warnings():  # it looks for the base's config.json to see whether embeddings were resized
+    with warnings.catch_warnings():  # peft checks it for resized embeddings
         warnings.simplefilter("ignore", UserWarning)
         expected = set(get_peft_model_state_dict(adapted))
     with safe_open(str(weights), "pt") as fh:
@@ -186,9 +175,8 @@ def _check_keys(folder: Path, adapted, weights: Path) -> None:
 
 
 def _body(folder: Path, base: str, config, head: list[str], revision: str | None) -> torch.nn.Module:
-    """The base model as a classifier of `config`. Its head starts random, or the base's own head of another size is
-    dropped: the adapter's head (modules_to_save) replaces it. Any other weight missing or of another shape means
-    the adapter was trained on another base: refused."""
+    """The base as a classifier of `config`, its head left to the adapter. Any other missing or reshaped weight means
+    another base: refused."""
     try:
         with quiet_transformers():  # its load report names the head it starts fresh
             model, info = AutoModelForSequenceClassification.from_pretrained(
@@ -215,8 +203,7 @@ def _body(folder: Path, base: str, config, head: list[str], revision: str | None
 
 
 def _config(folder: Path, base: str, weights: Path):
-    """The folder's config.json (labels, problem type: a LoRA run of ours writes it) or the base model's, with as many
-    outputs as the adapter's head has."""
+    """config.json of the folder, else of the base, sized to the adapter's head."""
     source = folder if (folder / files.CONFIG).is_file() else base
     try:
         config = AutoConfig.from_pretrained(source)
@@ -231,7 +218,7 @@ def _config(folder: Path, base: str, weights: Path):
 
 
 def _head_outputs(weights: Path) -> int | None:
-    """Rows of the adapter's trained head (its last layer), or None when the file holds no head."""
+    """Rows of the adapter's trained head, or None without one."""
     try:
         with safe_open(str(weights), "pt") as fh:
             for key in fh.keys():

@@ -1,10 +1,7 @@
 """Attention that never asks the device a question: SDPA whose mask is always built.
 
-transformers' SDPA mask code asks the device whether a batch has any padding (`padding_mask.all()`, a blocking
-device-to-host copy in every forward pass) so that it may skip the mask. A forward pass with that copy in it can be
-neither captured as a CUDA graph nor overlapped with the host's next step. `sync_free_sdpa` registers SDPA under
-another name whose mask is always built: the same attention, the same numbers, no sync. Training (speed/capture.py)
-and serving (inference/graphs.py) use it alike.
+transformers' SDPA skips an all-ones mask by reading it on the host, a sync per forward pass that blocks graph capture.
+Training (speed/capture.py) and serving (inference/graphs.py) use this instead.
 """
 
 from __future__ import annotations
@@ -17,13 +14,12 @@ SYNC_FREE_SDPA = "sdpa_sync_free"
 
 
 def sync_free_mask(*args, **kwargs):
-    kwargs["allow_is_bidirectional_skip"] = False  # skipping needs the host to read the mask: a sync per forward
+    kwargs["allow_is_bidirectional_skip"] = False  # skipping reads the mask on the host: a sync
     return sdpa_mask(*args, **kwargs)
 
 
 def sync_free_sdpa() -> str:
-    """Register SDPA with an always-built mask under SYNC_FREE_SDPA (idempotent); returns the name, which
-    `attn_implementation` (or `model.set_attn_implementation`) accepts."""
+    """Register the always-masked SDPA; returns its `attn_implementation` name."""
     AttentionInterface.register(SYNC_FREE_SDPA, sdpa_attention_forward)
     AttentionMaskInterface.register(SYNC_FREE_SDPA, sync_free_mask)
     return SYNC_FREE_SDPA

@@ -1,8 +1,6 @@
-"""The names of everything in a checkpoint folder: the one contract between training and serving.
+"""The names of everything in a checkpoint folder: the contract between training and serving.
 
-Every writer and reader imports these names; nothing else spells a file name of the folder. docs/checkpoints.md
-describes each file. config.json records each weights file's `tensors_sha256` and is published last, so a reader
-that finds them unequal has a torn set and waits.
+Nothing else spells a file name of the folder; docs/checkpoints.md describes each file.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ TOKENIZER_DIR = "tokenizer"
 METRICS = "metrics.json"
 MODEL_CARD = "README.md"
 
-WEIGHTS_SHA256 = "weights_sha256"  # config.json field: {weights file name: sha256} of the set it was saved with
+WEIGHTS_SHA256 = "weights_sha256"  # {weights file: sha256} of the set config.json was saved with
 
 HF_WEIGHTS = "model.safetensors"
 HF_WEIGHTS_INDEX = "model.safetensors.index.json"  # sharded save_pretrained: model-0000i-of-0000n.safetensors
@@ -64,8 +62,8 @@ def file_sha256(path: Path) -> str:
 
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 of a state_dict's tensors (names, dtypes, shapes and values, in name order), whatever file holds them."""
-    import torch  # here: contract/ imports without torch, so every command's --help answers at once
+    """sha256 of a state_dict's names, dtypes, shapes and values."""
+    import torch  # lazy: --help must not import torch
 
     digest = hashlib.sha256()
     for name in sorted(tensors):

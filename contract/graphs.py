@@ -1,7 +1,6 @@
-"""CUDA graph capture as serving and training both do it: eager warm-up passes on a side stream (lazy
-initialisation must not be captured), then the capture into a memory pool the caller's graphs share. Serving
-captures forward passes (inference/graphs.py), training whole steps (training/speed/step_graph.py); their CPU stand-ins
-(tests/helpers/cuda_graphs) replace the callers' classes, not this."""
+"""CUDA graph capture for serving (inference/graphs.py) and training (speed/step_graph.py): warm-up on a side stream,
+then capture into a shared memory pool.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ def capture(run: Callable[[], Any], device: torch.device, pool, warm_up_passes: 
             run()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    # thread_local: a serving reload captures while the model thread still replays the old model's graphs
+    # per thread: a reload captures while the old graphs still replay
     with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         output = run()
     return graph.replay, output

@@ -1,8 +1,7 @@
-"""One `--help` style for every command (training.commands names them; each command's parser uses this).
+"""One `--help` style for every command's parser.
 
-A value is shown as its type in capitals (STR, INT, FLOAT; choices as {a,b}), a default is said once, at the end of
-its help, and not at all when there is none; the usage names the command as it was called. argparse only: help
-answers before torch is imported.
+Types in capitals, a default said once, the usage naming the command as called. argparse only, so help answers before
+torch is imported.
 """
 
 from __future__ import annotations
@@ -17,10 +16,10 @@ _SHOWN_DEFAULT = re.compile(r"\s*\(default: [^()]*\)$")
 
 
 def prog(module: str) -> str:
-    """`agnews train` when called through the agnews command, else `python -m MODULE`."""
+    """`agnews X` when called through agnews, else `python -m MODULE`."""
     if sys.argv and sys.argv[0].startswith("agnews "):  # set by training/commands.py
         return sys.argv[0]
-    line = sys.orig_argv  # runpy has put the module's path in sys.argv[0]; the original command line still says
+    line = sys.orig_argv  # runpy replaced sys.argv[0]; orig_argv has the command
     called = next((i for i, arg in enumerate(line[:-1]) if Path(arg).name == "agnews"), None)
     return f"agnews {line[called + 1]}" if called is not None else f"python -m {module}"
 
@@ -31,13 +30,13 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _metavar_formatter(self, action: argparse.Action, default_metavar: str):
         format_ = super()._metavar_formatter(action, default_metavar)
-        # pydantic-settings names types in lower case (str, int): the same capitals as every other command
+        # pydantic-settings writes types in lower case
         return lambda size: tuple(m.upper() if m and not m.startswith(("{", "[")) else m for m in format_(size))
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         shown = _SHOWN_DEFAULT.search(text)
-        if shown:  # appended by a parser builder: dropped when empty or when the text already says the default
+        if shown:  # added by parser builders; dropped when empty or already said
             said_before = "default" in text[: shown.start()].lower()
             return text[: shown.start()] if said_before or shown.group().endswith("(default: None)") else text
         unset = action.default in (None, False, "", [], argparse.SUPPRESS)

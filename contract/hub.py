@@ -1,7 +1,6 @@
-"""Is the Hugging Face Hub reachable? One short probe, so an offline machine fails in seconds, not minutes.
+"""Is the Hub reachable? One short probe, so an offline machine fails in seconds.
 
-Without a network, `from_pretrained`, `snapshot_download` and `load_dataset` retry for about a minute before
-giving up. Serving and training both ask this once before touching the Hub.
+Without a network, `from_pretrained` and `load_dataset` retry for a minute. Training and serving ask this first.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import urllib.request
 
 import huggingface_hub.constants
 
-HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # org/name: a Hub repository id, as the service and the model card read it
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # a Hub repository id: org/name
 
 
 def hub_url() -> str:
@@ -25,7 +24,7 @@ def is_offline() -> bool:
 
 
 def hub_reachable(timeout: float = 5.0) -> bool:
-    """One HEAD request to the Hub; any answer from the server (even an error status) counts as reachable."""
+    """One HEAD request; any server answer counts as reachable."""
     try:
         urllib.request.urlopen(urllib.request.Request(hub_url(), method="HEAD"), timeout=timeout)
     except urllib.error.HTTPError:

@@ -1,9 +1,7 @@
-"""Load a classifier to serve: this project's checkpoint folder (the state_dict wins over an export), any
-`save_pretrained` folder, a peft adapter folder (merged into its base: contract/adapters.py) or a Hub id (downloaded
-once, safetensors only). Called by the service, evaluate and predict.
+"""Load a classifier: our checkpoint folder, any `save_pretrained` folder, a peft adapter folder or a Hub id
+(safetensors only). Called by the service, evaluate and predict.
 
-Pickled weights (`pytorch_model.bin`) are refused: unpickling can run code. So is a model without its
-classification head (e.g. a base encoder), which would answer with random scores.
+Pickles are refused (they can run code), and so is a model without its classification head.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]  # config, weights, 
 
 
 class TornCheckpoint(CheckpointError):
-    """config.json and the weights beside it are from different saves (a copy or a save under way)."""
+    """config.json and the weights are from different saves."""
 
 
 @dataclass
@@ -58,7 +56,7 @@ class LoadedModel:
     sha256: str
     model_sha: str | None = None  # the Hub commit, for a Hub id
     metrics: dict | None = None
-    signature: tuple = ()  # the files as they were just before loading (see `signature`); reload compares to it
+    signature: tuple = ()  # the files just before loading; reload compares to it
     runtime: str = "torch"  # or openvino, onnxruntime: inference/runtimes/choice.py
     runner: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None  # batch -> logits, instead of `model`
     problem: ProblemType = field(
@@ -72,14 +70,14 @@ class LoadedModel:
 
 
 def resolve_device(setting: str) -> torch.device:
-    """auto: cuda when available, else cpu; any other setting is a torch device name (cpu, cuda, cuda:1)."""
+    """auto: cuda when available, else cpu; else a torch device name."""
     if setting == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(setting)
 
 
 def signature(folder: str | Path) -> tuple:
-    """(name, mtime, size) of every file the service reads: changes when training writes a new best model."""
+    """(name, mtime, size) of every file served: reload compares these."""
     root = Path(folder)
     names = (files.WEIGHTS, files.HF_WEIGHTS, files.HF_WEIGHTS_INDEX, files.CONFIG, files.ADAPTER_WEIGHTS)
     paths = [root / name for name in (*names, files.ADAPTER_CONFIG, f"{files.ADAPTER_BASE_DIR}/{files.HF_WEIGHTS}")]
@@ -97,7 +95,7 @@ def signature(folder: str | Path) -> tuple:
 
 
 def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revision: str | None = None) -> LoadedModel:
-    """The configured model on the resolved device and precision, ready for inference."""
+    """The model on the resolved device and precision."""
     target = resolve_device(device)
     resolved = precision.resolve(dtype, target.type)
     folder, model_sha = locate(model_id, revision)
@@ -105,12 +103,12 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
     try:
         model, weights, digest = _read_model(folder)
         tokenizer = _read_tokenizer(folder)
-    except PermissionError as exc:  # a folder written by another user (a container's volume): one line, not a trace
+    except PermissionError as exc:  # another user's folder: one line, not a trace
         user = getattr(os, "getuid", lambda: "?")()
         raise CheckpointError(f"{exc.filename}: cannot be read by this user (uid {user}): {exc.strerror}") from None
     check_finite(model, weights)
     config = model.config
-    try:  # a decoder classifier saved without a pad token: the one rule training follows (contract/padding.py)
+    try:  # a decoder saved without pad token (contract/padding.py)
         if said := ensure_pad_token(tokenizer, str(folder)):
             logger.info("%s", said)
     except NoPadToken as exc:
@@ -128,7 +126,7 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
             f"{folder}: the tokenizer's model_max_length ({tokenizer.model_max_length}) leaves no room for text "
             f"beside its {tokenizer.num_special_tokens_to_add(pair=True)} special tokens"
         )
-    # reduced precision: cast the weights once (autocast would re-cast them on every call)
+    # cast once; autocast would re-cast every call
     model = model.eval().to(device=target, dtype=precision.torch_dtype(resolved))
     return LoadedModel(
         model=model,
@@ -150,9 +148,8 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
 
 
 def check_same_save(config, weights: Path, tensors: Callable[[], dict[str, torch.Tensor] | None]) -> None:
-    """The weights hold the tensors config.json was saved with, where it records them (our trainer does; a folder
-    saved elsewhere records nothing): TornCheckpoint otherwise, so a half-copied folder is never served. `tensors`
-    is called (and hashed) only when there is a recorded hash to compare with."""
+    """TornCheckpoint unless the weights hold the tensors config.json records, so a half-copied folder is never served.
+    Hashes only when a hash is recorded."""
     record = getattr(config, files.WEIGHTS_SHA256, None) or {}
     if not isinstance(record, dict) or not all(isinstance(v, str) for v in record.values()):
         raise CheckpointError(
@@ -171,8 +168,7 @@ def check_same_save(config, weights: Path, tensors: Callable[[], dict[str, torch
 
 
 def check_finite(model: torch.nn.Module, weights: Path) -> None:
-    """Weights with NaN or infinite values (a diverged training, a damaged file) would answer every request with NaN:
-    refused, at start-up and at every reload."""
+    """NaN or infinite weights would answer NaN: refused at start and reload."""
     for name, tensor in model.state_dict().items():
         if tensor.is_floating_point():
             bad = int((~torch.isfinite(tensor)).sum())
@@ -181,7 +177,7 @@ def check_finite(model: torch.nn.Module, weights: Path) -> None:
 
 
 def label_names(config, folder: Path) -> list[str]:
-    """config.json's id2label as the names of outputs 0..num_labels-1, each present once."""
+    """id2label as the names of outputs 0..n-1, each once."""
     id2label = getattr(config, "id2label", None) or {}
     missing = [i for i in range(config.num_labels) if i not in id2label]
     if missing:
@@ -197,7 +193,7 @@ def label_names(config, folder: Path) -> list[str]:
 
 
 def locate(model_id: str, revision: str | None = None) -> tuple[Path, str | None]:
-    """(local folder, Hub commit or None): a local path as it is, an org/name id through the Hugging Face cache."""
+    """(local folder, Hub commit or None) for a path or an org/name id."""
     path = Path(model_id).expanduser()
     if path.is_dir():
         return path, None
@@ -232,8 +228,7 @@ def _short(exc: BaseException) -> str:
 
 
 def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
-    """(model with weights, weights file, its SHA-256): our state_dict first, else the Hugging Face export; either
-    checked against the tensors config.json records (`check_same_save`)."""
+    """(model, weights file, sha256): our state_dict, else the export; checked against config.json."""
     if adapters.is_adapter_folder(folder) and not (folder / files.WEIGHTS).is_file():
         return adapters.load_adapter_model(folder)
     if not (folder / files.CONFIG).is_file():
@@ -288,8 +283,7 @@ def _from_state_dict(path: Path, config) -> tuple[torch.nn.Module, Path, str]:
 
 
 def _check_shapes(path: Path, shapes: dict[str, tuple], model: torch.nn.Module, config) -> None:
-    """One line for weights whose tensors do not fit the model config.json describes (most often an id2label of
-    another size than the trained head)."""
+    """One line for weights that do not fit config.json's model."""
     expected = model.state_dict()
     for name, shape in shapes.items():
         if name in expected and tuple(expected[name].shape) != shape:
@@ -338,7 +332,7 @@ def _from_pretrained(folder: Path, config) -> torch.nn.Module:
 
 
 def _read_tokenizer(folder: Path):
-    """tokenizer/, else the folder's own tokenizer files, else (an adapter folder without them) its base model's."""
+    """tokenizer/, else the folder's tokenizer files, else the base's."""
     where = folder / files.TOKENIZER_DIR if (folder / files.TOKENIZER_DIR).is_dir() else folder
     if adapters.is_adapter_folder(folder) and not (folder / "tokenizer_config.json").is_file():
         where = adapters.base_model_of(folder)

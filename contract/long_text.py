@@ -1,10 +1,7 @@
-"""Texts longer than the model's window: truncated, or cut into overlapping windows whose logits are pooled per
-text. Training, evaluation, prediction and the service share it through config.json's FIELDS (long_text,
-chunk_stride, chunk_pooling, chunk_max_length), so every reader windows and pools as training did.
+"""Texts longer than the model's window: truncated, or cut into overlapping windows pooled per text. Training,
+evaluation, prediction and the service read the settings from config.json, so all window alike.
 
-Windows are the tokenizer's own (`return_overflowing_tokens`). A text pair is windowed along its longer text; the
-shorter one is repeated whole in every window (the tokenizer's `longest_first` would pair every window with every
-window of the other).
+A pair is windowed along its longer side; the shorter is repeated whole in each window.
 """
 
 from __future__ import annotations
@@ -23,17 +20,16 @@ MODES = (TRUNCATE, CHUNK)
 MEAN, MAX = "mean", "max"
 POOLINGS = (MEAN, MAX)
 DEFAULT_STRIDE = 32
-PREFIX_CHARS_PER_TOKEN = 16  # refuse_too_long tokenizes this many characters per token the windows could hold
+PREFIX_CHARS_PER_TOKEN = 16  # characters per token for refuse_too_long
 FIELDS = ("long_text", "chunk_stride", "chunk_pooling", "chunk_max_length")  # config.json
 
 
 class LongTextError(UserError, ValueError):
-    """Settings that cannot window a text (or a config.json whose fields are not ours); one line naming the field."""
+    """Settings that cannot window a text; names the field."""
 
 
 class PairLeavesNoRoom(LongTextError):
-    """A pair whose shorter text fills a window: `index` is the pair's position in the texts given to `encode`
-    (each caller names it as its user knows it: a row of a file, an input of a request)."""
+    """A pair whose shorter text fills a window; `index` is its position."""
 
     def __init__(self, index: int, detail: str):
         super().__init__(f"input {index}: {detail}")
@@ -41,7 +37,7 @@ class PairLeavesNoRoom(LongTextError):
 
 
 class TooManyWindows(ValueError):
-    """An input that would need more windows than the service allows per input (MAX_CHUNKS)."""
+    """An input needing more than MAX_CHUNKS windows."""
 
     def __init__(self, windows: int | None, limit: int, max_length: int):
         needs = f"{windows}" if windows is not None else f"more than {limit}"
@@ -53,8 +49,7 @@ class TooManyWindows(ValueError):
 
 @dataclass(frozen=True)
 class Windows:
-    """Tokenized windows in input order: `features[k]` (input_ids, and token_type_ids where the model takes them)
-    belongs to input `owner[k]`; every input has at least one."""
+    """Windows in input order: `features[k]` belongs to input `owner[k]`."""
 
     features: list[dict]
     owner: list[int]
@@ -91,7 +86,7 @@ class LongText:
 
     @classmethod
     def of(cls, config: Any) -> LongText:
-        """What a transformers config records (a model not trained here: truncate, with the defaults)."""
+        """What a transformers config records; truncate by default."""
         stride = getattr(config, "chunk_stride", None)
         return cls(
             getattr(config, "long_text", None) or TRUNCATE,
@@ -104,8 +99,7 @@ class LongText:
         return dict(zip(FIELDS, (self.mode, self.stride, self.pooling, self.window)))
 
     def check(self, tokenizer, max_length: int, pairs: bool = False) -> None:
-        """Chunking needs a fast tokenizer and a stride below the text tokens of a window (max_length less the special
-        tokens); checked before any text is tokenized (the tokenizer would abort the process on a bad stride)."""
+        """Chunking needs a fast tokenizer and a stride below a window's text tokens; checked before tokenizing."""
         if not self.chunked:
             return
         if not getattr(tokenizer, "is_fast", False):
@@ -120,15 +114,14 @@ class LongText:
     def encode(
         self, tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int, max_windows: int = 0
     ) -> Windows:
-        """Every text's windows (chunk) or its first window (truncate); `max_windows` > 0 bounds the windows of one
-        input (TooManyWindows beyond it)."""
+        """Every text's windows (chunk) or first window (truncate)."""
         options = {"truncation": True, "max_length": max_length, "return_attention_mask": False}
         if not self.chunked:
             encoded = tokenizer(list(texts), list(pairs) if pairs is not None else None, **options)
             return Windows(_features(encoded, range(len(texts))), list(range(len(texts))))
         self.check(tokenizer, max_length, pairs is not None)
         options.update(stride=self.stride, return_overflowing_tokens=True)
-        del options["truncation"]  # per group: _groups says which side of a pair is windowed
+        del options["truncation"]  # _groups says which side is windowed
         per_input: list[list[dict]] = [[] for _ in texts]
         for where, kwargs in _groups(tokenizer, texts, pairs, max_length, self.stride):
             encoded = tokenizer(**kwargs, **options)
@@ -145,10 +138,8 @@ class LongText:
         )
 
     def refuse_too_long(self, tokenizer, sequences: Sequence[tuple[str, str | None]], window: int, limit: int) -> None:
-        """TooManyWindows for an input whose start alone holds more tokens than `limit` windows cover, found by
-        tokenizing that start only: a document of megabytes is refused in milliseconds, not after tokenizing all of
-        it. Conservative (the windows' special tokens and a pair's repeated side are not counted): what it lets pass
-        is windowed and counted exactly by `encode`."""
+        """TooManyWindows for an input whose start alone overflows `limit` windows: a huge document is refused in
+        milliseconds. Conservative; `encode` counts exactly."""
         room = window - tokenizer.num_special_tokens_to_add(pair=False)
         capacity = limit * max(room - self.stride, 1) + self.stride
         for text, pair in sequences:
@@ -160,8 +151,8 @@ class LongText:
                 raise TooManyWindows(None, limit, window)
 
     def pool(self, logits: torch.Tensor, owner: Sequence[int] | torch.Tensor, num_inputs: int) -> torch.Tensor:
-        """Each input's logits from its windows' (windows x outputs): their mean or their element-wise maximum."""
-        import torch  # here: the settings that name a LongText parse without torch (--help)
+        """Each input's logits: the mean or maximum of its windows'."""
+        import torch  # lazy: --help must not import torch
 
         index = torch.as_tensor(owner, dtype=torch.long)
         if len(index) == num_inputs and torch.equal(index, torch.arange(num_inputs)):
@@ -177,7 +168,7 @@ def _features(encoded, rows) -> list[dict]:
 
 
 def _groups(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int, stride: int):
-    """(input indices, tokenizer arguments) per call: single texts in one; pairs by which side is windowed."""
+    """(input indices, tokenizer arguments) per tokenizer call."""
     if pairs is None:
         yield list(range(len(texts))), {"text": list(texts), "truncation": True}
         return
@@ -205,15 +196,8 @@ def _groups(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_le
 
 
 def cut_long_pairs(tokenizer, texts: list[str], pairs: list[str], max_length: int, left: bool = False, order=None):
-    """(texts, pairs, tokens) with each side longer than `max_length` tokens cut at a word boundary to what truncation
-    can keep of it, so that `tokenizer(texts, pairs, truncation=True, max_length=...)` gives the very ids it gives on
-    the whole texts, in a fraction of the time: the fast tokenizers' longest-first truncation builds every overflowing
-    piece of both sides and pairs them (seconds for two sides of 13,000 tokens). Which side is longer decides which
-    keeps the odd token, so it is kept; where it cannot be (equal sides without a shared word boundary) the pair is
-    left whole. `tokens`: each pair's side lengths in tokens as given, None where they were not counted (pairs of
-    fewer characters than `max_length`). `order(k, tokens)`, when given, says which side of pair k is the longer
-    (1 the text, -1 the pair, 0 equal) where the given sides are parts of longer ones. Slow tokenizers (no offsets) get
-    the texts back as they are."""
+    """(texts, pairs, tokens) with overlong sides cut at a word boundary, so truncation gives the same ids in a fraction
+    of the time. `tokens`: side lengths, or None; `order(k, tokens)`: which side of pair k is longer."""
     tokens: list[tuple[int, int] | None] = [None] * len(texts)
     long = [k for k, (text, pair) in enumerate(zip(texts, pairs)) if len(text) + len(pair) > max_length]
     if not getattr(tokenizer, "is_fast", False) or not long:  # shorter pairs are cheap to truncate (and rarely need it)
@@ -233,13 +217,13 @@ def cut_long_pairs(tokenizer, texts: list[str], pairs: list[str], max_length: in
 def _cut_pair(
     sides, i: int, j: int, text: str, pair: str, max_length: int, left: bool, order: int | None = None
 ) -> tuple[str, str]:
-    """`order`: 1 when the text is the longer of the whole sides, -1 the pair, 0 equal; by default the given sides'."""
+    """`order`: 1 text longer, -1 pair longer, 0 equal."""
     n_i, n_j = len(sides["input_ids"][i]), len(sides["input_ids"][j])
     if n_i <= max_length and n_j <= max_length:
         return text, pair
     order = (n_i > n_j) - (n_i < n_j) if order is None else order
     keep_i, keep_j = min(n_i, max_length), min(n_j, max_length)
-    for _ in range(8):  # widen the cuts until the longer side stays the longer (or equal sides stay equal)
+    for _ in range(8):  # widen until the longer side stays longer
         k_i, k_j = _boundary(sides, i, keep_i, left), _boundary(sides, j, keep_j, left)
         if (k_i > k_j) - (k_i < k_j) == order:
             return _keep(text, sides, i, k_i, left), _keep(pair, sides, j, k_j, left)
@@ -253,8 +237,7 @@ def _cut_pair(
 
 
 def _boundary(sides, k: int, keep: int, left: bool) -> int:
-    """Tokens kept of side k when it is cut at the first word boundary that keeps at least `keep` of them (from its
-    start; from its end when `left`); all of them where no boundary follows."""
+    """Tokens kept of side k when cut at the first word boundary keeping `keep`."""
     words, n = sides.word_ids(k), len(sides["input_ids"][k])
     if left:
         for t in range(n - keep, 0, -1):
@@ -268,7 +251,7 @@ def _boundary(sides, k: int, keep: int, left: bool) -> int:
 
 
 def _keep(text: str, sides, k: int, kept: int, left: bool) -> str:
-    """The text of side k's first (last, when `left`) `kept` tokens, cut where the next (previous) word starts."""
+    """Side k's first (last when `left`) `kept` tokens, cut at a word."""
     offsets, n = sides["offset_mapping"][k], len(sides["input_ids"][k])
     if kept >= n:
         return text

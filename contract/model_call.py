@@ -1,6 +1,6 @@
-"""The model call both sides make on a loaded checkpoint (contract/loading.py): features padded as contract/shapes.py
-pads them, one forward pass, fp32 logits. The service's engine batches requests into these passes; training's
-`predict` makes them over a file; bench/ and the tests measure them."""
+"""The model call both sides make on a loaded checkpoint: padded features, one forward pass, fp32 logits. Used by the
+service's engine, predict, bench/ and the tests.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +9,13 @@ import torch
 from contract import shapes
 from contract.loading import LoadedModel
 
-PAD_MULTIPLE = shapes.GPU_MULTIPLE  # inputs are padded to a multiple of this (tensor-core friendly widths)
+PAD_MULTIPLE = shapes.GPU_MULTIPLE  # tensor-core friendly widths
 
 
 def collate(
     features: list[dict], pad_token_id: int, left: bool = False, rows: int | None = None, width: int | None = None
 ) -> dict[str, torch.Tensor]:
-    """Token ids (and token type ids) padded to `width` (default: the longest input rounded up to PAD_MULTIPLE),
-    with the attention mask, in `rows` rows (default: one per input; the rows past the inputs hold one padding token
-    each, a valid input whose logits nobody reads). contract/shapes.py pads for training and serving alike."""
+    """Ids, type ids and mask padded to `width`, in `rows` rows (extra rows hold one padding token)."""
     width = width or shapes.width_for(max(len(f["input_ids"]) for f in features), multiple=PAD_MULTIPLE)
     filler = {name: [pad_token_id if name == "input_ids" else 0] for name in features[0]}
     return shapes.pad([*features, *[filler] * ((rows or len(features)) - len(features))], pad_token_id, width, left)
@@ -27,8 +25,7 @@ def collate(
 def forward(
     loaded: LoadedModel, features: list[dict], rows: int | None = None, width: int | None = None
 ) -> torch.Tensor:
-    """The fp32 logits of one forward pass over `features` (padded as `collate` pads), left where the model ran:
-    the caller copies a micro-batch's back at once."""
+    """fp32 logits of one forward pass, left on the model's device."""
     tokenizer = loaded.tokenizer
     bucket = getattr(loaded.runner, "bucket", None)  # a captured runner (inference/graphs.py) replays only its shapes
     if bucket is not None and rows is None:

@@ -1,9 +1,7 @@
-"""One precision vocabulary and one bf16 probe for training, evaluation, batch prediction and serving.
+"""One precision vocabulary and bf16 probe for training, evaluation, prediction and serving.
 
-auto (bf16 where the hardware has native bf16, fp16 on a GPU without it, else fp32), fp32/no/float32, fp16/float16,
-bf16/bfloat16, and int8 (serving only, through an optimized CPU runtime). Training uses a precision as autocast over
-fp32 master weights; evaluation, prediction and serving cast the weights to it once, so the three compute the same
-numbers on a checkpoint.
+auto, fp32, fp16, bf16, and int8 (serving only). Training autocasts over fp32 weights; the readers cast the weights
+once, so all three compute the same numbers.
 """
 
 from __future__ import annotations
@@ -31,8 +29,7 @@ _TEI_NAMES = {FP32: "float32", FP16: "float16", BF16: "bfloat16", INT8: "int8"}
 
 
 def canonical(name: str, serving: bool = False) -> str:
-    """auto, fp32, fp16 or bf16 (or int8 when `serving`) for any accepted spelling; ValueError naming the accepted
-    ones otherwise."""
+    """The canonical name of any accepted spelling; ValueError otherwise."""
     key = str(name).strip().lower()
     if serving and key == INT8:
         return INT8
@@ -43,19 +40,19 @@ def canonical(name: str, serving: bool = False) -> str:
 
 
 def native_bf16(device_type: str) -> bool:
-    """The hardware multiplies bf16 matrices natively: a bf16 GPU, or a CPU with AMX or AVX512-BF16."""
-    import torch  # here: contract/ imports without torch, so every command's --help answers at once
+    """Native bf16 matmuls: a bf16 GPU, or a CPU with AMX or AVX512-BF16."""
+    import torch  # lazy: --help must not import torch
 
     if device_type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    cpu = torch.cpu  # these capability probes are private in torch 2.x; their absence means "no"
+    cpu = torch.cpu  # private in torch 2.x; absent means "no"
     return any(
         getattr(cpu, probe, lambda: False)() for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
     )
 
 
 def resolve(name: str, device_type: str) -> str:
-    """fp32, fp16 or bf16: `auto` decided for this device, any other name made canonical."""
+    """fp32, fp16 or bf16: `auto` decided for this device."""
     precision = canonical(name)
     if precision != AUTO:
         return precision
@@ -77,5 +74,5 @@ def accelerate_name(precision: str) -> str:
 
 
 def tei_name(precision: str) -> str:
-    """text-embeddings-inference's spelling (`model_dtype` in /info): float32, float16 or bfloat16 (int8: ours)."""
+    """TEI's `model_dtype` spelling: float32, float16, bfloat16."""
     return _TEI_NAMES[canonical(precision, serving=True)]

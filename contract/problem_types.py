@@ -1,9 +1,7 @@
-"""The problem type of a model: single-label, multi-label or regression, one class each, with the outputs and
-thresholds config.json carries (transformers' `problem_type` plus `decision_thresholds`). Training, evaluation,
-prediction, the agreement guard and the service ask it for losses, scores, decisions, metrics and columns.
+"""The problem type of a model: single-label, multi-label or regression, one class each, with its outputs and thresholds
+as config.json carries them. Training, evaluation, prediction and the service ask it.
 
-A config without `problem_type` is read as transformers' pipeline reads it: one output is multi-label, several are
-single-label. A new type is one subclass, registered in PROBLEM_TYPES.
+A new type is one subclass, registered in PROBLEM_TYPES.
 """
 
 from __future__ import annotations
@@ -24,15 +22,15 @@ REGRESSION = "regression"
 SOFTMAX, SIGMOID, NONE = "softmax", "sigmoid", "none"
 FUNCTIONS = (SOFTMAX, SIGMOID, NONE)
 
-TIE_MARGIN = 0.02  # the agreement guard leaves out a decision fp32 itself makes by less than this
-REGRESSION_TOLERANCE = 0.1  # a value agrees within this many standard deviations of fp32's outputs
+TIE_MARGIN = 0.02  # fp32's own near-ties are left out
+REGRESSION_TOLERANCE = 0.1  # in standard deviations of fp32's outputs
 THRESHOLDS = "decision_thresholds"  # config.json: one per label, multi-label models only
 DEFAULT_THRESHOLD = 0.5
 CALIBRATION = "calibration"  # config.json: {"method": "none"} or {"method": "temperature", "temperature(s)": ...}
 
 
 class ProblemTypeError(UserError, ValueError):
-    """A config whose problem type, thresholds or calibration cannot be served; the message names the field."""
+    """A problem type, thresholds or calibration that cannot be served."""
 
 
 class LabelReader(Protocol):
@@ -50,8 +48,7 @@ class LabelReader(Protocol):
 
 
 def scored(logits: torch.Tensor, function: str) -> torch.Tensor:
-    """Scores from fp32 logits (texts x outputs) by `function`. A softmax over one output (always 1) is a sigmoid, as
-    TEI scores it."""
+    """Scores from fp32 logits; a one-output softmax is a sigmoid, as in TEI."""
     if function == SIGMOID or (function == SOFTMAX and logits.shape[-1] == 1):
         return logits.sigmoid()
     if function == SOFTMAX:
@@ -61,7 +58,7 @@ def scored(logits: torch.Tensor, function: str) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class ProblemType:
-    """The interface and the configured outputs; each class below fills it for its type."""
+    """The interface and the configured outputs."""
 
     num_labels: int = 1
     thresholds: tuple[float, ...] = field(default=())  # multi-label: one per label, DEFAULT_THRESHOLD each unless given
@@ -69,11 +66,11 @@ class ProblemType:
     name: ClassVar[str]  # transformers' config.problem_type
     function: ClassVar[str]  # the default scoring function: the text-classification pipeline's rule
     classes: ClassVar[bool] = True  # labels are classes (else: a value, one output)
-    label_lists: ClassVar[bool] = False  # a label cell holds a list of labels (or a delimited string)
+    label_lists: ClassVar[bool] = False  # or a delimited string
     thresholded: ClassVar[bool] = False  # decisions at per-label thresholds (config.json decision_thresholds)
-    headline: ClassVar[tuple[str, ...]]  # the metrics a card, a curve plot or a summary shows first
+    headline: ClassVar[tuple[str, ...]]  # shown first by cards, plots and summaries
     selection: ClassVar[str]  # the default metric_for_best_model
-    metric_modules: ClassVar[tuple[str, ...]]  # the project's own `evaluate` modules (training/metric_modules)
+    metric_sets: ClassVar[tuple[str, ...]]  # the built-in metrics (training/scoring/builtin.py)
     reports: ClassVar[tuple[str, ...]]  # the tables and pictures training.evaluate draws (output/reports.py)
     card_tag: ClassVar[str | None] = None  # the model card's tag beside text-classification
     temperatures: ClassVar[str] = NONE  # --calibration temperature: "one" for all outputs, "per_label", or none
@@ -95,7 +92,7 @@ class ProblemType:
 
     @staticmethod
     def of(config: Any) -> ProblemType:
-        """The problem type a transformers config describes (see the module docstring for a config without one)."""
+        """The problem type a transformers config describes."""
         num = int(config.num_labels)
         name = getattr(config, "problem_type", None) or (MULTI if num == 1 else SINGLE)
         ProblemType.named(name, num).check_outputs(num)
@@ -106,64 +103,63 @@ class ProblemType:
         return ProblemType.named(name, num, tuple(float(t) for t in given))
 
     def scores(self, logits: torch.Tensor, function: str | None = None) -> torch.Tensor:
-        """Scores from fp32 logits (texts x outputs) by `function`, this type's default when None."""
+        """Scores by `function`, this type's default when None."""
         return scored(logits, function or self.function)
 
     def config_fields(self) -> dict[str, Any]:
-        """What a writer sets on the model config so that every reader gets this problem type back."""
+        """The config fields that record this problem type."""
         fields: dict[str, Any] = {"problem_type": self.name}
         if self.thresholds:
             fields[THRESHOLDS] = list(self.thresholds)
         return fields
 
     def check_outputs(self, num: int) -> None:
-        """A config with `num` outputs can be served as this type, else a ProblemTypeError naming the field."""
+        """ProblemTypeError unless `num` outputs fit this type."""
 
     def decisions(self, scores: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def label_matrix(self, values: torch.Tensor, num: int) -> torch.Tensor | None:
-        """Decisions or targets as texts x labels yes/no (which labels each text has); None without classes."""
+        """Decisions or targets as texts x labels booleans; None without classes."""
         return None
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
-        """Each example's loss (fp32 logits); `weights` per class or per label, or None."""
+        """Each example's loss; `weights` per class, or None."""
         raise NotImplementedError
 
     def batch_loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
-        """A batch's training loss: the mean of the weighted per-example losses (not divided by the sum of weights:
-        that mean does not depend on how a global batch is split over processes and accumulation steps)."""
+        """The mean of weighted per-example losses: the same however a batch is split."""
         return self.loss(logits, labels, weights, smoothing).mean()
 
     def balanced_weights(self, targets: list, count: int) -> torch.Tensor:
-        """--class_weights balanced: weights averaging 1 over the training targets (classes only)."""
+        """Weights averaging 1 over the training targets."""
         raise NotImplementedError
 
     def cell_values(self, value: Any, row: int, source: str, reader: LabelReader) -> list:
-        """The class values a label cell holds (the training data's classes are their union)."""
+        """The class values a label cell holds."""
         raise NotImplementedError
 
     def encode(self, value: Any, row: int, source: str, reader: LabelReader) -> Any:
-        """A label cell as the model's target: a class id, a multi-hot list, or a float."""
+        """A label cell as the model's target."""
         raise NotImplementedError
 
     def metric_inputs(self, decided: torch.Tensor, references: torch.Tensor) -> tuple[list, list]:
-        """What the `evaluate` modules are given: class ids, 0/1 lists per text, or values."""
+        """The metrics' inputs: class ids, 0/1 lists, or values."""
         return decided.tolist(), references.tolist()
 
     def example(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A tiny split with every kind of answer (scores, references): metrics are tried on it at start."""
+        """A tiny split to try metrics on at start."""
         raise NotImplementedError
 
     def prediction_names(self, labels: list[str]) -> list[str]:
         raise NotImplementedError
 
     def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
-        """The columns a prediction file adds, each a list or array in row order."""
+        """The prediction file's columns, in row order."""
         raise NotImplementedError
 
     def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """(for each text fp32 decides clearly: does the candidate's output decide the same, ties left out)."""
+        """Agreement with fp32 where fp32 decides clearly; and the ties."""
         raise NotImplementedError
 
     def agreement_rule(self) -> str:
@@ -175,11 +171,11 @@ def _per_label_scores(scores: torch.Tensor, labels: list[str]) -> dict[str, Any]
 
 
 class SingleLabel(ProblemType):
-    """One class per text: a softmax over the labels; the decision is the top label."""
+    """One class per text: softmax; the top label decides."""
 
     name, function = SINGLE, SOFTMAX
     headline, selection = ("accuracy", "macro_f1"), "accuracy"
-    metric_modules = ("accuracy", "macro_f1", "classification_report")
+    metric_sets = ("accuracy", "macro_f1", "classification_report")
     reports = ("confusion_matrix", "calibration", "misclassified")
     temperatures = "one"
 
@@ -203,7 +199,7 @@ class SingleLabel(ProblemType):
         return super().batch_loss(logits, labels, weights, smoothing)
 
     def balanced_weights(self, targets: list, count: int) -> torch.Tensor:
-        """Each class weighted by texts / (classes x its texts): the rarer, the heavier."""
+        """Weights by texts / (classes x class texts)."""
         counts = torch.bincount(torch.tensor(targets), minlength=count).double()
         return (len(targets) / (count * counts.clamp(min=1))).float()
 
@@ -227,8 +223,7 @@ class SingleLabel(ProblemType):
         }
 
     def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """The argmax; a text whose fp32 top two probabilities are within TIE_MARGIN is a tie (fp32 itself is a coin
-        flip there: a padding change can turn it), neither blamed nor credited."""
+        """The argmax; fp32's near-ties are neither blamed nor credited."""
         top = ref.softmax(-1).topk(2, dim=-1).values
         decided = top[:, 0] - top[:, 1] >= TIE_MARGIN
         return (out.argmax(-1) == ref.argmax(-1))[decided], len(ref) - int(decided.sum())
@@ -238,17 +233,15 @@ class SingleLabel(ProblemType):
 
 
 class MultiLabel(ProblemType):
-    """Any number of labels per text: a sigmoid per label; a label is predicted when its score reaches its threshold
-    (0.5 each unless training fitted one per label on validation, or calibration moved them)."""
+    """Any labels per text: a sigmoid each, decided at its threshold."""
 
     name, function, thresholded, label_lists = MULTI, SIGMOID, True, True
     headline, selection = ("micro_f1", "macro_f1", "subset_accuracy"), "micro_f1"
-    metric_modules = ("multilabel",)
+    metric_sets = ("multilabel",)
     reports = ("calibration", "wrong_label_sets")
     card_tag = "multi-label-classification"
     temperatures = "per_label"
-    # measured on rare and on even labels (docs/benchmarks.md "Rare labels in multi-label training"): each label's
-    # pos_weight and its own threshold, together, gave the best micro- and macro-F1 in both
+    # both best for micro- and macro-F1 (docs/benchmarks.md, "Rare labels")
     class_weights, threshold_strategy = "balanced", "per_label"
 
     def decisions(self, scores: torch.Tensor) -> torch.Tensor:
@@ -258,7 +251,7 @@ class MultiLabel(ProblemType):
         return values.bool()
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
-        """Binary cross-entropy per label, averaged over the labels; `weights` are BCE's pos_weight."""
+        """Binary cross-entropy per label, averaged; `weights` are pos_weight."""
         targets = labels.float() * (1 - smoothing) + smoothing / 2
         losses = F.binary_cross_entropy_with_logits(logits.float(), targets, pos_weight=weights, reduction="none")
         return losses.mean(dim=-1)
@@ -293,7 +286,7 @@ class MultiLabel(ProblemType):
         return {"predicted_labels": chosen, **_per_label_scores(scores, labels)}
 
     def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Every label's thresholded decision; a score within TIE_MARGIN of its threshold is a tie."""
+        """Each label's decision; near-threshold scores are ties."""
         bounds = torch.tensor(self.thresholds)
         expected, got = ref.sigmoid(), out.sigmoid()
         decided = (expected - bounds).abs() >= TIE_MARGIN
@@ -308,11 +301,10 @@ class Regression(ProblemType):
 
     name, function, classes = REGRESSION, NONE, False
     headline, selection = ("mse", "pearson", "spearman"), "mse"
-    metric_modules = ("regression",)
+    metric_sets = ("regression",)
     reports = ("residuals", "largest_errors")
     card_tag = "regression"
-    # a score often follows the text's length, and batches of alike lengths then hold alike targets, each a biased
-    # sample of the data (docs/benchmarks.md, "Regression against the Trainer")
+    # length-grouped batches would bias targets (docs/benchmarks.md)
     groups_by_length = False
     keeps_fp32 = True  # raw values: a precision drop moves them
 
@@ -343,8 +335,7 @@ class Regression(ProblemType):
         return {"predicted_value": decided.numpy()}
 
     def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """A text agrees when its value is within REGRESSION_TOLERANCE standard deviations of fp32's outputs (the
-        target's spread as the model sees it) of fp32's value."""
+        """Agrees within REGRESSION_TOLERANCE standard deviations of fp32's value."""
         bound = REGRESSION_TOLERANCE * ref[:, 0].std().clamp(min=1e-6)
         return (out[:, 0] - ref[:, 0]).abs() <= bound, 0
 
@@ -356,8 +347,7 @@ PROBLEM_TYPES: dict[str, type[ProblemType]] = {kind.name: kind for kind in (Sing
 
 
 def calibration_of(config: Any) -> dict:
-    """config.json's record of the calibration folded into the weights (training/calibration.py writes it), {} when
-    there is none; ProblemTypeError for a record training never writes (a temperature that is not a positive number)."""
+    """The calibration record in config.json, or {}; ProblemTypeError for one training never writes."""
     record = getattr(config, CALIBRATION, None)
     if record is None:
         return {}

@@ -1,4 +1,4 @@
-"""Other libraries' log chatter held back while the checkpoint reader and the runtime converters call them."""
+"""Other libraries' log chatter held back while loading and converting."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from collections.abc import Iterator
 
 @contextlib.contextmanager
 def quiet(*names: str, level: int = logging.ERROR) -> Iterator[None]:
-    """Other libraries' loggers `names` hold back lines below `level` for the duration (a model conversion's
-    chatter about things the service does not use), then log as before."""
+    """Loggers `names` drop lines below `level` for the duration."""
     loggers = [logging.getLogger(name) for name in names]
     before = [log.level for log in loggers]
     for log in loggers:
@@ -24,7 +23,7 @@ def quiet(*names: str, level: int = logging.ERROR) -> Iterator[None]:
 
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
-    """No per-load progress bar and load report of transformers in the service's log."""
+    """No transformers progress bar or load report."""
     import transformers
 
     bars = transformers.utils.logging.is_progress_bar_enabled()

@@ -1,7 +1,5 @@
-"""The optimized CPU runtimes, each declared once by a `Runtime`: what it needs installed, the precisions it serves,
-the file its conversion writes and the module that builds and runs it (imported only when it serves or is measured).
-inference/runtimes/ knows a runtime only through this; adding one is an entry here and one module providing
-`version()`, `build(model, example, precision, calibration, folder)` and `Runner(path, precision, threads)`.
+"""The optimized CPU runtimes, each declared once: what it needs, what it serves, the module that builds and runs it.
+inference/runtimes/ knows a runtime only through this.
 """
 
 from __future__ import annotations
@@ -13,17 +11,17 @@ from types import ModuleType
 
 from contract import files, precision
 
-AGREEMENT_BOUND = 0.995  # the share of fp32's decisions a precision other than fp32 must keep to serve
+AGREEMENT_BOUND = 0.995  # share of fp32's decisions a lower precision must keep
 
 
 @dataclass(frozen=True)
 class Runtime:
     name: str  # BACKEND's value (inference/settings.py)
     needs: tuple[str, ...]  # the import names that must be installed
-    precisions: tuple[str, ...]  # what it serves on the CPU, in auto's order of preference
+    precisions: tuple[str, ...]  # in auto's order of preference
     model_file: str  # what its conversion writes (contract/files.py)
     module: str  # version(), build(), Runner
-    calibrated: bool = False  # its int8 is calibrated on texts: the conversion's folder names their digest
+    calibrated: bool = False  # int8 calibration texts: their digest names the folder
     hinted: tuple[str, ...] = ()  # precisions served from the fp32 conversion by a compile-time hint
 
     def installed(self) -> bool:
@@ -33,7 +31,7 @@ class Runtime:
         return importlib.import_module(self.module)
 
     def folder(self, serving_precision: str, calibration_digest: str) -> str:
-        """The name of the conversion that serves `serving_precision`, in the cache's folder."""
+        """The cache folder name of a conversion."""
         converted = precision.FP32 if serving_precision in self.hinted else serving_precision
         if self.calibrated and converted == precision.INT8:
             return f"{self.name}-{converted}-{calibration_digest}"

@@ -1,9 +1,7 @@
-"""Batch shapes, one owner for training and serving: the widths batches are padded to, and the padding itself.
+"""Batch shapes for training and serving: the widths batches are padded to, and the padding.
 
-A compiled or graph-captured forward pass is specialised to its shapes, so batches can be padded to the smallest of a
-few fixed widths ("buckets") instead of their longest input: a handful of shapes per run for some extra padding.
-Without buckets a batch is padded to its longest input rounded up to a multiple (8 on GPU). Serving pads rows too
-(`serving_buckets`): a CUDA graph per (rows, width) shape, both from doublings.
+Compiled or captured passes are specialised to shapes, so batches pad to a few fixed widths ("buckets"). Serving pads
+rows too: a CUDA graph per (rows, width).
 """
 
 from __future__ import annotations
@@ -15,12 +13,12 @@ import torch
 
 GPU_MULTIPLE = 8  # tensor cores want multiples of 8
 DEFAULT_BUCKETS = 4  # widths per run when static shapes are on (docs/configuration.md: --pad_buckets)
-CPU_COMPILED_BUCKETS = 16  # compiled on a CPU, where a padded token costs as much as a real one: narrower steps
-SMALLEST_WIDTH = 16  # serving's narrowest bucket: a short text pays for this many tokens at most
+CPU_COMPILED_BUCKETS = 16  # on a CPU a padded token costs a real one
+SMALLEST_WIDTH = 16  # a short text pays at most this
 
 
 def bucket_widths(max_length: int, count: int, multiple: int = GPU_MULTIPLE) -> tuple[int, ...]:
-    """`count` widths evenly spaced up to `max_length`, each rounded up to `multiple`; the widest is max_length."""
+    """`count` widths up to `max_length`, rounded up to `multiple`."""
     if count < 1:
         raise ValueError(f"bucket count must be at least 1 (got {count})")
     widths = {min(max_length, round_up(-(-max_length * k // count), multiple)) for k in range(1, count + 1)}
@@ -28,7 +26,7 @@ def bucket_widths(max_length: int, count: int, multiple: int = GPU_MULTIPLE) -> 
 
 
 def doublings(smallest: int, largest: int) -> tuple[int, ...]:
-    """smallest, 2 x smallest, ... below largest, then largest itself (just largest when smallest >= largest)."""
+    """Doublings of smallest below largest, then largest."""
     found, value = [], smallest
     while value < largest:
         found.append(value)
@@ -37,8 +35,7 @@ def doublings(smallest: int, largest: int) -> tuple[int, ...]:
 
 
 def serving_buckets(max_rows: int, max_length: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(rows, widths): the batch sizes and widths a forward pass of the service is padded to. Every (rows, width)
-    pair within the service's token budget is a shape it may run (one CUDA graph each: inference/engine.py)."""
+    """(rows, widths) the service pads forward passes to."""
     return doublings(1, max_rows), doublings(SMALLEST_WIDTH, max_length)
 
 
@@ -47,8 +44,7 @@ def round_up(length: int, multiple: int) -> int:
 
 
 def width_for(longest: int, widths: Sequence[int] = (), multiple: int = 1) -> int:
-    """The width for a batch whose longest input has `longest` tokens: the smallest bucket that holds it, or, without
-    buckets (or past the widest: an input the caller let through untruncated), `longest` rounded up to `multiple`."""
+    """The smallest bucket holding `longest`, else `longest` rounded up."""
     for width in widths:
         if width >= longest:
             return width
@@ -56,10 +52,7 @@ def width_for(longest: int, widths: Sequence[int] = (), multiple: int = 1) -> in
 
 
 def pad(features: Sequence[dict], pad_token_id: int, width: int, left: bool = False) -> dict[str, torch.Tensor]:
-    """Token ids (and token type ids) of each input padded to `width`, with the attention mask: what `tokenizer.pad`
-    returns. Filled into preallocated arrays row by row (numpy converts each row's list at C speed): a Python list
-    per padded row cost ~1 ms for 32 rows of 128 on the model thread, ~0.1 ms this way. `left` pads in front (a
-    tokenizer whose padding side is left)."""
+    """Ids and mask padded to `width`, filled into preallocated arrays (10x faster than lists). `left` pads in front."""
     rows = len(features)
     lengths = np.fromiter((len(f["input_ids"]) for f in features), dtype=np.int64, count=rows)
     starts = width - lengths if left else np.zeros(rows, dtype=np.int64)

@@ -1,1 +1,1 @@
-"""Serving the fine-tuned classifier over HTTP (FastAPI). Imports nothing from `training`."""
+"""The HTTP service for the fine-tuned classifier. Imports nothing from `training`."""

@@ -1,9 +1,6 @@
-"""`python -m inference` (`agnews serve`): the service from flags and environment (inference/settings.py).
+"""`python -m inference` (`agnews serve`): the service from flags and environment (settings.py).
 
-The model is loaded here first, so a missing or broken one stops with one line (exit 1), a bad setting with one line
-naming it (exit 2). With one worker the model runs on the main thread and uvicorn's loop on another (on CPU, a
-batch-1 forward is slower off the main thread); with `--workers N` each uvicorn worker loads its own copy and reads
-these settings from the environment, the only way an import string passes them.
+Loads and checks the model before binding, then runs uvicorn (or N worker processes) and drains on SIGTERM.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"inference: error: {describe_error(exc)}\n")
         return 2
     logs.configure(settings.json_output)
-    # uvicorn starts worker processes from an import string, so settings reach them only through the environment
-    # (inference.app.app_from_env reads it); flags given here must travel the same way.
+    # worker processes read settings from the environment: flags travel there too
     os.environ.update(settings.environment())
     from inference.service import load_for_start, ready_engine  # imported once the environment is set
 
@@ -49,20 +45,20 @@ def main(argv: list[str] | None = None) -> int:
         if settings.otlp_endpoint:
             tracing.require_sdk()
         if settings.workers > 1:
-            load_for_start(settings)  # a model that cannot be served stops here; each worker loads its own copy
+            load_for_start(settings)  # unservable models stop here; each worker loads its own
             return serve_workers(settings)
         metrics = Metrics()
-        if settings.prometheus_port is not None:  # bound first: a port taken stops start-up before the model loads
+        if settings.prometheus_port is not None:  # a taken port stops start-up before loading
             metrics_port.start(settings.hostname, settings.prometheus_port, metrics.exposition)
         engine = ready_engine(settings, load_for_start(settings), metrics)
-    except UserError as exc:  # a model that cannot be served (1), a setting it cannot take (2)
+    except UserError as exc:  # unservable model (1), bad setting (2)
         sys.stderr.write(f"inference: error: {exc}\n")
         return exc.exit_code
     return serve_on_main_thread(settings, engine)
 
 
 def check_start(settings: Settings) -> None:
-    """What would fail only after the model loaded, said first in one line: the API port taken."""
+    """A taken API port, said before the model loads."""
     with socket.socket(socket.AF_INET6 if ":" in settings.hostname else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
         try:
@@ -72,8 +68,7 @@ def check_start(settings: Settings) -> None:
 
 
 def connection_limits(settings: Settings) -> dict:
-    """uvicorn's bounds on what connections may cost: how many at once, how long idle, how long a drain waits,
-    and (with its h11 parser) the size of an incomplete request head."""
+    """uvicorn's bounds on connections: count, idle time, drain time, head size."""
     return {
         "limit_concurrency": settings.max_connections,
         "timeout_keep_alive": settings.keep_alive_timeout_s,
@@ -83,8 +78,7 @@ def connection_limits(settings: Settings) -> dict:
 
 
 def serve_workers(settings: Settings) -> int:
-    """uvicorn's worker processes, their metrics summed through one multiprocess folder (emptied first) and, with
-    PROMETHEUS_PORT, served from this process, which outlives them."""
+    """uvicorn workers, their metrics summed through one multiprocess folder."""
     if settings.prometheus_port is not None:  # reads the folder below at each scrape
         metrics_port.start(settings.hostname, settings.prometheus_port, all_workers_exposition)
     folder, ours = multiprocess_dir(), False
@@ -95,7 +89,7 @@ def serve_workers(settings: Settings) -> int:
     else:
         folder, ours = tempfile.mkdtemp(prefix="inference-metrics-"), True
         os.environ[MULTIPROC_ENV] = folder
-    # uvicorn drains on SIGTERM, then re-raises it; a drained shutdown is a success: exit code 0.
+    # a drained SIGTERM is a success: exit 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         uvicorn.run(
@@ -114,7 +108,7 @@ def serve_workers(settings: Settings) -> int:
 
 
 def serve_on_main_thread(settings: Settings, engine) -> int:
-    """uvicorn on a side thread, the engine's worker loop here; SIGTERM/SIGINT drain both, then exit 0."""
+    """uvicorn on a thread, the engine here; signals drain both, exit 0."""
     from inference.app import create_app
     from inference.service import exit_abandoning_race
 
@@ -132,9 +126,9 @@ def serve_on_main_thread(settings: Settings, engine) -> int:
         try:
             server.run()  # stops accepting on should_exit, answers what is queued (lifespan: engine.stop)
         finally:
-            engine.stop(timeout=0)  # also ends the loop below when uvicorn could not start (port in use)
+            engine.stop(timeout=0)  # also when uvicorn could not start
 
-    # uvicorn installs signal handlers only on the main thread: forward the signals to it ourselves.
+    # uvicorn handles signals on the main thread only
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.handle_exit)
     thread = threading.Thread(target=serve, name="uvicorn")

@@ -1,11 +1,4 @@
-"""The FastAPI service: text-embeddings-inference's classifier API (POST /predict, GET /info, /health, /metrics).
-
-    uvicorn inference.app:app_from_env --factory   # settings from environment variables (inference/settings.py)
-    uvicorn inference.app:app                      # the same; the app is built when uvicorn asks for it
-
-Importing this module builds nothing: `create_app(settings)` is the factory (tests, python -m inference),
-`app_from_env` the one uvicorn calls.
-"""
+"""The FastAPI app: TEI's classifier and reranker API, with middleware and the lifespan (service.py)."""
 
 from __future__ import annotations
 
@@ -35,9 +28,7 @@ TEI_HEADERS = [
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
-    """The service. `engine`: one made by service.ready_engine whose `serve_forever()` the caller drives on a
-    thread of its own (python -m inference: the main thread); without one the lifespan loads the model and starts
-    an Engine on a worker thread."""
+    """The service; with `engine`, the caller drives its worker, else the lifespan starts one."""
     settings = settings or from_env()
     app = FastAPI(
         title="distilbert-agnews",
@@ -53,7 +44,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     if settings.api_metrics:
         app.include_router(routes.metrics_router)
     errors.install(app)
-    # added last = outermost: the status count, the request id, CORS answers preflights, then the body limit
+    # last added runs first: status count, request id, CORS, body limit
     app.add_middleware(BodySizeLimit, max_bytes=settings.payload_limit)
     if settings.cors_origins:
         app.add_middleware(
@@ -63,7 +54,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             allow_headers=["content-type", "authorization", "x-request-id"],
             expose_headers=TEI_HEADERS,
         )
-    if settings.otlp_endpoint:  # only then: no cost on the request path when tracing is off
+    if settings.otlp_endpoint:  # no cost per request when tracing is off
         app.add_middleware(Traces, tracer=tracing.tracer(settings))
     app.add_middleware(RequestId)
     app.add_middleware(ResponseStatus)
@@ -71,9 +62,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
 
 def app_from_env() -> FastAPI:
-    """The service configured by the environment (`uvicorn inference.app:app_from_env --factory`, and each worker
-    process of `python -m inference --workers N`): a bad setting is one line on stderr and exit code 2, not a
-    traceback."""
+    """The app configured by the environment (uvicorn's factory, each worker): a bad setting exits 2 in one line."""
     try:
         app = create_app()
     except SettingsError as exc:
@@ -84,7 +73,7 @@ def app_from_env() -> FastAPI:
 
 
 def __getattr__(name: str) -> FastAPI:
-    """`uvicorn inference.app:app` (TEI-style short form): the app is built on that first lookup, not at import."""
+    """`uvicorn inference.app:app`: built on first lookup, not at import."""
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()["app"] = built = app_from_env()

@@ -1,8 +1,4 @@
-"""`python -m inference.demo`: start the service on the checkpoint, make one /predict call, print it, stop.
-
-The last step of the README's offline quick start (after `python training/train.py --preset smoke`). It runs
-`python -m inference` as a separate process, exactly as a user would, and ends it with SIGTERM.
-"""
+"""`python -m inference.demo`: serve the checkpoint, make one /predict call, print it, stop."""
 
 from __future__ import annotations
 

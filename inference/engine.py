@@ -1,11 +1,7 @@
-"""Micro-batching: concurrent requests share forward passes, run off the event loop.
+"""Micro-batching: concurrent requests share forward passes, run off the event loop. Called by the routes.
 
-A request queues a job (its inputs and a future). The engine gathers jobs into micro-batches bounded by
-`max_batch_requests` inputs, tokenizes them together (on a thread of its own on CUDA, between passes on the CPU), and
-the model thread runs them sorted by length in passes bounded by `max_batch_tokens` (dynamic shapes, or the fixed
-(rows, width) shapes of captured graphs), then hands each job exactly its own rows. Windows of long texts count as
-inputs. A reload swaps models between micro-batches; in-flight inputs beyond `max_concurrent_requests` get 429.
-docs/architecture.md follows a request through it.
+Requests queue as jobs; one model thread gathers them into micro-batches, tokenizes, runs the passes and answers each
+job's future on its event loop. docs/serving.md tells the policy.
 """
 
 from __future__ import annotations
@@ -30,11 +26,9 @@ from inference.schemas import Sequence
 from inference.tokenizing import REFUSALS, check_length, encode, encode_unchecked, windows
 
 logger = logging.getLogger(__name__)
-# An idle worker wakes this often. On the main thread (`python -m inference`) that is what lets SIGTERM/SIGINT
-# work: the kernel may deliver a process's signal to any of its threads, and Python runs the handler only when
-# the main thread executes Python again, which a wait with no timeout would postpone until the next request.
+# Idle wake-ups let the main thread run SIGTERM's handler: a wait without timeout would hold it until the next request.
 IDLE_WAKE_S = 0.25
-READY_BATCHES = 2  # tokenized micro-batches waiting for the model thread: enough to overlap, few to hold memory
+READY_BATCHES = 2  # enough to overlap, few enough to hold memory
 
 
 class Overloaded(RuntimeError):
@@ -48,14 +42,13 @@ class Limits:
     max_concurrent_requests: int = 512
     max_wait_ms: float = 5.0
     max_chunks: int = 16  # windows per input when a job chunks long texts
-    static_shapes: bool = False  # forward passes padded to fixed (rows, width) buckets; on CUDA, CUDA graphs
-    tokenizer_thread: bool = False  # tokenize on a thread of its own, overlapping the forward passes (CUDA)
+    static_shapes: bool = False  # fixed (rows, width) passes; CUDA graphs on CUDA
+    tokenizer_thread: bool = False  # tokenize beside the forward passes (CUDA)
 
 
 @dataclass
 class Answer:
-    """One job's answer: each input's labels with their scores, best first (scored as the job asked, by the model
-    that computed them, whatever was swapped in since), that model, its token count and where its time went."""
+    """One job's answer: labels and scores per input, best first; the model that computed them, its tokens and timings."""
 
     ranked: list[list[dict]]
     model: LoadedModel
@@ -79,7 +72,7 @@ class _Job:
     owner: list[int] = field(default_factory=list)  # the input of each window
     tokenized_by: LoadedModel | None = None
     tokenization_s: float = 0.0
-    queued: bool = True  # counted in the queue-size gauge until the model thread takes it (or it is dropped)
+    queued: bool = True  # queued until the model thread takes it
 
     @property
     def tokens(self) -> int:
@@ -103,7 +96,7 @@ class Engine:
         self._in_flight = 0
         self._lock = threading.Lock()
         self._carry = None
-        self._tokenizing = threading.Lock()  # both threads may tokenize (the model's after a reload): one at a time
+        self._tokenizing = threading.Lock()  # both threads may tokenize after a reload
         self._last_jobs = self._last_inputs = 0  # the last micro-batch's requests and inputs
         self._running = threading.Event()
         self._finished = threading.Event()
@@ -115,11 +108,11 @@ class Engine:
         return self._running.is_set() and not self._finished.is_set()
 
     def start(self) -> None:
-        """Run the worker on a new thread (the alternative: call `serve_forever()` on a thread of your own)."""
+        """Run the worker on a new thread."""
         threading.Thread(target=self.serve_forever, name="inference-worker", daemon=True).start()
 
     def stop(self, timeout: float = 30) -> None:
-        """Finish every queued job, then end the worker (waits up to `timeout` s for it)."""
+        """Finish queued jobs, then end the worker."""
         self._queue.put(_STOP)
         self._finished.wait(timeout)
 
@@ -134,10 +127,8 @@ class Engine:
         chunk: bool = False,
         scoring: str | None = None,
     ) -> asyncio.Future:
-        """Queue the inputs; the future gets their Answer, in order (`chunk`: pooled from every window of a long
-        input), or InputTooLong, TooManyWindows, LongTextError (a pair that cannot be windowed), or what the forward
-        pass raised. Cancelling it (the client went away) drops the job if it has not run yet. Raises Overloaded
-        at once. Call from the event loop."""
+        """Queue the inputs; the future gets their Answer or the refusal. Cancelling drops an unstarted job. Raises
+        Overloaded at once. Call from the event loop."""
         with self._lock:
             if self._in_flight + len(sequences) > self.limits.max_concurrent_requests:
                 raise Overloaded(
@@ -159,7 +150,7 @@ class Engine:
     # ---------------------------------------------------------------------------------- worker side
 
     def serve_forever(self) -> None:
-        """The model thread's loop, on the calling thread, until stop(): every queued job is answered first."""
+        """The model thread's loop until stop(); queued jobs answered first."""
         self._running.set()
         try:
             for jobs in self._batches():
@@ -168,7 +159,7 @@ class Engine:
             self._finished.set()
 
     def _batches(self):
-        """Tokenized micro-batches until stop(): from the tokenizer thread (started here) or tokenized here."""
+        """Tokenized micro-batches until stop()."""
         if not self.limits.tokenizer_thread:
             yield from self._tokenized()
             return
@@ -195,11 +186,10 @@ class Engine:
             for jobs in self._tokenized():
                 self._ready.put(jobs)
         finally:
-            self._ready.put(_STOP)  # after the last batch: the model thread answers it, then ends
+            self._ready.put(_STOP)  # the model thread answers the last batch, then ends
 
     def _next(self, deadline: float | None):
-        """The next live job (blocking until `deadline`, forever when None, in IDLE_WAKE_S slices); None if none came
-        in time."""
+        """The next live job, or None by `deadline`."""
         while True:
             timeout = IDLE_WAKE_S if deadline is None else max(0.0, deadline - time.monotonic())
             try:
@@ -210,7 +200,7 @@ class Engine:
                 return None
             if job is _STOP:
                 return job
-            if not job.abandoned:  # a client that went away costs no tokenizing and no forward pass
+            if not job.abandoned:  # a gone client costs nothing
                 return job
             self._leave_queue(job)
 
@@ -220,15 +210,13 @@ class Engine:
             self.metrics.queue_size.dec(len(job.sequences))
 
     def _gather(self) -> list[_Job] | None:
-        """One micro-batch of jobs, or None once stop() was called and the queue is drained."""
+        """One micro-batch, or None once stopped and drained."""
         first, self._carry = self._carry or self._next(None), None
         if first is _STOP:
             return None
         jobs, inputs = [first], len(first.sequences)
-        # Wait for company only under concurrent load (the last micro-batch merged several requests): a lone
-        # client never pays the batching window, busy periods still fill batches. And only up to the last
-        # micro-batch's size (under steady load its clients come back); past it, what is queued joins and the batch
-        # goes: 8 clients with room for 32 would otherwise pay the whole window every time.
+        # Wait for company only under concurrent load, and only up to the last batch's size: a lone client never pays
+        # the window, and a few clients do not pay it every time.
         deadline = time.monotonic() + (self.limits.max_wait_ms / 1000 if self._last_jobs > 1 else 0.0)
         while inputs < self.limits.max_batch_requests:
             job = self._next(deadline if inputs < self._last_inputs else time.monotonic())
@@ -243,10 +231,9 @@ class Engine:
         return jobs
 
     def _tokenize_or_fail(self, jobs: list[_Job], loaded: LoadedModel) -> list[_Job]:
-        """_tokenize; should the tokenizer itself fail, the jobs are answered with its error (424) and the thread
-        that called lives on: no request waits forever on a batch that will not come."""
+        """_tokenize; a tokenizer failure answers its jobs (424), and the thread lives on."""
         try:
-            with self._tokenizing:  # the model thread tokenizes too, after a reload: one caller at a time
+            with self._tokenizing:  # one tokenizing caller at a time
                 return self._tokenize(jobs, loaded)
         except Exception as exc:  # noqa: BLE001 - answered to its callers, like a failed forward pass
             logger.exception("tokenizing failed for a micro-batch of %d requests", len(jobs))
@@ -256,8 +243,7 @@ class Engine:
             return []
 
     def _tokenize(self, jobs: list[_Job], loaded: LoadedModel) -> list[_Job]:
-        """Tokenize the jobs for `loaded`, plain inputs together; the jobs whose inputs were refused are answered
-        with the reason and left out."""
+        """Tokenize for `loaded`; refused jobs are answered and left out."""
         started, kept = time.perf_counter(), []
         for (truncate, left), group in _by_settings(job for job in jobs if not job.chunk):
             found = encode_unchecked(loaded, [s for job in group for s in job.sequences], truncate, left)
@@ -316,8 +302,7 @@ class Engine:
         self._answer(jobs, loaded, found, started, inference_s)
 
     def _passes(self, items: list, loaded: LoadedModel) -> list[tuple[list, int | None, int | None]]:
-        """The forward passes of a micro-batch's length-sorted items: (items, rows, width) each; rows and width
-        None: padded to the pass's own size (dynamic shapes)."""
+        """(items, rows, width) per forward pass; None sizes: dynamic shapes."""
         limits = self.limits
         if limits.static_shapes:
             rows, widths = shapes.serving_buckets(limits.max_batch_requests, loaded.max_length)
@@ -326,8 +311,7 @@ class Engine:
         return [(part, None, None) for part in passes]
 
     def _answer(self, jobs: list[_Job], loaded: LoadedModel, found: dict, started: float, inference_s: float) -> None:
-        """Each job its own rows of `found` ((job, window) -> logits), pooled per input, scored and ranked for the
-        whole micro-batch at once, with its timings; one wake-up of each event loop for all its jobs."""
+        """Each job's logits pooled, scored and ranked together; one wake-up per loop."""
         pooled = [
             loaded.long_text.pool(
                 torch.stack([found[j, i] for i in range(len(job.features))]), job.owner, len(job.sequences)
@@ -343,8 +327,7 @@ class Engine:
 
 
 def rank(loaded: LoadedModel, pooled: list[torch.Tensor], scorings: list[str | None]) -> list[list[list[dict]]]:
-    """Per job (its inputs' fp32 logits, its scoring function), each input's labels with scores, best first: one
-    scoring call and one sort per scoring function in the micro-batch, not one per request."""
+    """Per job, each input's ranked labels: one scoring call and sort per function."""
     ranked: list = [None] * len(pooled)
     labels = loaded.labels
     for scoring in dict.fromkeys(scorings):
@@ -361,7 +344,7 @@ def rank(loaded: LoadedModel, pooled: list[torch.Tensor], scorings: list[str | N
 
 
 def _by_settings(jobs):
-    """(truncation settings, the jobs that share them), in first-seen order: one tokenizer call each."""
+    """(truncation settings, their jobs): one tokenizer call each."""
     groups: dict[tuple[bool, bool], list[_Job]] = {}
     for job in jobs:
         groups.setdefault((job.truncate, job.left), []).append(job)
@@ -369,15 +352,13 @@ def _by_settings(jobs):
 
 
 def graph_shapes(loaded: LoadedModel, limits: Limits) -> list[tuple[int, int]]:
-    """Every (rows, width) a static-shape forward pass may have: one CUDA graph each."""
+    """Every (rows, width) a static-shape pass may have."""
     rows, widths = shapes.serving_buckets(limits.max_batch_requests, loaded.max_length)
     return [(r, w) for r in rows for w in widths if r * w <= limits.max_batch_tokens]
 
 
 def warm_up(loaded: LoadedModel, limits: Limits) -> None:
-    """One forward pass, so kernels are initialised before the first request. With static shapes on CUDA (the torch
-    runtime), every bucket's forward pass is captured as a CUDA graph first (inference/graphs.py), and replayed
-    from then on."""
+    """One forward pass so kernels start before requests; with static shapes on CUDA, every bucket captured first."""
     if limits.static_shapes and graphs.available(loaded.device) and loaded.runner is None:
         try:
             loaded.runner = CapturedForward(loaded.model, graph_shapes(loaded, limits), loaded.tokenizer)
@@ -391,7 +372,7 @@ def _resolve(job: _Job, value=None, exc: BaseException | None = None) -> None:
 
 
 def _settle(outcomes: list[tuple[_Job, object]]) -> None:
-    """Each job's future gets its Answer or exception, on its event loop: one wake-up per loop for all its jobs."""
+    """Each job's future gets its answer: one wake-up per event loop."""
     by_loop: dict[asyncio.AbstractEventLoop, list] = {}
     for job, outcome in outcomes:
         by_loop.setdefault(job.loop, []).append((job.future, outcome))

@@ -1,8 +1,5 @@
-"""Errors answered as TEI answers them: `{"error": "...", "error_type": "..."}` with TEI's ErrorType names and
-statuses (router/src/lib.rs `ErrorType`, router/src/http/server.rs `From<&ErrorType> for StatusCode`):
-Empty 400, Validation 422, Tokenizer 422, Overloaded 429, Unhealthy 503, Backend 424. Ours beside them:
-Unauthorized 401, NotFound 404, MethodNotAllowed 405, UnsupportedMediaType 415 (a body not sent as
-application/json), Validation 413 (body over PAYLOAD_LIMIT, or an input needing more than MAX_CHUNKS windows).
+"""Errors as TEI answers them: `{"error", "error_type"}` with TEI's names and statuses (router/src/lib.rs `ErrorType`,
+router/src/http/server.rs). Ours beside them: 401, 404, 405, 413, 415.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ TOKENIZER = "Tokenizer"
 MEDIA_TYPE = "UnsupportedMediaType"  # ours, as 401/404/405: TEI's framework answers 415 in plain text
 STATUS = {EMPTY: 400, VALIDATION: 422, TOKENIZER: 422, OVERLOADED: 429, UNHEALTHY: 503, BACKEND: 424, MEDIA_TYPE: 415}
 _HTTP_TYPES = {401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 413: VALIDATION}
-CLIENT_CLOSED = 499  # nginx's status for a client that left before its answer; never sent, only counted
+CLIENT_CLOSED = 499  # nginx's "client closed": counted, never sent
 
 
 class ServiceError(Exception):
@@ -42,8 +39,7 @@ def error_response(status: int, error_type: str, message: str) -> JSONResponse:
 
 
 def describe_validation(errors: list[dict], inputs_help: str = INPUTS_HELP) -> str:
-    """`inputs: <why>` for the first problem pydantic found; one line, the field named first; a wrong `inputs` told
-    what the route takes (`inputs_help`)."""
+    """`inputs: <why>` for pydantic's first problem, in one line."""
     if not errors:
         return "invalid request"
     first = errors[0]
@@ -71,7 +67,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ClientDisconnect)
     async def client_left(_: Request, exc: ClientDisconnect):
-        # Nobody is there to read an answer: no error, no traceback; counted as 499 (nginx's "client closed").
+        # The client left: no answer, no traceback; counted as 499.
         logger.info("client went away before its answer")
         return Response(status_code=CLIENT_CLOSED)
 

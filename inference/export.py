@@ -1,10 +1,5 @@
-"""`python -m inference.export CHECKPOINT_DIR --runtime openvino`: convert a checkpoint folder for an optimized CPU
-runtime now, measured against PyTorch for the service's default settings (BACKEND=auto, DTYPE=auto on this CPU), and
-recorded in CHECKPOINT_DIR/runtime/, so the service's first start only compiles.
-
-Training's `--export_runtime` runs this command in a process of its own at the end of a run: the conversion is the
-service's code, and training imports nothing of the service. Exit 0 when converted, 1 with one line when the folder
-cannot be served, 2 for a runtime that is not installed or not known.
+"""`python -m inference.export CHECKPOINT_DIR --runtime openvino`: convert and measure a checkpoint for an optimized CPU
+runtime now, so the service's first start only compiles.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logs.configure()
     from inference.runtimes.choice import (
-        export,  # OpenVINO and ONNX Runtime are imported only once the arguments are good
+        export,  # imported once the arguments are good
     )
 
     try:

@@ -1,9 +1,5 @@
-"""CUDA graphs for serving: each (batch, width) bucket's forward pass captured once, at warm-up, then replayed.
-
-A replay launches the whole forward pass in one call. It needs static shapes (contract/shapes.py `serving_buckets`),
-no host syncs inside (contract/attention.py) and fixed input and output tensors per bucket. The graphs share one
-memory pool, captured largest first: about the largest bucket's activations on top of the weights. Called by the
-engine at start-up and on each reload.
+"""CUDA graphs for serving: each (rows, width) bucket's forward pass captured at warm-up, then replayed. Called by the
+engine; tests/helpers/cuda_graphs stands in for the CUDA part on CPUs.
 """
 
 from __future__ import annotations
@@ -18,22 +14,21 @@ from contract import graphs
 from contract.attention import sync_free_sdpa
 
 logger = logging.getLogger(__name__)
-WARM_UP_PASSES = 2  # eager passes on a side stream before capturing: lazy initialisation must not be captured
+WARM_UP_PASSES = 2  # lazy initialisation must not be captured
 
 
 class GraphsUnsupported(ValueError):
-    """The model cannot run the sync-free attention a capture needs (an architecture without SDPA)."""
+    """An architecture without the sync-free SDPA a capture needs."""
 
 
 def available(device: torch.device) -> bool:
-    """Whether forward passes on `device` can be captured: CUDA graphs exist on CUDA only."""
+    """CUDA graphs exist on CUDA only."""
     return device.type == "cuda"
 
 
 class CudaGraphs:
-    """The CUDA side of capturing, kept apart from the host-side logic of `CapturedForward` (buckets, static inputs,
-    copies) so the CPU suite can run that logic through a stand-in for this class (tests/helpers/cuda_graphs):
-    one memory pool, eager warm-up passes on a side stream, the capture, and pinned staging for the copies in."""
+    """The CUDA side of capturing: memory pool, warm-up, capture, pinned staging. Kept apart so the CPU suite can swap
+    it."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -41,17 +36,15 @@ class CudaGraphs:
         self._copied = torch.cuda.Event(blocking=True)  # a wait on it sleeps; .cpu() would spin a core
 
     def capture(self, run: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
-        """(replay, the tensor `run` returned while captured: each replay rewrites it) after WARM_UP_PASSES passes."""
+        """(replay, the output tensor each replay rewrites)."""
         return graphs.capture(run, self.device, self.pool, WARM_UP_PASSES)
 
     @staticmethod
     def staged(values: torch.Tensor) -> torch.Tensor:
-        return values.pin_memory()  # pinned: the copy to the device does not block the host
+        return values.pin_memory()  # pinned: the copy does not block the host
 
     def to_host(self, values: torch.Tensor) -> torch.Tensor:
-        """fp32 `values` on the host: copied without blocking into pinned memory, then waited for on an event that
-        lets this thread sleep until the GPU is done. A plain .cpu() spins its core for the whole forward pass,
-        beside the event loop and every other worker process of the machine."""
+        """fp32 `values` to pinned host memory, waited for on an event: .cpu() would spin a core."""
         host = torch.empty(values.shape, dtype=torch.float32, pin_memory=True)
         host.copy_(values.to(torch.float32), non_blocking=True)
         self._copied.record()
@@ -64,8 +57,7 @@ class CudaGraphs:
 
 
 class CapturedForward:
-    """batch -> fp32 logits on the host, like `LoadedModel.runner`, replaying the graph captured for the batch's
-    shape; a shape that was not captured is a KeyError (the engine pads every pass to a captured one: `bucket`)."""
+    """batch -> fp32 host logits by replaying the batch shape's graph; an uncaptured shape is a KeyError."""
 
     def __init__(self, model: torch.nn.Module, buckets: Iterable[tuple[int, int]], tokenizer):
         self.device = next(model.parameters()).device
@@ -88,15 +80,14 @@ class CapturedForward:
 
     @torch.inference_mode()
     def _capture(self, model, rows: int, width: int, pad_token_id: int, names: list[str]):
-        """The bucket's replay, with the input tensors a replay reads and the logits it writes."""
+        """The bucket's replay, inputs and logits."""
         fill = {"input_ids": pad_token_id, "attention_mask": 1, "token_type_ids": 0}
         inputs = {name: torch.full((rows, width), fill[name], dtype=torch.long, device=self.device) for name in names}
         replay, logits = self._cuda.capture(lambda: model(**inputs).logits)
         return replay, inputs, logits
 
     def bucket(self, rows: int, longest: int) -> tuple[int, int]:
-        """The smallest captured (rows, width) that holds `rows` inputs of at most `longest` tokens: a forward pass
-        that was not planned in buckets (warm-up, a single text) is padded to it."""
+        """The smallest captured (rows, width) holding the inputs."""
         fits = [shape for shape in self._graphs if shape[0] >= rows and shape[1] >= longest]
         if not fits:
             raise ValueError(f"no captured batch shape holds {rows} inputs of {longest} tokens")
@@ -112,6 +103,5 @@ class CapturedForward:
 
 
 def _inputs(tokenizer) -> set[str]:
-    """What the engine's batches hold: the tokenizer's model inputs (DistilBERT's have no token type ids, BERT's
-    have) and always the attention mask."""
+    """The model inputs the tokenizer gives, plus the attention mask."""
     return {*tokenizer.model_input_names, "attention_mask"}

@@ -1,9 +1,5 @@
-"""Keep a long-running service's resident memory flat under varied request shapes (docs/serving.md, "Memory").
-
-glibc raises its mmap threshold as large blocks are freed, so activations of ever-changing sizes end up in heap
-arenas whose odd holes are rarely returned: the threshold is fixed at 1 MiB instead. `freeze_long_lived` moves what
-start-up made into the collector's permanent generation, so a collection walks only what requests allocate.
-oneDNN's primitive caches are bounded by their own capacities (ONEDNN_PRIMITIVE_CACHE_CAPACITY, LRU_CACHE_CAPACITY).
+"""Keep a long-running service's resident memory flat under varied request shapes (docs/serving.md, "Memory"). Called at
+start-up and reload.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 
 def _glibc():
-    """The C library when it is glibc (mallopt with M_MMAP_THRESHOLD), else None (macOS, musl, Windows)."""
+    """glibc, or None elsewhere."""
     name = ctypes.util.find_library("c")
     if not name:
         return None
@@ -32,8 +28,7 @@ def _glibc():
 
 
 def keep_large_blocks_off_the_heap(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """Fix glibc's mmap threshold at `threshold` bytes for this process; False where the C library is not glibc
-    (nothing changes there)."""
+    """Fix glibc's mmap threshold; False without glibc."""
     libc = _glibc()
     if libc is None:
         logger.debug("Not glibc: the allocator's mmap threshold is left as it is")
@@ -44,8 +39,7 @@ def keep_large_blocks_off_the_heap(threshold: int = MMAP_THRESHOLD_BYTES) -> boo
 
 
 def freeze_long_lived() -> None:
-    """After start-up or a reload: collect once (the previous model's cycles too: everything frozen before is
-    collectable again first), then exempt every surviving object from later collections (gc.freeze)."""
+    """Collect once, then freeze the survivors out of later collections."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()

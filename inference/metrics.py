@@ -1,10 +1,4 @@
-"""Prometheus metrics under text-embeddings-inference's names, counted by prometheus-client.
-
-TEI's series (router/src/prometheus.rs, router/src/http/server.rs of huggingface/text-embeddings-inference) keep
-their names, labels, buckets and counters without `_total`, so TEI's dashboards read this service; ours beside them:
-te_model_reloads{result}, the process's memory and CPU. With several workers, prometheus-client's multiprocess mode
-(PROMETHEUS_MULTIPROC_DIR, set by `python -m inference --workers N`) sums every worker's counts at each scrape.
-"""
+"""Prometheus metrics under TEI's names, counted by prometheus-client. Routes, middleware and the engine count."""
 
 from __future__ import annotations
 
@@ -26,7 +20,7 @@ def multiprocess_dir() -> str | None:
 
 
 class Metrics:
-    """One service's metrics; a registry of its own, so several apps in one process do not share counts."""
+    """One service's metrics, in a registry of its own."""
 
     def __init__(self, max_input_length: int = 512):
         self.registry = CollectorRegistry()
@@ -82,7 +76,7 @@ class Metrics:
         return Histogram(name, text, buckets=DURATION_BUCKETS, registry=self.registry)
 
     def record_process(self, min_interval_s: float = 1.0) -> None:
-        """This process's memory and CPU, read through prometheus-client (Linux /proc; nothing elsewhere)."""
+        """This process's memory and CPU (Linux)."""
         now = time.monotonic()
         if now - self._process_read_at < min_interval_s:
             return
@@ -95,21 +89,20 @@ class Metrics:
                     self._cpu.set(sample.value)
 
     def exposition(self) -> str:
-        """The text format of every worker's metrics (multiprocess) or this process's."""
+        """Every worker's metrics, or this process's."""
         self.record_process(min_interval_s=0)
         return all_workers_exposition() if multiprocess_dir() else render(self.registry)
 
 
 def all_workers_exposition() -> str:
-    """Every worker's metrics summed from the multiprocess folder (the parent of `--workers N` has no Metrics of
-    its own)."""
+    """Every worker's metrics, summed from the multiprocess folder."""
     registry = CollectorRegistry()
     MultiProcessCollector(registry)
     return render(registry)
 
 
 def worker_exited() -> None:
-    """Drop this worker's live gauges from the multiprocess files (its counters stay counted)."""
+    """Drop this worker's live gauges."""
     if multiprocess_dir():
         mark_process_dead(os.getpid())
 
@@ -119,7 +112,7 @@ def _escape(value: str) -> str:
 
 
 def render(registry: CollectorRegistry) -> str:
-    """Prometheus text format as TEI writes it: counters under their own name (no `_total`), no `_created`."""
+    """TEI's text format: counters without `_total`, no `_created`."""
     lines = []
     for family in registry.collect():
         lines.append(f"# HELP {family.name} {_escape(family.documentation)}")

@@ -1,6 +1,6 @@
-"""PROMETHEUS_PORT: GET /metrics on a port of its own, so the API port can leave it out (API_METRICS=false) and a
-cluster scrapes it from inside without exposing it. A small threaded HTTP server of the standard library answers
-it; `python -m inference` starts it in the process that outlives the workers (inference/__main__.py)."""
+"""PROMETHEUS_PORT: GET /metrics on a private port of its own, served by the standard library's HTTP server from the
+process that outlives the workers.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text fo
 
 
 def start(host: str, port: int, exposition: Callable[[], str]) -> ThreadingHTTPServer:
-    """Serve exposition() at GET /metrics on (host, port) from a daemon thread; a port that cannot be bound stops
-    start-up with one line naming the setting."""
+    """Serve /metrics from a daemon thread; a taken port stops start-up."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the standard library's name

@@ -1,4 +1,4 @@
-"""ASGI middleware: the status count, the request id and the body-size limit, before any route runs."""
+"""ASGI middleware: status count, request id and body limit, before any route."""
 
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ from inference.logs import request_id
 logger = logging.getLogger("inference")
 
 _SAFE_ID = re.compile(r"^[\w.:/+=-]{1,128}$", re.ASCII)  # ASCII only: echoed byte for byte in a header
-DRAIN_BYTES, DRAIN_S = 64 * 1024 * 1024, 10.0  # what is read and dropped of an over-limit body before the 413
+DRAIN_BYTES, DRAIN_S = 64 * 1024 * 1024, 10.0  # read and dropped before the 413
 
 
 class ResponseStatus:
-    """Counts every HTTP request by the status its client saw, whichever layer answered: a route, the API key
-    check (401), the body limit (413), admission (429), an unexpected error (500); 499 when the client left
-    first. Outermost, so nothing answers around it."""
+    """Counts every response by status, whoever answered; 499 when the client left. Outermost."""
 
     def __init__(self, app):
         self.app = app
@@ -38,7 +36,7 @@ class ResponseStatus:
         try:
             await self.app(scope, receive, send_recording_status)
         except asyncio.CancelledError:
-            # uvicorn cancels what still runs once GRACEFUL_SHUTDOWN_S has passed: a 503, not a traceback
+            # cancelled at shutdown: a 503, not a traceback
             logger.info("a request still running at the end of the graceful shutdown was stopped")
             if status is None:
                 status = 503
@@ -52,8 +50,7 @@ class ResponseStatus:
 
 
 class RequestId:
-    """Accept the client's X-Request-Id (up to 128 safe ASCII characters) or generate one; echo it in the response
-    and put it in every log line of the request."""
+    """The client's X-Request-Id or a new one, echoed and logged."""
 
     def __init__(self, app):
         self.app = app

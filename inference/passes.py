@@ -1,6 +1,6 @@
-"""A micro-batch's length-sorted inputs planned into forward passes: by length ratio within a token budget
-(dynamic shapes, the CPU default), or into the fewest (rows, width) buckets of contract/shapes.py (static shapes,
-which CUDA graphs replay)."""
+"""A micro-batch's inputs planned into forward passes: by length within a token budget (dynamic shapes), or into the
+fewest (rows, width) buckets (static shapes). Called by the engine.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ def _padded(length: int) -> int:
 
 
 def forward_buckets(items: list, max_inputs: int, max_tokens: int, ratio: float = 1.5, slack: int = 16) -> list[list]:
-    """Split length-sorted (job, input, features) items into forward passes: a new pass starts where the length
-    grows past ratio x the pass's shortest (+ slack tokens), or the pass would exceed max_inputs inputs or
-    max_tokens padded tokens."""
+    """Passes split where lengths grow past `ratio`, or inputs or tokens overflow."""
     buckets: list[list] = []
     for item in items:
         length = len(item[2]["input_ids"])
@@ -34,9 +32,7 @@ def forward_buckets(items: list, max_inputs: int, max_tokens: int, ratio: float 
 
 
 def static_passes(items: list, rows: tuple[int, ...], widths: tuple[int, ...], max_tokens: int) -> list[tuple]:
-    """Length-sorted (job, input, features) items in as few forward passes as fit, each padded to the smallest
-    (rows, width) bucket that holds it (contract/shapes.py: `serving_buckets`) within max_tokens padded tokens:
-    (items, rows, width) per pass."""
+    """The fewest passes, each padded to its smallest bucket within max_tokens."""
     passes: list[list] = []
     for item in items:
         width = shapes.width_for(len(item[2]["input_ids"]), widths)  # the longest so far: items are sorted

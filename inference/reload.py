@@ -1,11 +1,7 @@
-"""Reload without downtime: watch the checkpoint files, load a new model in the background, swap it in.
+"""Reload without downtime: watch the checkpoint files, load a new model in the background, swap it in. Started by the
+service's lifespan.
 
-Training replaces the files with atomic renames, but the weights, config and tokenizer change one after
-the other; a new set is loaded only once its signature has been stable for one more polling interval. A set
-that fails to load or to warm up, whatever the exception, is refused with a logged error and a counted failure,
-and the old model keeps serving; it is retried only when the files change again. A folder that cannot be scanned
-for a while (a file vanishing mid-scan, too many open files, a network mount away) is a warning, once, and polling
-goes on; `on_exit` reports the thread's end, so /ready and a metric show a watcher that has stopped.
+A change is loaded once the files stop changing; a failed load keeps the old model serving.
 """
 
 from __future__ import annotations
@@ -62,7 +58,7 @@ class CheckpointWatcher(threading.Thread):
                 self.reload()
 
     def scan(self) -> tuple | None:
-        """The folder's signature, or None (one warning per failing spell) when it cannot be read right now."""
+        """The folder's signature, or None when unreadable now."""
         try:
             current = signature(self.checkpoint_dir)
         except OSError as exc:
@@ -76,11 +72,8 @@ class CheckpointWatcher(threading.Thread):
         return current
 
     def reload(self) -> None:
-        """Load and swap in the new set; any failure refuses it and the previous model keeps serving. A torn set
-        (config.json and weights of different saves) or files that changed while loading are not refused but waited
-        for: the next change is loaded once settled. Optimized runtimes raise their own exception types
-        (onnxruntime's InvalidProtobuf, OpenVINO's), so every Exception is refused here: this thread must outlive
-        whatever one checkpoint does to it."""
+        """Load and swap in the new set; a failure keeps the old model. A torn or changing set is waited for, not
+        refused."""
         try:
             loaded = self.load()
             if signature(self.checkpoint_dir) != loaded.signature:

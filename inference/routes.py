@@ -1,6 +1,4 @@
-"""The routes, thin: parse, ask the engine, answer. TEI's paths (router/src/http/server.rs of
-huggingface/text-embeddings-inference): POST /predict, / and /invocations; GET /health, / and /ping; GET /info;
-GET /metrics. Ours beside them: GET /ready."""
+"""The routes, thin: parse, ask the engine, answer. TEI's paths (router/src/http/server.rs) plus GET /ready."""
 
 from __future__ import annotations
 
@@ -53,18 +51,18 @@ def check_api_key(request: Request, token: str | None) -> None:
 
 
 def bearer_token(request: Request) -> str | None:
-    """The token of an `Authorization: Bearer <token>` header (the scheme in any case), as HTTPBearer reads it."""
+    """The token of an `Authorization: Bearer` header."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     return token if scheme.lower() == "bearer" and token else None
 
 
 router = APIRouter(dependencies=[Depends(require_api_key)])  # TEI: the API key guards these
 public = APIRouter()  # ... and not these
-metrics_router = APIRouter()  # open too; on the API port unless API_METRICS=false (then PROMETHEUS_PORT serves it)
+metrics_router = APIRouter()  # PROMETHEUS_PORT serves it when API_METRICS=false
 ERROR_RESPONSES = {code: {"model": ErrorBody} for code in (400, 401, 413, 415, 422, 424, 429, 503)}
 
 
-PREDICT_PATHS = ("/predict", "/", "/invocations")  # TEI's; the first in the schema, all on the fast routes
+PREDICT_PATHS = ("/predict", "/", "/invocations")  # TEI's; on every fast route
 
 
 @router.post(
@@ -102,24 +100,21 @@ async def predict(request: Request) -> Response:
 
 
 async def predict_fast(request: Request) -> Response:
-    """`predict` behind the API key check, as a plain Starlette endpoint."""
+    """`predict` behind the API key check."""
     check_api_key(request, bearer_token(request))
     return await predict(request)
 
 
 def fast_routes(root: Callable[[Request], Awaitable[Response]] = predict_fast) -> list[Route]:
-    """POST /predict, / and /invocations as plain Starlette routes, placed before FastAPI's (which stay, for the
-    OpenAPI schema, and never run): FastAPI's per-request machinery around an endpoint that reads its own body
-    (dependency solving, its exit stack, the response wrapper) cost more Python time than the rest of a request
-    (docs/benchmarks-log.md, "Per-request path"). `root` answers / and /invocations (text_routes: by the model type)."""
+    """POST /predict, / and /invocations as plain Starlette routes: FastAPI's per-request machinery cost more than the
+    request (docs/benchmarks-log.md). FastAPI's stay, for the schema."""
     return [Route(PREDICT_PATHS[0], predict_fast, methods=["POST"])] + [
         Route(path, root, methods=["POST"]) for path in PREDICT_PATHS[1:]
     ]
 
 
 async def answered(request: Request, job: asyncio.Future[Answer]) -> Answer:
-    """The job's Answer, unless the client left (ClientDisconnect); what the engine failed it with, as TEI answers
-    it (`engine_failure`)."""
+    """The job's Answer, or its failure as TEI answers it."""
     try:
         return await unless_gone(request, job)
     except ClientDisconnect:
@@ -129,9 +124,7 @@ async def answered(request: Request, job: asyncio.Future[Answer]) -> Answer:
 
 
 async def unless_gone(request: Request, job: asyncio.Future[T]) -> T:
-    """The queued `job`'s result, unless the client disconnects first: one watcher per request, which cancels the
-    job (the engine skips a queued job whose future is done: untokenized, uncomputed) and makes this raise
-    ClientDisconnect, as it does when the client left while its answer was computed (a 499, not a success)."""
+    """The job's result, unless the client disconnects first: then the job is cancelled (a 499)."""
     gone = asyncio.ensure_future(_disconnected(request.receive))
     gone.add_done_callback(lambda _: job.cancel())
     try:
@@ -148,22 +141,19 @@ async def unless_gone(request: Request, job: asyncio.Future[T]) -> T:
 
 
 async def _disconnected(receive) -> None:
-    """Returns when the ASGI server reports the client gone (the body has been read: nothing else arrives)."""
+    """Returns when the client is gone."""
     while (await receive())["type"] != "http.disconnect":
         pass
 
 
 def require_json(request: Request) -> None:
-    """TEI's handlers take axum's Json extractor, which answers 415 to a body whose Content-Type is missing or is not
-    application/json (nor application/*+json); not counted as a failed request there either (the handler never
-    runs). TEI's body is axum's plain text; ours says the same in TEI's error shape."""
+    """415 for a body not sent as JSON, as TEI's axum extractor answers."""
     if not JSON_CONTENT_TYPE.match(request.headers.get("content-type", "")):
         raise ServiceError(errors.MEDIA_TYPE, "Expected request with `Content-Type: application/json`", status=415)
 
 
 def parse(raw: bytes, model: type[M] = PredictRequest) -> M:
-    """The body validated as TEI's request `model` (PredictRequest by default). Text that is not JSON at all is
-    400 and valid JSON of the wrong shape 422, as axum's Json extractor answers in TEI."""
+    """The body as TEI's request `model`: not JSON is 400, the wrong shape 422."""
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
@@ -177,15 +167,14 @@ def parse(raw: bytes, model: type[M] = PredictRequest) -> M:
 
 
 def classify(state: Service, body: PredictRequest) -> asyncio.Future[Answer]:
-    """Check the request against the limits and queue it: the future of its Answer (errors: `engine_failure`)."""
+    """Check the request and queue it."""
     return queue_sequences(state, body.sequences(), body.is_batch, body.truncate, body.left, body.scoring())
 
 
 def queue_sequences(
     state: Service, sequences: list, is_batch: bool, asked_truncate: bool | None, left: bool, scoring: str | None
 ) -> asyncio.Future[Answer]:
-    """Inputs (texts or pairs: /predict's, /rerank's) checked against the limits and queued; `asked_truncate` is
-    the request's `truncate` (None: AUTO_TRUNCATE)."""
+    """Inputs checked against the limits and queued."""
     settings = state.settings
     if is_batch:
         check_batch_size(settings, len(sequences))
@@ -194,7 +183,7 @@ def queue_sequences(
             raise ServiceError(errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if is_batch else ""))
     engine = state.live_engine()
     served = engine.current
-    # LONG_TEXT=chunk windows every long input unless the request asks for TEI's truncation (`truncate: true`)
+    # chunking unless the request asks to truncate
     chunk = chunks_long_texts(settings, served) and asked_truncate is not True
     truncate = settings.auto_truncate if asked_truncate is None else asked_truncate
     if chunk:
@@ -209,7 +198,7 @@ def queue_sequences(
 
 
 def check_batch_size(settings, size: int) -> None:
-    """TEI's bound on a client's batch (MAX_CLIENT_BATCH_SIZE), the same message on every route."""
+    """TEI's MAX_CLIENT_BATCH_SIZE check."""
     if size > settings.max_client_batch_size:
         raise ServiceError(
             errors.VALIDATION,
@@ -228,8 +217,7 @@ def engine_failure(exc: Exception) -> ServiceError:
 
 
 def check_characters(sequences: list, limit: int) -> None:
-    """Chunking: an input too long for MAX_CHUNKS windows even at CHARS_PER_TOKEN_LIMIT characters per token is
-    refused before it is tokenized."""
+    """Refuse, untokenized, an input too long for MAX_CHUNKS."""
     for text, pair in sequences:
         chars = len(text) + len(pair or "")
         if chars > limit:
@@ -242,10 +230,7 @@ def check_characters(sequences: list, limit: int) -> None:
 
 
 def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) -> list:
-    """TEI's character bound before tokenizing: cut each input to `limit` characters (pairs: half each), keeping its
-    start (right truncation) or its end (left); without truncation, refuse it. A side shared by several inputs (the
-    query of a /rerank) is cut once. The engine then tokenizes only what the model can keep of it
-    (inference/tokenizing.py)."""
+    """TEI's character bound: cut each input to `limit` characters (pairs: half each), or refuse it without truncation."""
     cut: dict[tuple[int, int], str] = {}
 
     def keep(side: str, chars: int) -> str:

@@ -1,4 +1,4 @@
-"""The running service's state and its lifespan: load the model once, serve it, reload it, drain at shutdown."""
+"""The running service's state and lifespan: load once, serve, reload, drain."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ logger = logging.getLogger("inference")
 
 
 class Service:
-    """What the routes need: the settings, the metrics, and the engine once the model is ready."""
+    """Settings, metrics, and the engine once ready."""
 
     def __init__(self, settings: Settings, engine: Engine | None = None):
         self.settings = settings
@@ -41,8 +41,7 @@ class Service:
         self.reloads = 0
         self.watcher: CheckpointWatcher | None = None
         self.owns_process = False  # app_from_env: the process ends when uvicorn returns (exit_abandoning_race)
-        # the watcher's reload and the background runtime race swap one at a time: the race checks that the weights
-        # it measured still serve and swaps under the same hold, so it never puts older weights back
+        # reload and the runtime race swap one at a time, so older weights never return
         self._swapping = threading.Lock()
 
     def live_engine(self) -> Engine:
@@ -54,7 +53,7 @@ class Service:
         return self.engine
 
     def check_ready(self) -> None:
-        """/ready: the model serves, and hot reload still watches the folder when it was asked for."""
+        """/ready: serving, and watching when asked."""
         self.live_engine()
         if self.watcher is not None and not self.watcher.is_alive():
             raise errors.ServiceError(
@@ -67,13 +66,12 @@ class Service:
             logger.error("The checkpoint watcher of %s has stopped; /ready now fails.", self.settings.model_id)
 
     def swap_in(self, loaded: LoadedModel) -> None:
-        """A reloaded model, checked as at start-up and warmed up, replaces the served one between micro-batches."""
+        """A checked, warmed-up reload replaces the served model."""
         with self._swapping:
             self._swap(loaded, reload=True)
 
     def settle_runtime(self, loaded: LoadedModel) -> None:
-        """The runtime measured in the background (the same weights) replaces the provisional PyTorch fp32, unless
-        the service stopped or new weights were loaded meanwhile (the watcher measured those itself)."""
+        """The background runtime replaces fp32 if the weights still serve."""
         with self._swapping:
             if not self.ready or self.engine is None or self.engine.current.sha256 != loaded.sha256:
                 return
@@ -82,26 +80,25 @@ class Service:
     def _swap(self, loaded: LoadedModel, reload: bool) -> None:
         check_servable(self.settings, loaded)
         warm_up(loaded, self.engine.limits)
-        if reload:  # counted before the new weights show: /info never shows them uncounted
+        if reload:  # counted before /info shows the weights
             self.reloads += 1
             self.metrics.reloads.labels("ok").inc()
         self.engine.swap(loaded)
         served = f"{loaded.runtime} {loaded.precision}"
         logger.info("Now serving %s (sha256 %s, %s)", loaded.weights_file, loaded.sha256[:12], served)
-        memory.freeze_long_lived()  # the new model's objects out of the collector's walks, the old one's freed
+        memory.freeze_long_lived()  # new objects out of the collector's walks
 
     def refused(self) -> None:
         self.metrics.reloads.labels("failed").inc()
 
 
 def load_configured(settings: Settings) -> runtimes.ServedModel:
-    """The model in the runtime and precision the settings ask for (converted once per weights hash)."""
+    """The model in the configured runtime and precision."""
     return runtimes.choose_runtime(_fp32(settings), settings)
 
 
 def load_for_start(settings: Settings) -> runtimes.ServedModel:
-    """As load_configured, except that a runtime choice still to be measured (a new checkpoint's first start) is left
-    to a background thread while PyTorch fp32 serves (MEASURE_IN_BACKGROUND; `measure_in_background` starts it)."""
+    """As load_configured, but a first measurement runs in the background while fp32 serves."""
     loaded = _fp32(settings)
     if settings.measure_in_background and runtimes.needs_measuring(loaded, settings):
         return runtimes.provisional(loaded)
@@ -113,9 +110,7 @@ def _fp32(settings: Settings) -> LoadedModel:
 
 
 def measure_in_background(service: Service) -> threading.Thread | None:
-    """When a provisional PyTorch fp32 serves: convert and measure on a thread of its own, then swap the chosen
-    runtime in. A failure leaves PyTorch fp32 serving, said in one warning (any runtime's own exception: the
-    conversion runs third-party code)."""
+    """Measure on a thread, then swap the chosen runtime in; a failure keeps fp32 serving."""
     if not service.engine.current.report.get("provisional"):
         return None
 
@@ -137,10 +132,7 @@ def measure_in_background(service: Service) -> threading.Thread | None:
 
 
 def exit_abandoning_race(code: int) -> None:
-    """End the process now when a background runtime race is still converting: the converter's own native threads
-    (OpenVINO, NNCF) are then running, and letting the interpreter finalise around them aborts the process
-    (std::terminate, exit -6) after a clean drain. The race is abandoned: its half-written conversion carries this
-    process's id and the next start removes it and measures again (inference/runtimes/cache.py)."""
+    """Exit now if a background conversion still runs: finalising around its native threads aborts the process."""
     if not any(t.name == RACE_THREAD and t.is_alive() for t in threading.enumerate()):
         return
     logger.info("Runtime: the background measurement is abandoned at shutdown; the next start measures again")
@@ -156,7 +148,7 @@ def chunks_long_texts(settings: Settings, loaded: LoadedModel) -> bool:
 
 
 def check_chunking(settings: Settings, loaded: LoadedModel) -> None:
-    """A model served with chunking can window its inputs (a fast tokenizer, a stride below the window)."""
+    """A chunked model can window its inputs."""
     if not chunks_long_texts(settings, loaded):
         return
     try:
@@ -166,7 +158,7 @@ def check_chunking(settings: Settings, loaded: LoadedModel) -> None:
 
 
 def check_servable(settings: Settings, loaded: LoadedModel) -> None:
-    """The settings can serve this model: run at start-up and again on every reload (SettingsError)."""
+    """The settings can serve this model (at start and reload)."""
     if settings.max_batch_tokens < loaded.max_length:
         raise SettingsError(
             f"MAX_BATCH_TOKENS: must be at least the model's maximum input length "
@@ -176,8 +168,7 @@ def check_servable(settings: Settings, loaded: LoadedModel) -> None:
 
 
 def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metrics) -> Engine:
-    """Torch threads set, the limits checked against the model, the model warmed up (on CUDA: its CUDA graphs
-    captured), and an Engine over it."""
+    """Threads set, limits checked, the model warmed up: an Engine."""
     check_servable(settings, loaded)
     torch.set_num_threads(settings.torch_threads)
     memory.keep_large_blocks_off_the_heap()  # RSS stays flat under varied batch shapes (inference/memory.py)
@@ -196,7 +187,7 @@ def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metri
 
 
 def _watcher(service: Service) -> CheckpointWatcher | None:
-    """Hot reload for a local folder (a Hub snapshot never changes under us)."""
+    """Hot reload, for a local folder."""
     settings, served = service.settings, service.engine.current
     if settings.reload_interval_s <= 0 or served.model_sha is not None or not Path(settings.model_id).is_dir():
         return None
@@ -218,7 +209,7 @@ def _watcher(service: Service) -> CheckpointWatcher | None:
 async def lifespan(app: FastAPI):
     service: Service = app.state.service
     logs.configure(service.settings.json_output)
-    if service.engine is None:  # uvicorn's factory app_from_env, or a worker of --workers N: load here
+    if service.engine is None:  # the factory or a worker loads here
         try:
             loaded = await run_in_threadpool(load_for_start, service.settings)
             service.engine = await run_in_threadpool(ready_engine, service.settings, loaded, service.metrics)

@@ -1,10 +1,5 @@
-"""Service settings: one pydantic-settings model read from environment variables and, for `python -m inference`,
-from command-line flags of the same names (flags win). text-embeddings-inference's names are accepted as they
-are (MODEL_ID, PORT, HOSTNAME, API_KEY, PAYLOAD_LIMIT, MAX_CONCURRENT_REQUESTS, MAX_BATCH_TOKENS,
-MAX_BATCH_REQUESTS, MAX_CLIENT_BATCH_SIZE, AUTO_TRUNCATE, DTYPE, JSON_OUTPUT, CORS_ALLOW_ORIGIN, PROMETHEUS_PORT,
-OTLP_ENDPOINT, OTLP_SERVICE_NAME).
-
-A bad value stops start-up with one line naming the setting (`SettingsError`, exit code 2 in the CLI).
+"""Service settings: one pydantic-settings model read from the environment and, for `python -m inference`, from flags of
+the same names. TEI's names are accepted as they are.
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ BACKENDS = (
 
 
 def available_cores() -> int:
-    """Cores this process may run on (affinity-aware where the OS tells; portable to macOS and Windows)."""
+    """Cores this process may use."""
     if hasattr(os, "process_cpu_count"):  # Python 3.13+
         return os.process_cpu_count() or 1
     if hasattr(os, "sched_getaffinity"):  # Linux
@@ -40,7 +35,7 @@ def _names(*names: str) -> AliasChoices:
 
 
 class SettingsError(UsageError, ValueError):
-    """A setting has a bad value; the message names the setting (its environment variable)."""
+    """A bad setting; names its variable."""
 
 
 class Settings(BaseSettings):
@@ -227,12 +222,12 @@ class Settings(BaseSettings):
         return [o.strip() for o in (self.cors_allow_origin or "").split(",") if o.strip()]
 
     def environment(self) -> dict[str, str]:
-        """These settings as environment variables, for worker processes that read them again."""
+        """The settings as environment variables, for workers."""
         return {name.upper(): str(value) for name, value in self.model_dump().items() if value is not None}
 
 
 def describe_error(exc: ValidationError) -> str:
-    """One line naming the setting: `PORT: Input should be a valid integer (got 'nine')`."""
+    """One line naming the setting."""
     first = exc.errors()[0]
     message = first.get("msg", "invalid value").removeprefix("Value error, ")
     name = ".".join(str(p) for p in first.get("loc", ())).upper()
@@ -244,7 +239,7 @@ def describe_error(exc: ValidationError) -> str:
 
 
 def from_env(**overrides) -> Settings:
-    """Settings from the environment (what `uvicorn inference.app:app_from_env --factory` and worker processes use)."""
+    """Settings from the environment."""
     try:
         return Settings(**overrides)
     except ValidationError as exc:

@@ -1,9 +1,5 @@
-"""Keep a thread's alternate signal stack its own across calls into a library that replaces it.
-
-OpenVINO's CPU plugin gives its thread an alternate signal stack and unmaps it when destroyed, restoring the previous
-one only when destroyed on the same thread in reverse order; otherwise the next signal handled there (SIGTERM,
-SIGCHLD) crashes the process. `kept()` restores the calling thread's stack after the call, so a plugin's stack is
-never the thread's. Linux with glibc only; elsewhere it does nothing.
+"""Keep a thread's alternate signal stack its own across calls into a library that replaces it (OpenVINO's CPU plugin).
+Called by the runtime runners.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ _SIGALTSTACK = _sigaltstack()
 
 
 def current() -> tuple[int, int, int] | None:
-    """The calling thread's alternate signal stack: (address, flags, size); None where this cannot be read."""
+    """The thread's alternate signal stack, or None."""
     if _SIGALTSTACK is None:
         return None
     stack = _Stack()
@@ -41,7 +37,7 @@ def current() -> tuple[int, int, int] | None:
 
 @contextlib.contextmanager
 def kept():
-    """Run the block, then give the calling thread back the alternate signal stack it had before."""
+    """Run the block, then restore the thread's signal stack."""
     before = current()
     try:
         yield

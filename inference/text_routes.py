@@ -1,11 +1,4 @@
-"""TEI's POST /rerank, as router/src/http/server.rs of huggingface/text-embeddings-inference answers it (`rerank`)
-with the bodies of router/src/http/types.rs (`RerankRequest`, `Rank`), and POST / and /invocations routed by the
-model type. /tokenize and /decode live in inference/token_routes.py.
-
-/rerank scores each (query, text) pair with a model of one output (TEI's "reranker": a cross-encoder, a regression
-pair model), through the same micro-batches, limits and long-text handling as /predict; a model with several
-outputs gets TEI's error.
-"""
+"""TEI's POST /rerank (router/src/http/server.rs `rerank`), and POST / and /invocations routed by model type."""
 
 from __future__ import annotations
 
@@ -39,7 +32,7 @@ NOT_A_RERANKER = "Backend error: model is not a re-ranker model"  # TEI: Backend
 
 
 def is_reranker(state: Service) -> bool:
-    """TEI's rule (router/src/lib.rs): a classifier whose id2label has one entry is a re-ranker."""
+    """TEI's rule: one label makes a reranker."""
     return len(state.live_engine().current.labels) == 1
 
 
@@ -68,7 +61,7 @@ async def rerank(request: Request) -> Json:
 
 
 async def _scored_pairs(request: Request, state: Service, body: RerankRequest) -> Answer:
-    """TEI's order of checks: empty texts, the model type, then (counted as a batch request) the batch size."""
+    """TEI's order: empty texts, model type, batch size."""
     if not body.texts:
         raise ServiceError(errors.EMPTY, "`texts` cannot be empty", reason="validation")
     if not is_reranker(state):
@@ -80,10 +73,8 @@ async def _scored_pairs(request: Request, state: Service, body: RerankRequest) -
 
 
 async def root_fast(request: Request) -> Response:
-    """POST / and /invocations: TEI routes them to `rerank` for a re-ranker and to `predict` for a classifier
-    (router/src/http/server.rs, by the model type). For a re-ranker, a body without `query` (a /predict body, what
-    InferenceClient.text_classification sends to the base URL) is classified instead of refused: a deliberate
-    difference (docs/serving.md)."""
+    """POST / and /invocations: rerank for a reranker, predict for a classifier. A reranker classifies a body without
+    `query` (docs/serving.md)."""
     if is_reranker(service(request)) and asks_to_rerank(await request.body()):
         check_api_key(request, bearer_token(request))
         return await rerank(request)
@@ -91,8 +82,7 @@ async def root_fast(request: Request) -> Response:
 
 
 def asks_to_rerank(raw: bytes) -> bool:
-    """A JSON object with a top-level `query` (a rerank body), read as JSON: a word in a text, a nested field or an
-    escaped key cannot route it the wrong way. A body that is not JSON goes to /predict, which names the error."""
+    """A JSON object with a top-level `query`."""
     try:
         body = json.loads(raw)
     except ValueError:

@@ -1,10 +1,4 @@
-"""TEI's POST /tokenize and /decode (router/src/http/server.rs `tokenize`, `decode`; core/src/tokenization.rs), on
-a copy of the served model's tokenizer: the model thread never waits for them, and their cost follows the input.
-
-Each /tokenize input is bounded as TEI bounds it (at most the model's max input length x CHARS_PER_TOKEN_LIMIT
-characters, refused beyond), its byte offsets are found in one pass, and a client that leaves (or a shutdown) stops
-the work between tokens.
-"""
+"""TEI's POST /tokenize and /decode (router/src/http/server.rs) on a copy of the served tokenizer, off the model thread."""
 
 from __future__ import annotations
 
@@ -30,16 +24,15 @@ from inference.routes import (
 from inference.schemas import DecodeRequest, Json, SimpleToken, TokenizeRequest
 from inference.service import Service
 
-CHECK_EVERY = 4096  # tokens between two looks at whether the client is still there
+CHECK_EVERY = 4096  # tokens between client checks
 
 
 class Stopped(Exception):
-    """The request ended (client gone, shutdown) while its tokens were being listed."""
+    """The request ended while listing tokens."""
 
 
 class SpareTokenizer:
-    """The served model's tokenizer copied once per loaded model, without truncation or padding (the engine's
-    tokenizer changes those per micro-batch): read-only afterwards, so threads share it without a lock."""
+    """A plain copy of the served tokenizer per model, shared read-only."""
 
     def __init__(self):
         self._for: LoadedModel | None = None
@@ -88,12 +81,11 @@ async def tokenize(request: Request) -> Json:
         work = asyncio.ensure_future(asyncio.to_thread(tokens_of, tokenizer, texts, body.add_special_tokens, stop))
         return Json(await unless_gone(request, work))
     finally:
-        stop.set()  # the client left or the service stops: the worker thread ends at its next look
+        stop.set()  # the worker ends at its next look
 
 
 def tokens_of(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool, stop: threading.Event) -> list:
-    """TEI's into_tokens: each token's id, text (the input's own characters; a special token's own string), whether
-    it is special, and its byte offsets (None for special tokens)."""
+    """TEI's into_tokens: id, text, special, byte offsets."""
     answer = []
     for text, encoding in zip(texts, tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)):
         to_bytes = ByteOffsets(text)
@@ -115,7 +107,7 @@ def tokens_of(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool, 
 
 
 class ByteOffsets:
-    """Character offsets of one text to UTF-8 byte offsets, in one pass over offsets that mostly move forward."""
+    """Character offsets to UTF-8 byte offsets, in one pass."""
 
     def __init__(self, text: str):
         self.text, self.ascii = text, text.isascii()
@@ -152,7 +144,7 @@ def _decoded(tokenizer: Tokenizer, sequences: list[list[int]], skip_special_toke
 
 
 def _check_batch(state: Service, items: list, field: str, batch: bool) -> None:
-    """TEI's checks of a batch: not empty, at most MAX_CLIENT_BATCH_SIZE (each counted as a failed request)."""
+    """TEI's batch checks: not empty, within MAX_CLIENT_BATCH_SIZE."""
     if not batch:
         return
     try:

@@ -1,6 +1,6 @@
-"""Requests' inputs to model features: texts and pairs tokenized in one call per kind, truncated (the start or the
-end kept) or refused when too long, or cut into the windows config.json asks for (contract/long_text.py); and the
-errors that refuse an input (REFUSALS), which the routes answer as TEI answers an invalid input."""
+"""Requests' inputs to model features: tokenized, truncated or refused, or windowed as config.json asks. Called by the
+engine.
+"""
 
 from __future__ import annotations
 
@@ -12,26 +12,22 @@ from inference.schemas import Sequence
 
 
 class InputTooLong(ValueError):
-    """An input over the model's maximum with truncation off (TEI's wording)."""
+    """Too long, with truncation off (TEI's wording)."""
 
     def __init__(self, tokens: int, limit: int):
         super().__init__(f"`inputs` must have less than {limit} tokens. Given: {tokens}")
 
 
-# With truncation, each side is first cut to this many characters per token the model keeps (English has 4 to 5), so
-# tokenizing costs what is kept, not what was sent; a side that held too few tokens is tokenized whole
+# truncation tokenizes only what is kept: this many characters per kept token
 KEPT_CHARS_PER_TOKEN = 16
-WORD_BOUNDARY_SEARCH = 256  # characters searched back from a cut for whitespace, so no word is split
+WORD_BOUNDARY_SEARCH = 256  # so no word is split
 
-# What the engine answers a job with when its inputs cannot be served (not a failure of the model): the routes
-# answer each as TEI answers an invalid input (inference/routes.py engine_failure).
+# refusals the routes answer as TEI answers invalid input
 REFUSALS = (InputTooLong, TooManyWindows, LongTextError)
 
 
 def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
-    """Token ids (and token type ids where the model takes them) of each input, texts and pairs alike.
-    Truncation keeps the start (right) or the end (left) of a long input; pairs are cut longest first.
-    InputTooLong when an input is longer than the model takes."""
+    """Ids of each input, truncated at either end, or InputTooLong."""
     features = encode_unchecked(loaded, sequences, truncate, left)
     check_length(loaded, features)
     return features
@@ -45,8 +41,7 @@ def check_length(loaded: LoadedModel, features: list[dict]) -> None:
 
 
 def encode_unchecked(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
-    """encode without the length check (the caller checks each job's inputs): one tokenizer call per kind; with
-    truncation only what the model can keep of each side is tokenized (`kept_part`)."""
+    """encode without the length check; only the kept part is tokenized."""
     tokenizer = loaded.tokenizer
     tokenizer.truncation_side = "left" if left else "right"  # under Engine._tokenizing (and at warm-up)
     features: list[dict | None] = [None] * len(sequences)
@@ -73,8 +68,7 @@ def _truncated(loaded: LoadedModel, texts: list[str], pairs: list[str] | None) -
 
 
 def _truncated_texts(loaded: LoadedModel, texts: list[str], left: bool) -> list[dict]:
-    """Each text tokenized from its kept part; where that part held fewer tokens than the model keeps (a text of
-    unusually long tokens or much whitespace), from the whole text."""
+    """Each text tokenized from its kept part, else whole."""
     kept = _kept_parts(texts, loaded.max_length * KEPT_CHARS_PER_TOKEN, left)
     found = _truncated(loaded, kept, None)
     short = [k for k in range(len(texts)) if kept[k] is not texts[k] and len(found[k]["input_ids"]) < loaded.max_length]
@@ -84,9 +78,7 @@ def _truncated_texts(loaded: LoadedModel, texts: list[str], left: bool) -> list[
 
 
 def _truncated_pairs(loaded: LoadedModel, texts: list[str], pairs: list[str], left: bool) -> list[dict]:
-    """Each pair tokenized from its sides' kept parts, cut further to what longest-first truncation keeps
-    (contract/long_text.py cut_long_pairs), the longer whole side staying the longer (`longer_side`); where a kept part
-    holds fewer tokens than the model keeps, from the whole sides."""
+    """Each pair tokenized from its sides' kept parts, cut longest first."""
     chars, max_length = loaded.max_length * KEPT_CHARS_PER_TOKEN, loaded.max_length
     kept_texts, kept_pairs = _kept_parts(texts, chars, left), _kept_parts(pairs, chars, left)
 
@@ -111,16 +103,14 @@ def _truncated_pairs(loaded: LoadedModel, texts: list[str], pairs: list[str], le
 
 
 def longer_side(tokens: tuple[int, int], sides: tuple[str, str], kept: tuple[str, str]) -> int:
-    """Which whole side of a pair is the longer in tokens (1 the text, -1 the pair, 0 equal; longest-first
-    truncation gives it the odd token), from its kept parts' counts: a side not cut counts exactly, a cut one as
-    many tokens per character as its kept part holds. Two cut sides of about equal length may so be ordered
-    otherwise than TEI, which counts every token: one token of one side differs (docs/serving.md)."""
+    """Which whole side is longer (1, -1, 0), estimated from the kept parts; may differ from TEI by a token
+    (docs/serving.md)."""
     whole = [n if part is side else n * len(side) / len(part) for n, side, part in zip(tokens, sides, kept)]
     return (whole[0] > whole[1]) - (whole[0] < whole[1])
 
 
 def _kept_parts(sides: list[str], chars: int, left: bool) -> list[str]:
-    """kept_part of each side, once per distinct side object (a /rerank query is shared by all its pairs)."""
+    """kept_part of each distinct side."""
     done: dict[int, str] = {}
     for side in sides:
         if id(side) not in done:
@@ -129,8 +119,7 @@ def _kept_parts(sides: list[str], chars: int, left: bool) -> list[str]:
 
 
 def kept_part(text: str, chars: int, left: bool) -> str:
-    """At most `chars` characters of `text`, its start (its end when `left`), cut at whitespace when there is some
-    near the cut (a word cut in two would tokenize differently); `text` itself when it is not longer."""
+    """At most `chars` characters of `text`, cut at whitespace."""
     if len(text) <= chars:
         return text
     if left:
@@ -147,8 +136,7 @@ def kept_part(text: str, chars: int, left: bool) -> str:
 
 
 def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> tuple[list[dict], list[int]]:
-    """(every window of each input, the input of each window), texts and pairs alike, windowed as the model's
-    config.json says (contract/long_text.py); TooManyWindows beyond `max_chunks` windows for one input."""
+    """(windows, their inputs), as config.json windows; TooManyWindows past `max_chunks`."""
     chunking = replace(loaded.long_text, mode=CHUNK)
     loaded.tokenizer.truncation_side = "right"  # under Engine._tokenizing
     chunking.refuse_too_long(loaded.tokenizer, sequences, window_length(loaded), max_chunks)
@@ -164,7 +152,7 @@ def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> 
 
 
 def by_kind(sequences: list[Sequence]):
-    """(input indices, texts, pairs or None) for the single texts, then for the pairs: one tokenizer call each."""
+    """(indices, texts, pairs) per tokenizer call."""
     for is_pair in (False, True):
         where = [i for i, (_, pair) in enumerate(sequences) if (pair is not None) == is_pair]
         if where:
@@ -172,5 +160,5 @@ def by_kind(sequences: list[Sequence]):
 
 
 def window_length(loaded: LoadedModel) -> int:
-    """Tokens per window when chunking: as in training (config.json), at most the model's maximum."""
+    """Tokens per window: training's, within the model's maximum."""
     return min(loaded.long_text.window or loaded.max_length, loaded.max_length)

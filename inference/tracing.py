@@ -1,10 +1,4 @@
-"""OTLP_ENDPOINT: one OpenTelemetry span per HTTP request, exported over OTLP/HTTP by the OpenTelemetry SDK.
-
-Each span is named after the method and route, continues the caller's trace when the request carries a W3C
-`traceparent` header, and holds the status, the request id and the times TEI reports in its headers (tokenization,
-queue, inference, total; milliseconds). The SDK batches spans on its own thread and flushes them at exit.
-create_app adds the middleware only when OTLP_ENDPOINT is set, so with tracing off the request path is unchanged.
-"""
+"""OTLP_ENDPOINT: one OpenTelemetry span per HTTP request, exported over OTLP/HTTP. Added by app.py when set."""
 
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ TIMES = {  # response header (TEI's, in ms) -> span attribute
 
 
 def require_sdk() -> None:
-    """One line naming the extra to install when OTLP_ENDPOINT is set without the OpenTelemetry SDK."""
+    """Which extra to install for OTLP_ENDPOINT."""
     try:
         import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
         import opentelemetry.sdk.trace  # noqa: F401
@@ -33,7 +27,7 @@ def require_sdk() -> None:
 
 
 def tracer(settings: Settings):
-    """A tracer whose spans go to settings.otlp_endpoint (its /v1/traces), named settings.otlp_service_name."""
+    """A tracer exporting to settings.otlp_endpoint."""
     require_sdk()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
@@ -48,8 +42,7 @@ def tracer(settings: Settings):
 
 
 class Traces:
-    """ASGI middleware: a span per HTTP request, opened when the request arrives and ended when its answer is sent,
-    with what the answer's headers say."""
+    """ASGI middleware: a span per request."""
 
     def __init__(self, app, tracer):
         from opentelemetry import propagate, trace  # imported once here, not per request

@@ -1,4 +1,5 @@
-"""Prose density of the packages: words per docstring and per comment (consecutive `#` lines are one comment).
+"""Prose density of the packages: words per docstring and per comment (consecutive `#` lines are one comment; a
+comment after code on its line is one of its own).
 
     python scripts/prose.py            # median words, share over 40 words, the longest ones
 
@@ -31,11 +32,14 @@ def units(path: Path) -> list[tuple[int, str]]:
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type != tokenize.COMMENT or token.string.startswith(("# noqa", "# type:", "# fmt:", "#!")):
             continue
-        line = token.start[0]
+        (line, column), text = token.start, token.string.lstrip("#").strip()
+        if token.line[:column].strip():  # after code: a comment of its own
+            found.append((line, text))
+            continue
         if line != last + 1 and block:
             found.append((block[0][0], " ".join(text for _, text in block)))
             block = []
-        block.append((line, token.string.lstrip("#").strip()))
+        block.append((line, text))
         last = line
     if block:
         found.append((block[0][0], " ".join(text for _, text in block)))

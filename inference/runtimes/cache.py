@@ -1,9 +1,5 @@
-"""Where converted models are kept, what runtime.json records of them, and whether a converted file can be trusted.
-
-`<checkpoint>/runtime/<sha256[:16]>/` beside the weights, else RUNTIME_CACHE/<sha256[:16]>/: runtime.json (each set
-of candidates' measurement and choice, every converted file's digest) and one folder per candidate. Reading needs
-no lock: a report serves only when every file matches its recorded digest. Writing happens under a lock, after
-removing what writers that died mid-write left behind (staging names carry their PID and host).
+"""Where converted models are kept, what runtime.json records, and whether a converted file can be trusted. Called by
+the runtime choice.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ def staging_name(name: str) -> str:
 
 
 def _stale(entry: str) -> bool:
-    """A staging name of a process of this host that is gone (or of this very process's previous life: a container
-    restarted under the same PID). Names without a host (older versions) count as this host's."""
+    """A staging name of a dead process of this host (or of this PID's previous life)."""
     if not entry.startswith("."):
         return False
     stem, _, host = entry.rpartition("@") if "@" in entry else (entry, "", socket.gethostname())
@@ -41,7 +36,7 @@ def _stale(entry: str) -> bool:
     if not pid.isdigit() or host != socket.gethostname():
         return False
     if int(pid) == os.getpid():
-        return True  # this process converts one model at a time, and is not converting now
+        return True  # one conversion at a time, none now
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -81,8 +76,7 @@ class Cache:
         return next((r for r in self.reports() if r.get("key") == key), None)
 
     def damage(self, model_folder: str) -> str | None:
-        """Why the files of `model_folder` (a candidate's converted model) cannot be served, or None when each one
-        exists and matches the digest runtime.json recorded for it."""
+        """Why a converted model cannot be served, or None when its digests match."""
         recorded = {name: d for name, d in self.digests().items() if name.split("/")[0] == model_folder}
         folder = self.folder / model_folder
         if not recorded:
@@ -102,8 +96,7 @@ class Cache:
         return f"{self.folder / extra[0]}: not recorded in runtime.json" if extra else None
 
     def save(self, report: dict, model_folders: list[str]) -> None:
-        """Record `report` (replacing the one with the same candidates) and the digests of the files of
-        `model_folders` (just converted or verified); atomic. Call under `lock()`."""
+        """Record `report` and its files' digests, atomically. Call under `lock()`."""
         options = report["key"]["options"]
         reports = [r for r in self.reports() if r.get("key", {}).get("options") != options] + [report]
         used = {m for r in reports for m in _model_folders(r)}
@@ -120,11 +113,11 @@ class Cache:
         shutil.rmtree(self.folder / model_folder, ignore_errors=True)
 
     def lock(self) -> FileLock:
-        """Held while converting and measuring: with --workers N one process converts, the others then read."""
+        """With --workers N one process converts; the others read."""
         return FileLock(str(self.folder.parent / f"{self.folder.name}.lock"))
 
     def remove_leftovers(self) -> None:
-        """Staging files and folders of processes of this host that died mid-write (SIGTERM during a conversion)."""
+        """Staging files of dead processes of this host."""
         try:
             entries = list(self.folder.iterdir())
         except OSError:
@@ -143,14 +136,14 @@ def _model_folders(report: dict) -> set[str]:
 
 
 def locations(folder: Path, sha256: str, hub_model: bool, cache_root: str) -> list[Cache]:
-    """Where a finished conversion may lie, in order: beside the checkpoint (a local folder), then RUNTIME_CACHE."""
+    """Beside the checkpoint, then RUNTIME_CACHE."""
     name = sha256[:16]
     found = [] if hub_model else [Cache(folder / files.RUNTIME_DIR / name)]
     return [*found, Cache(Path(cache_root).expanduser() / name)]
 
 
 def writable(candidates: list[Cache], settings: str) -> Cache:
-    """The first location that can be written (created if needed), or SettingsError naming RUNTIME_CACHE."""
+    """The first writable location, else SettingsError."""
     problems = []
     for cache in candidates:
         try:
@@ -169,7 +162,7 @@ def writable(candidates: list[Cache], settings: str) -> Cache:
 
 
 def prune_siblings(cache: Cache, checkpoint_folder: Path) -> None:
-    """Beside the checkpoint only its current weights matter: conversions of older weights would fill the disk."""
+    """Older weights' conversions would fill the disk."""
     runtime_dir = checkpoint_folder / files.RUNTIME_DIR
     if cache.folder.parent != runtime_dir:
         return

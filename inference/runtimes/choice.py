@@ -1,11 +1,5 @@
-"""Which runtime serves the model (BACKEND: torch, openvino, onnxruntime or auto) at which precision, and the
-converted model, produced once per weights hash. docs/serving.md describes the choice for users.
-
-Each candidate's decisions must agree with PyTorch fp32's on held-out calibration texts (measuring.py); the
-fastest agreeing one serves. runtimes are declared in contract/runtimes.py and built by conversion.py; texts.py
-says which texts, cache.py where the results live. A later start with the same weights, texts, CPU and versions
-reads runtime.json and only compiles; a missing or altered file is never served. On hot reload this runs on the
-watcher's thread while the old model serves.
+"""Which runtime serves the model at which precision, converted once per weights hash. Called by the service at start
+and reload; docs/serving.md tells users the rules.
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ INSTALL_HINT = f"pip install 'distilbert-agnews[{OPTIMIZED[0]}]'" + "".join(f" o
 
 @dataclass
 class ServedModel(LoadedModel):
-    """A loaded model ready in its runtime, with what the choice measured (both shown by /info)."""
+    """A loaded model ready in its runtime, with the choice's report."""
 
     report: dict = field(default_factory=dict)
     loaded_at: float = field(default_factory=time.time)
@@ -51,7 +45,7 @@ def installed(runtime: str) -> bool:
 
 
 def candidates(backend: str, dtype: str, device_type: str) -> tuple[list[Candidate], str]:
-    """The runtimes and precisions to consider, in order of preference, and why these."""
+    """Candidates in order of preference, and why."""
     if backend in OPTIMIZED:
         if not installed(backend):
             raise SettingsError(f"BACKEND: {backend} is not installed (pip install 'distilbert-agnews[{backend}]')")
@@ -60,7 +54,7 @@ def candidates(backend: str, dtype: str, device_type: str) -> tuple[list[Candida
         return _options(backend, dtype), f"BACKEND={backend}"
     present = [b for b in OPTIMIZED if installed(b)]
     if backend == AUTO and device_type == "cpu" and present:
-        # an explicit bfloat16 leaves out a runtime that has no bf16 path; the others serve it
+        # explicit bf16 leaves out runtimes without it
         usable = [b for b in present if dtype != precision.BF16 or precision.BF16 in RUNTIMES[b].precisions]
         options = [c for b in usable for c in _options(b, dtype)]
         if dtype == precision.INT8:
@@ -80,7 +74,7 @@ def candidates(backend: str, dtype: str, device_type: str) -> tuple[list[Candida
 
 
 def _options(runtime: str, dtype: str) -> list[Candidate]:
-    """One runtime's candidates at DTYPE: that precision alone, or (auto, int8) its precisions in preference order."""
+    """One runtime's candidates at DTYPE."""
     if dtype == precision.FP16:
         raise SettingsError(f"DTYPE: float16 is for GPUs; {runtime} on the CPU serves {_names(runtime)}")
     if dtype != precision.AUTO and dtype not in RUNTIMES[runtime].precisions:
@@ -96,12 +90,12 @@ def _names(runtime: str) -> str:
 
 
 def races(backend: str, dtype: str) -> bool:
-    """Speed decides among agreeing candidates (else the first agreeing one in order serves)."""
+    """Speed decides among agreeing candidates."""
     return dtype == precision.AUTO or (backend == AUTO and dtype != precision.INT8)
 
 
 def choose_runtime(loaded: LoadedModel, settings) -> ServedModel:
-    """`loaded` (PyTorch fp32) made ready in the chosen runtime and precision, with what was measured."""
+    """`loaded` in its chosen runtime and precision."""
     options, why = candidates(settings.backend, settings.dtype, loaded.device.type)
     if len(options) == 1 and options[0].runtime == TORCH:
         chosen = options[0].precision
@@ -114,7 +108,7 @@ def choose_runtime(loaded: LoadedModel, settings) -> ServedModel:
     key = cache_key(loaded, texts, options, settings.torch_threads)
     places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
     damaged = []
-    for cache in places:  # a finished, verified conversion is read where it lies: no lock, no write
+    for cache in places:  # a verified conversion is read in place
         report = cache.report_for(key)
         if report is None:
             continue
@@ -148,8 +142,7 @@ def choose_runtime(loaded: LoadedModel, settings) -> ServedModel:
 
 
 def needs_measuring(loaded: LoadedModel, settings) -> bool:
-    """Whether choose_runtime would convert and measure candidates: more than PyTorch is considered and no verified
-    choice is recorded for these weights, texts and settings (a new checkpoint's first start)."""
+    """Whether choose_runtime would measure: a new checkpoint's first start."""
     options, _ = candidates(settings.backend, settings.dtype, loaded.device.type)
     if len(options) == 1 and options[0].runtime == TORCH:
         return False
@@ -163,20 +156,19 @@ def needs_measuring(loaded: LoadedModel, settings) -> bool:
     try:
         runtime_cache.writable(places, "")
     except SettingsError:
-        return False  # nothing can be written: choose_runtime says so at start, in one line
+        return False  # choose_runtime says so at start
     return True
 
 
 def provisional(loaded: LoadedModel) -> ServedModel:
-    """PyTorch fp32 (the reference every candidate is checked against: never refused), serving while the candidates
-    are measured in the background (settings.measure_in_background)."""
+    """PyTorch fp32, serving while candidates are measured in the background."""
     logger.info("Runtime: torch fp32 serves while the candidates are converted and measured in the background")
     summary = {"name": TORCH, "precision": precision.FP32, "agreement": None, "candidates": [], "provisional": True}
     return _as_torch(loaded, precision.FP32, summary)
 
 
 def _damage(cache: Cache, report: dict, name: str) -> str | None:
-    """Why candidate `name` of `report` cannot be served from `cache` (its files fail their digests), or None."""
+    """Why a candidate's files fail their digests, or None."""
     measured = next((m for m in report.get("candidates", []) if m.get("name") == name), None)
     if measured is None:
         return f"{cache.report_file}: no candidate {name!r}"
@@ -184,14 +176,13 @@ def _damage(cache: Cache, report: dict, name: str) -> str | None:
 
 
 def _tidy(cache: Cache) -> None:
-    """Leftovers of a process that died mid-conversion, removed when the folder can be written (no lock needed:
-    only dead processes' files are touched)."""
+    """Dead processes' leftovers removed, when writable."""
     if os.access(cache.folder, os.W_OK):
         cache.remove_leftovers()
 
 
 def _next_best(loaded: LoadedModel, cache: Cache, report: dict, threads: int) -> ServedModel:
-    """Nothing can be written: the fastest other agreeing candidate whose files verify, else PyTorch fp32."""
+    """Nothing writable: the fastest other verified candidate, else fp32."""
     others = [m for m in report["candidates"] if m["refused"] is None and m["name"] != report["chosen"]]
     for measured in sorted(others, key=lambda m: -m["texts_per_s"]):
         if _damage(cache, report, measured["name"]) is None:
@@ -202,8 +193,7 @@ def _next_best(loaded: LoadedModel, cache: Cache, report: dict, threads: int) ->
 
 
 def export(folder: Path, runtime: str) -> ServedModel:
-    """Training's --export_runtime: convert and measure now, for the service's default settings (BACKEND=auto,
-    DTYPE=auto on this CPU), so its first start only compiles."""
+    """Training's --export_runtime: convert and measure for the default settings now."""
     if runtime not in OPTIMIZED:
         raise ValueError(f"export_runtime: unknown runtime {runtime!r}")
     if not installed(runtime):
@@ -213,7 +203,7 @@ def export(folder: Path, runtime: str) -> ServedModel:
 
 
 def pick_candidate(measured: list[dict], race: bool) -> str:
-    """The candidate to serve: the fastest agreeing one when racing, else the first agreeing one."""
+    """The fastest agreeing candidate when racing, else the first."""
     agreeing = [m for m in measured if m["refused"] is None]
     if not agreeing:
         raise RuntimeError("no runtime candidate agrees with fp32")  # fp32 ones are never refused: a bug
@@ -228,7 +218,7 @@ def pick_candidate(measured: list[dict], race: bool) -> str:
 
 
 def _build(loaded: LoadedModel, report: dict, name: str, cache: Cache, threads: int) -> ServedModel:
-    """Candidate `name` of `report` ready to serve (its files verified by the caller)."""
+    """Candidate `name` ready to serve."""
     chosen = next(m for m in report["candidates"] if m["name"] == name)
     runtime, chosen_precision = chosen["name"].split()
     summary = {

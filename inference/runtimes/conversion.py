@@ -1,6 +1,6 @@
-"""Building a candidate's runner: the PyTorch model cast to its precision, or the model converted (and for int8
-quantized on the calibration texts) by the runtime's own module (contract/runtimes.py declares each), staged and
-moved into the cache folder; an earlier conversion whose files match their recorded digests is reused."""
+"""A candidate's runner: the PyTorch model cast, or converted (int8 quantized) by its runtime's module and cached; a
+conversion whose digests match is reused.
+"""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def digest(texts: list[str]) -> str:
 
 
 def runner_for(loaded: LoadedModel, candidate: Candidate, cache: Cache, threads: int, calibration: list[str]):
-    """The candidate's runner, or why it could not be built (a converter or runtime that fails on this model)."""
+    """The candidate's runner, or why it failed."""
     if candidate.runtime == TORCH:
         return torch_runner(copy.deepcopy(loaded.model).to(precision.torch_dtype(candidate.precision)))
     try:
@@ -69,17 +69,16 @@ def _short(exc: BaseException) -> str:
 
 
 def conversion_name(candidate: Candidate, calibration: list[str]) -> str:
-    """The name of the candidate's converted model's folder in the cache."""
+    """The candidate's cache folder name."""
     return RUNTIMES[candidate.runtime].folder(candidate.precision, digest(calibration))
 
 
 def _converted(loaded: LoadedModel, candidate: Candidate, cache: Cache, calibration: list[str]) -> Path:
-    """The candidate's converted model (quantized for int8): an earlier conversion whose files match runtime.json's
-    digests, else a new one (what was there is named and removed)."""
+    """The candidate's converted model: a verified earlier one, else a new one."""
     runtime: Runtime = RUNTIMES[candidate.runtime]
     name = conversion_name(candidate, calibration)
     folder = cache.folder / name
-    if name in cache.converted:  # by this measurement, for another precision (a hinted one shares the fp32 model)
+    if name in cache.converted:  # a hinted precision shares the fp32 model
         return folder / runtime.model_file
     if folder.exists():
         problem = cache.damage(name)
@@ -88,7 +87,7 @@ def _converted(loaded: LoadedModel, candidate: Candidate, cache: Cache, calibrat
         logger.warning("Runtime: %s; converting again", problem)
         cache.discard(name)
     started = time.perf_counter()
-    # traced on a text pair: every input the tokenizer gives (a BERT's token_type_ids too) becomes a model input
+    # traced on a pair: every tokenizer output becomes an input
     example = collate(encode(loaded, [("an example text", "and its pair")], True, False), loaded.tokenizer.pad_token_id)
     calibrating = runtime.calibrated and candidate.precision == precision.INT8
     staging = cache.folder / runtime_cache.staging_name(name)

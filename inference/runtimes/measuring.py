@@ -1,6 +1,6 @@
-"""Measuring the runtime candidates against PyTorch fp32: each one's agreement with fp32's decisions on held-out
-texts (the problem type's rule, contract/problem_types.py) and its texts/s, best of two rounds with the order
-reversed; and the key a measurement is valid for (weights, texts, CPU, threads, library versions, the rule)."""
+"""Measuring runtime candidates against PyTorch fp32: agreement on held-out texts and texts/s; and the key a measurement
+is valid for. Called by the runtime choice.
+"""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], t
 
 
 def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cache: Cache, threads: int) -> dict:
-    """Agreement with PyTorch fp32 (on held-out texts) and texts/s of each candidate."""
+    """Each candidate's agreement with fp32 and texts/s."""
     calibration, held = split(texts)
     real = len(held) >= MIN_HELD_OUT
     batches = _batches(loaded, held) if real else _synthetic_batches(loaded)
@@ -69,7 +69,7 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
         if isinstance(runner, str):  # the conversion failed: the other candidates are still measured
             results[candidate] = {"name": candidate.name, "refused": runner, "agreement": None, "texts_per_s": 0.0}
             continue
-        # every batch shape once (first-shape set-up is not speed), and the answers; torch fp32 gave them already
+        # every shape once, untimed; fp32 answered already
         outputs = reference if runner is fp32 else [runner(b) for b in batches]
         results[candidate] = _verdict(
             candidate, *(agreement(outputs, reference, loaded.problem) if real else (None, 0))
@@ -83,8 +83,7 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
 
 
 def _speeds(runners: dict, batches: list[dict], rounds: int = 2) -> dict:
-    """texts/s of each runner, best of `rounds` passes over the same (warm) batches, the order reversed from one
-    round to the next: a noisy neighbour or a slow start then favours no candidate."""
+    """texts/s per runner, best of `rounds`, the order reversed each round."""
     texts = sum(len(b["input_ids"]) for b in batches)
     best = dict.fromkeys(runners, 0.0)
     order = list(runners)
@@ -110,22 +109,19 @@ def _cannot_check(candidate: Candidate, held: list[str], calibration: list[str])
 def agreement(
     outputs: list[torch.Tensor], reference: list[torch.Tensor], problem: ProblemType
 ) -> tuple[float | None, int]:
-    """(share of fp32's decisions the candidate keeps, number of ties left out), by the problem type's agreement rule
-    (contract/problem_types.py `agreement`: the argmax, each label's thresholded decision, or a value within a
-    tolerance; decisions fp32 itself makes by a hair are ties, neither blamed nor credited). None when fewer than
-    MIN_HELD_OUT decisions are left."""
+    """(share of fp32's decisions kept, ties left out), by the problem type's rule; None under MIN_HELD_OUT."""
     out, ref = torch.cat(outputs).float(), torch.cat(reference).float()
     same, ties = problem.agreement(out, ref)
     return (same.float().mean().item() if len(same) >= MIN_HELD_OUT else None), ties
 
 
 def guard_description(problem: ProblemType) -> str:
-    """How agreement is measured for this problem type: part of the cache key, so a changed rule measures again."""
+    """The agreement rule, part of the cache key."""
     return problem.agreement_rule()
 
 
 def _verdict(candidate: Candidate, share: float | None, ties: int) -> dict:
-    refused = None  # fp32 is the reference precision: its agreement is reported, never refused
+    refused = None  # the reference: reported, never refused
     if candidate.precision != precision.FP32:
         if share is None:
             refused = f"refused: only {MIN_HELD_OUT - 1} or fewer held-out texts decided by fp32 ({ties} ties)"
@@ -141,7 +137,7 @@ def _batches(loaded: LoadedModel, texts: list[str]) -> list[dict]:
 
 
 def _synthetic_batches(loaded: LoadedModel) -> list[dict]:
-    """For speed alone: random token ids at a typical news-text length."""
+    """Random ids at a news-text length, for speed."""
     generator = torch.Generator().manual_seed(0)
     vocab = loaded.tokenizer.vocab_size
     ids = torch.randint(1000 % vocab, vocab, (4, BATCH, 64), generator=generator)

@@ -1,9 +1,5 @@
-"""ONNX Runtime, the other optimized CPU runtime: the classifier exported to ONNX (`torch.onnx.export`, batch and
-length dynamic), quantized to int8 by ONNX Runtime's dynamic quantization when asked (int8 weights, activations
-quantized per batch at run time: no calibration texts), and run by an InferenceSession on the CPU.
-
-Imported only when ONNX Runtime serves or is measured (`pip install 'distilbert-agnews[onnxruntime]'`). Like
-OpenVINO, a session releases the GIL and runs as fast on a worker thread as on the main thread.
+"""ONNX Runtime: the classifier exported to ONNX, int8 by dynamic quantization (no calibration texts), run by an
+InferenceSession on the CPU. Loaded through contract/runtimes.py.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ def version() -> str:
 
 
 class _Logits(torch.nn.Module):
-    """The classifier with its logits as the one output (the exporter flattens a ModelOutput otherwise)."""
+    """The classifier with logits as its one output."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
@@ -43,17 +39,15 @@ class _Logits(torch.nn.Module):
 
 
 def build(model: torch.nn.Module, example: dict, serving_precision: str, calibration: list[dict], folder: Path) -> Path:
-    """model.onnx in `folder` (contract/runtimes.py's interface): the exported classifier, fed the names in
-    `example`, quantized for int8 (dynamically: `calibration` is not needed)."""
+    """model.onnx in `folder`, int8-quantized dynamically when asked."""
     int8 = serving_precision == precision.INT8
     target = folder / files.RUNTIME_ONNX
     exported = folder / "exported.onnx" if int8 else target
-    # The exporter's passes log every step at INFO, and it warns that torchvision's operators (never used here)
-    # cannot be registered when torchvision is not installed.
+    # the exporter logs every pass and warns about torchvision
     chatter = quiet("onnx_ir", "onnxscript", "torch.onnx._internal.exporter._registration")
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), chatter:
-        warnings.simplefilter("ignore")  # the exporter's progress lines and deprecation notes are not ours to show
+        warnings.simplefilter("ignore")  # the exporter's chatter is not ours to show
         program = torch.onnx.export(
             _Logits(model.float().eval()),
             (),
@@ -67,7 +61,7 @@ def build(model: torch.nn.Module, example: dict, serving_precision: str, calibra
     if int8:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        root = logging.getLogger()  # it logs "consider pre-processing" on the root logger itself: silence only that
+        root = logging.getLogger()  # a root-logger hint: silence only that
         root.disabled = True
         try:
             quantize_dynamic(str(exported), str(target), weight_type=QuantType.QInt8)
@@ -78,7 +72,7 @@ def build(model: torch.nn.Module, example: dict, serving_precision: str, calibra
 
 
 class Runner:
-    """The session, called by one thread at a time (the engine's worker): logits as an fp32 tensor."""
+    """The session: logits as an fp32 tensor."""
 
     def __init__(self, path: Path, serving_precision: str, threads: int):
         options = ort.SessionOptions()

@@ -1,8 +1,5 @@
-"""OpenVINO, the optimized CPU runtime: the classifier converted from PyTorch (`ov.convert_model`), quantized to
-int8 by NNCF on calibration texts when asked, saved as IR (model.xml + model.bin) and compiled for the CPU.
-
-Imported only when OpenVINO serves or is measured (`pip install 'distilbert-agnews[openvino]'`). The compiled
-model releases the GIL and runs as fast on a worker thread as on the main thread.
+"""OpenVINO: the classifier converted from PyTorch, int8-quantized by NNCF on calibration texts, saved as IR and
+compiled for the CPU. Loaded through contract/runtimes.py.
 """
 
 from __future__ import annotations
@@ -29,21 +26,19 @@ def version() -> str:
 
 
 def build(model: torch.nn.Module, example: dict, serving_precision: str, calibration: list[dict], folder: Path) -> Path:
-    """model.xml in `folder` (contract/runtimes.py's interface): converted, and for int8 quantized on the
-    `calibration` batches (one text each)."""
+    """model.xml in `folder`, int8-quantized on `calibration` when asked."""
     converted = convert(model, example)
     if serving_precision == precision.INT8:
-        names = input_names(converted)  # what the model takes (a BERT tokenizer's token_type_ids may not be)
+        names = input_names(converted)  # a BERT tokenizer's token_type_ids may not be
         converted = quantize(converted, [{k: batch[k].numpy() for k in names} for batch in calibration])
     return save(converted, folder)
 
 
 def convert(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> ov.Model:
-    """The PyTorch classifier as an OpenVINO model, batch and length dynamic, fed the names in `example`."""
-    # The tracer probes every attribute of every submodule; transformers then warns about the base model's loss
-    # function, which a classifier never uses.
+    """The classifier as a dynamic-shape OpenVINO model."""
+    # the tracer's probing makes transformers warn about an unused loss
     with torch.no_grad(), warnings.catch_warnings(), quiet("transformers.modeling_utils"):
-        warnings.simplefilter("ignore")  # tracer warnings about Python branches on shapes: the graph stays dynamic
+        warnings.simplefilter("ignore")  # shape branches: the graph stays dynamic
         return ov.convert_model(model.float().eval(), example_input=example)
 
 
@@ -52,7 +47,7 @@ def input_names(model: ov.Model | ov.CompiledModel) -> list[str]:
 
 
 def quantize(model: ov.Model, samples: list[dict[str, np.ndarray]]) -> ov.Model:
-    """int8 weights and activations (NNCF post-training quantization, transformer preset) calibrated on `samples`."""
+    """int8 weights and activations by NNCF, calibrated on `samples`."""
     import nncf  # 4 s to import: only when quantizing
 
     nncf.set_log_level(logging.WARNING)
@@ -66,20 +61,20 @@ def quantize(model: ov.Model, samples: list[dict[str, np.ndarray]]) -> ov.Model:
 
 
 def save(model: ov.Model, folder: Path) -> Path:
-    """IR in `folder` (weights kept at full width: no fp16 compression, which would change the answers)."""
+    """IR in `folder`, weights uncompressed (fp16 would change answers)."""
     xml = folder / files.RUNTIME_MODEL
     ov.save_model(model, str(xml), compress_to_fp16=False)
     return xml
 
 
 class Runner:
-    """The compiled model, called by one thread at a time (the engine's worker): logits as an fp32 tensor."""
+    """The compiled model: logits as an fp32 tensor."""
 
     def __init__(self, xml: Path, serving_precision: str, threads: int):
         config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
         if serving_precision in _HINTS:
             config["INFERENCE_PRECISION_HINT"] = _HINTS[serving_precision]
-        with signal_stack.kept():  # the CPU plugin would leave this thread its own signal stack (signal_stack.py)
+        with signal_stack.kept():  # keep this thread's signal stack (signal_stack.py)
             self.compiled = ov.Core().compile_model(str(xml), "CPU", config)
         self.inputs = input_names(self.compiled)
         self.request = self.compiled.create_infer_request()

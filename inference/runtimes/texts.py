@@ -1,6 +1,6 @@
-"""The texts a runtime is checked and int8-calibrated on: CALIBRATION_FILE, else the checkpoint's
-calibration_texts.json (training records a sample of its training split), else the English sample shipped in
-inference/texts/; every third held out for the agreement check, the others calibrate int8."""
+"""The texts a runtime is checked and int8-calibrated on: CALIBRATION_FILE, else the checkpoint's recorded sample, else
+the shipped English sample; every third held out.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from inference.settings import SettingsError
 
 SAMPLE = Path(__file__).parents[1] / "texts" / "english.txt"  # sentences written for this project, many registers
 SAMPLE_TEXTS = 600
-HELD_OUT_EVERY = 3  # every third calibration text is held out for the agreement check
+HELD_OUT_EVERY = 3  # held out for the agreement check
 MAX_CALIBRATION, MAX_HELD_OUT = 300, 200
 
 
 def calibration_texts(folder: Path, calibration_file: str | None) -> tuple[list[str], str]:
-    """Real texts for int8 calibration and the agreement check, and where they came from ([] when none)."""
+    """Real texts and their source ([] when none)."""
     if calibration_file:
         texts = _read_texts(Path(calibration_file))
         return texts, f"CALIBRATION_FILE {calibration_file} ({len(texts)} texts)"
@@ -31,14 +31,14 @@ def calibration_texts(folder: Path, calibration_file: str | None) -> tuple[list[
 
 
 def sample_texts(n: int = SAMPLE_TEXTS) -> list[str]:
-    """`n` texts of one to three sentences of the shipped sample, the same every time; every sentence is used."""
+    """`n` fixed texts of the shipped sample, using every sentence."""
     sentences = [line.strip() for line in SAMPLE.read_text(encoding="utf-8").splitlines() if line.strip()]
     count = len(sentences)
     return [" ".join(sentences[(i * 67 + j * 89) % count] for j in range(1 + i % 3)) for i in range(n)]
 
 
 def _read_texts(path: Path) -> list[str]:
-    """Texts of a .txt (one per line), .jsonl or .csv (a `text` column) or .json (a list, or {"texts": [...]})."""
+    """Texts of a .txt, .jsonl, .csv or .json file."""
     try:
         raw = path.read_text(encoding="utf-8")
         if path.suffix == ".json":
@@ -59,7 +59,7 @@ def _read_texts(path: Path) -> list[str]:
 
 
 def split(texts: list[str]) -> tuple[list[str], list[str]]:
-    """(calibration, held out): every HELD_OUT_EVERY-th text is held out for the agreement check."""
+    """(calibration, held out)."""
     held = texts[::HELD_OUT_EVERY][:MAX_HELD_OUT]
     calibration = [t for i, t in enumerate(texts) if i % HELD_OUT_EVERY][:MAX_CALIBRATION]
     return calibration, held
