@@ -1,7 +1,7 @@
 """Attention that never asks the device a question: SDPA whose mask is always built.
 
-transformers' SDPA skips an all-ones mask by reading it on the host, a sync per forward pass that blocks graph capture.
-Training (speed/capture.py) and serving (inference/graphs.py) use this instead.
+transformers' SDPA skips an all-ones mask by reading it on the host: a sync that blocks graph capture. Training and
+serving use this instead.
 """
 
 from __future__ import annotations

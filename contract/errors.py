@@ -1,7 +1,7 @@
-"""UserError: the one base of every failure a user can fix, told in one line.
+"""UserError: the base of every failure a user can fix, said in one line.
 
-The commands and the service's start print it without a traceback and exit with `exit_code` (2 for usage, else 1).
-Anything else is a bug and keeps its traceback.
+Commands and the service print it without traceback and exit with `exit_code` (2 usage, else 1). Other errors are bugs
+and keep theirs.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Load a classifier: our checkpoint folder, any `save_pretrained` folder, a peft adapter folder or a Hub id
-(safetensors only). Called by the service, evaluate and predict.
+"""Load a classifier: our checkpoint folder, any `save_pretrained` folder, a peft adapter or a Hub id. Called by the
+service, evaluate and predict.
 
 Pickles are refused (they can run code), and so is a model without its classification head.
 """

@@ -1,7 +1,7 @@
-"""Texts longer than the model's window: truncated, or cut into overlapping windows pooled per text. Training,
-evaluation, prediction and the service read the settings from config.json, so all window alike.
+"""Texts longer than the model's window: truncated, or cut into overlapping windows pooled per text, as config.json
+says, so every reader windows as training did.
 
-A pair is windowed along its longer side; the shorter is repeated whole in each window.
+A pair is windowed along its longer side; the shorter repeats in each window.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Batch shapes for training and serving: the widths batches are padded to, and the padding.
 
-Compiled or captured passes are specialised to shapes, so batches pad to a few fixed widths ("buckets"). Serving pads
-rows too: a CUDA graph per (rows, width).
+Compiled or captured passes are specialised to shapes, so batches pad to a few widths ("buckets"); serving pads rows
+too.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Micro-batching: concurrent requests share forward passes, run off the event loop. Called by the routes.
 
-Requests queue as jobs; one model thread gathers them into micro-batches, tokenizes, runs the passes and answers each
-job's future on its event loop. docs/serving.md tells the policy.
+One model thread gathers queued jobs into micro-batches, tokenizes, runs the passes and answers each job's future.
+docs/serving.md tells the policy.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Limits:
 
 @dataclass
 class Answer:
-    """One job's answer: labels and scores per input, best first; the model that computed them, its tokens and timings."""
+    """One job's answer: each input's ranked labels; the model that computed them, its tokens and timings."""
 
     ranked: list[list[dict]]
     model: LoadedModel

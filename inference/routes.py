@@ -230,7 +230,7 @@ def check_characters(sequences: list, limit: int) -> None:
 
 
 def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) -> list:
-    """TEI's character bound: cut each input to `limit` characters (pairs: half each), or refuse it without truncation."""
+    """TEI's character bound: each input cut to `limit` characters (pairs: half each), or refused."""
     cut: dict[tuple[int, int], str] = {}
 
     def keep(side: str, chars: int) -> str:

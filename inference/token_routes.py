@@ -1,4 +1,4 @@
-"""TEI's POST /tokenize and /decode (router/src/http/server.rs) on a copy of the served tokenizer, off the model thread."""
+"""TEI's POST /tokenize and /decode (router/src/http/server.rs), on a copy of the served tokenizer."""
 
 from __future__ import annotations
 

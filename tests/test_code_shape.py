@@ -4,6 +4,7 @@ in rooms, short module docstrings, and docs that are generated from the code sti
 from __future__ import annotations
 
 import ast
+import importlib.util
 
 import pytest
 
@@ -205,3 +206,13 @@ def test_module_docstrings_say_what_the_module_holds_in_a_few_lines():
             if len(doc.strip().splitlines()) > MAX_MODULE_DOC_LINES:
                 long.append(f"{path.relative_to(ROOT)} ({len(doc.strip().splitlines())} lines)")
     assert not long, f"module docstrings over {MAX_MODULE_DOC_LINES} lines: {long}"
+
+
+def test_comments_and_docstrings_stay_short():
+    """The anchors' density (nanoGPT's median comment is 7 words): measured by scripts/prose.py."""
+    spec = importlib.util.spec_from_file_location("prose", ROOT / "scripts" / "prose.py")
+    prose = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prose)
+    median, over_40, counted = prose.measure()
+    longest = ", ".join(f"{where} ({n})" for n, where in counted[:5])
+    assert median <= 10 and over_40 <= 0.03, f"median {median} words, {over_40:.1%} over 40; longest: {longest}"

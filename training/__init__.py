@@ -1,1 +1,1 @@
-"""Fine-tuning: config, data, model, checkpoints and the training loop (entry point: training/train.py)."""
+"""Fine-tuning: the commands, the loop's spine, and rooms for data, output, speed and scoring."""

@@ -1,8 +1,4 @@
-"""The command lines of evaluate, predict, push, download and check-env: flags, help and defaults.
-
-Each command parses its arguments with these; `agnews COMMAND --help` (training/commands.py) prints them without
-importing torch. train's command line is its typed configuration (training/config_parsing.py).
-"""
+"""The parsers of evaluate, predict, push, download and check-env, built without torch for a fast --help."""
 
 from __future__ import annotations
 
@@ -23,7 +19,7 @@ def _parser(module: str, description: str, epilog: str | None = None) -> argpars
 
 
 def _checkpoint_parser(module: str, description: str) -> argparse.ArgumentParser:
-    """A command that reads a saved model (evaluate, predict): --checkpoint_dir first."""
+    """A command reading a saved model: --checkpoint_dir first."""
     parser = _parser(module, description)
     parser.add_argument(
         "--checkpoint_dir", default="checkpoints", help="a training output folder or any save_pretrained folder"
@@ -32,7 +28,7 @@ def _checkpoint_parser(module: str, description: str) -> argparse.ArgumentParser
 
 
 def _data_arguments(parser: argparse.ArgumentParser) -> None:
-    """How texts are read, as in training; defaults: the training run's, else text."""
+    """How texts are read; default: as in training."""
     parser.add_argument("--text_column_names", type=lambda s: s.split(","), help="text column(s), comma-separated")
     parser.add_argument("--text_column_delimiter", help="joins several text columns (default: a space)")
     parser.add_argument("--text_pair_column", help="the second text of sentence-pair tasks")

@@ -1,9 +1,5 @@
-"""Calibrated scores carried in the weights (--calibration): temperatures fitted on the validation split after
-the best model is chosen, folded into the output layer, so every consumer of the checkpoint reads calibrated
-probabilities with no code of its own and every decision stays what it was (multi-label thresholds move with
-their temperatures). `auto` folds them in only where they help held-out texts: fitted on one half of validation,
-they must improve the other half (both halves in turn). The expected calibration error before and after goes to
-metrics.json. Called by train.py once the best model is back.
+"""Calibrated scores carried in the weights (--calibration): temperatures fitted on validation after the best model is
+chosen, folded into the output layer, decisions unchanged. Called by train.py; docs/checkpoints.md tells more.
 """
 
 from __future__ import annotations
@@ -28,30 +24,28 @@ CONFIG_FIELD = (
     problem_types.CALIBRATION
 )  # config.json: {"method": ..., "temperature": T} or {..., "temperatures": [T_j]}
 LIMITS = (0.05, 20.0)  # a fitted temperature is kept within these
-# auto keeps temperatures only when, fitted on one half of validation, they lower the other half's negative
-# log-likelihood or ECE by this share and raise neither by more (both halves in turn)
+# auto's bar: held-out NLL or ECE lower by this share, neither higher
 MARGIN = 0.02
 
 
 @dataclass(frozen=True)
 class Scale:
-    """How one problem type's scores are calibrated: which logits its scores come from, the loss a temperature
-    minimises, and how the calibration error is counted. `per_label`: one temperature per output, else one for all."""
+    """How one problem type's scores are calibrated: logits, loss and error. `per_label`: a temperature per output."""
 
     per_label: bool
 
     def probabilities(self, logits: torch.Tensor, temperatures: Sequence[float] = (1.0,)) -> torch.Tensor:
-        """The scores of logits / T (float64): what a model with these temperatures folded in scores."""
+        """Scores of logits / T, in float64."""
         scaled = logits.double() / torch.tensor(temperatures, dtype=torch.float64)
         return scaled.sigmoid() if self.per_label else scaled.softmax(-1)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.per_label:  # the labels' losses are independent: their sum is minimised label by label
+        if self.per_label:  # independent labels: minimised one by one
             return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none").mean(0).sum()
         return F.cross_entropy(logits, labels.long())
 
     def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> list[float]:
-        """The temperatures (one, or one per label) minimising the loss of logits / T: L-BFGS on log T in float64."""
+        """Temperatures minimising the loss of logits / T (L-BFGS on log T)."""
         log_t = torch.zeros(logits.shape[-1] if self.per_label else 1, dtype=torch.float64, requires_grad=True)
         optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
         scores = logits.double()
@@ -72,7 +66,7 @@ class Scale:
         return reliability(*self.top_label(probs, labels))
 
     def top_label(self, probs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(probabilities, labels) whose top label the error counts: each (text, label) as a yes/no for sigmoids."""
+        """(probabilities, labels) the error counts; each label a yes/no for sigmoids."""
         if not self.per_label:
             return probs, labels
         yes = probs.double().reshape(-1)
@@ -90,14 +84,12 @@ class Scale:
 
 
 def clamped(temperatures: Sequence[float]) -> list[int]:
-    """The outputs whose fitted temperature sits at a bound of LIMITS (the fit wanted further: a sign that the
-    validation split is too small or the scores degenerate)."""
+    """Outputs whose temperature hit a bound: too little or degenerate validation."""
     return [i for i, t in enumerate(temperatures) if t in LIMITS]
 
 
 def held_out(scale: Scale, logits: torch.Tensor, labels: torch.Tensor, seed: int) -> dict:
-    """Temperatures fitted on one half of the validation texts and measured on the other, both ways: the negative
-    log-likelihood and ECE of the held-out halves before and after (each the mean of the two halves)."""
+    """Temperatures fitted on one half of validation, measured on the other, both ways: NLL and ECE before and after."""
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     halves = (order[: len(order) // 2], order[len(order) // 2 :])
     totals = {"nll_before": 0.0, "nll_after": 0.0, "ece_before": 0.0, "ece_after": 0.0}
@@ -115,21 +107,19 @@ def held_out(scale: Scale, logits: torch.Tensor, labels: torch.Tensor, seed: int
 
 
 def helps(measured: dict) -> bool:
-    """auto's rule on `held_out`'s figures: lower NLL or ECE by MARGIN (relative), neither higher by more."""
+    """auto keeps temperatures that help held-out texts by MARGIN."""
     ratios = [measured[f"{m}_after"] / max(measured[f"{m}_before"], 1e-12) for m in ("nll", "ece")]
     return min(ratios) <= 1 - MARGIN and max(ratios) <= 1 + MARGIN
 
 
 def scale_for(problem_type: str) -> Scale | None:
-    """How this problem type's scores are calibrated (contract/problem_types.py `temperatures`), None when they are
-    not probabilities (regression)."""
+    """This problem type's calibration; None for regression."""
     temperatures = PROBLEM_TYPES[problem_type].temperatures
     return None if temperatures == problem_types.NONE else Scale(per_label=temperatures == "per_label")
 
 
 def moved_thresholds(thresholds: Sequence[float], temperatures: Sequence[float]) -> list[float]:
-    """Each multi-label decision threshold t moved to sigmoid(logit(t) / T): the decisions of the calibrated model
-    at the moved thresholds are those of the uncalibrated one at t (0 and 1 stay where they are)."""
+    """Thresholds moved to sigmoid(logit(t) / T): the same decisions after calibration."""
     moved = []
     for t, temperature in zip(thresholds, temperatures, strict=True):
         if t <= 0 or t >= 1:
@@ -140,13 +130,13 @@ def moved_thresholds(thresholds: Sequence[float], temperatures: Sequence[float])
 
 
 def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = BINS) -> float:
-    """Sum over equal-width confidence bins of (share of texts) x |accuracy - mean confidence| (top label)."""
+    """Expected calibration error over equal-width bins (top label)."""
     points = reliability(probs, labels, bins)
     return sum(count * abs(accuracy - confidence) for confidence, accuracy, count in points) / len(labels)
 
 
 def reliability(probs: torch.Tensor, labels: torch.Tensor, bins: int = BINS) -> list[tuple[float, float, int]]:
-    """(mean confidence, accuracy, texts) of each non-empty bin: the reliability diagram's points."""
+    """(confidence, accuracy, texts) per non-empty bin."""
     confidence, predicted = probs.double().max(dim=-1)
     correct = (predicted == labels).double()
     which = torch.clamp((confidence * bins).ceil().long() - 1, 0, bins - 1)
@@ -158,8 +148,7 @@ def reliability(probs: torch.Tensor, labels: torch.Tensor, bins: int = BINS) -> 
 
 
 def output_layer(model: torch.nn.Module, num_labels: int) -> str:
-    """The name of the last linear layer producing the `num_labels` logits (DistilBERT and BERT: classifier; Qwen,
-    Llama: score; RoBERTa: classifier.out_proj); with LoRA, the head's trained copy (peft's modules_to_save)."""
+    """The last linear layer giving the logits (with LoRA, the head's trained copy)."""
     found = [
         (n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.out_features == num_labels
     ]
@@ -171,8 +160,7 @@ def output_layer(model: torch.nn.Module, num_labels: int) -> str:
 
 @torch.no_grad()
 def fold_temperature(weights: dict[str, torch.Tensor], layer: str, temperature: float | Sequence[float]) -> None:
-    """Divide the output layer's weight and bias in `weights` (a state dict; training/weights.py edit_weights brings
-    the model's) by `temperature` (one for all outputs, or one per output): the model's logits become z / T."""
+    """Divide the output layer of `weights` by `temperature`: logits become z / T."""
     weight = weights[f"{layer}.weight"]
     divisor = torch.tensor(temperature, dtype=weight.dtype, device=weight.device).reshape(-1)
     weight.div_(divisor[:, None])
@@ -181,7 +169,7 @@ def fold_temperature(weights: dict[str, torch.Tensor], layer: str, temperature: 
 
 
 def not_applied(model: torch.nn.Module, temperatures: list[float], measured: dict) -> dict:
-    """auto: the fitted temperatures did not help held-out texts, so the model stays as trained (its config says so)."""
+    """auto: no temperature helped, so the model stays as trained."""
     logger.info(
         "Calibration: not applied (auto): temperature %s fitted on validation; fitted on either half, it did not help "
         "the other%s",
@@ -219,10 +207,7 @@ def rounded(numbers: list[float]) -> str:
 
 
 def apply(run, validation) -> dict:
-    """--calibration on the best model of `run` (training/loop.py's Run), scored on `validation` by every rank:
-    temperatures fitted and folded into the output layer (`auto`: only where they help held-out texts), multi-label
-    thresholds moved with them, the model saved again. A best model an earlier run of this folder calibrated is kept
-    as it is. What was applied and measured."""
+    """--calibration on the best model, on every rank: fit, fold in where it helps, move thresholds, save again."""
     unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
     if run.cfg.calibration == NONE:
         setattr(unwrapped.config, CONFIG_FIELD, {"method": NONE})
@@ -264,9 +249,9 @@ def apply(run, validation) -> dict:
 
 
 def add_test_errors(calibrated: dict, scored, problem_type: str) -> None:
-    """The expected calibration error on the test split beside validation's, in what `apply` returned."""
+    """Test-split calibration error beside validation's."""
     scale = scale_for(problem_type)
-    if "ece" in calibrated:  # auto kept no temperature: the error of the scores as they are
+    if "ece" in calibrated:  # no temperature kept: the raw scores' error
         calibrated["ece"]["test"] = scale.error(scored.scores, scored.labels)
     if "ece_after" in calibrated:
         undone = [1 / t for t in Scale.temperatures(calibrated)]  # the logits are the calibrated ones

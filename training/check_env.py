@@ -1,8 +1,6 @@
-"""Check the machine and the launch before a long run; exit 1 with a one-line hint for each problem found.
+"""`agnews check-env`: check the machine and the launch before a long run; exit 1 with one hint per problem.
 
-Every process prints its versions, devices and launcher variables; the group then all-reduces rank+1 and times a
-larger all-reduce. Port in use, too few GPUs, no NCCL, a world that did not assemble, and processes that each
-believe they are alone end with what to change. `agnews check-env --help` shows how to run it on several processes.
+Every process prints versions, devices and launch variables; the group all-reduces and times a larger all-reduce.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ CPU_CONFIG = Path(__file__).resolve().parent.parent / "accelerate_configs" / "cp
 
 
 class EnvProblem(UserError, RuntimeError):
-    """A launch that cannot work; the message says what to change."""
+    """A launch that cannot work; says what to change."""
 
 
 def versions() -> dict[str, str]:
@@ -61,7 +59,7 @@ def versions() -> dict[str, str]:
 
 
 def gpus() -> list[str]:
-    """One line per visible GPU: index, name, memory, compute capability, bf16."""
+    """One line per GPU: name, memory, compute, bf16."""
     lines = []
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
@@ -81,8 +79,7 @@ def describe_process() -> list[str]:
 
 
 def node_problems(processes_on_node: int, gpu_count: int, cuda: bool, nccl: bool) -> list[str]:
-    """What stops `processes_on_node` processes from starting on this node, from facts passed in (so it is
-    tested without GPUs); also warns when GPUs would sit idle."""
+    """What stops this node's processes from starting, from facts passed in; warns of idle GPUs."""
     problems = []
     if cuda and processes_on_node > gpu_count:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -117,7 +114,7 @@ def port_problem(port: int) -> str | None:
 
 
 def check_group(accelerator: Accelerator, buffer_mb: float) -> str:
-    """The all-reduce check and the bandwidth probe; returns the main process's summary line."""
+    """All-reduce check and bandwidth probe; the summary line."""
     n = accelerator.num_processes
     total = accelerator.reduce(torch.tensor([accelerator.process_index + 1.0], device=accelerator.device), "sum")
     expected = n * (n + 1) / 2
@@ -154,7 +151,7 @@ def all_reduce_seconds(buffer: torch.Tensor, accelerator: Accelerator, repeats: 
 
 
 def run_in_group(args: argparse.Namespace) -> None:
-    """Under a launcher: this node's checks, then the rendezvous, the all-reduce and the bandwidth probe."""
+    """Under a launcher: node checks, rendezvous, all-reduce, bandwidth."""
     cuda = torch.cuda.is_available()
     on_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     problems = node_problems(on_node, torch.cuda.device_count(), cuda, dist.is_nccl_available())
@@ -184,7 +181,7 @@ def run_in_group(args: argparse.Namespace) -> None:
             "[rank %d/%d on %s] %s", accelerator.process_index, accelerator.num_processes, socket.gethostname(), line
         )
     try:
-        check_world_size(accelerator)  # train.py's refusal of N processes that each see a world of 1
+        check_world_size(accelerator)  # N processes that each see a world of 1
     except LaunchError as exc:
         raise EnvProblem(str(exc)) from None
     logger.info(
@@ -201,7 +198,7 @@ def run_in_group(args: argparse.Namespace) -> None:
 
 
 def run_alone(args: argparse.Namespace) -> None:
-    """No launcher: this process's report, and a real one-process group of the backend training would use."""
+    """No launcher: this process, and a one-process group."""
     for line in describe_process():
         logger.info("%s", line)
     cuda = torch.cuda.is_available()
@@ -240,14 +237,14 @@ def run_alone(args: argparse.Namespace) -> None:
 
 
 def launch_self(args: argparse.Namespace) -> int:
-    """Check what `accelerate launch --num_processes N` needs on this machine, then run the group check under it."""
+    """Check what `--num_processes N` needs here, then run under it."""
     cuda = torch.cuda.is_available()
     problems = node_problems(args.num_processes, torch.cuda.device_count(), cuda, dist.is_nccl_available())
     problems += [p for p in [port_problem(args.main_process_port)] if p]
     if problems:
         raise EnvProblem(" ".join(problems))
     config = args.config_file or (None if cuda else str(CPU_CONFIG))
-    command = [  # `accelerate launch` of this interpreter: works from a virtual environment that is not activated
+    command = [  # this interpreter, activated or not
         sys.executable,
         "-m",
         "accelerate.commands.launch",

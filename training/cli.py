@@ -1,9 +1,5 @@
-"""The one way train, evaluate, predict and push run as commands.
-
-Every command: log lines with a time and the logger's name; library chatter (datasets, transformers) from one
-process per machine; log lines printed above progress bars instead of through them; a UserError (contract/errors.py)
-logged as one line, with its exit code and no traceback, anything else propagated with its traceback; and the
-process group destroyed at the end, even on failure (without it, gloo may abort at exit).
+"""The one runner of every command: logging, quiet ranks, a UserError as one line and its exit code, the trackers ended.
+Called by each command's `cli()`.
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ from contract.errors import UserError
 logger = logging.getLogger(__name__)
 
 
-# Library loggers whose INFO lines say what this project's own lines already say (a state saved, where each file
-# went, under its staging name): shown with --verbose only
+# their INFO lines repeat ours: shown with --verbose only
 CHATTY = ("accelerate.accelerator", "accelerate.checkpointing")
 
 
@@ -35,16 +30,15 @@ def setup_logging(verbose: bool = False) -> None:
 
 
 def usage_error(prog: str, exc: UserError) -> int:
-    """A command line that cannot start, argparse's way: `prog: error: ...` on stderr; its exit code."""
+    """A command line that cannot start, argparse's way; its exit code."""
     sys.stderr.write(f"{prog}: error: {exc}\n")
     return exc.exit_code
 
 
 def run_command(work: Callable[[], object], accelerator: Accelerator | None = None) -> int:
-    """`work()` under the commands' rules (module docstring). The exit code: the int work() returns (anything else
-    it returns, such as evaluate's results, means 0), or the UserError's."""
+    """`work()` under the commands' rules; its int, else 0, or the UserError's code."""
     if accelerator is not None and not accelerator.is_local_main_process:
-        import datasets  # imported here: push runs without an accelerator and needs neither library
+        import datasets  # push needs neither library
         import transformers
 
         datasets.utils.logging.set_verbosity_error()
@@ -63,4 +57,4 @@ def run_command(work: Callable[[], object], accelerator: Accelerator | None = No
         return exc.exit_code
     finally:
         if accelerator is not None:
-            accelerator.end_training()
+            accelerator.end_training()  # the group destroyed: gloo may abort at exit otherwise

@@ -1,9 +1,5 @@
-"""The one way the ranks agree on something only one of them should work out.
-
-`decided_on_main(accelerator, decide)` runs `decide()` on the main process alone and hands its result to every rank;
-a UserError it raises is raised on every rank, so none is left waiting in a collective (anything else is a bug and
-keeps its traceback; the launcher stops the others). `main_first(accelerator, work)` is accelerate's
-`main_process_first` with the same rule.
+"""The one way the ranks agree on something one of them works out: the main process decides, every rank acts the same, a
+UserError raised on all.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ def decided_on_main(accelerator: Accelerator, decide: Callable[[], T]) -> T:
 
 
 def main_first(accelerator: Accelerator, work: Callable[[], T]) -> T:
-    """`work()` on the main process, then on the others; a UserError on the main process raised on every rank."""
+    """`work()` on the main process, then the others; its UserError raised everywhere."""
     result, failure = None, None
     if accelerator.is_main_process:
         try:

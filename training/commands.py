@@ -1,7 +1,5 @@
-"""`agnews COMMAND [ARGS]`: one name for every command (the console script pyproject.toml installs). Each command
-runs its module as `python -m MODULE` would, with the same arguments and exit code. `agnews COMMAND --help` prints
-the command's parser (the light modules named below) without importing torch. The old invocations
-(`python training/train.py`, `python -m training.evaluate`, `python -m inference`, ...) keep working.
+"""`agnews COMMAND [ARGS]`: one name for every command. Each runs its module as `python -m MODULE` would; `--help`
+answers without importing torch.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ COMMANDS = {  # name: (module, what it does)
 }
 
 
-PARSERS = {  # name: where its parser is built without torch; the others' modules import nothing heavy before parsing
+PARSERS = {  # where each parser is built without torch
     "train": "training.config_parsing:build_parser",
     "evaluate": "training.arguments:evaluate",
     "predict": "training.arguments:predict",

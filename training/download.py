@@ -1,6 +1,5 @@
-"""`agnews download`: the model, tokenizer and dataset fetched once, for clusters whose compute nodes have no
-internet. The folder holds model/ (save_pretrained), data/<split>.parquet and train_config.yaml, which points
-train.py at them: `HF_HUB_OFFLINE=1 accelerate launch training/train.py --config DIR/train_config.yaml`.
+"""`agnews download`: model, tokenizer and dataset fetched once, for nodes without internet, with a train_config.yaml
+pointing train.py at them.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ CONFIG_NAME = "train_config.yaml"
 
 
 def require_hub(sources: list[str]) -> None:
-    """Fail at once, with the reason, when a source must come from the Hub and the Hub does not answer."""
+    """Fail at once when a needed Hub does not answer."""
     remote = [s for s in sources if not Path(s).exists()]
     if remote and (is_offline() or not hub_reachable()):
         raise UserError(
@@ -38,7 +37,7 @@ def require_hub(sources: list[str]) -> None:
 
 
 def save_model(name: str, folder: Path) -> None:
-    """The pretrained encoder and its tokenizer; train.py adds the classification head as it does from the Hub."""
+    """The pretrained encoder and its tokenizer."""
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModel.from_pretrained(name)
@@ -50,7 +49,7 @@ def save_model(name: str, folder: Path) -> None:
 
 
 def save_dataset(name: str, folder: Path, label_column: str) -> tuple[dict[str, Path], list[str] | None]:
-    """Every split as parquet; the class names in id order when the dataset has them (a ClassLabel)."""
+    """Every split as parquet, and the class names."""
     try:
         splits = datasets.load_dataset(name)
     except (ConnectionError, FileNotFoundError, OSError) as exc:

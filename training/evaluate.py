@@ -1,9 +1,6 @@
 """`agnews evaluate`: score a saved checkpoint on a labelled split, on every process at once.
 
-Each rank scores its shard (training/scoring/split.py, as training's validation does); `gather_for_metrics` drops
-accelerate's duplicates, so the counts are exact with any number of processes. The main process prints a per-class
-table and writes eval_results.json and the problem type's reports beside the checkpoint (docs/evaluation.md),
-unless the weights changed while they were scored.
+Writes eval_results.json and the problem type's reports beside the model, naming the weights scored.
 """
 
 from __future__ import annotations
@@ -45,14 +42,14 @@ logger = get_logger(__name__)
 
 @dataclass
 class SavedModel:
-    """A servable model folder read for scoring: the model (fp32, CPU), how its training run read its data."""
+    """A model folder read for scoring, and how its run read data."""
 
     loaded: LoadedModel
     trained_with: dict  # the training run's config, {} for a folder from elsewhere
-    label_values: list | None  # the training data's label value of each id, when the run recorded them
+    label_values: list | None  # the run's label value of each id
 
     def data_config(self, args: argparse.Namespace) -> TrainConfig:
-        """Text and label columns: the command line's, else the training run's, else the defaults."""
+        """Columns: the flags', the run's, else defaults."""
         fields = (
             "text_column_names",
             "text_column_delimiter",
@@ -66,8 +63,7 @@ class SavedModel:
         return TrainConfig(**values)
 
     def labels_for(self, ds: datasets.Dataset, column: str) -> LabelSpace:
-        """The training run's values, else (a folder from elsewhere) class ids when the data has integers,
-        else the class names."""
+        """The run's label values, else class ids or names."""
         names, problem_type = self.loaded.labels, self.loaded.problem.name
         values = self.label_values
         if not self.loaded.problem.classes:
@@ -86,8 +82,7 @@ class SavedModel:
 
 
 def load_saved(checkpoint_dir: str, device: str = "cpu", dtype: str = precision.FP32) -> SavedModel:
-    """This project's checkpoint folder or any save_pretrained folder (contract/loading.py reads both), its weights
-    cast to `dtype` as training.predict and the service cast them (one meaning of each precision name)."""
+    """Any servable folder, cast to `dtype` as predict and the service cast it."""
     loaded = load_model(checkpoint_dir, device=device, dtype=dtype)
     recorded = loaded.metrics or {}
     return SavedModel(loaded, recorded.get("config", {}), recorded.get("label_values"))
@@ -103,8 +98,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def long_text_for(loaded: LoadedModel, args: argparse.Namespace) -> LongText:
-    """How long texts are read (contract/long_text.py): the model's config.json, --long_text and --chunk_stride
-    overriding it; the pooling is always the model's."""
+    """The model's long-text settings, with flag overrides."""
     recorded = loaded.long_text
     stride = recorded.stride if args.chunk_stride is None else args.chunk_stride
     return dataclasses.replace(recorded, mode=args.long_text or recorded.mode, stride=stride)
@@ -180,8 +174,7 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
 
 
 def described_model(saved: SavedModel) -> dict:
-    """Which model the results describe: the weights file and the SHA-256 of the bytes scored, and where its training
-    run stood (eval_results.json can then be checked against the folder's weights)."""
+    """Which weights the results describe, and where training stood."""
     recorded = saved.loaded.metrics or {}
     return {
         "weights_file": saved.loaded.weights_file,
@@ -192,8 +185,7 @@ def described_model(saved: SavedModel) -> dict:
 
 
 def unchanged(accelerator: Accelerator, loaded: LoadedModel) -> None:
-    """The weights file still holds the bytes that were scored (a training run may save a new best model into the
-    folder meanwhile); otherwise nothing is written. Decided on the main process, raised on every rank alike."""
+    """Write only if the weights still hold the scored bytes; decided on the main process."""
 
     def check() -> None:
         path = Path(loaded.weights_file)
@@ -223,8 +215,7 @@ def cli(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    # no autocast: the weights are cast to --mixed_precision (load_saved), so evaluation computes what prediction and
-    # the service compute on the same checkpoint (training's own validation autocasts over fp32 weights)
+    # no autocast: the weights are cast, as in predict and the service
     accelerator = Accelerator(cpu=device_type == "cpu")
     return run_command(lambda: evaluate_checkpoint(args, accelerator), accelerator)
 

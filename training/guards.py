@@ -1,9 +1,5 @@
-"""Starting and stopping safely: a launch whose processes do not form one group is refused; preemption
-(SIGTERM) and divergence (non-finite losses) are decided by all ranks together.
-
-A rank that receives SIGTERM only raises a flag; every `stop_check_steps` steps, and before any evaluation or save,
-the ranks sum their flags in one tiny all-reduce, so they all stop at the same step (a resumable state saved after
-SIGTERM; an error after `max_nonfinite_steps` non-finite losses). The non-finite streak is counted on the device.
+"""Starting and stopping safely: a launch whose processes form no group is refused; preemption and divergence are
+decided by all ranks together. Called by train.py and the loop.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from contract.errors import UsageError, UserError
 
 
 class TrainingDiverged(UserError, RuntimeError):
-    """The loss stayed non-finite; the run stops without saving the diverged model."""
+    """A non-finite loss streak; nothing is saved."""
 
 
 class StopGuard:
@@ -35,8 +31,7 @@ class StopGuard:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
 
     def observe(self, loss: torch.Tensor) -> None:
-        """Count the non-finite streak on the device (no host sync), in place: a captured step keeps these tensors
-        (training/speed/step_graph.py)."""
+        """Count the non-finite streak on the device, in place."""
         finite = torch.isfinite(loss.detach())
         self.streak.copy_(torch.where(finite, torch.zeros_like(self.streak), self.streak + 1))
         torch.maximum(self.longest, self.streak, out=self.longest)
@@ -46,7 +41,7 @@ class StopGuard:
         return [self.streak, self.longest]
 
     def check(self) -> tuple[bool, bool]:
-        """(preempted, diverged), identical on every rank. A collective: call it on all ranks at the same step."""
+        """(preempted, diverged) on every rank; call on all ranks."""
         flags = torch.stack(
             [
                 torch.tensor(float(self.sigterm), device=self.accelerator.device),
@@ -59,11 +54,11 @@ class StopGuard:
 
 
 class LaunchError(UsageError, RuntimeError):
-    """The processes were started in a way that would not train correctly."""
+    """A launch that would not train correctly."""
 
 
 def check_world_size(accelerator: Accelerator) -> None:
-    """Refuse N launched processes that each believe they are alone (N trainings writing the same files)."""
+    """N processes that each think they are alone."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and accelerator.num_processes != launched:
         raise LaunchError(
@@ -74,9 +69,8 @@ def check_world_size(accelerator: Accelerator) -> None:
 
 
 def check_strategy(lora_r: int) -> None:
-    """Before the Accelerator is built: DeepSpeed is refused (FSDP2 is the sharded strategy this project tests), and
-    LoRA under FSDP (the adapters are merged into a copy of the model, which FSDP's sharded parameters do not allow;
-    DDP keeps one frozen base per GPU, and the adapters and their optimizer state are small)."""
+    """Refused before the Accelerator: DeepSpeed (FSDP2 is the tested sharding), and LoRA under FSDP (merging needs
+    whole parameters)."""
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         raise LaunchError(
             "DeepSpeed is not supported here: to shard a model that outgrows one GPU, launch with "

@@ -1,9 +1,5 @@
-"""Fail fast when the Hugging Face Hub is out of reach.
-
-Without a network, `from_pretrained` and `load_dataset` retry for about a minute before giving up. We probe
-the Hub once with a short timeout; if it does not answer, we switch the libraries to offline mode, so what
-is already in the local cache still loads and anything else fails at once with a message that says what to
-do instead.
+"""Fail fast when the Hub is out of reach: probe once, then use the cache only, or stop saying what would work.
+Called by the commands that read models or data.
 """
 
 from __future__ import annotations
@@ -32,21 +28,18 @@ OFFLINE_HELP = {  # by command: what would work without the Hub
 
 
 def command() -> str:
-    """The command running: train, evaluate, ... (`python training/train.py`, `-m training.evaluate`, `agnews X`)."""
+    """The running command's name: train, evaluate, ..."""
     return os.path.basename(sys.argv[0]).removesuffix(".py").split()[-1] if sys.argv and sys.argv[0] else "train"
 
 
 def looks_local(name: str) -> bool:
-    """A name meant as a folder (./x, /x, ~/x, a/b/c) rather than a Hub id (org/name)."""
+    """A folder-like name rather than a Hub id."""
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep in name.replace("/", "")
 
 
 def go_offline() -> None:
-    """Switch huggingface_hub, transformers, datasets and evaluate to cache-only loading for this process.
-
-    The libraries read HF_HUB_OFFLINE when they are imported, so setting the variable now is not enough:
-    we also flip the flags they consult at call time.
-    """
+    """Switch the Hugging Face libraries to cache-only loading: the variables for later imports, the flags for
+    loaded ones."""
     os.environ.update(HF_HUB_OFFLINE="1", HF_EVALUATE_OFFLINE="1")  # what an `evaluate` imported later reads
     huggingface_hub.constants.HF_HUB_OFFLINE = True
     datasets.config.HF_HUB_OFFLINE = True
@@ -55,7 +48,7 @@ def go_offline() -> None:
 
 
 def ensure_hub_or_offline(needs_hub: bool) -> None:
-    """Probe the Hub when the run needs it; without an answer, continue from the cache only."""
+    """Probe the Hub when needed; unanswered, use the cache."""
     if not needs_hub or is_offline():
         return
     if not hub_reachable():
@@ -64,8 +57,7 @@ def ensure_hub_or_offline(needs_hub: bool) -> None:
 
 
 def explain_missing(what: str, exc: BaseException, name: str | None = None) -> UserError:
-    """A one-paragraph error for a resource (`name`) that could not be loaded from a folder, the network or the
-    cache, with what would work instead for the command that failed."""
+    """One paragraph: what could not load, and what would work."""
     if name is not None and looks_local(name) and not os.path.exists(os.path.expanduser(name)):
         return UserError(f"Cannot load {what}: there is no folder {name} (a Hub id reads org/name)")
     where = "the Hub is unreachable (offline mode)" if is_offline() else "it could not be loaded"

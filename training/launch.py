@@ -1,9 +1,5 @@
-"""`agnews launch ...` is `accelerate launch ...`: the same arguments, accelerate's own launcher, minus its noise;
-and the precision a launcher asked a training run for (train.py reads it).
-
-Hidden unless the run is given --verbose: the block of launcher values accelerate filled in by default (printed on
-every launch without an accelerate config) and the launcher's traceback after a run that failed, whose processes
-have already said why in one line. The exit code is the run's.
+"""`agnews launch ...`: `accelerate launch ...` without its noise; and the precision a launcher asked for (read by
+train.py).
 """
 
 from __future__ import annotations
@@ -47,13 +43,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def launcher_precision() -> str:
-    """The precision `accelerate launch` was given (its flag or config file), or "no"."""
+    """The launcher's precision, or "no"."""
     return os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
 
 
 def mixed_precision(asked: str) -> str:
-    """accelerate's name for a training run's precision: --mixed_precision; for `auto`, the launcher's fp16/bf16 if it
-    sets one, else `auto` as contract/precision.py decides it for this machine."""
+    """accelerate's precision for a run: the flag, else the launcher's, else auto's choice."""
     launcher = launcher_precision()
     if asked == precision.AUTO and launcher != "no":
         return launcher
@@ -61,7 +56,7 @@ def mixed_precision(asked: str) -> str:
 
 
 def say_overridden_precision(asked: str, used: str) -> None:
-    """A launcher precision that --mixed_precision overrode, said once with the flag that would follow it."""
+    """Say once that --mixed_precision overrode the launcher."""
     launcher = launcher_precision()
     if launcher not in ("no", used):
         logger.warning(

@@ -1,8 +1,5 @@
-"""The training loop: `fit` holds it whole, one function read top to bottom; `plan_step`, a plain function of
-numbers, decides when to log, evaluate, save or check for a stop. Called by train.py on every rank.
-
-Seams the tests wrap (keep these names): `forward_loss` and `after_optimizer_step` (tests/helpers/faults), and the
-window from `forward_loss` to `plan_step` that must not read the device (tests/helpers/guarded_train.py).
+"""The training loop: `fit` holds it whole, read top to bottom; `plan_step` decides when to log, evaluate, save or check
+for a stop. Called by train.py on every rank.
 """
 
 from __future__ import annotations
@@ -62,13 +59,13 @@ class Run:
     num_epochs: int
     throughput: Throughput
     guard: StopGuard
-    objective: Objective  # the loss for the problem type, with class weights and smoothing (training/objective.py)
+    objective: Objective  # the problem type's loss (objective.py)
     compiled: CompiledSteps  # --torch_compile: the mode, and what compiling cost (training/speed/capture.py)
     graphs: StepGraph | None = None  # --torch_compile whole-step: the captured steps (training/speed/step_graph.py)
-    early_stopped: bool = False  # set by validate_and_save when the patience is spent (on every rank alike)
+    early_stopped: bool = False  # set when the patience is spent
 
     def finished(self) -> bool:
-        """The one stop rule of `fit`: early stopping fired, or every planned optimizer step was taken."""
+        """Stop when early stopping fired or every step was taken."""
         return self.early_stopped or self.progress.global_step >= self.total_steps
 
 
@@ -76,12 +73,12 @@ class Run:
 
 
 def every(step: int, interval: int | None) -> bool:
-    """True on multiples of `interval`; never when it is None or 0."""
+    """True on multiples of `interval`; never for None or 0."""
     return bool(interval) and step % interval == 0
 
 
 def save_interval(checkpointing_steps: str) -> int | None:
-    """--checkpointing_steps as a step interval: N, or None for 'epoch' and 'none'."""
+    """--checkpointing_steps as an interval, or None."""
     return int(checkpointing_steps) if checkpointing_steps.isdigit() else None
 
 
@@ -90,7 +87,7 @@ class StepPlan:
     log: bool
     evaluate: bool
     save: bool
-    check_stop: bool  # the ranks agree on SIGTERM / divergence (a collective) before anything is saved
+    check_stop: bool  # the ranks agree on a stop before saving
 
 
 def plan_step(
@@ -103,9 +100,7 @@ def plan_step(
     epoch_end: bool = False,
     evaluated: bool = False,
 ) -> StepPlan:
-    """What to do after optimizer step `step`; with `epoch_end`, what to do once an epoch's batches ran out or
-    training stopped in it: evaluate unless the last evaluation was at this step (`evaluated`), and with
-    --checkpointing_steps epoch save a completed epoch's state (not when training stops there: the loop's call)."""
+    """What to do after step `step`; at an epoch's end, evaluate unless just done and save a completed epoch's state."""
     if epoch_end:
         save = batches_done >= batches_per_epoch and cfg.checkpointing_steps == "epoch"
         return StepPlan(log=False, evaluate=not evaluated, save=save, check_stop=False)
@@ -118,7 +113,7 @@ def plan_step(
 
 
 def improved(value: float, best: float | None, greater_is_better: bool = True) -> bool:
-    """A finite value better than the best so far; a NaN or infinite evaluation (a diverged model) never is."""
+    """A finite value better than the best so far."""
     if not math.isfinite(value):
         return False
     return best is None or (value > best if greater_is_better else value < best)
@@ -129,7 +124,7 @@ def patience_spent(evals_since_best: int, patience: int | None) -> bool:
 
 
 def record_evaluation(progress: Progress, results: dict[str, Any], metric: str, greater_is_better: bool = True) -> bool:
-    """Add an evaluation to the history and the best-so-far bookkeeping; True when it is a new best."""
+    """Record an evaluation; True for a new best."""
     progress.history.append({"step": progress.global_step, "epoch": progress.epoch, **results})
     if not improved(results[metric], progress.best_metric, greater_is_better):
         progress.evals_since_best += 1
@@ -140,12 +135,12 @@ def record_evaluation(progress: Progress, results: dict[str, Any], metric: str, 
 
 
 def evaluated_now(progress: Progress) -> bool:
-    """The last evaluation was at the current step (no second one needed at the epoch's end)."""
+    """The last evaluation was at this step."""
     return bool(progress.history) and progress.history[-1]["step"] == progress.global_step
 
 
 def finish_epoch(progress: Progress, epoch: int, batches_per_epoch: int) -> bool:
-    """Advance the bookkeeping past a finished epoch; False when it stopped early (mid-epoch)."""
+    """Advance past a finished epoch; False if stopped early."""
     if progress.batches_done < batches_per_epoch:
         return False
     progress.epoch, progress.batches_done = epoch + 1, 0
@@ -156,7 +151,7 @@ def finish_epoch(progress: Progress, epoch: int, batches_per_epoch: int) -> bool
 
 
 class LossMeter:
-    """The training loss summed on the device (no host sync per step), averaged over ranks when logged."""
+    """The loss summed on the device, averaged over ranks when logged."""
 
     def __init__(self, device: torch.device):
         self.total = torch.zeros((), device=device)
@@ -167,7 +162,7 @@ class LossMeter:
         self.count += 1
 
     def mean(self, accelerator: Accelerator) -> float:
-        """A collective: the mean since the last call over all ranks; then starts over."""
+        """A collective: the mean over ranks since the last call."""
         value = accelerator.reduce(self.total / self.count, reduction="mean").item()
         self.total.zero_()
         self.count = 0
@@ -197,14 +192,13 @@ def log_loss(run: Run, losses: LossMeter, epoch: int, bar: tqdm) -> None:
 
 
 def save_state(run: Run) -> Path:
-    """The one way the loop saves a resumable state (state/step_N); its time is not training time."""
+    """The loop's one way to save a resumable state."""
     with run.throughput.paused():
         return run.out.save_state(run.progress, run.scheduler)
 
 
 def validate_and_save(run: Run) -> None:
-    """Evaluate on every rank, save the model if it improved; `run.early_stopped` when early stopping fires (on all
-    ranks)."""
+    """Evaluate on every rank; save an improved model; early stopping."""
     with run.throughput.paused():
         cfg = run.cfg
         fit = cfg.threshold_strategy == "per_label" and run.metrics.problem.thresholded
@@ -230,13 +224,12 @@ def validate_and_save(run: Run) -> None:
             run.out.write_curves(run.progress, plot=False)  # the PNG is drawn once, at the end
     if patience_spent(run.progress.evals_since_best, run.cfg.early_stopping_patience):
         run.accelerator.set_trigger()
-    # Every rank computed the same metrics from the same gathered predictions; check_trigger (an all-reduce)
-    # makes the stop decision collectively all the same, so no rank can be left waiting.
+    # every rank has the same metrics; check_trigger decides together all the same
     run.early_stopped = run.accelerator.check_trigger()
 
 
 def preempted_or_diverged(run: Run) -> bool:
-    """All ranks together: save and report True after a SIGTERM; raise TrainingDiverged on a non-finite loss."""
+    """All ranks together: save after SIGTERM, raise on divergence."""
     preempted, diverged = run.guard.check()  # one all-reduce: the same answer on every rank
     progress = run.progress
     if diverged:
@@ -256,7 +249,7 @@ def preempted_or_diverged(run: Run) -> bool:
 
 
 def on_disk(run: Run) -> str:
-    """What a stopped run leaves in its output folder, for the message that stops it."""
+    """What a stopped run leaves, for its last message."""
     progress = run.progress
     if progress.best_step is None:
         return f"No model was saved to {run.out.root} (no evaluation gave a finite {run.cfg.metric_for_best_model})."
@@ -270,10 +263,8 @@ def on_disk(run: Run) -> str:
 
 
 def epoch_batches(run: Run, epoch: int):
-    """The train loader for `epoch`: reshuffled (the same permutation on every rank, another each epoch), past the
-    batches already trained on after a mid-epoch resume."""
-    # Through the prepared loader: it sets its own epoch counter too, which its __iter__ hands to the sampler; a
-    # resumed run that skipped into the middle of an epoch would otherwise replay epoch 0's order in the next one.
+    """The epoch's loader: reshuffled alike on every rank, past batches already trained."""
+    # the prepared loader sets its own epoch too; otherwise a mid-epoch resume replays epoch 0's order
     run.loaders.sampler.set_epoch(epoch)
     run.loaders.train.set_epoch(epoch)
     if run.progress.batches_done:
@@ -282,7 +273,7 @@ def epoch_batches(run: Run, epoch: int):
 
 
 class Outcome(Enum):
-    FINISHED = "finished"  # every step done, or stopped early: the best model is saved
+    FINISHED = "finished"  # the best model is saved
     PREEMPTED = "preempted"  # SIGTERM: a resumable state was saved; resume later
 
 
@@ -305,7 +296,7 @@ def fit(run: Run) -> Outcome:
         progress.epoch = epoch
         model.train()
         for batch in epoch_batches(run, epoch):
-            # Forward and backward; the optimizer steps when the accumulation window is full.
+            # Forward and backward; step when the window is full.
             run.throughput.begin_step(run.compiled.begin_step(batch))  # steady: neither compiling nor recording
             with accelerator.accumulate(model):
                 if run.graphs is not None:  # all of the below as one replay (training/speed/step_graph.py)
@@ -325,7 +316,7 @@ def fit(run: Run) -> Outcome:
             if not accelerator.sync_gradients:
                 continue  # still accumulating
             after_optimizer_step(run, bar)
-            # Log, check for a stop, evaluate (and save the best model), save the state: as planned for this step.
+            # Log, check for a stop, evaluate, save: as planned.
             plan = plan_step(cfg, progress.global_step, progress.batches_done, per_epoch, run.total_steps)
             if plan.log:
                 log_loss(run, losses, epoch, bar)
@@ -338,7 +329,7 @@ def fit(run: Run) -> Outcome:
                 save_state(run)
             if run.finished():
                 break
-        # The epoch's end (or training's): evaluate unless just done; a completed epoch's state.
+        # The epoch's end: evaluate unless just done; save its state.
         where = (progress.global_step, progress.batches_done, per_epoch, run.total_steps)
         plan = plan_step(cfg, *where, epoch_end=True, evaluated=evaluated_now(progress))
         finish_epoch(progress, epoch, per_epoch)
@@ -362,7 +353,7 @@ def fit(run: Run) -> Outcome:
 # -------------------------------------------------------------------------------------------- reporting
 
 
-PER_CLASS = ("precision_", "recall_", "f1_")  # per-class metrics: in metrics.json and the trackers, not the log line
+PER_CLASS = ("precision_", "recall_", "f1_")  # per-class metrics go to metrics.json only
 
 
 def format_metrics(metrics: dict) -> str:
@@ -371,7 +362,7 @@ def format_metrics(metrics: dict) -> str:
 
 
 def _shown(name: str, value) -> str:
-    """A metric for the log line: floats to 4 places; a long list (one threshold per label) by its length only."""
+    """A metric for the log line."""
     if isinstance(value, float):
         return f"{name} {value:.4f}"
     if isinstance(value, list) and len(value) > 8:

@@ -1,11 +1,5 @@
-"""LoRA fine-tuning through peft (the optional `peft` extra): adapters on the attention projections, the
-classification head trained whole (`modules_to_save`), and what a run keeps of it.
-
-What stays the same for every consumer: the run's distilbert_agnews.pt and Hugging Face export hold the *merged*
-weights (W + B·A·alpha/r, the head as trained), so evaluation, prediction, the service, the runtimes and the Hub push
-read an ordinary classifier. Beside them, adapter/ holds what `peft.PeftModel.from_pretrained` loads (the adapters
-and the head) with the run's config.json and tokenizer, so the service can also serve that folder on its own
-(contract/adapters.py merges it at load).
+"""LoRA fine-tuning through peft: adapters on the attention projections, the head trained whole, and what a run keeps
+(the merged model, adapter/). Called by train.py and the checkpoint writer.
 """
 
 from __future__ import annotations
@@ -24,8 +18,7 @@ from contract.errors import UsageError
 
 logger = logging.getLogger(__name__)
 
-# The attention projections LoRA adapts when peft has no default for the architecture: the query and value
-# projections by each family's name (peft's own choice where it has one), else a fused query-key-value projection.
+# LoRA's targets without a peft default: each family's query and value, else a fused QKV
 QUERY_VALUE = ("q_lin", "v_lin", "query", "value", "q_proj", "v_proj", "query_proj", "value_proj")
 FUSED_QKV = ("Wqkv", "qkv_proj", "c_attn", "query_key_value")
 
@@ -50,8 +43,7 @@ def _peft():
 
 
 def head_modules(model: PreTrainedModel) -> list[str]:
-    """The classifier's own modules with weights, outside the pretrained body (DistilBERT: pre_classifier and
-    classifier; BERT: classifier; Qwen, Llama: score; ModernBERT: head and classifier): trained whole and saved."""
+    """The classifier's own weighted modules: trained whole and saved."""
     return [
         name
         for name, child in model.named_children()
@@ -60,8 +52,7 @@ def head_modules(model: PreTrainedModel) -> list[str]:
 
 
 def target_modules(model: PreTrainedModel, requested: list[str] | None) -> list[str]:
-    """--lora_target_modules as given, else peft's default for the architecture, else the attention projections
-    found in the model (QUERY_VALUE, FUSED_QKV)."""
+    """Target modules: the flag's, else peft's default, else the attention projections."""
     if requested:
         return requested
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
@@ -82,8 +73,7 @@ def target_modules(model: PreTrainedModel, requested: list[str] | None) -> list[
 def apply_lora(
     model: PreTrainedModel, r: int, alpha: float, dropout: float, requested: list[str] | None, from_scratch: bool
 ):
-    """The model wrapped by peft: LoRA adapters of rank `r` on the target modules (frozen base), the head trained. The
-    base's identity goes into its config (`base_identity`), so adapter/ is served only on this base."""
+    """The model wrapped by peft (frozen base, rank-`r` adapters, trained head), its base's identity in its config."""
     peft = _peft()
     targets = target_modules(model, requested)
     setattr(model.config, files.ADAPTER_BASE, base_identity(model, from_scratch))
@@ -96,10 +86,10 @@ def apply_lora(
         modules_to_save=head_modules(model),
     )
     try:
-        with warnings.catch_warnings():  # peft asks the model whether it checkpoints by transformers' old name
+        with warnings.catch_warnings():  # peft reads transformers' old checkpointing attribute
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             wrapped = peft.get_peft_model(model, config)
-    except ValueError as exc:  # peft's error for target modules that match nothing (its class since 0.15)
+    except ValueError as exc:  # peft's error for unmatched target modules
         nothing_matched = getattr(peft.utils.error, "NoMatchingPeftModuleError", ())
         if not isinstance(exc, nothing_matched) and "not found in the base model" not in str(exc):
             raise
@@ -123,8 +113,7 @@ def apply_lora(
 
 
 def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
-    """Trainable and total parameters of the unwrapped model (peft's own count for a LoRA model: the head's frozen
-    original copy left out)."""
+    """Trainable and total parameters (peft's count)."""
     if is_lora(model):
         trainable, total = model.get_nb_trainable_parameters()
         return {"trainable": trainable, "total": total}
@@ -133,10 +122,7 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
 
 
 def base_identity(model: PreTrainedModel, from_scratch: bool) -> dict:
-    """What adapter/config.json records of the base (files.ADAPTER_BASE): where it came from (a folder or a Hub id and
-    the commit read), the sha256 of its weights outside the head (contract/adapters.py base_sha256, checked when the
-    adapter is served), and for a base made from scratch, whose weights exist nowhere else, that they are saved in
-    adapter/base/."""
+    """What adapter/config.json records of the base: where it came from and its weights' sha256."""
     return {
         "model": model.config._name_or_path,
         "revision": getattr(model.config, "_commit_hash", None),
@@ -146,24 +132,21 @@ def base_identity(model: PreTrainedModel, from_scratch: bool) -> dict:
 
 
 def merged_copy(model) -> PreTrainedModel:
-    """A plain classifier holding the merged weights, the training model left as it is (merging in place and
-    unmerging would not give back the same bits, and a resumed run must continue from exactly them)."""
+    """A plain classifier with merged weights; the training model untouched (unmerging is not bitwise)."""
     return copy.deepcopy(model).merge_and_unload()
 
 
 def save_adapter(model, folder: Path) -> None:
-    """adapter_config.json + adapter_model.safetensors (adapters and head) as peft writes them, and a from-scratch
-    base's weights in base/ (the adapters removed from a copy; its head is the trained one, which the adapter's
-    replaces when served)."""
+    """Adapters and head as peft writes them; a from-scratch base's weights in base/."""
     model.save_pretrained(folder)
     if (getattr(model.config, files.ADAPTER_BASE, None) or {}).get("saved"):
-        with warnings.catch_warnings():  # peft asks the model whether it checkpoints by transformers' old name
+        with warnings.catch_warnings():  # peft reads transformers' old checkpointing attribute
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             copy.deepcopy(model).unload().save_pretrained(folder / files.ADAPTER_BASE_DIR)
 
 
 def restore_adapter(model, folder: Path) -> None:
-    """The adapters and head saved in `folder` put back into `model` (the best model, before the test split)."""
+    """The saved adapters and head put back into `model`."""
     from peft.utils import load_peft_weights, set_peft_model_state_dict
 
     set_peft_model_state_dict(model, load_peft_weights(str(folder), device="cpu"))

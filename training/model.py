@@ -26,13 +26,12 @@ logger = logging.getLogger(__name__)
 
 
 def hub_options(cfg: TrainConfig) -> dict:
-    """What every from_pretrained of the run is given (run_classification.py's --model_revision and
-    --trust_remote_code)."""
+    """What every from_pretrained gets: revision and trust_remote_code."""
     return {"revision": cfg.model_revision, "trust_remote_code": cfg.trust_remote_code}
 
 
 def load_tokenizer(cfg: TrainConfig):
-    """The tokenizer, with a pad token (its end-of-text token for a decoder that has none: contract/padding.py)."""
+    """The tokenizer, given a pad token where it has none."""
     name = cfg.tokenizer_name or cfg.model_name_or_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **hub_options(cfg))
@@ -46,14 +45,12 @@ def load_tokenizer(cfg: TrainConfig):
 def build_model(
     cfg: TrainConfig, labels: LabelSpace, attn_implementation: str = "sdpa", pad_token_id: int | None = None
 ) -> PreTrainedModel:
-    """A sequence classifier, one output per class (one for regression), with its problem type, long-text windowing
-    and pad token in its config; gradient checkpointing on request."""
+    """A sequence classifier with its problem type, long-text settings and pad token in its config."""
     model = _pretrained_or_new(cfg, labels, attn_implementation)
     if pad_token_id is not None:
         match_pad_token(model.config, pad_token_id)
     if cfg.gradient_checkpointing:
-        # non-reentrant: works with DDP and with inputs that need no gradient; the RNG state is replayed, so dropout
-        # draws the same masks in the recomputation
+        # non-reentrant: DDP-safe; the RNG replays the same dropout masks
         if hasattr(model, "activation_checkpointing_enable"):  # transformers' name since 5.2x; the old one warns
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
@@ -76,8 +73,7 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
         for field in (files.WEIGHTS_SHA256, files.ADAPTER_BASE):  # fine-tuning one of our checkpoints: not ours
             if hasattr(config, field):
                 delattr(config, field)
-        # nothing calibrated yet (a calibrated starting checkpoint's temperature is in its weights, not ours): the
-        # end of the run records what it applies (training/calibration.py)
+        # the run's end records what it calibrates
         setattr(config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
         if cfg.dropout is not None:  # e.g. DistilBERT: dropout, attention_dropout, seq_classif_dropout
             for name, value in config.to_dict().items():
@@ -85,7 +81,7 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
                     setattr(config, name, cfg.dropout)
         if cfg.from_scratch:
             return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation)
-        # transformers' progress bar and load report (the head it starts fresh, as fine-tuning expects): --verbose
+        # transformers' load report: --verbose
         with contextlib.nullcontext() if cfg.verbose else quiet_transformers():
             model, loading = AutoModelForSequenceClassification.from_pretrained(
                 cfg.model_name_or_path,
@@ -113,10 +109,7 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
 def build_optimizer(
     model: torch.nn.Module, cfg: TrainConfig, learning_rate: float, capturable: bool = False, fused: bool = False
 ) -> torch.optim.AdamW:
-    """AdamW with weight decay on weight matrices only: biases and LayerNorm weights are not decayed. `capturable`: the
-    multi-tensor AdamW whose step torch.compile fuses and may capture in a CUDA graph (speed/capture.py; the fused
-    kernel is opaque to the compiler), or with `fused` the fused one a whole-step graph replays
-    (training/speed/step_graph.py); else the fused kernel with --fused_optimizer."""
+    """AdamW, no decay on biases and norms; `capturable` for a compiled or captured step, `fused` otherwise on GPU."""
     no_decay = set()
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
@@ -134,11 +127,7 @@ def build_optimizer(
 
 
 def keep_optimizer_kind(optimizer: torch.optim.Optimizer) -> None:
-    """After a resume: load_state_dict takes the saved groups' options, so a state saved by a compiled run (capturable,
-    a tensor learning rate) would make an eager run's AdamW capturable (an AssertionError on CPU), and the reverse
-    would leave a compiled step a float learning rate; accelerate also loads tensors to the CPU. The optimizer this run
-    built decides: `capturable` as built, the learning rate a tensor on the parameters' device (capturable) or a float,
-    the step counts beside the parameters; its kernel (fused or multi-tensor) as built too."""
+    """After a resume, the optimizer options this run chose (load_state_dict would take the saved ones)."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
     capturable = bool(inner.defaults.get("capturable"))
     for group in inner.param_groups:
@@ -153,8 +142,7 @@ def keep_optimizer_kind(optimizer: torch.optim.Optimizer) -> None:
 
 
 def schedule_plan(cfg: TrainConfig, world: int, train_examples: int) -> tuple[float, int, int, int]:
-    """(learning rate, optimizer steps per epoch, in all, epochs): --scale_lr linear multiplies the rate by the world
-    size; --max_train_steps, when set, decides the length over --num_train_epochs."""
+    """(rate, steps per epoch, steps, epochs), with --scale_lr and --max_train_steps."""
     learning_rate = cfg.learning_rate * (world if cfg.scale_lr == "linear" else 1)
     batch, accumulation = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     epoch_steps = steps_in_epoch(train_examples, batch, world, accumulation)
@@ -170,8 +158,7 @@ def optimization(
     total_steps: int,
     compiled: str,
 ):
-    """(AdamW, its schedule): with compilation on (speed/capture.py), a capturable AdamW whose compiled step reads
-    a tensor learning rate, except under fp16, where the GradScaler steps it eagerly."""
+    """(AdamW, schedule): capturable with a tensor rate when compiled, except under fp16."""
     step_compiled = capture.steps_compiled(compiled, accelerator.mixed_precision)
     captured = compiled == capture.WHOLE_STEP  # the fused AdamW, replayed uncompiled (training/speed/step_graph.py)
     optimizer = build_optimizer(model, cfg, learning_rate, capturable=step_compiled or captured, fused=captured)

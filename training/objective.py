@@ -1,8 +1,5 @@
-"""The training loss for each problem type (cross-entropy, per-label BCE, MSE), with class weights and label
-smoothing, and the problem type's defaults (length grouping, calibration). Called by train.py.
-
-Weighted losses are the plain mean of the weighted per-example losses: independent of how a global batch is split
-over processes and accumulation steps, so 1x16 and 2x8 train alike. `balanced` weights average 1 over the data.
+"""The training loss per problem type, with class weights and label smoothing, and the problem type's defaults. Called
+by train.py.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ class Objective:
         return replace(self, weights=self.weights.to(device) if self.weights is not None else None)
 
     def per_example(self, logits: torch.Tensor, labels: torch.Tensor, weighted: bool = False) -> torch.Tensor:
-        """Each example's loss (fp32); unweighted unless asked (evaluation reports the plain loss)."""
+        """Each example's fp32 loss, unweighted unless asked."""
         return self.problem.loss(logits, labels, self.weights if weighted else None, self.label_smoothing)
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -37,7 +34,7 @@ class Objective:
 
 
 def class_weights(spec: str, labels: LabelSpace, targets: list) -> torch.Tensor | None:
-    """--class_weights for the training targets: None, balanced, or the given numbers (one per class)."""
+    """--class_weights: None, balanced, or given numbers."""
     if spec == "none":
         return None
     if not labels.problem.classes:
@@ -52,9 +49,7 @@ def class_weights(spec: str, labels: LabelSpace, targets: list) -> torch.Tensor 
 
 
 def problem_type_defaults(cfg: TrainConfig, problem: ProblemType) -> TrainConfig:
-    """The settings left to the problem type (None or 'auto') decided by it (contract/problem_types.py): length
-    grouping (off for regression), calibration (auto for classification: training/calibration.py; none for
-    regression), class weights and decision thresholds (balanced and per label for multi-label, as measured)."""
+    """The settings left to the problem type (None or 'auto'), decided by it."""
     chosen = {
         "group_by_length": problem.groups_by_length,
         "calibration": "none" if problem.temperatures == problem_types.NONE else "auto",

@@ -1,9 +1,6 @@
 """`agnews predict`: label a file with a trained model, every row once, in input order, on any number of processes.
 
-The input is read through `datasets` in chunks of --chunk_size rows; rank r of N scores chunks r, r+N, ... into part
-files, which the main process streams into the output in order (format by extension; columns by problem type:
-docs/evaluation.md). The output is staged and renamed, so it is complete or absent; an input with prediction
-columns is refused unless --overwrite_prediction_columns. Memory stays bounded by the chunk size.
+Each rank scores its chunks into part files; the main process joins them into the output, atomically.
 """
 
 from __future__ import annotations
@@ -51,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 class Reader:
-    """The input file and how its texts are read; a chunk is a range of rows."""
+    """The input file and how its texts are read."""
 
     def __init__(self, ds: datasets.Dataset, args: argparse.Namespace, trained_with: dict, long_text: LongText):
         self.ds, self.source, self.long_text = ds, args.input_file, long_text
@@ -82,9 +79,7 @@ def score_chunk(
     max_length: int,
     long_text: LongText,
 ) -> tuple[torch.Tensor, list[int]]:
-    """(scores (fp32) of each text by the model's problem type (softmax, sigmoid or the raw value, as the
-    service scores it), windows per text), in input order. Windows (contract/long_text.py: one per text unless
-    chunked) run in batches of similar lengths, as the service runs them; a text's windows' logits are pooled."""
+    """(fp32 scores as the service scores them, windows per text), in input order; windows batched by length."""
     windows = long_text.encode(loaded.tokenizer, texts, pairs, max_length)
     features = windows.features
     order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
@@ -103,7 +98,7 @@ def part_path(parts: Path, chunk: int) -> Path:
 def score_my_chunks(
     accelerator: Accelerator, loaded: LoadedModel, reader: Reader, parts: Path, args, max_length: int
 ) -> None:
-    """This rank's chunks (r, r + N, ...), each one's scores and window counts into its own part file."""
+    """This rank's chunks into its own part files."""
     mine = range(accelerator.process_index, reader.num_chunks, accelerator.num_processes)
     bar = tqdm(
         total=sum(len(reader.rows(c)) for c in mine),
@@ -125,9 +120,7 @@ WINDOWS_COLUMN = "num_windows"  # --long_text chunk: the windows each row was sc
 
 
 def prediction_names(loaded: LoadedModel, long_text: LongText) -> list[str]:
-    """The columns a prediction adds, by problem type: the label and its score (single-label), the list of labels
-    at or above their thresholds (multi-label), with one score column per label; the value (regression); and, when
-    long texts are chunked, the number of windows of each row."""
+    """The columns a prediction adds, by problem type, and window counts when chunked."""
     windows = [WINDOWS_COLUMN] if long_text.chunked else []
     return [*loaded.problem.prediction_names(loaded.labels), *windows]
 
@@ -148,16 +141,16 @@ def _decided(table: pa.Table, loaded: LoadedModel) -> dict[str, pa.Array]:
 
 
 def _arrow(column) -> pa.Array:
-    """A list of label lists stays a list<string> column even when every list is empty."""
+    """Label lists stay list<string> even when all empty."""
     listed = isinstance(column, list) and any(isinstance(row, list) for row in column[:1])
     return pa.array(column, type=pa.list_(pa.string())) if listed else pa.array(column)
 
 
-CSV_LIST_DELIMITER = "|"  # a list cell (predicted_labels, a multi-label input column) in a csv output: "a|b"
+CSV_LIST_DELIMITER = "|"  # a list cell in csv: "a|b"
 
 
 def lists_joined(table: pa.Table) -> pa.Table:
-    """CSV has no lists: every list column as one string per row, its items joined by CSV_LIST_DELIMITER."""
+    """CSV has no lists: items joined by CSV_LIST_DELIMITER."""
     for i, field in enumerate(table.schema):
         if pa.types.is_list(field.type) or pa.types.is_large_list(field.type):
             joined = [None if v is None else CSV_LIST_DELIMITER.join(map(str, v)) for v in table.column(i).to_pylist()]
@@ -166,7 +159,7 @@ def lists_joined(table: pa.Table) -> pa.Table:
 
 
 class Writer:
-    """Appends tables to a csv, jsonl or parquet file, whose schema the first table fixes."""
+    """Appends tables to a csv, jsonl or parquet file."""
 
     def __init__(self, path: Path, kind: str):
         self.path, self.kind, self.sink = path, kind.lower(), None
@@ -190,8 +183,7 @@ class Writer:
 
 
 def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, staged: Path) -> None:
-    """Input columns (less any prediction columns being replaced) + predictions, chunk by chunk in input order, into
-    `staged`, renamed to `output` once complete."""
+    """Input columns plus predictions, staged, renamed when complete."""
     writer = Writer(staged, output.suffix)
     replaced = [name for name in prediction_names(loaded, reader.long_text) if name in reader.ds.column_names]
     try:
@@ -209,7 +201,7 @@ def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, sta
 
 
 def check_paths(args: argparse.Namespace) -> None:
-    """Before any model is loaded: the output must not be the input, and its folder must exist."""
+    """The output is not the input, and its folder exists."""
     output, given = Path(args.output_file), Path(args.input_file)
     if output.resolve() == given.resolve() or (output.exists() and given.exists() and output.samefile(given)):
         raise DataError(f"--output_file {output} is the input file: it would be overwritten; write to another file")
@@ -227,7 +219,7 @@ def check_columns(reader: Reader, loaded: LoadedModel, overwrite: bool) -> None:
 
 
 def on_main(accelerator: Accelerator, action: Callable[[], None], what: str) -> None:
-    """`action` on the main process; a file it cannot write is one DataError raised on every rank alike."""
+    """`action` on the main process; its DataError on every rank."""
 
     def act() -> None:
         try:
@@ -245,7 +237,7 @@ def predict_file(args: argparse.Namespace, accelerator: Accelerator) -> None:
     output = Path(args.output_file)
     loaded = load_model(args.checkpoint_dir, device=str(accelerator.device), dtype=args.mixed_precision)
     trained_with = (loaded.metrics or {}).get("config", {})
-    reader = main_first(  # the main process converts the file to Arrow; the others reuse it
+    reader = main_first(  # the main process converts to Arrow; the others reuse it
         accelerator, lambda: Reader(load_file(args.input_file), args, trained_with, long_text_for(loaded, args))
     )
     check_columns(reader, loaded, args.overwrite_prediction_columns)

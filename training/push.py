@@ -1,8 +1,5 @@
-"""`agnews push`: publish a training output folder on the Hugging Face Hub with huggingface_hub.
-
-Uploads what a user of the model needs (the Hugging Face-format export, the state_dict and tokenizer/, the model
-card, the reports); resumable states and temporary files stay local. The token comes from HF_TOKEN or
-`hf auth login`. Training's --push_to_hub calls it from the main process after checking the Hub at start.
+"""`agnews push`: publish a training output folder on the Hub with huggingface_hub. Called by the command and at the end
+of training with --push_to_hub.
 """
 
 from __future__ import annotations
@@ -27,12 +24,11 @@ IGNORE = [f"{files.STATE_DIR}/*", ".*", "*/.*", "*.tmp"]  # resumable states, te
 
 
 def check_can_push(repo_id: str | None, training_run: bool = True) -> None:
-    """Before a long run (or the push command's upload): a repository name, a reachable Hub and a token, or one line
-    saying which is missing."""
+    """A repository name, a reachable Hub and a token, or one line naming what is missing."""
     if not repo_id:
         raise UserError("push_to_hub: give --hub_model_id (user/name or org/name)")
     if is_offline() or not hub_reachable():
-        # training names the command that pushes later; the push command itself, what it needs
+        # what the later push needs
         later = "`python -m training.push --checkpoint_dir DIR --hub_model_id ID`" if training_run else "this command"
         raise UserError(
             f"push_to_hub: the Hugging Face Hub ({hub_url()}) is out of reach"
@@ -44,7 +40,7 @@ def check_can_push(repo_id: str | None, training_run: bool = True) -> None:
 
 
 def push(folder: Path, repo_id: str, private: bool = False, api: HfApi | None = None) -> str:
-    """Create the repository if needed and upload the folder (states and temporary files left out); the URL."""
+    """Create the repository and upload the folder; the URL."""
     api = api or HfApi()
     metrics = folder / files.METRICS
     if metrics.is_file():  # the card names the repository it is published in
@@ -71,7 +67,7 @@ def cli(argv: list[str] | None = None) -> int:
 
 
 def push_folder(folder: Path, repo_id: str, private: bool) -> None:
-    """push, once the folder is known to be a training output dir and the Hub to take it."""
+    """Push a checked output folder."""
     if not (folder / files.CONFIG).is_file():
         raise UserError(f"{folder / files.CONFIG}: missing; is {folder} a training output dir?")
     check_can_push(repo_id, training_run=False)

@@ -1,10 +1,8 @@
 """Fine-tune a text classifier (DistilBERT on AG News by default) with a plain PyTorch loop and Accelerate.
 
-    accelerate launch training/train.py                                   # Hub model + data
-    python training/train.py --preset smoke                               # offline, CPU, under a minute
+    accelerate launch training/train.py --preset smoke
 
-Read top to bottom: `make_accelerator`, `load_data`, `make_model`, `set_up` (optimizer, schedule, prepare,
-resume), `main` (fit, the best model on the test split, the reports), `cli`. The loop is training/loop.py.
+set_up builds the run; loop.fit trains it; train_and_report scores, calibrates and reports.
 """
 
 from __future__ import annotations
@@ -13,9 +11,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
-    # Run as a script (`python training/train.py`, `accelerate launch training/train.py`): Python put
-    # training/ itself first on sys.path. Replace it with the project root, so `training.*` imports work
-    # without installing and our module names never shadow an installed library.
+    # as a script, Python put training/ first on sys.path: the project root instead, so nothing shadows a library
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import signal
@@ -67,10 +63,10 @@ PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM  # the shell's code for SIGTERM: stop
 
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
-    """One Accelerator for the whole run; topology from `accelerate launch`, precision from launch.mixed_precision."""
+    """One Accelerator: topology from the launcher, precision from launch.py."""
     check_strategy(cfg.lora_r)
     accelerator = Accelerator(
-        # On a CPU-only machine, cpu=True turns a torchrun-started group into MULTI_CPU over gloo.
+        # without GPUs, cpu=True makes a torchrun group MULTI_CPU over gloo
         cpu=not torch.cuda.is_available(),
         mixed_precision=launch.mixed_precision(cfg.mixed_precision),
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
@@ -79,14 +75,13 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         dataloader_config=DataLoaderConfiguration(non_blocking=True),  # pinned batches copied while the GPU runs
         kwargs_handlers=[
             InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout)),
-            # a whole-step graph captures autocast's casts; cached ones would be freed at the end of the capture
+            # a whole-step graph captures the casts
             AutocastKwargs(cache_enabled=cfg.torch_compile != capture.WHOLE_STEP),
             DistributedDataParallelKwargs(
                 find_unused_parameters=cfg.find_unused_parameters,
-                gradient_as_bucket_view=True,  # .grad are views of the all-reduce buckets: no copy in, none out
-                broadcast_buffers=False,  # see ddp_buffers: set where the model has buffers a forward pass changes
-                # the same parameters every step, so DDP may plan once; not with accumulation, whose no_sync
-                # micro-steps DDP's static graph does not support (an internal assertion in the reducer)
+                gradient_as_bucket_view=True,  # no copy in or out of the buckets
+                broadcast_buffers=False,  # see ddp_buffers
+                # DDP may plan once; not with accumulation's no_sync
                 static_graph=not cfg.find_unused_parameters and cfg.gradient_accumulation_steps == 1,
             ),
         ],
@@ -97,8 +92,7 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
 
 
 def load_data(cfg: TrainConfig, accelerator: Accelerator):
-    """Tokenizer, tokenized splits and loaders; the main process downloads and tokenizes first, the others
-    read its cache."""
+    """Tokenizer, splits and loaders; the main process tokenizes first."""
     local = [cfg.tokenizer_name or cfg.model_name_or_path, cfg.model_name_or_path, *(cfg.extra_metrics or [])]
     local_data = cfg.train_file or Path(cfg.dataset_name).is_dir()  # files, or a dataset folder datasets reads
     ensure_hub_or_offline(needs_hub=not local_data or not all(Path(p).is_dir() for p in local))
@@ -124,7 +118,7 @@ def load_data(cfg: TrainConfig, accelerator: Accelerator):
 
 
 def warn_thin_validation(cfg: TrainConfig, splits: Splits) -> None:
-    """Once, at start: a validation split too small to pick the best model, calibrate or fit thresholds on."""
+    """Warn once of a validation split too small."""
     rows = splits.validation
     windowed = "document" in rows.column_names
     labels = [rows[i]["labels"] for i in _first_windows(rows)] if windowed else rows["labels"]
@@ -141,7 +135,7 @@ def warn_thin_validation(cfg: TrainConfig, splits: Splits) -> None:
 
 
 def _first_windows(rows: datasets.Dataset) -> list[int]:
-    """The row of each text's first window (--long_text chunk: a text spans several rows)."""
+    """Each text's first window's row."""
     seen: dict[int, int] = {}
     for i, document in enumerate(rows["document"]):
         seen.setdefault(document, i)
@@ -149,13 +143,13 @@ def _first_windows(rows: datasets.Dataset) -> list[int]:
 
 
 def windows_of(split: datasets.Dataset) -> str:
-    """'N' texts, or 'N (W windows)' when --long_text chunk cut some into several."""
+    """'N' texts, or 'N (W windows)'."""
     texts = num_texts(split)
     return str(texts) if texts == len(split) else f"{texts} ({len(split)} windows)"
 
 
 def make_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace, pad_token_id: int) -> torch.nn.Module:
-    """The classifier, with the CPU speed-ups (training/speed/cpu_speed.py) switched on when training on CPU."""
+    """The classifier, with CPU speed-ups on CPU."""
     device = accelerator.device
     attention = cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, device)
     model = build_model(cfg, labels, packing.register() if cfg.packing else attention, pad_token_id)
@@ -183,8 +177,7 @@ def make_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace, p
 
 
 def choose_metrics(cfg: TrainConfig, splits: Splits) -> tuple[TrainConfig, MetricSuite]:
-    """The problem type's metrics (extras loaded and tried here, not after training) and the config with the metric
-    that picks the best model and its direction decided (metrics.json records them)."""
+    """Metrics (extras tried now) and the selection metric decided."""
     metrics = MetricSuite(splits.labels.problem, splits.label_names, cfg.extra_metrics or [])
     metric = cfg.metric_for_best_model or splits.labels.problem.selection
     metrics.check_selection(metric)
@@ -193,7 +186,7 @@ def choose_metrics(cfg: TrainConfig, splits: Splits) -> tuple[TrainConfig, Metri
 
 
 def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
-    """Data, model, optimizer and schedule, prepared by the Accelerator; resumed when asked."""
+    """Everything prepared by the Accelerator; resumed when asked."""
     tokenizer, splits = load_data(cfg, accelerator)
     warn_thin_validation(cfg, splits)
     cfg, metrics = choose_metrics(cfg, splits)
@@ -253,7 +246,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
 
 
 def record_and_resume(run: Run, learning_rate: float) -> None:
-    """What the result depends on (provenance), then the resume when asked; the calibration texts for serving."""
+    """Provenance, then the resume; the calibration texts."""
     cfg, splits = run.cfg, run.splits
     run.progress.provenance = provenance.record(cfg, splits, run.accelerator, learning_rate, run.total_steps)
     resume(run)
@@ -262,7 +255,7 @@ def record_and_resume(run: Run, learning_rate: float) -> None:
 
 
 def resume(run: Run) -> None:
-    """Continue from --resume_from_checkpoint ('latest' or a state folder) when there is one."""
+    """Resume from --resume_from_checkpoint."""
     run.progress.layout = provenance.layout(run.cfg, run.accelerator)
     resumed = run.out.resume(run.cfg.resume_from_checkpoint, run.progress, run.scheduler, run.cfg.allow_inexact_resume)
     if resumed is None:
@@ -281,9 +274,8 @@ def resume(run: Run) -> None:
 
 
 def score_best_model(run: Run) -> tuple[dict | None, dict, dict]:
-    """The best saved model put back, scored on validation (all ranks), calibrated there (and saved again) when asked,
-    said when it predicts some label for every text or for none, then scored once on the test split: (test metrics or
-    None without a test split, what calibration applied and measured, the labels predicted always or never)."""
+    """The best model back, scored on validation, calibrated when asked, then on test: (test metrics, calibration,
+    thresholds)."""
     run.out.restore_best(run.model)
     model, long_text = capture.eager(run.model), run.cfg.long_text_rule()
     validation, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, long_text=long_text)
@@ -292,7 +284,7 @@ def score_best_model(run: Run) -> tuple[dict | None, dict, dict]:
     calibrated = calibration.apply(run, validation)
     if run.loaders.test is None:
         return None, calibrated, found
-    # multi-label: the best model's thresholds, moved with its temperatures when calibrated
+    # thresholds moved with the temperatures
     thresholds = calibrated.get("thresholds") or best_thresholds
     scored, results, _ = score(run.accelerator, model, run.loaders.test, run.metrics, thresholds, long_text)
     calibration.add_test_errors(calibrated, scored, run.objective.problem.name)
@@ -306,7 +298,7 @@ def tracker_config(cfg: TrainConfig) -> dict:
 
 
 def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
-    """The whole run; returns the metrics summary, or None when preempted (state saved, resume later)."""
+    """The whole run; the summary, or None when preempted."""
     started = time.time()
     set_seed(cfg.seed)
     logger.info(
@@ -319,7 +311,7 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
     if cfg.push_to_hub:  # before hours of training, not after
         check_can_push(cfg.hub_model_id)
     resuming = cfg.resume_from_checkpoint is not None
-    # writable, ours alone, and not another run's, before data or model load
+    # claimed before data or model load
     claim = claim_output_dir(cfg.output_dir, accelerator, resuming, cfg.overwrite_output_dir)
     try:
         return train_and_report(set_up(cfg, accelerator, claim.run_id), started)
@@ -328,15 +320,14 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
 
 
 def train_and_report(run: Run, started: float) -> dict | None:
-    """Fit, then score the best model on the test split and write the final reports (and push). `run.cfg` is the
-    configuration as set_up decided it (the metric that picks the best model, the problem type's defaults)."""
+    """Fit, then test the best model and write the reports."""
     cfg, accelerator = run.cfg, run.accelerator
     if accelerator.log_with:
         accelerator.init_trackers("distilbert_agnews", config=tracker_config(cfg))
 
     if fit(run) is Outcome.PREEMPTED:
-        return None  # preempted: the resumable state is saved; the test split waits for the finished run
-    if run.progress.best_step is None:  # every evaluation was NaN or infinite: nothing was saved as best
+        return None  # preempted: the state is saved
+    if run.progress.best_step is None:  # every evaluation was non-finite
         raise TrainingDiverged(f"Training ended without a model to keep. {on_disk(run)}")
     speed = run.throughput.summary(accelerator)
     logger.info(
@@ -350,7 +341,7 @@ def train_and_report(run: Run, started: float) -> dict | None:
     test_metrics, calibrated, found = score_best_model(run)
     summary = run_summary(run, test_metrics, time.time() - started)
     summary["calibration"] = calibrated
-    summary["one_sided_labels"] = found  # labels the best model predicts for every validation text or for none
+    summary["one_sided_labels"] = found  # labels predicted always or never
     summary["throughput"] = speed
     summary["compilation"] = run.compiled.summary()
     if run.graphs is not None:

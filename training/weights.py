@@ -1,7 +1,6 @@
-"""The model's weights out and back in: the one path every edit of a trained model takes (restoring the best model,
-folding a temperature into the output layer), whatever wraps it: a single process, DDP, FSDP2 (whose parameters are
-shards: an edit of an unsharded view is lost at the next save), a compiled module. train.py and checkpoint.py call it
-on every rank."""
+"""The model's weights out and back in: the one path every edit of a trained model takes, whatever wraps it (one
+process, DDP, FSDP2). Called by checkpoint.py and calibration.py.
+"""
 
 from __future__ import annotations
 
@@ -16,20 +15,17 @@ logger = get_logger(__name__)  # the main process says it
 
 
 def edit_weights(accelerator: Accelerator, model: torch.nn.Module, edit: Callable[[dict[str, torch.Tensor]], None]):
-    """The full state dict gathered on the main process (on the CPU), `edit` applied to it there, then loaded back
-    into every rank's model (sharded again under FSDP). Call on all ranks."""
+    """The full state dict on the main process, `edit` applied, loaded back on every rank."""
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
     weights = get_model_state_dict(unwrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if weights:  # the main process's; the other ranks get an empty dict and the main process's values
+    if weights:  # others get an empty dict
         edit(weights)
     spread = StateDictOptions(full_state_dict=True, broadcast_from_rank0=accelerator.num_processes > 1)
     set_model_state_dict(unwrapped, weights, options=spread)
 
 
 def ddp_buffers(accelerator: Accelerator, model: torch.nn.Module) -> None:
-    """DDP broadcasts rank 0's buffers before every forward pass unless told not to (train.py tells it): a
-    collective per step that only buffers a forward pass changes need (running statistics of batch norms); the
-    constant buffers of transformer classifiers (position ids) are equal on every rank already."""
+    """DDP's buffer broadcast, only where a forward pass changes buffers."""
     handler = accelerator.ddp_handler
     if accelerator.distributed_type == DistributedType.FSDP:  # DDP's settings do not apply: say what shards
         plugin = accelerator.state.fsdp_plugin

@@ -1,5 +1,5 @@
-"""Batches: a length-grouped batch sampler for training, length-sorted batches for evaluation, padding to a few
-fixed widths (--pad_buckets) or to the longest text in the batch, and the data loaders.
+"""Batches: length-grouped for training, length-sorted for evaluation, padded to fixed or dynamic widths; the loaders.
+Called by train.py.
 """
 
 from __future__ import annotations
@@ -18,17 +18,13 @@ from training.data.errors import DataError
 from training.data.reading import Splits
 from training.speed import capture, packing
 
-GPU_LOADER_WORKERS = 2  # collation off the training thread: a captured step waits on it otherwise
+GPU_LOADER_WORKERS = 2  # a captured step must not wait on collation
 
 
 class LengthGroupedBatchSampler(Sampler[list[int]]):
-    """Training batches for ALL ranks, in the order accelerate deals them out (batch i -> rank i % world).
+    """Training batches for all ranks, in the order accelerate deals them (batch i to rank i % world).
 
-    Each epoch (seeded by seed + epoch): shuffle, drop what would not fill a whole optimizer step (processes x
-    accumulation batches), sort chunks of `megabatch` steps by length when group_by_length, cut into steps, shuffle
-    them, and put the longest step first (an out-of-memory error shows at once). A step's examples depend only on
-    the global batch, so 1x16, 2x8 and 2x4 with accumulation 2 train on the same batches.
-    """
+    Texts of similar length are grouped into mega-batches, shuffled by a seeded generator per epoch."""
 
     def __init__(
         self,
@@ -80,7 +76,7 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
 
 
 def steps_in_epoch(examples: int, batch_size: int, num_replicas: int, accumulation: int) -> int:
-    """Optimizer steps in one epoch, as the sampler deals them (whole steps only); DataError when not even one."""
+    """Whole optimizer steps per epoch; DataError when none."""
     steps = examples // (batch_size * num_replicas * accumulation)
     if steps == 0:
         raise DataError(
@@ -103,22 +99,21 @@ def model_inputs(batch: dict) -> dict:
 
 
 def pad_multiple(cfg: TrainConfig, device_type: str) -> int:
-    """--pad_to_multiple_of, else 8 on GPU (tensor cores want multiples of 8) and 1 on CPU (measured faster)."""
+    """--pad_to_multiple_of, else 8 on GPU, 1 on CPU."""
     return cfg.pad_to_multiple_of or (shapes.GPU_MULTIPLE if device_type == "cuda" else 1)
 
 
 def pad_widths(cfg: TrainConfig, device_type: str, compile_mode: str = capture.NONE) -> tuple[int, ...]:
-    """The fixed widths batches are padded to (--pad_buckets; training/speed/capture.py decides the default from the
-    resolved compile mode), or (): dynamic widths."""
+    """Fixed widths (--pad_buckets), or () for dynamic."""
     count = capture.bucket_count(cfg.pad_buckets, compile_mode, device_type)
     return shapes.bucket_widths(cfg.max_length, count) if count else ()
 
 
-PACKED_ROWS_PER_WIDTH = 2  # --packing with fixed widths: twice as many row lengths as padded widths (as many graphs)
+PACKED_ROWS_PER_WIDTH = 2  # as many row lengths as graphs allow
 
 
 def packed_widths(cfg: TrainConfig, device_type: str, compile_mode: str = capture.NONE) -> tuple[int, ...]:
-    """The fixed lengths a packed row is padded to, up to a full batch of max_length texts, or (): dynamic."""
+    """Fixed lengths for packed rows, or ()."""
     count = capture.bucket_count(cfg.pad_buckets, compile_mode, device_type)
     longest = cfg.per_device_train_batch_size * cfg.max_length
     return shapes.bucket_widths(longest, count * PACKED_ROWS_PER_WIDTH) if count else ()
@@ -133,15 +128,14 @@ def loader_workers(cfg: TrainConfig, device_type: str) -> int:
 
 @dataclass(frozen=True)
 class Collator:
-    """A batch of tokenized windows: padded (contract/shapes.py) to the smallest of `widths` that holds the longest,
-    or without widths to the longest rounded up to `multiple`; with its labels and text rows as tensors."""
+    """A batch of windows padded to the smallest width holding it, with labels and text rows."""
 
     pad_token_id: int
     left: bool = False
     widths: tuple[int, ...] = ()
     multiple: int = 1
-    packed: bool = False  # the texts end to end in one row (training/speed/packing.py); `widths` are then row lengths
-    longest: int | None = None  # packed with fixed row lengths: every text mask this wide (max_length)
+    packed: bool = False  # texts end to end in one row
+    longest: int | None = None  # every text mask max_length wide
 
     @classmethod
     def of(cls, tokenizer: PreTrainedTokenizerBase, widths: tuple[int, ...] = (), multiple: int = 1) -> Collator:
@@ -161,7 +155,7 @@ class Collator:
 
 
 def num_texts(split: datasets.Dataset | None) -> int:
-    """Texts (rows of the data) in a tokenized split; len(split) counts windows."""
+    """Texts in a split; len() counts windows."""
     return 0 if split is None else len(set(split["document"]))
 
 
@@ -173,9 +167,7 @@ def make_dataloaders(
     device_type: str = "cpu",
     compile_mode: str = capture.NONE,
 ) -> tuple[DataLoader, LengthGroupedBatchSampler, DataLoader, DataLoader | None]:
-    """Train loader (+ its sampler, whose epoch train.py sets) and evaluation loaders, not yet prepared; batches in
-    fixed widths where the (resolved) compile mode needs them; grouped by length as cfg.group_by_length says once
-    train.py resolved it by the problem type (None: not grouped)."""
+    """Train loader (with its sampler) and evaluation loaders, not yet prepared."""
     collate = Collator.of(tokenizer, pad_widths(cfg, device_type, compile_mode), pad_multiple(cfg, device_type))
     sampler = LengthGroupedBatchSampler(
         list(splits.train["length"]),
@@ -193,8 +185,7 @@ def make_dataloaders(
     common = dict(
         collate_fn=collate, num_workers=workers, persistent_workers=workers > 0, pin_memory=device_type == "cuda"
     )
-    # Its own generator, so creating the loader iterator never draws from the global RNG (dropout): a
-    # resumed run then sees exactly the random numbers the uninterrupted one saw.
+    # its own generator: a resumed run draws the same dropout
     train_loader = DataLoader(
         _model_columns(splits.train, tokenizer),
         batch_sampler=sampler,
@@ -212,8 +203,7 @@ def make_dataloaders(
 def make_eval_loader(
     ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int, loader_kwargs: dict | None = None
 ) -> DataLoader:
-    """Windows shortest first (ties in row order), so consecutive batches need little padding; each keeps its text's
-    row (`document`), by which evaluation puts the results back in row order and pools a text's windows."""
+    """Windows shortest first, each keeping its text's row."""
     loader_kwargs = loader_kwargs or {"collate_fn": Collator.of(tokenizer)}
     lengths = list(ds["length"])
     by_length = ds.select(sorted(range(len(ds)), key=lengths.__getitem__))

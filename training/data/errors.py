@@ -1,4 +1,4 @@
-"""The one error of the data pipeline: bad input data, named by file (or dataset) and row."""
+"""DataError: bad input data, named by file and row."""
 
 from __future__ import annotations
 
@@ -6,4 +6,4 @@ from contract.errors import UserError
 
 
 class DataError(UserError, ValueError):
-    """Bad input data; the message names the file (or dataset) and the row."""
+    """Bad input data; names the file and row."""

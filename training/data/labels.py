@@ -1,6 +1,4 @@
-"""Labels as run_classification.py reads them: the problem type chosen from the label column, the label space
-(class values and names), and each row's target through the problem type's object (contract/problem_types.py).
-"""
+"""Labels as run_classification.py reads them: the problem type, the label space, and each row's target."""
 
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ from training.data.errors import DataError
 
 
 def _label_value(value, source: str, row: int):
-    """A label as the key it is compared by: an int (integer-valued floats too), a bool, or a str."""
+    """A label's comparison key: int, bool or str."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, (bool, int, str)) and value != "":
@@ -25,15 +23,13 @@ def _label_value(value, source: str, row: int):
     raise DataError(f"{source}: row {row}: label {value!r} is not a class (expected an integer or a string)")
 
 
-# The MSE sums squared errors (each up to (2 |target|)^2 while the model is far off) over a batch, and the
-# evaluation over a split, in float32: every such sum of up to 2^24 rows stays finite below this
+# float32 sums of squared errors over 2^24 rows stay finite below this
 SUMMED_ROWS = 2**24
 LARGEST_TARGET = math.sqrt(torch.finfo(torch.float32).max / (4 * SUMMED_ROWS))
 
 
 def _target(value, source: str, row: int) -> float:
-    """A regression target: a finite number whose squared errors summed over a batch or a split (the MSE loss) stay
-    finite in float32, the dtype regression trains in (larger ones would overflow the loss to inf mid-run)."""
+    """A finite regression target whose summed squares stay finite in float32."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise DataError(f"{source}: row {row}: target {value!r} is not a finite number (regression)")
     if abs(value) > LARGEST_TARGET:
@@ -49,9 +45,7 @@ def _is_list_feature(feature) -> bool:
 
 
 def _problem_type(feature, values: list, delimiter: str | None, regression: bool | None) -> str:
-    """run_classification.py's rule: list labels (or --label_delimiter) are multi-label, a float column (or
-    --do_regression) is regression, anything else is single-label; --do_regression false keeps floats as classes. A
-    column of whole numbers with missing values (pandas reads it as floats) stays classes, so the gap is reported."""
+    """run_classification.py's rule: lists are multi-label, floats regression, else single-label."""
     if regression:
         return REGRESSION
     if delimiter is not None or _is_list_feature(feature) or any(isinstance(v, list) for v in values):
@@ -61,14 +55,12 @@ def _problem_type(feature, values: list, delimiter: str | None, regression: bool
     present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     fractions = any(isinstance(v, float) and not v.is_integer() for v in present)
     floats = isinstance(feature, datasets.Value) and feature.dtype.startswith("float")
-    # a float column of whole numbers with gaps is an integer column with missing labels (pandas reads it as float)
+    # whole floats with gaps: integers with missing labels
     return REGRESSION if fractions or (floats and len(present) == len(values)) else SINGLE
 
 
 def _check_one_label_type(feature, values: list, source: str, column: str) -> None:
-    """A label column read with one meaning: not numbers and strings mixed in a JSON file (datasets reads such a
-    column as JSON values), and not fractional numbers with a stray word in a csv (pandas then reads every value as
-    text, which would make each distinct number a class)."""
+    """One meaning per label column: no numbers mixed with strings or stray words."""
     if type(feature).__name__ == "Json" and not any(isinstance(v, (list, dict)) for v in values):
         raise DataError(
             f"{source}: column {column!r} mixes label types (numbers and strings): write every label as a number "
@@ -89,8 +81,7 @@ def _check_one_label_type(feature, values: list, source: str, column: str) -> No
 
 
 def _check_label_names(names: list[str], source: str) -> None:
-    """Label names become csv column names (`score_<label>`) and are joined with `|` in list cells: none may hold a
-    control character or `|`."""
+    """No control characters or `|` in label names (csv headers, list cells)."""
     for name in names:
         if "|" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
             raise DataError(
@@ -110,13 +101,10 @@ def _as_number(value) -> float | None:
 
 @dataclass
 class LabelSpace:
-    """Labels as `run_classification.py` reads them. Classes (single- and multi-label): the training data's distinct
-    label values, sorted (integers numerically, strings as strings), are ids 0..N-1; names are those values as strings
-    unless --label_names renames them in that order; a Hub ClassLabel keeps its names (and its ids). A multi-label row
-    becomes a multi-hot vector over those ids; a regression target stays a number (one output, named by
-    --label_names or after the label column)."""
+    """Labels as `run_classification.py` reads them: the training data's sorted values are ids 0..N-1, named as found
+    unless --label_names renames them; a Hub ClassLabel keeps its own."""
 
-    values: list  # the label value of each id, as found in the data ([] for regression)
+    values: list  # ([] for regression)
     names: list[str]
     source: str  # where the values were found, for error messages
     problem_type: str = SINGLE
@@ -136,9 +124,9 @@ class LabelSpace:
         names = cfg.label_names
         space = cls(values=[], names=[], source=source, problem_type=problem.name, delimiter=cfg.label_delimiter)
         inner = getattr(feature, "feature", feature)
-        if isinstance(inner, datasets.ClassLabel):  # its ids and names are given: no pass over the rows
+        if isinstance(inner, datasets.ClassLabel):  # ids and names given: no pass over rows
             seen = set()
-        else:  # every cell read (and checked) once: a regression target, a class, or a list of classes
+        else:  # every cell read and checked once
             seen = {v for row, cell in enumerate(raw, start=1) for v in problem.cell_values(cell, row, source, space)}
         if not problem.classes:
             if names and len(names) != 1:
@@ -166,7 +154,7 @@ class LabelSpace:
 
     @property
     def problem(self) -> ProblemType:
-        """The model's problem type; multi-label starts at the default threshold for every label."""
+        """The model's problem type, default thresholds."""
         return ProblemType.named(self.problem_type, len(self.names))
 
     @property
@@ -180,7 +168,7 @@ class LabelSpace:
         return _target(value, source, row)
 
     def row_values(self, labels, row: int, source: str | None = None) -> list:
-        """A multi-label row's label values (a list, or a delimited string); an empty one is an error."""
+        """A multi-label row's values; empty is an error."""
         source = source or self.source
         if self.delimiter is not None and isinstance(labels, str):
             labels = [part.strip() for part in labels.split(self.delimiter) if part.strip()]
@@ -191,7 +179,7 @@ class LabelSpace:
         return [_label_value(value, source, row) for value in labels]
 
     def class_id(self, value, row: int, source: str) -> int:
-        """The id of a class the training data had; one it never had is an error naming it and the row."""
+        """A known class's id; an unknown one is an error."""
         key = _label_value(value, source, row)
         index = self._ids.get(key)
         if index is None or isinstance(key, bool) != isinstance(self.values[0], bool):
@@ -206,6 +194,5 @@ class LabelSpace:
         return {v: i for i, v in enumerate(self.values)}
 
     def encode(self, ds: datasets.Dataset, source: str, column: str) -> list:
-        """Every row's label as the model's target (contract/problem_types.py `encode`): a class id, a multi-hot
-        list, or a float."""
+        """Every row's label as the model's target."""
         return [self.problem.encode(value, row, source, self) for row, value in enumerate(ds[column], start=1)]

@@ -1,6 +1,4 @@
-"""Reading the data: Hub or local csv/jsonl/parquet, text columns joined, labels encoded, validation split
-and test held out: `load_splits`.
-"""
+"""Reading the data: Hub or local files, text columns joined, labels encoded, splits made: `load_splits`."""
 
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ from training.hub import explain_missing
 _LOADERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-CALIBRATION_TEXTS = 600  # the service splits them: held out for the int8 agreement check, the rest calibrate int8
+CALIBRATION_TEXTS = 600  # the service calibrates and checks int8 on them
 
 
 @dataclass
@@ -43,7 +41,7 @@ class Splits:
 
 
 def load_file(path: str) -> datasets.Dataset:
-    """One local csv / jsonl / parquet file as a Dataset, with clear errors for missing or unreadable files."""
+    """One local file as a Dataset, with clear errors."""
     file = Path(path)
     if not file.is_file():
         raise DataError(f"{path}: file not found")
@@ -54,7 +52,7 @@ def load_file(path: str) -> datasets.Dataset:
         loaded = datasets.load_dataset(_LOADERS[file.suffix.lower()], data_files=str(file), split="train")
     except (datasets.exceptions.DatasetGenerationError, ValueError, OSError) as exc:
         cause = exc.__cause__ or exc
-        if "corresponds to no data" in str(cause):  # datasets' words for a file with a header and no rows
+        if "corresponds to no data" in str(cause):  # a header without rows
             raise DataError(f"{path}: no rows") from None
         raise DataError(
             f"{path}: cannot parse as {file.suffix.lower()[1:]} ({' '.join(str(cause).split())[:200]})"
@@ -65,8 +63,7 @@ def load_file(path: str) -> datasets.Dataset:
 
 
 def check_header(file: Path) -> None:
-    """A column named twice is refused: pandas would silently rename the second one (`text.1`) and the run would
-    train on whichever it picked. Read from the csv header, the parquet schema, or a jsonl file's first object."""
+    """A column named twice is refused: pandas would rename one silently."""
     try:
         names, where = _column_names(file)
     except (OSError, ValueError, csv.Error, pyarrow.ArrowException):
@@ -106,7 +103,7 @@ def hub_split(hub: datasets.DatasetDict, name: str, split: str) -> datasets.Data
 
 
 def without_columns(ds: datasets.Dataset, source: str, columns: Sequence[str] | None) -> datasets.Dataset:
-    """--remove_columns: dropped from every split before anything reads them; a name no split has is an error."""
+    """--remove_columns, dropped first; unknown names are errors."""
     if not columns:
         return ds
     require_columns(ds, source, columns)
@@ -124,12 +121,12 @@ def text_columns(cfg: TrainConfig) -> list[str]:
 
 
 def join_texts(parts: Sequence[str | None], delimiter: str) -> str:
-    """Several text columns of one row as one text; missing (None) or empty parts are left out."""
+    """Text columns of one row as one text."""
     return delimiter.join(part for part in parts if part)
 
 
 def check_texts(ds: datasets.Dataset, source: str, cfg: TrainConfig) -> None:
-    """Every text column holds strings, none is empty in every row, and no row's (joined) text is empty."""
+    """Text columns hold strings, and no row's text is empty."""
     require_columns(ds, source, text_columns(cfg))
     values = {column: ds[column] for column in text_columns(cfg)}
     for column, column_values in values.items():
@@ -148,7 +145,7 @@ def check_texts(ds: datasets.Dataset, source: str, cfg: TrainConfig) -> None:
 
 
 def with_texts(ds: datasets.Dataset, cfg: TrainConfig) -> datasets.Dataset:
-    """A `text` column (the text columns joined) and `text_pair` for pair tasks, as a cached `datasets.map`."""
+    """`text` (and `text_pair`), as a cached map."""
     names, delimiter, pair = list(cfg.text_column_names), cfg.text_column_delimiter, cfg.text_pair_column
 
     def join(batch):
@@ -161,7 +158,7 @@ def with_texts(ds: datasets.Dataset, cfg: TrainConfig) -> datasets.Dataset:
 
 
 def labelled(ds: datasets.Dataset, source: str, cfg: TrainConfig, labels: LabelSpace) -> datasets.Dataset:
-    """Validated texts and labels: `text` (+ `text_pair`) and an integer `labels` column."""
+    """Validated `text` and `labels` columns."""
     require_columns(ds, source, [cfg.label_column])
     check_texts(ds, source, cfg)
     return with_texts(ds, cfg).add_column("labels", labels.encode(ds, source, cfg.label_column))
@@ -172,7 +169,7 @@ def _subsample(ds: datasets.Dataset, n: int | None, seed: int) -> datasets.Datas
 
 
 def _read_sources(cfg: TrainConfig) -> tuple[dict[str, tuple[str, datasets.Dataset]], dict[str, dict]]:
-    """{split: (source, dataset)} from local files or the Hub (train first), and where each was read."""
+    """{split: (source, dataset)}, train first."""
     files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
     sources = {split: {"file": path} for split, path in files.items() if path}
     read = {split: (path, load_file(path)) for split, path in files.items() if path}
@@ -190,19 +187,19 @@ def _read_sources(cfg: TrainConfig) -> tuple[dict[str, tuple[str, datasets.Datas
 
 
 def load_splits(cfg: TrainConfig) -> Splits:
-    """Train / validation / test from the Hub or local files, validated, labels encoded for the problem type."""
+    """Train, validation and test, validated and encoded."""
     read, sources = _read_sources(cfg)
     train_source, train = read.pop("train")
     require_columns(train, train_source, [*text_columns(cfg), cfg.label_column])
     labels = LabelSpace.of_training_data(train, train_source, cfg.label_column, cfg)
-    # every split is checked before any is transformed: a bad test file fails in seconds, not after training
+    # every split checked before any is transformed
     train = labelled(train, train_source, cfg, labels)
     others = {name: labelled(ds, source, cfg, labels) for name, (source, ds) in read.items()}
     if cfg.shuffle_train_dataset:
         train = train.shuffle(seed=cfg.seed)
     if "validation" in others:
         validation = others["validation"]
-    else:  # a seeded slice of train, identical on every rank and every run with the same seed
+    else:  # the same on every rank and run
         parts = train.train_test_split(test_size=cfg.validation_split, seed=cfg.seed, shuffle=True)
         train, validation = parts["train"], parts["test"]
     test = others.get("test")
@@ -217,8 +214,7 @@ def load_splits(cfg: TrainConfig) -> Splits:
 
 
 def calibration_sample(train: datasets.Dataset, seed: int, n: int = CALIBRATION_TEXTS) -> list[str]:
-    """A seeded sample of training texts, recorded beside the model: the service calibrates int8 on it and checks
-    the agreement with fp32 (inference/runtimes/choice.py). None for text-pair tasks."""
+    """A seeded sample of training texts, recorded for the service's int8 calibration. None for pairs."""
     if "text_pair" in train.column_names:
         return []
     return list(_subsample(train, n, seed + 1)["text"])

@@ -1,6 +1,4 @@
-"""Tokenizing the splits: `datasets.map` (cached on disk) adding input ids and each text's token count; long texts
-cut into windows where --long_text chunk.
-"""
+"""Tokenizing the splits with `datasets.map` (cached): ids, token counts, and windows with --long_text chunk."""
 
 from __future__ import annotations
 
@@ -14,12 +12,7 @@ from training.data.reading import Splits
 
 
 def tokenize_splits(splits: Splits, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig) -> Splits:
-    """Tokenize without padding (the collator pads per batch): one row per window (contract/long_text.py; one per
-    text unless --long_text chunk), with its token count (`length`) and its text's row (`document`).
-
-    `datasets.map` caches the result next to the source data, keyed by the data and this function, so
-    a second run (or the other ranks, which wait under `main_process_first`) reads it from disk.
-    """
+    """Tokenize unpadded: one row per window, with `length` and its text's `document` row."""
     long_text, workers = cfg.long_text_rule(), cfg.preprocessing_num_workers
 
     def split(ds: datasets.Dataset | None, name: str) -> datasets.Dataset | None:
@@ -43,11 +36,10 @@ def tokenize(
     num_proc: int | None = None,
     long_text: LongText | None = None,
 ) -> datasets.Dataset:
-    """One split's `text` (and `text_pair`) as windows (unpadded input ids), each with its text's other columns
-    (labels), its `length` and its text's row number, `document`; cached by `datasets.map`."""
+    """One split as unpadded windows with their labels, `length` and `document`; cached."""
     long_text = long_text or LongText()
     pairs = "text_pair" in ds.column_names
-    long_text.check(tokenizer, max_length, pairs)  # before the tokenizer could abort the process on a bad stride
+    long_text.check(tokenizer, max_length, pairs)  # a bad stride would abort inside the tokenizer
 
     def encode(batch, rows):
         try:

@@ -1,12 +1,4 @@
-"""What a run leaves in --output_dir (docs/checkpoints.md), and how to find it again.
-
-`OutputDir` owns that folder during a run: every path (names from contract/files.py), every write (main process
-only), the resumable states and their rotation. `save_model` and `save_state` are called on all ranks. Files and
-states are written under a temporary name and renamed, so a crash mid-save leaves the previous checkpoint intact.
-
-Seams the crash tests wrap (keep these calls where they are): `write_weights`, `replace_dir` and
-`Accelerator.save_state` (tests/helpers/faults).
-"""
+"""What a run leaves in --output_dir (docs/checkpoints.md), and how to find it again. Called by train.py and loop.py."""
 
 from __future__ import annotations
 
@@ -53,7 +45,7 @@ class ResumeError(UserError, RuntimeError):
 
 
 logger = get_logger(__name__)
-RNG_FILE = f"{RNG_STATE_NAME}_{{}}.pkl"  # each rank's RNG state inside a state folder, as accelerate names it
+RNG_FILE = f"{RNG_STATE_NAME}_{{}}.pkl"  # accelerate's name for a rank's RNG state
 SCHEDULE_FILE = "lr_scheduler.pt"  # the schedule's state, written by us: accelerate unpickles registered objects
 CUSTOM_STATE = re.compile(r"custom_checkpoint_\d+\.pkl")  # accelerate reads these with weights_only=False
 
@@ -67,14 +59,13 @@ def write_weights(fh, weights: dict[str, torch.Tensor]) -> None:
 
 
 def _write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf: bool) -> None:
-    """Main process: the state_dict, config.json (+ the Hugging Face export), tokenizer/; each swapped in whole.
-    config.json goes last and records the sha256 of the weights files it belongs with (contract/files.py:
-    WEIGHTS_SHA256), so a reader never takes one save's config with another's weights."""
+    """Main process: state_dict, config.json, export and tokenizer, each swapped in whole; config.json last, with the
+    weights' sha256."""
     atomic_write(out / files.WEIGHTS, lambda fh: write_weights(fh, weights))
     digests = {files.WEIGHTS: files.tensors_sha256(weights)}  # before save_pretrained, which empties `weights`
     staging = staging_dir(".hf.", out)
     if export_hf:
-        with _no_progress_bar():  # a one-shard "Writing model shards" bar would cut through the training bar
+        with _no_progress_bar():  # its one-shard bar would cut the training bar
             unwrapped.save_pretrained(staging, state_dict=weights)  # config.json + model.safetensors
         tokenizer.save_pretrained(staging)
     else:
@@ -94,8 +85,7 @@ def _write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf
 
 
 def _write_adapter(out: Path, model, config, tokenizer) -> None:
-    """Main process: adapter/ (peft's files; the run's config.json, with their sha256 and the base's identity; the
-    tokenizer), swapped in whole."""
+    """Main process: adapter/, swapped in whole."""
     staging = staging_dir(f".{files.ADAPTER_DIR}.", out)
     with _no_progress_bar():
         lora.save_adapter(model, staging)
@@ -119,7 +109,7 @@ def _no_progress_bar():
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """The saved state_dict, refusing anything but plain tensors (never unpickles code)."""
+    """The saved state_dict: plain tensors only."""
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -127,8 +117,7 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def complete_states(output_dir: str | Path) -> list[tuple[int, Path]]:
-    """(recorded step, folder) of every complete state, oldest first; half-written ones have no progress.json,
-    and one whose progress.json cannot be read is left out with a warning."""
+    """(step, folder) of every complete state, oldest first."""
     root = Path(output_dir) / files.STATE_DIR
     folders = (
         [f for f in root.glob(f"{files.STATE_PREFIX}*") if (f / files.PROGRESS).is_file()] if root.is_dir() else []
@@ -152,8 +141,7 @@ def read_progress(state_folder: str | Path) -> Progress:
 
 
 def damaged_file(folder: Path) -> tuple[Path, str] | None:
-    """The first file of a state folder that cannot be read whole, and why; None when all can. torch.save files
-    are zip archives whose members carry CRCs; a safetensors header must cover its file. Nothing is unpickled."""
+    """The first state file that cannot be read whole, and why; nothing unpickled."""
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         try:
             if path.suffix in PICKLED:
@@ -173,11 +161,8 @@ PICKLED = (".bin", ".pkl", ".pt")  # torch.save archives: a pickle beside the te
 
 
 def unsafe_file(folder: Path) -> str | None:
-    """Why a state folder must not be read at all, naming the file, or None. Every pickle in it is read here as
-    accelerate reads the state's own files (`weights_only=True`: tensors, numbers, strings, containers and numpy's
-    RNG arrays; no object that could run code); a registered object's state (`custom_checkpoint_N.pkl`) is refused
-    outright, because accelerate unpickles those with weights_only=False; so is a sharded (FSDP) part's `.metadata`
-    that names anything but the checkpoint layout, because torch's reader unpickles it unrestricted."""
+    """Why a state folder must not be read at all, or None: its pickles hold only data (`weights_only=True`), checked
+    before accelerate reads them."""
     for path in sorted(folder.rglob("*")):
         if path.name == DCP_METADATA:
             if problem := _unsafe_metadata(path):
@@ -201,7 +186,7 @@ def unsafe_file(folder: Path) -> str | None:
 
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded part (FSDP states)
-DCP_GLOBALS = {  # what such an index holds: the checkpoint's layout, torch sizes and dtypes, a path
+DCP_GLOBALS = {  # layout, sizes, dtypes and a path
     *(
         ("torch.distributed.checkpoint.metadata", name)
         for name in (
@@ -224,7 +209,7 @@ DCP_GLOBALS = {  # what such an index holds: the checkpoint's layout, torch size
 
 
 class _LayoutOnly(pickle.Unpickler):
-    """An unpickler that imports only DCP_GLOBALS and torch's dtypes (Python's documented way to restrict globals)."""
+    """Unpickles only DCP_GLOBALS and torch dtypes."""
 
     def find_class(self, module: str, name: str):
         dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
@@ -245,18 +230,18 @@ def _unsafe_metadata(path: Path) -> str | None:
 
 
 def _forbidden_global(message: str) -> str:
-    """torch's refusal, down to the object it would have imported ("Unsupported global: GLOBAL posix.system")."""
+    """torch's refusal, down to the object named."""
     found = re.search(r"GLOBAL ([\w.]+)", message)
     return f"it would import {found.group(1)}" if found else "an object torch refuses to load"
 
 
 def read_schedule(folder: Path) -> dict:
-    """The learning-rate schedule's state (pick_state has checked that it is there and holds only data)."""
+    """The schedule's state (checked by pick_state)."""
     return torch.load(folder / SCHEDULE_FILE, map_location="cpu", weights_only=True)
 
 
 def missing_rng(folder: Path, num_processes: int) -> str | None:
-    """Why the RNG state of some rank cannot be restored (exact resume impossible), or None."""
+    """Why some rank's RNG cannot be restored, or None."""
     missing = [RNG_FILE.format(i) for i in range(num_processes) if not (folder / RNG_FILE.format(i)).is_file()]
     if missing:
         return f"{folder} has no {', '.join(missing)}: the random number generators cannot be restored"
@@ -264,7 +249,7 @@ def missing_rng(folder: Path, num_processes: int) -> str | None:
 
 
 def unusable(folder: Path, num_processes: int, allow_inexact: bool) -> str | None:
-    """Why this state cannot be resumed from (a damaged file; RNG files missing or damaged, unless allowed)."""
+    """Why this state cannot be resumed from."""
     if not (folder / SCHEDULE_FILE).is_file():
         return f"{folder / SCHEDULE_FILE}: missing (the learning-rate schedule cannot continue)"
     damaged = damaged_file(folder)
@@ -286,8 +271,7 @@ def refuse_unsafe(folder: Path) -> None:
 
 
 def pick_state(output_dir: Path, spec: str, num_processes: int, allow_inexact: bool) -> Path | None:
-    """The folder to resume from: `spec` itself (refused when unusable), or for 'latest' the newest usable
-    complete state, each damaged newer one named in a warning."""
+    """The folder to resume from; 'latest' skips damaged states, named."""
     if spec != "latest":
         folder = Path(spec)
         if not (folder / files.PROGRESS).is_file():
@@ -298,7 +282,7 @@ def pick_state(output_dir: Path, spec: str, num_processes: int, allow_inexact: b
         return folder
     states = complete_states(output_dir)
     for _, folder in reversed(states):
-        refuse_unsafe(folder)  # not a fallback to an older state: the folder was tampered with
+        refuse_unsafe(folder)  # tampered with: no fallback
         problem = unusable(folder, num_processes, allow_inexact)
         if problem is None:
             return folder
@@ -309,11 +293,10 @@ def pick_state(output_dir: Path, spec: str, num_processes: int, allow_inexact: b
 
 
 def check_layout(state_folder: Path, progress: Progress, layout: dict[str, Any]) -> None:
-    """A state continues only with the layout it was saved with: its position in the epoch is counted in
-    batches per rank, and the steps per epoch (hence the learning-rate schedule) follow from the layout."""
+    """A state continues only with its layout: positions and schedule depend on it."""
     saved = progress.layout or {}
     keep_saved_threads(saved, layout)
-    # a key the state does not record (saved by an older version) is not compared
+    # unrecorded keys are not compared
     changed = ", ".join(f"{k} {saved[k]} -> {v}" for k, v in layout.items() if k in saved and saved[k] != v)
     if changed:
         raise ResumeError(
@@ -325,8 +308,7 @@ def check_layout(state_folder: Path, progress: Progress, layout: dict[str, Any])
 
 
 def check_provenance(state_folder: Path, progress: Progress, current: dict[str, Any], allow_inexact: bool) -> None:
-    """A state continues only the run that saved it: other data, model, labels or result-changing settings are
-    refused, naming each change, unless `allow_inexact` (a warning, and the change recorded in the progress)."""
+    """A state continues only its run: changes refused, unless `allow_inexact`."""
     changed = provenance.changes(progress.provenance, current)
     if not changed:
         return
@@ -346,9 +328,7 @@ def check_provenance(state_folder: Path, progress: Progress, current: dict[str, 
 
 
 def attempt(write, path: Path) -> str | None:
-    """Run `write()`; when the disk or the permissions refuse it, return one line naming `path` and the cause.
-    torch.save reports a full disk as RuntimeError, safetensors as its own error: both are caught here, around
-    local file writes only."""
+    """Run `write()`; a full disk or refused permission is one line naming `path`."""
     try:
         write()
     except (OSError, RuntimeError, SafetensorError) as exc:
@@ -361,9 +341,7 @@ def attempt(write, path: Path) -> str | None:
 
 
 def stop_together(accelerator: Accelerator, problem: str | None, staging: Path | None = None) -> None:
-    """Every rank learns whether any rank failed its write (this is the barrier after the write), and all of
-    them raise the same UserError: one line, no rank left waiting on a collective. The partial `staging` folder
-    is removed only here, once no rank writes into it any more (every rank's save_state creates the folder)."""
+    """Every rank learns whether any write failed, and all raise the same line; the staging folder removed last."""
     problems = [p for p in gather_object([problem]) if p]
     if problems:
         if staging is not None and accelerator.is_local_main_process:
@@ -375,7 +353,7 @@ def stop_together(accelerator: Accelerator, problem: str | None, staging: Path |
 
 
 class OutputDir:
-    """The run's output folder: its paths, its writes (main process only), its resumable states."""
+    """The run's output folder: paths, writes, states."""
 
     def __init__(self, root: str | Path, accelerator: Accelerator, keep_states: int | None = None, run_id: str = "run"):
         self.root = Path(root)
@@ -392,15 +370,12 @@ class OutputDir:
             write_json(self.path(name), data)
 
     def save_model(self, model: torch.nn.Module, tokenizer, export_hf: bool = True) -> None:
-        """The servable best model: weights, config.json, tokenizer/ (and with `export_hf` model.safetensors
-        and the tokenizer files beside config.json: `pipeline(model=output_dir)`); a LoRA run's weights merged, its
-        adapters and head in adapter/ as well (training/lora.py). Call on all ranks."""
+        """The servable best model: weights, config.json, tokenizer, export; LoRA merged, adapter/ beside. All ranks."""
         accelerator = self.accelerator
         accelerator.wait_for_everyone()
         unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
         adapters = lora.is_lora(unwrapped)
-        # Every rank takes part: under FSDP or DeepSpeed ZeRO-3 the full state dict is gathered from all of them.
-        # (LoRA trains under DDP, where the main process holds every weight.)
+        # all ranks: FSDP gathers the full state dict from each
         state_dict = None if adapters else accelerator.get_state_dict(model)
         problem = None
         if accelerator.is_main_process:
@@ -416,8 +391,7 @@ class OutputDir:
         stop_together(accelerator, problem)  # also the barrier after the write
 
     def saved_calibration(self) -> dict:
-        """What config.json says was applied to the saved best model (training/calibration.py), {} if nothing;
-        ResumeError when the record is not one training writes."""
+        """config.json's calibration record, or {}."""
         path = self.path(files.CONFIG)
         if not path.is_file():
             return {}
@@ -428,24 +402,23 @@ class OutputDir:
             raise ResumeError(f"{path}: {exc}") from None
 
     def restore_best(self, model: torch.nn.Module) -> None:
-        """The saved best model's weights put back into the run's `model` (a LoRA run's adapters and head)."""
+        """The saved best weights put back into `model`."""
         unwrapped = self.accelerator.unwrap_model(model, keep_torch_compile=False)
         if lora.is_lora(unwrapped):
             lora.restore_adapter(unwrapped, self.path(files.ADAPTER_DIR))
-        else:  # the one path for edits under any wrapper (FSDP's parameters are shards)
+        else:  # FSDP's parameters are shards
             edit_weights(self.accelerator, model, lambda w: w.update(load_weights(self.path(files.WEIGHTS))))
 
     def state_path(self, step: int) -> Path:
         return self.root / files.STATE_DIR / f"{files.STATE_PREFIX}{step}"
 
     def save_state(self, progress: Progress, scheduler) -> Path:
-        """accelerator.save_state and the schedule's state into a staging folder, renamed to state/step_N when
-        complete; then only the newest `keep_states` remain. Call on all ranks."""
+        """Save a state to staging, rename when complete, keep the newest. All ranks."""
         accelerator = self.accelerator
         target = self.state_path(progress.global_step)
         staging = target.with_name(f"{files.STAGING_PREFIX}{target.name}.{self.run_id}")
         accelerator.wait_for_everyone()
-        # model, optimizer, scheduler, grad scaler; every rank writes its RNG state, the main process the rest
+        # each rank writes its RNG, the main process the rest
         problem = attempt(lambda: accelerator.save_state(str(staging)), staging)
         stop_together(accelerator, problem, staging)
         if accelerator.is_main_process:
@@ -454,8 +427,7 @@ class OutputDir:
         return target
 
     def _publish(self, staging: Path, target: Path, progress: Progress, scheduler) -> None:
-        """Main process: the schedule's state, progress.json last, the swap into place (replacing a state of the same
-        step), then the rotation of old states."""
+        """Main process: schedule state, progress.json last, swap, rotate."""
         torch.save(scheduler.state_dict(), staging / SCHEDULE_FILE)  # numbers and lists: read with weights_only
         write_json(staging / files.PROGRESS, dataclasses.asdict(progress))
         replace_dir(staging, target)
@@ -466,9 +438,7 @@ class OutputDir:
     def resume(
         self, spec: str | None, current: Progress, scheduler, allow_inexact: bool = False
     ) -> tuple[Path, Progress] | None:
-        """Restore model, optimizer, scheduler and RNG states from `spec` ('latest' or a state folder) when it was
-        saved by this run (`current`'s layout and provenance); (folder, where training stood), or None when there is
-        nothing to resume."""
+        """Restore every state from `spec` if this run saved it; (folder, progress) or None."""
         if not spec:
             return None
         folder = self._pick_on_main(spec, allow_inexact)
@@ -483,8 +453,7 @@ class OutputDir:
         return folder, progress
 
     def _pick_on_main(self, spec: str, allow_inexact: bool) -> Path | None:
-        """pick_state on the main process alone (it reads every file of the candidate states whole), its choice or
-        its ResumeError on every rank, so every rank resumes from the same folder or stops with the same line."""
+        """pick_state on the main process, its answer on every rank."""
         accelerator = self.accelerator
         return decided_on_main(
             accelerator, lambda: pick_state(self.root, spec, accelerator.num_processes, allow_inexact)
@@ -503,9 +472,7 @@ class OutputDir:
             model_card.write_model_card(self.root, summary, hub_model_id)
 
     def export_runtime(self, runtime: str) -> None:
-        """The best model converted for an optimized CPU runtime by the service's own command (`python -m
-        inference.export`, in a process of its own: training imports nothing of the service), from the main process;
-        a failed conversion is one line on every rank."""
+        """The best model converted by the service's own command, in its own process; a failure is one line."""
 
         def convert() -> None:
             command = [sys.executable, "-m", "inference.export", str(self.root), "--runtime", runtime]
@@ -518,7 +485,7 @@ class OutputDir:
         decided_on_main(self.accelerator, convert)
 
     def push(self, repo_id: str, private: bool) -> None:
-        """Upload the folder (training/push.py) from the main process; the others wait for it."""
+        """Upload from the main process; the others wait."""
         if self.accelerator.is_main_process:
             push_folder(self.root, repo_id, private)
         self.accelerator.wait_for_everyone()

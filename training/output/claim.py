@@ -1,11 +1,5 @@
-"""Claiming the output folder before a run spends anything on it: writable, and no other run writing it.
-
-The main process checks that --output_dir can be written (creating it if needed), takes an exclusive lock
-on `.distilbert_agnews.lock` inside it (flock: the kernel drops it when the process ends, however it ends),
-records its PID and host there, and removes staging folders that dead runs left behind (nobody else can be
-writing: we hold the lock). The outcome is broadcast, so every rank stops with the same one-line error, or
-goes on with the same run id (which names this run's staging folders). A run that stops before writing
-anything (bad data, say) removes the folders it created: it leaves nothing behind.
+"""Claiming the output folder before a run spends anything: writable, and no other run writing it. Called by train.py;
+docs/checkpoints.md tells the rules.
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ except ImportError:  # Windows: no advisory locks; the writability check still r
 
 
 class Claim:
-    """The lock's open file (kept open for the whole run), this run's id, and the folders it created."""
+    """The held lock, this run's id, the folders made."""
 
     def __init__(self, run_id: str, handle=None, created: list[Path] | None = None):
         self.run_id = run_id
@@ -41,7 +35,7 @@ class Claim:
         self._created = created or []  # deepest first
 
     def release(self) -> None:
-        """Drop the lock; folders this run created and left holding nothing but the lock file are removed."""
+        """Drop the lock and the empty folders made."""
         if self._handle is None:
             return
         self._handle.close()
@@ -57,8 +51,7 @@ class Claim:
 def claim_output_dir(
     output_dir: str | Path, accelerator: Accelerator, resuming: bool = False, overwrite: bool = False
 ) -> Claim:
-    """On every rank: the main process's claim (its lock held there alone), or UserError with its reason. A
-    folder holding another run is refused unless this run resumes it, or `overwrite` removes its states first."""
+    """The main process's claim on every rank, or UserError: another run's folder needs resume or `overwrite`."""
     root = Path(output_dir)
     created = [folder for folder in (root, *root.parents) if not folder.exists()] if accelerator.is_main_process else []
     held: list = []  # the lock's handle, on the main process
@@ -80,7 +73,7 @@ def claim_output_dir(
 
 
 def unwritable(root: Path) -> str | None:
-    """Why nothing can be written under `root`, or None; creates it when missing."""
+    """Why `root` cannot be written, or None."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".write_test.{os.getpid()}"
@@ -92,7 +85,7 @@ def unwritable(root: Path) -> str | None:
 
 
 def lock(root: Path):
-    """(open lock file, None) or (None, why): another process holds the folder."""
+    """(lock file, None) or (None, why)."""
     path = root / files.LOCK
     handle = open(path, "a+", encoding="utf-8")
     if fcntl is None:
@@ -117,9 +110,7 @@ def lock(root: Path):
 
 
 def previous_run(root: Path, overwrite: bool) -> str | None:
-    """Why a new run may not start in `root` (another run's states or model are there), or None; with `overwrite`,
-    that run's states are removed (what --resume_from_checkpoint latest would pick) and its model files are left
-    for this run's saves to replace."""
+    """Why a new run may not start in `root`, or None; `overwrite` removes the other run's states."""
     states = sorted((root / files.STATE_DIR).glob(f"{files.STATE_PREFIX}*"))
     found = [p.name for p in (root / files.WEIGHTS, root / files.METRICS) if p.exists()]
     if not states and not found:
@@ -138,7 +129,7 @@ def previous_run(root: Path, overwrite: bool) -> str | None:
 
 
 def remove_stale_staging(root: Path) -> None:
-    """Half-written state folders of runs that died mid-save: they hold disk space and are never read."""
+    """Half-written states of dead runs."""
     state = root / files.STATE_DIR
     if state.is_dir():
         for stale in state.glob(f"{files.STAGING_PREFIX}*"):

@@ -1,9 +1,5 @@
-"""The model card (README.md of the output dir), built with huggingface_hub's ModelCard and ModelCardData.
-
-Its metadata is what the Hub reads: library and pipeline tag, the base model (a Hub id, or absent when the
-run started from a local folder or from scratch: never a local path), the Hub dataset, and the validation and
-test results as `EvalResult`s (the `model-index` the Hub displays). The body says what was trained, on what,
-how well, with which settings, and how to serve or load it.
+"""The model card (the output folder's README.md), built with huggingface_hub's ModelCard. Called after training and by
+push.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from training.output.atomic import write_bytes
 
 
 def hub_id_or_none(name: str | None) -> str | None:
-    """`name` when it names a Hub repository, None for a local folder (which the Hub cannot link to)."""
+    """`name` if it names a Hub repository, else None."""
     if not name or Path(name).expanduser().exists():
         return None
     return name if HUB_ID.match(name) or "/" not in name else None
@@ -47,7 +43,7 @@ def eval_results(summary: dict[str, Any], dataset: str) -> list[EvalResult]:
 
 
 def summary_kind(summary: dict[str, Any]) -> ProblemType:
-    """The problem type a run summary (metrics.json) describes; single-label for one written before it was kept."""
+    """The summary's problem type; single-label by default."""
     return ProblemType.named(summary.get("problem_type", SINGLE))
 
 
@@ -161,7 +157,7 @@ def _use_section(cfg: dict, where: str) -> list[str]:
 
 
 def model_card(summary: dict[str, Any], repo_id: str | None = None) -> ModelCard:
-    """The card of a run, from its summary (metrics.json); `repo_id` names it where it is published."""
+    """A run's card from its summary."""
     cfg = summary["config"]
     start = "trained from scratch on the architecture of" if cfg.get("from_scratch") else "fine-tuned from"
     body = [

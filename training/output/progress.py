@@ -1,5 +1,4 @@
-"""Where training stands (`Progress`): saved with every resumable state (checkpoint.py), read by the loop,
-the reports and the resume checks."""
+"""Where training stands: saved with every state, read by the loop, the reports and resume."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What a run's result depends on, recorded in every resumable state and compared when a run resumes.
-
-The data (each file's SHA-256, or the Hub dataset's fingerprint), the starting model and tokenizer, the label
-mapping and every setting but those in MAY_CHANGE. train.py records them at start; OutputDir.resume refuses a state
-whose record differs, naming what changed, unless --allow_inexact_resume (a warning; metrics.json keeps both).
+"""What a run's result depends on (settings, data, labels, versions), recorded in every state and compared when a run
+resumes. Called by train.py and checkpoint.py.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from training.collective import decided_on_main
 from training.config import TrainConfig
 from training.data.reading import Splits
 
-MAY_CHANGE = (  # settings a resumed run may change: where it writes and reports, how it reads, when it checks
+MAY_CHANGE = (  # where it writes, how it reads, when it checks
     "output_dir",
     "export_hf_format",
     "export_runtime",
@@ -45,7 +42,7 @@ MAY_CHANGE = (  # settings a resumed run may change: where it writes and reports
     "per_device_eval_batch_size",
     "extra_metrics",
 )
-RECORDED_APART = (  # compared through what they decide: the data's bytes, the labels, the effective values
+RECORDED_APART = (  # compared through what they decide
     "dataset_name",
     "train_file",
     "validation_file",
@@ -61,17 +58,16 @@ RECORDED_APART = (  # compared through what they decide: the data's bytes, the l
 
 
 def result_settings(config_type: type = TrainConfig) -> tuple[str, ...]:
-    """Every setting of the configuration but those that may change or are recorded apart: a new flag is compared
-    at resume unless it is added to MAY_CHANGE."""
+    """Every setting but MAY_CHANGE and those recorded apart."""
     return tuple(name for name in config_type.model_fields if name not in MAY_CHANGE and name not in RECORDED_APART)
 
 
 RESULT_SETTINGS = result_settings()
-_WHERE = "file"  # where a file was read: informative, not compared (the same bytes may move)
+_WHERE = "file"  # informative: the same bytes may move
 
 
 def record(cfg: TrainConfig, splits: Splits, accelerator: Accelerator, learning_rate: float, total_steps: int) -> dict:
-    """This run's record, identical on every rank (the main process reads the data files, once)."""
+    """This run's record, the same on every rank."""
 
     def make() -> dict:
         settings = {name: getattr(cfg, name) for name in RESULT_SETTINGS}
@@ -100,8 +96,7 @@ def _describe(source: dict) -> dict:
 
 
 def changes(saved: dict, current: dict) -> dict[str, dict[str, Any]]:
-    """{"settings.max_length": {"saved": 128, "now": 64}, ...} for every value that differs; {} for a state saved
-    before runs recorded this; settings recorded only since the state was saved are left out."""
+    """{key: {"saved", "now"}} for every differing value."""
     if not saved:
         return {}
     before, after = _flat(saved), _flat(current)
@@ -113,7 +108,7 @@ def changes(saved: dict, current: dict) -> dict[str, dict[str, Any]]:
 
 
 def _added_since(key: str, before: dict) -> bool:
-    """A setting (or the problem type) this version records and the saved state's version did not: not compared."""
+    """Recorded only by newer versions: not compared."""
     return key not in before and (key.startswith("settings.") or key == "labels.problem_type")
 
 
@@ -128,7 +123,7 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def describe(changed: dict[str, dict[str, Any]]) -> str:
-    """`settings.max_length 128 -> 64, data.train.sha256 3f2a9c0b1d2e -> 77aa01c3e9f0`, long values shortened."""
+    """The changes in one line, long values shortened."""
     return ", ".join(f"{key} {_short(v['saved'])} -> {_short(v['now'])}" for key, v in changed.items())
 
 
@@ -138,8 +133,7 @@ def _short(value: Any) -> str:
 
 
 def layout(cfg: TrainConfig, accelerator: Accelerator) -> dict:
-    """What must match for a mid-epoch resume to continue with exactly the next batches (and, on CPU, the same
-    sums: the intra-op threads decide how kernels split them)."""
+    """What must match to continue with exactly the next batches."""
     return {
         "num_processes": accelerator.num_processes,
         "per_device_train_batch_size": cfg.per_device_train_batch_size,

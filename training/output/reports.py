@@ -1,8 +1,5 @@
-"""What people look at after a run or an evaluation: the per-class table, the confusion-matrix and training
-curve PNGs and the misclassified examples (the model card is training/output/model_card.py).
-
-Every function takes finished numbers; the callers decide that only the main process writes. Plots use
-matplotlib's object API with the Agg canvas (no pyplot, no global backend switch, no display needed).
+"""What people read after a run or an evaluation: per-class tables, PNGs and error tables. Called by train.py and
+evaluate.
 """
 
 from __future__ import annotations
@@ -52,12 +49,12 @@ class Evaluated:
 
 
 def written_for(problem_type: str) -> list[str]:
-    """The files python -m training.evaluate writes beside eval_results.json for this problem type."""
+    """The files evaluate writes for this problem type."""
     return [REPORTS[name][0] for name in PROBLEM_TYPES[problem_type].reports]
 
 
 def write_reports(root: Path, evaluated: Evaluated) -> int:
-    """The problem type's reports (contract/problem_types.py `reports`) into `root`: the rows of its error table."""
+    """The problem type's reports into `root`."""
     rows = 0
     for name in evaluated.problem.reports:
         file, draw = REPORTS[name]
@@ -66,8 +63,7 @@ def write_reports(root: Path, evaluated: Evaluated) -> int:
 
 
 def report_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]) -> str:
-    """The terminal summary: one row per class (or label), then accuracy and the macro average (single-label), the
-    micro and macro averages and subset accuracy (multi-label), or the regression metrics."""
+    """The terminal summary table."""
     if not per_class:
         return "\n".join(f"{k:<12} {metrics[k]:>9.4f}" for k in ("mse", "mae", "r2", "pearson", "spearman", "loss"))
     multi = "micro_f1" in metrics
@@ -93,7 +89,7 @@ def report_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]
 
 
 def write_confusion_matrix(path: Path, confusion: torch.Tensor, label_names: Sequence[str], title: str) -> None:
-    """Counts in each cell, colour by the share of the true class (rows sum to 1)."""
+    """Counts, coloured by row share."""
     from matplotlib.figure import Figure
 
     counts = confusion.double()
@@ -123,15 +119,13 @@ def write_confusion_matrix(path: Path, confusion: torch.Tensor, label_names: Seq
 
 
 def write_reliability_diagram(path: Path, points: Sequence[tuple[float, float, int]], ece: float, title: str) -> None:
-    """Accuracy against mean confidence per confidence bin (training/calibration.py), bar widths the bins', the
-    diagonal a perfectly calibrated model; the expected calibration error in the title."""
+    """The reliability diagram, ECE in the title."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(5.5, 5.2))
     ax = figure.add_subplot()
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
-    # each bar over its own bin (bars at the bins' mean confidences overlapped where two means lie close), its
-    # mean confidence a dot on it, its count of texts above it
+    # each bar over its bin, a dot at its mean, its count above
     bins = calibration.BINS
     centres = [(min(int(c * bins), bins - 1) + 0.5) / bins for c, _, _ in points]
     ax.bar(centres, [a for _, a, _ in points], width=0.9 / bins, alpha=0.7, label="accuracy per confidence bin")
@@ -150,7 +144,7 @@ def write_reliability_diagram(path: Path, points: Sequence[tuple[float, float, i
 def write_misclassified(
     path: Path, texts: Sequence[str], labels: torch.Tensor, probabilities: torch.Tensor, label_names: Sequence[str]
 ) -> int:
-    """Every wrong prediction, most confident first: row of the split, text, label, prediction, probabilities."""
+    """Every wrong prediction, most confident first."""
     predictions = probabilities.argmax(dim=1)
     wrong = (predictions != labels).nonzero().flatten().tolist()
     wrong.sort(key=lambda i: (-probabilities[i, predictions[i]].item(), i))
@@ -172,7 +166,7 @@ def write_misclassified(
 def write_wrong_label_sets(
     path: Path, texts: Sequence[str], scored: Scored, decided: torch.Tensor, label_names: Sequence[str]
 ) -> int:
-    """Multi-label: every row whose predicted label set differs from its labels, most wrong decisions first."""
+    """Wrong label sets, most wrong first."""
     actual = scored.labels.bool()
     misses = (decided != actual).sum(dim=1)
     wrong = sorted(misses.nonzero().flatten().tolist(), key=lambda i: (-int(misses[i]), i))
@@ -189,7 +183,7 @@ def write_wrong_label_sets(
 
 
 def write_residuals(path: Path, predicted: torch.Tensor, targets: torch.Tensor, title: str) -> None:
-    """Regression: predicted against true values (left) and the residuals against the prediction (right)."""
+    """Predicted against true, and residuals."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(10, 4.2))
@@ -267,9 +261,7 @@ REPORTS: dict[str, tuple[str, Callable[[Path, Evaluated], int | None]]] = {  # n
 
 
 def write_training_curves(output_dir: Path, progress: Progress, plot: bool = True) -> None:
-    """training_curves.json (the raw series) and, with `plot`, training_curves.png: loss per logging step,
-    validation metrics per evaluation, learning rate. (Drawing the PNG costs the main process a second or two
-    while the other ranks wait, so the loop writes it once, at the end.)"""
+    """training_curves.json and, with `plot`, its PNG (drawn once at the end: it costs seconds)."""
     series = {"train": progress.train_loss, "validation": progress.history}
     write_json(output_dir / files.CURVES_JSON, series)
     if plot:
@@ -277,8 +269,7 @@ def write_training_curves(output_dir: Path, progress: Progress, plot: bool = Tru
 
 
 def headline(results: dict) -> tuple[str, ...]:
-    """The headline metric names of a results dict: those of the problem type whose headline it holds (the longer
-    lists tried first, so extra metrics cannot make a multi-label result look single-label)."""
+    """The headline metrics a results dict holds."""
     kinds = sorted(PROBLEM_TYPES.values(), key=lambda kind: -len(kind.headline))
     return next((kind.headline for kind in kinds if set(kind.headline) <= results.keys()), ())
 
@@ -319,8 +310,7 @@ def _curves_figure(progress: Progress):
 
 
 def next_steps(cfg, best_step: int, best_metric: float, test_metrics: dict | None) -> str:
-    """A finished run's last line: where its best model is, how good, and the commands that evaluate, label a file
-    with and serve it (each runs as printed; TEXTS.csv stands for your own file)."""
+    """A run's last line: where the model is, how good, what to run next."""
     folder, metric = shlex.quote(str(cfg.output_dir)), cfg.metric_for_best_model
     tested = (test_metrics or {}).get(metric)
     test = f", test {tested:.4f}" if isinstance(tested, float) else ""
@@ -334,7 +324,7 @@ def next_steps(cfg, best_step: int, best_metric: float, test_metrics: dict | Non
 
 
 def run_summary(run, test_metrics: dict | None = None, runtime_s: float | None = None) -> dict:
-    """metrics.json: the best validation, the test metrics, the history, the config, versions."""
+    """metrics.json: best, test, history, config, versions."""
     cfg, progress, splits, world = run.cfg, run.progress, run.splits, run.accelerator.num_processes
     chunked = cfg.long_text_rule().chunked
     return {

@@ -1,6 +1,5 @@
-"""The built-in metrics, one function per set, computed in torch from a split's decisions and references (lists
-or tensors). MetricSuite (metrics.py) calls the sets a problem type names; undefined ratios are 0, as scikit-learn's
-`zero_division=0`.
+"""The built-in metrics in torch, one function per set, from a split's decisions and references. Called by MetricSuite;
+undefined ratios are 0, as scikit-learn's `zero_division=0`.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
 
 
 def _per_class(names: Sequence[str], true_positives: torch.Tensor, support: torch.Tensor, predicted: torch.Tensor):
-    """Each class's (or label's) precision, recall, F1 and support by name; and the F1s as a tensor."""
+    """Per-class precision, recall, F1 and support; the F1s."""
     precision, recall = _ratio(true_positives, predicted), _ratio(true_positives, support)
     f1 = _ratio(2 * true_positives, support + predicted)
     report = {
@@ -37,7 +36,7 @@ def accuracy(predictions, references, names: Sequence[str]) -> dict:
 
 
 def macro_f1(predictions, references, names: Sequence[str]) -> dict:
-    """scikit-learn's: the mean F1 over the classes in the references or the predictions."""
+    """scikit-learn's macro-F1: over classes present anywhere."""
     confusion = _confusion(predictions, references, len(names)).double()
     denominator = confusion.sum(0) + confusion.sum(1)  # 2 TP + FP + FN, per class
     present = denominator > 0
@@ -53,7 +52,7 @@ def classification_report(predictions, references, names: Sequence[str]) -> dict
 
 
 def multilabel(predictions, references, names: Sequence[str]) -> dict:
-    """Micro-F1 (every decision pooled), macro-F1, subset and Hamming accuracy, and per-label figures."""
+    """Micro- and macro-F1, subset and Hamming accuracy, per label."""
     predicted = torch.as_tensor(predictions).double().reshape(-1, len(names))
     actual = torch.as_tensor(references).double().reshape(-1, len(names))
     true_positives, support, chosen = (predicted * actual).sum(0), actual.sum(0), predicted.sum(0)
@@ -85,7 +84,7 @@ def _ranks(values: torch.Tensor) -> torch.Tensor:
 
 
 def regression(predictions, references, names: Sequence[str]) -> dict:
-    """MSE, MAE, R², Pearson's and Spearman's correlation; 0 where undefined (constant values)."""
+    """MSE, MAE, R², Pearson, Spearman; 0 where undefined."""
     predicted, actual = torch.as_tensor(predictions).double(), torch.as_tensor(references).double()
     if not len(actual):
         return {"mse": 0.0, "mae": 0.0, "r2": 0.0, "pearson": 0.0, "spearman": 0.0}

@@ -1,8 +1,5 @@
-"""A split's metrics: every rank gathers the split's scores, then computes the same numbers. Called by the loop,
-train.py and training.evaluate.
-
-The built-in sets (builtin.py) are plain torch; `--extra_metrics` adds any Hugging Face `evaluate` metric by Hub
-name or path, tried on a tiny split at start so that one that cannot score this problem type fails before training.
+"""A split's metrics, the same numbers on every rank: the built-in sets (builtin.py) and any `evaluate` metric named by
+`--extra_metrics`, tried at start. Called by the loop, train.py and evaluate.
 """
 
 from __future__ import annotations
@@ -26,10 +23,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Scored:
-    """Per-text results in the split's row order, gathered from every rank (CPU tensors): targets (class ids,
-    multi-hot rows or values), scores by the problem type's function of the text's pooled logits, unweighted
-    losses, how many windows each text was scored in (contract/long_text.py; 1 unless --long_text chunk), and the
-    pooled fp32 logits themselves (calibration fits on them: a saturated score has lost its logit)."""
+    """Per-text results in row order, gathered from every rank: targets, scores, losses, windows per text, pooled
+    logits."""
 
     labels: torch.Tensor
     scores: torch.Tensor
@@ -55,7 +50,7 @@ def _scalar(value):
 
 
 def greater_is_better(metric: str, given: bool | None = None) -> bool:
-    """--greater_is_better when given, else by the metric's nature: losses and errors are better lower."""
+    """--greater_is_better, else lower for losses and errors."""
     if given is not None:
         return given
     lower = metric in ("loss", "mse", "mae", "rmse") or metric.endswith(("_loss", "error", "_mse", "_mae"))
@@ -66,7 +61,7 @@ THRESHOLD_GRID = [round(0.05 * i, 2) for i in range(1, 20)]  # per-label thresho
 
 
 def fit_thresholds(scores: torch.Tensor, references: torch.Tensor) -> list[float]:
-    """Each label's threshold from THRESHOLD_GRID that maximises its F1 on these texts (the lowest on a tie)."""
+    """Each label's F1-best threshold from THRESHOLD_GRID."""
     grid = torch.tensor(THRESHOLD_GRID, dtype=scores.dtype)
     predicted = (scores[None] >= grid[:, None, None]).double()  # grid x texts x labels
     actual = references.double()[None]
@@ -75,8 +70,7 @@ def fit_thresholds(scores: torch.Tensor, references: torch.Tensor) -> list[float
 
 
 class MetricSuite:
-    """The problem type's built-in metrics plus the extra ones, from a whole split's gathered scores (identical on
-    every rank)."""
+    """Built-in and extra metrics, the same on every rank."""
 
     def __init__(self, problem: ProblemType, label_names: Sequence[str], extra: Sequence[str] = ()):
         self.problem, self.label_names = problem, list(label_names)
@@ -85,7 +79,7 @@ class MetricSuite:
             self._try(name)
 
     def _example(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A tiny split with every kind of answer: scores and references."""
+        """A tiny split with every kind of answer."""
         return self.problem.example(len(self.label_names))
 
     def _try(self, name: str) -> None:
@@ -99,13 +93,12 @@ class MetricSuite:
             ) from None
 
     def _inputs(self, scores: torch.Tensor, references: torch.Tensor, thresholds) -> tuple[list, list]:
-        """What the metrics are given: class ids, 0/1 lists per text, or values."""
+        """The metrics' inputs."""
         decided = replace(self.problem, thresholds=tuple(thresholds)).decisions(scores)
         return self.problem.metric_inputs(decided, references)
 
     def compute(self, scores: torch.Tensor, references: torch.Tensor, thresholds=()) -> tuple[dict, dict]:
-        """(flat metrics: the built-in and extra results plus precision_/recall_/f1_<label> per class, the per-class
-        report)."""
+        """(flat metrics with per-class figures, per-class report)."""
         predictions, refs = self._inputs(scores, references, thresholds or self.problem.thresholds)
         results: dict = {}
         report: dict = {}
@@ -117,13 +110,13 @@ class MetricSuite:
                     results[key] = _scalar(value)
         for label, row in report.get("per_class", {}).items():
             results.update({f"{measure}_{label}": row[measure] for measure in ("precision", "recall", "f1")})
-        for module in self.extra.values():  # the project's own names win over an extra metric's same key
+        for module in self.extra.values():  # our names win over an extra's
             for key, value in module.compute(predictions=predictions, references=refs).items():
                 results.setdefault(key, _scalar(value))
         return results, report
 
     def names(self) -> list[str]:
-        """Every metric name compute() reports (a dry run on a tiny split), plus the mean loss."""
+        """Every reported metric name, plus the loss."""
         return [*self.compute(*self._example())[0], "loss"]
 
     def check_selection(self, metric: str) -> None:
@@ -135,12 +128,11 @@ class MetricSuite:
             )
 
 
-SMALL_SPLIT, SMALL_CLASS = 100, 10  # a validation split under these (texts, texts per class or label) picks noisily
+SMALL_SPLIT, SMALL_CLASS = 100, 10  # below these, picking is noisy
 
 
 def thin_validation(problem: ProblemType, references: torch.Tensor, names: Sequence[str]) -> str | None:
-    """Why the validation split is too small to pick the best model, calibrate or fit thresholds on reliably (under
-    SMALL_SPLIT texts, or a class or label with under SMALL_CLASS of them), or None."""
+    """Why validation is too small to pick, calibrate or fit thresholds on, or None."""
     matrix = problem.label_matrix(references, len(names))
     counts = matrix.sum(0).tolist() if matrix is not None else []
     rare = [f"{name} {count}" for name, count in zip(names, counts) if count < SMALL_CLASS]
@@ -153,8 +145,7 @@ def thin_validation(problem: ProblemType, references: torch.Tensor, names: Seque
 def one_sided(
     problem: ProblemType, decided: torch.Tensor, references: torch.Tensor, names: Sequence[str]
 ) -> dict[str, list[str]]:
-    """The labels a model predicts for every text ('always') or for none of the texts that have them ('never'): it
-    learned their frequencies, not the texts. {} without classes."""
+    """Labels predicted for every text ('always') or for none that has them ('never')."""
     predicted, actual = problem.label_matrix(decided, len(names)), problem.label_matrix(references, len(names))
     if predicted is None or not len(predicted):
         return {}
@@ -166,8 +157,7 @@ def one_sided(
 
 
 def say_one_sided(problem: ProblemType, validation, thresholds, label_names) -> dict[str, list[str]]:
-    """A best model that predicts a label for every validation text, or for none of those that have it, learned the
-    label frequencies rather than the texts: said once, with what to try; the labels (metrics.json)."""
+    """Say once which labels the best model predicts always or never; the labels."""
     problem = replace(problem, thresholds=tuple(thresholds)) if thresholds else problem
     found = one_sided(problem, problem.decisions(validation.scores), validation.labels, label_names)
     if found:

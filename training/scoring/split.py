@@ -1,7 +1,6 @@
-"""Scoring a split on every process at once: what training's validation and test, and `python -m training.evaluate`,
-compute. Each rank scores its shard of the windows; `gather_for_metrics` drops the duplicates accelerate adds to even
-out the last batch, so the counts are exact with any number of processes; each text's windows are pooled once all
-are gathered (contract/long_text.py)."""
+"""Scoring a split on every process at once: validation, test and `agnews evaluate`. Exact with any number of processes:
+gather_for_metrics drops the duplicates that even out the last batch.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ FIT = "fit"  # score(thresholds=FIT): fit multi-label thresholds on the split sc
 
 @torch.no_grad()
 def gather_windows(accelerator: Accelerator, model, loader) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(labels, fp32 logits, text row) of every window of the split, from every rank. gather_for_metrics drops the
-    padding duplicates of the last batch, so every rank gets each window exactly once, whichever rank scored it."""
+    """(labels, logits, row) of every window, from every rank, each once."""
     was_training = model.training
     model.eval()
     kept: list[list[torch.Tensor]] = [[], [], []]
@@ -34,10 +32,7 @@ def gather_windows(accelerator: Accelerator, model, loader) -> tuple[torch.Tenso
 def score(
     accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None, long_text: LongText | None = None
 ) -> tuple[Scored, dict, dict]:
-    """(scored texts, metrics, per-class report). Every rank scores its shard of the windows; each text's windows are
-    pooled once all are gathered (`long_text`'s pooling), so the figures are exact and the same on every rank with
-    any number of processes, wherever a text's windows were scored. Multi-label decisions use `thresholds` (default:
-    the problem type's); FIT fits one per label on this split first, reported as `thresholds`."""
+    """(texts scored, metrics, report), windows pooled per text after the gather: the same on every rank."""
     labels, logits, documents = gather_windows(accelerator, model, loader)
     texts = int(documents.max()) + 1
     pooled = (long_text or LongText()).pool(logits, documents, texts)
@@ -60,6 +55,5 @@ def score(
 def evaluate(
     accelerator: Accelerator, model, loader, metrics: MetricSuite, thresholds=None, long_text: LongText | None = None
 ) -> dict:
-    """The problem type's metrics, the extra metrics, number of texts (and windows) and mean loss over the whole
-    split, scored by every rank (every rank gets the same)."""
+    """Metrics, text counts and mean loss of the whole split."""
     return score(accelerator, model, loader, metrics, thresholds, long_text)[1]

@@ -1,10 +1,5 @@
-"""A training step the GPU does not wait for (--torch_compile): no host syncs, static shapes, compiled.
-
-The model runs sync-free SDPA (contract/attention.py); the loss, the non-finite guard and the throughput counters stay
-on the device. Batches are padded to a few fixed widths (contract/shapes.py). The model (one graph per width; a
-recompilation past them is an error) and the optimizer step with its clipping (a capturable AdamW reading a tensor
-learning rate) are compiled; under fp16 the GradScaler steps eagerly. Evaluation runs the eager module.
-Importing this module changes nothing; train.py calls it.
+"""A training step the GPU does not wait for (--torch_compile): no host syncs, static shapes, compiled or captured.
+Called by train.py and the loop; docs/launching.md tells the modes.
 """
 
 from __future__ import annotations
@@ -31,12 +26,10 @@ from contract import shapes
 logger = logging.getLogger(__name__)
 
 AUTO, NONE, REDUCE_OVERHEAD = "auto", "none", "reduce-overhead"
-WHOLE_STEP = "whole-step"  # the model compiled without graphs, the whole step captured by training/speed/step_graph.py
-# Steps of one width before its steps only replay CUDA graphs: CUDA graph trees run a new graph once unrecorded
-# (the first use, which also compiles it) and record it at the next; one more use for the compiled optimizer step,
-# which runs only on optimizer steps (under accumulation, every other use or fewer).
+WHOLE_STEP = "whole-step"  # compiled model, step captured by step_graph.py
+# uses of one width before its steps only replay graphs (graph trees run once, record next; the optimizer step adds one)
 RECORDING_USES = 3
-AUTO_MIN_STEPS = 1000  # --torch_compile auto: shorter GPU runs would not repay the compilation (docs/launching.md)
+AUTO_MIN_STEPS = 1000  # shorter runs do not repay compiling
 
 
 def resolve(
@@ -48,11 +41,7 @@ def resolve(
     mixed_precision: str = "no",
     distributed: bool = False,
 ) -> str:
-    """--torch_compile as torch.compile's mode, WHOLE_STEP, or NONE. auto: reduce-overhead on one GPU for long runs,
-    else none; never with --pad_buckets 0 (dynamic widths: every new width would recompile, past the enforced limit),
-    and never on several GPUs: a compiled, captured step under DDP (or FSDP) has not run on any machine here (none has
-    two GPUs), so it is only taken when asked for, with a warning. whole-step needs one unsharded process and no
-    GradScaler (fp16); elsewhere it is reduce-overhead, said in a warning."""
+    """--torch_compile resolved: auto compiles long one-GPU runs with fixed widths, never several GPUs."""
     multi_gpu = device_type == "cuda" and processes > 1
     if requested == WHOLE_STEP:
         why = whole_step_refusal(mixed_precision, distributed or processes > 1)
@@ -74,7 +63,7 @@ def resolve(
 
 
 def whole_step_refusal(mixed_precision: str, distributed: bool) -> str | None:
-    """Why a whole-step graph cannot hold this run's step, or None."""
+    """Why a whole-step graph cannot hold this step, or None."""
     if mixed_precision == "fp16":
         return "under fp16 (the GradScaler decides on the host whether to step)"
     if distributed:
@@ -83,9 +72,7 @@ def whole_step_refusal(mixed_precision: str, distributed: bool) -> str | None:
 
 
 def bucket_count(requested: int | None, mode: str, device_type: str) -> int:
-    """--pad_buckets, else fixed widths only where a compiled step needs them (`mode`, resolved): DEFAULT_BUCKETS on
-    GPU, CPU_COMPILED_BUCKETS on a CPU (a padded token costs a CPU as much as a real one, and launches are cheap
-    there: more, narrower widths); uncompiled, 0: dynamic widths (rounded up to 8 on GPU), the least padding."""
+    """--pad_buckets, else fixed widths only for a compiled step (more on CPU), else 0."""
     if requested is not None:
         return requested
     if mode == NONE:
@@ -94,29 +81,24 @@ def bucket_count(requested: int | None, mode: str, device_type: str) -> int:
 
 
 def steps_compiled(mode: str, mixed_precision: str) -> bool:
-    """Whether the optimizer step (and the clipping before it) is compiled: with compilation on, except under fp16
-    and in a whole-step graph (which captures it uncompiled)."""
+    """The optimizer step is compiled: when compiling, except fp16 and whole-step."""
     return mode not in (NONE, WHOLE_STEP) and mixed_precision != "fp16"
 
 
 def tensor_learning_rate(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Each group's learning rate as a tensor on `device` that the schedule fills in place: a compiled or captured
-    step reads it there (no recompilation, no stale value in a CUDA graph). Call after the schedule is built: its
-    base rates stay Python floats (a tensor base rate would make the schedule read the device every step)."""
+    """Learning rates as device tensors the schedule fills: no recompiles, no stale graph values."""
     for group in optimizer.param_groups:
         group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
 
 
 def compile_optimizer_step(optimizer: torch.optim.Optimizer, mode: str, device: torch.device, max_norm: float) -> None:
-    """A capturable multi-tensor AdamW's step, compiled with the gradient clipping to `max_norm` before it (0: none)
-    in one graph (PyTorch's recipe: fused kernels per update, no eager norm), reading a tensor learning rate
-    (`tensor_learning_rate`). The loop then clips no more (`CompiledSteps.clips_in_step`)."""
+    """AdamW's step compiled with the clipping before it, reading tensor rates."""
     tensor_learning_rate(optimizer, device)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     step = optimizer.step
 
     def clip_and_step(closure=None):
-        if max_norm > 0:  # every rank holds the all-reduced gradients here: the same norm everywhere
+        if max_norm > 0:  # the same norm on every rank
             torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         return step(closure)
 
@@ -124,49 +106,38 @@ def compile_optimizer_step(optimizer: torch.optim.Optimizer, mode: str, device: 
 
 
 def compile_model(model: torch.nn.Module, mode: str, widths: int) -> torch.nn.Module:
-    """The prepared (DDP-wrapped) model, compiled for static shapes: at most one graph per batch width; one more is
-    an error (dynamo's recompile limit), so a shape leak cannot silently cost a compilation per step."""
+    """The model compiled for static shapes; a recompile is an error, not a silent cost."""
     torch._dynamo.config.recompile_limit = max(widths, 1)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     return torch.compile(model, mode=mode, dynamic=False)
 
 
 def compiled_model(model: torch.nn.Module, mode: str, widths: int, device_type: str) -> torch.nn.Module:
-    """The model as `mode` runs it: compiled for a torch.compile mode; for a whole-step graph compiled without graphs
-    of its own on CUDA (elsewhere graphs exist only as the CPU suite's stand-in, which replays the eager model)."""
+    """The model as `mode` runs it."""
     if mode == NONE or (mode == WHOLE_STEP and device_type != "cuda"):
         return model
     return compile_model(model, "default" if mode == WHOLE_STEP else mode, widths)
 
 
 def eager(model: torch.nn.Module) -> torch.nn.Module:
-    """The module under a compiled wrapper (evaluation runs it eagerly), or the model itself."""
+    """The module under a compiled wrapper."""
     return getattr(model, "_orig_mod", model)
 
 
 def grads_outside_graphs(model: torch.nn.Module) -> None:
-    """Give every trainable parameter a zeroed .grad of its own, for gradient accumulation under CUDA graphs.
-
-    A captured backward writes its gradients into the graph pool, and autograd adopts them as .grad when .grad is
-    None; the next micro-step's mark (`CompiledSteps.begin_step`) lets the next replay overwrite them, so accumulating
-    into them would read overwritten memory (PyTorch: "accessing gradient tensor output of CUDAGraphs that has been
-    overwritten"). With .grad allocated here, outside any capture, each backward adds into it instead, and the
-    loop zeroes it in place (`CompiledSteps.grads_to_none` False) rather than dropping it."""
+    """Give every trainable parameter a zeroed .grad of its own, for accumulation under CUDA graphs."""
     for param in model.parameters():
         if param.requires_grad and param.grad is None:
             param.grad = torch.zeros_like(param)
 
 
 class CompiledSteps:
-    """The run's compiled steps: the mode, each step's mark for CUDA graph trees, whether the step is steady (neither
-    compiling nor recording; every eager step is), and what compilation cost (graphs compiled, the seconds of the
-    steps that compiled or recorded them)."""
+    """The run's compiled steps: mode, marks, steadiness and compile cost."""
 
     def __init__(self, mode: str, clips_in_step: bool = False, accumulation: int = 1):
         self.mode = mode
         self.clips_in_step = clips_in_step  # the compiled optimizer step clips the gradients (compile_optimizer_step)
-        # under CUDA graphs with accumulation, .grad lives outside the graph pool (grads_outside_graphs): zeroed in
-        # place after each optimizer step, never set to None (the next backward would adopt pool memory again)
+        # under graphs with accumulation, .grad is zeroed in place, never None
         self.grads_to_none = not (mode == REDUCE_OVERHEAD and accumulation > 1)
         self.uses: dict[int, int] = {}  # steps run per batch width
         self.compile_s = 0.0
@@ -176,11 +147,10 @@ class CompiledSteps:
         self._width = 0
 
     def begin_step(self, batch: dict) -> bool:
-        """Mark a new step for CUDA graph trees (reduce-overhead: the last step's graph outputs may be overwritten
-        now; a correctness mark, not a report) and say whether this step is steady (see the class)."""
+        """Mark a new CUDA-graph-trees step; whether it is steady."""
         if self.mode == NONE:
             return True
-        if self.mode == REDUCE_OVERHEAD:  # a new step for CUDA graph trees: the last step's graph outputs are done
+        if self.mode == REDUCE_OVERHEAD:  # the last step's outputs are done
             torch.compiler.cudagraph_mark_step_begin()
         self._width = batch["input_ids"].shape[1]
         self._started = time.perf_counter()
@@ -204,12 +174,12 @@ class CompiledSteps:
             "widths": sorted(self.uses),
             "graphs": int(stats.get("unique_graphs", 0)),
             "compile_seconds": round(self.compile_s, 3),
-            "record_seconds": round(self.record_s, 3),  # host time: recording syncs, so it is close to wall time
+            "record_seconds": round(self.record_s, 3),  # recording syncs: host time is wall time
         }
 
 
 def for_run(cfg: TrainConfig, accelerator: Accelerator, total_steps: int) -> str:
-    """--torch_compile for this run; whole-step only where CUDA graphs exist and attention never syncs."""
+    """--torch_compile for this run."""
     device, world = accelerator.device, accelerator.num_processes
     distributed = accelerator.distributed_type != DistributedType.NO
     mode = resolve(

@@ -1,10 +1,5 @@
-"""CPU training speed-ups, in one place and switched on explicitly: the run's set-up calls `attention_for`
-(which registers the CPU attention with transformers when it picks it) and `enable` on CPU. Importing this
-module changes nothing. Measurements behind the choices: docs/benchmarks.md.
-
-- FastDropout: nn.Dropout with one 64-bit random draw per four elements (16 bits each).
-- eager attention with FastDropout on the attention probabilities: on CPU, eager attention trains faster
-  than SDPA (PyTorch's CPU flash-attention backward is slow), and its largest dropout tensor gets cheap.
+"""CPU training speed-ups, switched on explicitly by the run's set-up: attention, dropout, threads. Importing changes
+nothing. Measurements: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -20,15 +15,13 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from contract.attention import sync_free_sdpa
 
 CPU_TRAINING_ATTENTION = "eager_fast_dropout"
-LOAD_SAMPLE_S = 0.25  # how long the other programs' use of the cores is sampled before choosing the threads
+LOAD_SAMPLE_S = 0.25  # sampling others' core use before choosing threads
 logger = logging.getLogger(__name__)
 
 
 def choose_threads(local_processes: int) -> None:
-    """Torch's intra-op threads for a CPU run, unless the user chose (OMP_NUM_THREADS): torch's default (the
-    physical cores) shared among the local processes, less the share of the cores other programs keep busy now.
-    OpenMP threads that wait on a busy core spin: beside one busy process on 2 cores, 2 threads trained the smoke
-    preset 3x slower than 1 (docs/benchmarks-log.md, "CPU threads"). On an idle machine this is torch's default."""
+    """Intra-op threads for a CPU run: the cores shared among local processes, less those others keep busy (spinning
+    OpenMP threads cost more than fewer threads)."""
     if "OMP_NUM_THREADS" in os.environ:
         return
     default = torch.get_num_threads()
@@ -47,8 +40,7 @@ def choose_threads(local_processes: int) -> None:
 
 
 def keep_saved_threads(saved: dict, current: dict) -> None:
-    """A CPU run resumed with the intra-op threads its state was saved with (they decide how kernels split their
-    sums: another count is not bitwise), unless the user chose them (OMP_NUM_THREADS): `current` then says so."""
+    """A resumed CPU run keeps its saved thread count (sums split by threads), unless OMP_NUM_THREADS says otherwise."""
     threads = saved.get("cpu_threads")
     if threads is None or "cpu_threads" not in current or current["cpu_threads"] == threads:
         return
@@ -60,8 +52,7 @@ def keep_saved_threads(saved: dict, current: dict) -> None:
 
 
 def busy_share() -> float:
-    """The share of this process's cores that other programs kept busy over LOAD_SAMPLE_S (Linux /proc/stat; 0
-    where it cannot be read). This process sleeps meanwhile, so its own use does not count."""
+    """The share of our cores others kept busy (Linux); 0 if unknown."""
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     before = _cpu_times(allowed)
     time.sleep(LOAD_SAMPLE_S)
@@ -73,7 +64,7 @@ def busy_share() -> float:
 
 
 def _cpu_times(allowed: set[int] | None) -> dict[int, tuple[int, int]]:
-    """{cpu: (idle ticks, all ticks)} from /proc/stat, for the cpus in `allowed` (all when None); {} if unreadable."""
+    """{cpu: (idle, all ticks)} from /proc/stat."""
     try:
         with open("/proc/stat", encoding="ascii") as fh:
             lines = [line.split() for line in fh if line.startswith("cpu") and line[3].isdigit()]
@@ -88,9 +79,8 @@ def _cpu_times(allowed: set[int] | None) -> dict[int, tuple[int, int]]:
 
 
 def fast_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
-    """Dropout whose keep/drop decisions come four to a 64-bit random draw. The keep probability equals
-    1 - p to within 2^-16 and outputs are scaled by its exact inverse, so the expected value is unchanged.
-    Uses torch's default generator: seeded by set_seed, saved and restored with the resumable state."""
+    """Dropout drawing four keep decisions per 64-bit random number; the same expectation, torch's generator (exact
+    resume)."""
     threshold = int(round(p * 65536)) - 32768  # keep where the 16-bit draw >= threshold
     n = x.numel()
     words = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
@@ -115,7 +105,7 @@ class FastDropout(torch.nn.Module):
 
 
 def use_fast_dropout(model: torch.nn.Module) -> int:
-    """Swap every nn.Dropout module for FastDropout (same p); returns how many. CPU only: CUDA's own is fused."""
+    """Swap nn.Dropout for FastDropout; how many. CPU only."""
     swapped = 0
     for parent in model.modules():
         for name, child in parent.named_children():
@@ -126,9 +116,7 @@ def use_fast_dropout(model: torch.nn.Module) -> int:
 
 
 def eager_attention_with_fast_dropout(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """softmax(QK^T * scale + mask) V, the attention-probability dropout done by FastDropout. Grouped-query
-    attention (fewer key/value heads than query heads: Llama, Qwen2, Gemma...) shares each key/value head among its
-    group of query heads, as transformers' eager attention does; a logit soft cap (Gemma 2) is applied likewise."""
+    """Eager attention with FastDropout on the probabilities; grouped-query heads shared as transformers shares them."""
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
@@ -151,8 +139,7 @@ def register_attention() -> str:
 
 
 def attention_for(requested: str | None, fast_dropout_on: bool, device: torch.device) -> str:
-    """The requested attention (sdpa or eager, --attn_implementation), else sdpa on GPU and on CPU eager (with
-    FastDropout unless it is off). SDPA is the sync-free registration of contract/attention.py."""
+    """The requested attention, else sdpa on GPU and eager on CPU."""
     if requested == "sdpa" or (not requested and device.type != "cpu"):
         return sync_free_sdpa()
     if requested:
@@ -161,5 +148,5 @@ def attention_for(requested: str | None, fast_dropout_on: bool, device: torch.de
 
 
 def enable(model: torch.nn.Module, fast_dropout_on: bool, device: torch.device) -> int:
-    """Switch the model's dropout modules to FastDropout on CPU when asked; returns how many were swapped."""
+    """FastDropout on CPU when asked; how many."""
     return use_fast_dropout(model) if fast_dropout_on and device.type == "cpu" else 0

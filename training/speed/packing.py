@@ -1,9 +1,5 @@
-"""Packed batches (--packing): a batch's texts end to end in one row, padded only to a token bucket, so the linear
-layers do no work on padding; a packed batch holds the examples the padded one would.
-
-Attention stays within each text: varlen attention on CUDA, SDPA over gathered texts elsewhere (registered with
-transformers as PACKED). A hook on DistilBERT's encoder hands the head each text's first token. Called by
-training/data/batching.py (the collator) and train.py (the model).
+"""Packed batches (--packing): a batch's texts end to end in one row, padded only to a bucket, so no layer works on
+padding. Called by batching and the model set-up.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from contract.attention import sync_free_mask
 
 PACKED = "sdpa_packed"
 STARTS, TEXT_MASK = "cu_seq_lens_q", "packed_text_mask"  # batch keys the model's attention reads (transformers' name)
-MODEL_TYPES = ("distilbert",)  # heads known to read the first token of the encoder's output
+MODEL_TYPES = ("distilbert",)  # they read the encoder's first token
 
 
 def supported(model: torch.nn.Module) -> bool:
@@ -31,11 +27,7 @@ def supported(model: torch.nn.Module) -> bool:
 def pack(
     features: Sequence[dict], pad_token_id: int, widths: tuple[int, ...], multiple: int, longest: int | None = None
 ) -> dict:
-    """The texts of `features` in one row of ids and restarting positions, padded to the smallest of `widths` that
-    holds them (or to a `multiple`); STARTS: where each text starts, then the end (int32, varlen's cu_seqlens);
-    TEXT_MASK: [texts, `longest` or the longest text rounded to `multiple`] True where a text has a token (its shape
-    carries the longest length as a static number, which varlen attention and the gather path both need; a fixed
-    `longest` keeps the shapes of a captured step to one per row length)."""
+    """The texts in one row with restarting positions, padded to a width; STARTS and TEXT_MASK describe the texts."""
     lengths = np.fromiter((len(f["input_ids"]) for f in features), dtype=np.int64, count=len(features))
     total = int(lengths.sum())
     width = shapes.width_for(total, widths, multiple)
@@ -55,7 +47,7 @@ def pack(
 
 
 def real_tokens(batch: dict) -> torch.Tensor:
-    """How many tokens of a packed batch are text (the rest pads the row to its bucket)."""
+    """Text tokens of a packed batch."""
     return batch[STARTS][-1]
 
 
@@ -67,14 +59,14 @@ def register() -> str:
 
 
 def _mask(*args, **kwargs):
-    """No mask for a packed row (attention is split by STARTS); the sync-free SDPA mask for a padded batch."""
+    """No mask when packed; the sync-free SDPA mask otherwise."""
     if kwargs.get("attention_mask") is None:
         return None
     return sync_free_mask(*args, **kwargs)
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """transformers' attention interface: [1, heads, tokens, dim] in, [1, tokens, heads, dim] out."""
+    """transformers' attention interface, packed."""
     starts = kwargs.get(STARTS)
     if starts is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
@@ -88,9 +80,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
 
 def _gathered_attention(q, k, v, starts, text_mask, scaling) -> torch.Tensor:
-    """Attention per text without varlen kernels: each text's tokens gathered into a padded block, SDPA with a key
-    mask, then scattered back; padding slots write to one spare row that is dropped. Indices, not boolean masks:
-    nothing here asks the device for a count (a captured step could not)."""
+    """Attention per text without varlen kernels: gather into padded blocks, SDPA, scatter back; indices only, no syncs."""
     heads, tokens, dim = q.shape
     slots = starts[:-1, None].long() + torch.arange(text_mask.shape[1], device=q.device)  # [texts, longest]
     spare = torch.full_like(slots, tokens)
@@ -103,8 +93,7 @@ def _gathered_attention(q, k, v, starts, text_mask, scaling) -> torch.Tensor:
 
 
 def hand_first_tokens(model: torch.nn.Module) -> None:
-    """Make the classifier head read each packed text's first token: the encoder's output of a packed row becomes
-    [texts, 1, dim], so the head's `hidden[:, 0]` picks one token per text, as it does for a padded batch."""
+    """The head reads each packed text's first token."""
     encoder = next(m for m in model.modules() if type(m).__name__ == "DistilBertModel")
 
     def first_tokens(module, args, kwargs, output):

@@ -1,9 +1,5 @@
-"""The whole training step as one CUDA graph per batch shape (--torch_compile whole-step): one replay per step.
-
-A graph holds forward, loss, the non-finite count, backward into gradients allocated once for every shape, clipping,
-a capturable fused AdamW and the zeroing; under accumulation a micro-step graph per shape and one optimizer graph.
-One process, bf16 or fp32 (fp16, DDP and FSDP keep capture.py's path). Called by training/loop.py; `CudaGraphs` is
-the only CUDA-specific part (tests/helpers/cuda_graphs stands in for it on CPU).
+"""The whole training step as one CUDA graph per batch shape (--torch_compile whole-step): one replay per step. Called
+by the loop; tests/helpers/cuda_graphs stands in on CPUs.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ import torch
 
 from contract import graphs
 
-WARM_UP_PASSES = 1  # eager passes on a side stream before capturing: lazy initialisation must not be captured
+WARM_UP_PASSES = 1  # lazy initialisation must not be captured
 
 
 def available(device: torch.device) -> bool:
@@ -23,8 +19,7 @@ def available(device: torch.device) -> bool:
 
 
 class CudaGraphs:
-    """Capture on CUDA: warm-up passes on a side stream, then the capture, all graphs in one memory pool (they run
-    one at a time, and nothing they write is read after the next replay: see StepGraph.loss)."""
+    """Capture on CUDA into one shared pool: graphs run one at a time."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -35,9 +30,7 @@ class CudaGraphs:
 
 
 class StepGraph:
-    """The captured steps of one run, captured lazily: a shape's graph on its first batch, the optimizer graph (with
-    accumulation) on the first full window. `step(batch, sync, forward)` runs one micro-step and returns its loss (a
-    tensor that the next replay overwrites: read it before)."""
+    """The run's captured steps, captured lazily. `step()` returns a loss the next replay overwrites."""
 
     def __init__(self, model, optimizer, max_grad_norm: float, accumulation: int, guard, device: torch.device):
         self.model, self.guard = model, guard  # guard: training/guards.py StopGuard, observing each loss in the graph
@@ -90,14 +83,12 @@ class StepGraph:
         torch._foreach_zero_([p.grad for p in self.params])
 
     def _capture(self, step: Callable[[], None]) -> Callable[[], None]:
-        """Capture `step`; what its warm-up passes (and, under the CPU stand-in, its capture) changed is put back,
-        so the first replay takes the run's real first step."""
+        """Capture `step`, undoing its warm-up passes."""
         with _preserved(self._state()):
             return self.graphs.capture(step)
 
     def _state(self) -> list[torch.Tensor]:
-        """Every tensor a step writes: parameters, buffers, gradients, the optimizer's state (created first, as its
-        first step would: a capture must find it allocated), the loss, the guard's counters."""
+        """Every tensor a step writes, allocated first."""
         _initial_state(self.optimizer)
         state = [t for values in self.optimizer.state.values() for t in values.values() if isinstance(t, torch.Tensor)]
         written = [*self.model.parameters(), *self.model.buffers(), *(p.grad for p in self.params), *state]
@@ -105,7 +96,7 @@ class StepGraph:
 
 
 def _initial_state(optimizer: torch.optim.Optimizer) -> None:
-    """AdamW's state as its first step creates it, for parameters that have none yet (a resumed run has it all)."""
+    """AdamW's state, created as its first step would."""
     for group in optimizer.param_groups:
         for param in group["params"]:
             if optimizer.state.get(param):
@@ -120,7 +111,7 @@ def _initial_state(optimizer: torch.optim.Optimizer) -> None:
 
 @contextmanager
 def _preserved(tensors: list[torch.Tensor]) -> Iterator[None]:
-    """Restore `tensors` in place (a graph keeps their addresses) and the random generators on the way out."""
+    """Restore `tensors` in place, and the generators."""
     saved = [t.detach().clone() for t in tensors]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None

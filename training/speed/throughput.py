@@ -1,7 +1,5 @@
-"""Training speed as users (and bench/train_bench.py) read it: examples/s, real tokens/s, padding, peak memory.
-
-Counts stay on the device during the epoch (no host sync per step); they are summed over ranks once, at the
-end. Time spent evaluating and saving is excluded, so the figure is the training loop's own rate.
+"""Training speed as users and bench/train_bench.py read it: examples/s, tokens/s, padding, peak memory. Called by the
+loop.
 """
 
 from __future__ import annotations
@@ -17,16 +15,14 @@ from training.speed import packing
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """GPU: the most memory PyTorch allocated; CPU: the process's peak resident set size."""
+    """Peak memory: GPU allocated, else CPU resident."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 class SteadyWindow:
-    """The time of the steady steps only (neither compiling nor recording CUDA graphs: training/speed/capture.py), as
-    stretches of consecutive steady steps timed on the device's own clock: CUDA events recorded in stream order on a
-    GPU (read once, at the end: no host sync per step), the wall clock on a CPU."""
+    """Steady steps' time on the device's clock: CUDA events read once at the end, no per-step sync."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -94,7 +90,7 @@ class Throughput:
 
     @contextmanager
     def paused(self):
-        """Evaluation and checkpoint writes do not count as training time (nor in the steady window)."""
+        """Evaluation and saves are not training time."""
         self.window.close()
         start = time.perf_counter()
         try:
@@ -103,7 +99,7 @@ class Throughput:
             self.paused_s += time.perf_counter() - start
 
     def summary(self, accelerator: Accelerator) -> dict:
-        """All ranks together (a collective): totals over the world, rates over this run's training time."""
+        """A collective: world totals, rates over training time."""
         totals = torch.stack(
             [
                 self.tokens.double(),
@@ -125,7 +121,7 @@ class Throughput:
         }
 
     def steady_summary(self, accelerator: Accelerator) -> dict:
-        """The rates of the steady window (every rank's slowest window: the ranks step together)."""
+        """The steady window's rates, slowest rank's."""
         window = torch.tensor([self.window.seconds()], dtype=torch.float64, device=self.device)
         seconds = max(accelerator.gather(window).max().item(), 1e-9)
         counts = [self.steady_tokens.double(), torch.tensor(float(self.steady_examples), device=self.device)]
