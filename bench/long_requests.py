@@ -5,8 +5,8 @@ answers), one big request at a time and, 0.15 s after it, a short /predict; each
     python training/train.py --preset smoke-regression --output_dir /tmp/reranker
     python bench/long_requests.py /tmp/reranker
 
-Not a CI test: it prints figures to record in docs/benchmarks.md (tests/training/test_tasks.py bounds the same
-requests loosely).
+Not a CI test: it prints figures to record in docs/benchmarks.md (tests/training/test_problem_type_runs.py bounds
+the same requests loosely).
 """
 
 from __future__ import annotations

@@ -41,10 +41,6 @@ LAUNCH_VARIABLES = (
 CPU_CONFIG = Path(__file__).resolve().parent.parent / "accelerate_configs" / "cpu_2proc.yaml"
 
 
-class EnvProblem(UserError, RuntimeError):
-    """A launch that cannot work; says what to change."""
-
-
 def versions() -> dict[str, str]:
     found = {
         "python": platform.python_version(),
@@ -119,7 +115,7 @@ def check_group(accelerator: Accelerator, buffer_mb: float) -> str:
     total = accelerator.reduce(torch.tensor([accelerator.process_index + 1.0], device=accelerator.device), "sum")
     expected = n * (n + 1) / 2
     if total.item() != expected:
-        raise EnvProblem(
+        raise UserError(
             f"all-reduce returned {total.item()} instead of {expected}: the processes do not form one "
             "group; rerun with NCCL_DEBUG=INFO (GPU) or TORCH_DISTRIBUTED_DEBUG=DETAIL."
         )
@@ -156,21 +152,21 @@ def run_in_group(args: argparse.Namespace) -> None:
     on_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     problems = node_problems(on_node, torch.cuda.device_count(), cuda, dist.is_nccl_available())
     if problems:
-        raise EnvProblem(" ".join(problems))
+        raise UserError(" ".join(problems))
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         accelerator = Accelerator(
             cpu=not cuda, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=args.timeout))]
         )
     except dist.DistNetworkError as exc:
-        raise EnvProblem(
+        raise UserError(
             f"Cannot open or reach the rendezvous {os.environ.get('MASTER_ADDR')}:"
             f"{os.environ.get('MASTER_PORT')} ({first_line(exc)}): the port is in use, or the address "
             "is not this machine's / not reachable from it; change --main_process_port or "
             "--main_process_ip."
         ) from None
     except dist.DistStoreError as exc:
-        raise EnvProblem(
+        raise UserError(
             f"The group of WORLD_SIZE={launched} processes did not assemble within {args.timeout:g} s "
             f"({first_line(exc)}): the machines disagree on num_processes/num_machines, a machine was not "
             "started, or a firewall blocks MASTER_PORT. Start the same launch on every machine, changing "
@@ -183,7 +179,7 @@ def run_in_group(args: argparse.Namespace) -> None:
     try:
         check_world_size(accelerator)  # N processes that each see a world of 1
     except LaunchError as exc:
-        raise EnvProblem(str(exc)) from None
+        raise UserError(str(exc)) from None
     logger.info(
         "[rank %d] process group %s over %s, device %s",
         accelerator.process_index,
@@ -204,7 +200,7 @@ def run_alone(args: argparse.Namespace) -> None:
     cuda = torch.cuda.is_available()
     problems = node_problems(1, torch.cuda.device_count(), cuda, dist.is_nccl_available())
     if problems:
-        raise EnvProblem(" ".join(problems))
+        raise UserError(" ".join(problems))
     backend = "nccl" if cuda and dist.is_nccl_available() else "gloo"
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     with socket.socket() as probe:
@@ -222,9 +218,7 @@ def run_alone(args: argparse.Namespace) -> None:
     dist.all_reduce(value)
     dist.destroy_process_group()
     if value.item() != 1.0:
-        raise EnvProblem(
-            f"a one-process {backend} all-reduce returned {value.item()}: the {backend} install is broken."
-        )
+        raise UserError(f"a one-process {backend} all-reduce returned {value.item()}: the {backend} install is broken.")
     if cuda:
         x = torch.randn(256, 256, device=device, dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.half)
         (x @ x).sum().item()
@@ -242,7 +236,7 @@ def launch_self(args: argparse.Namespace) -> int:
     problems = node_problems(args.num_processes, torch.cuda.device_count(), cuda, dist.is_nccl_available())
     problems += [p for p in [port_problem(args.main_process_port)] if p]
     if problems:
-        raise EnvProblem(" ".join(problems))
+        raise UserError(" ".join(problems))
     config = args.config_file or (None if cuda else str(CPU_CONFIG))
     command = [  # this interpreter, activated or not
         sys.executable,

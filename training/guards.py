@@ -10,11 +10,7 @@ import signal
 import torch
 from accelerate import Accelerator
 
-from contract.errors import UsageError, UserError
-
-
-class TrainingDiverged(UserError, RuntimeError):
-    """A non-finite loss streak; nothing is saved."""
+from contract.errors import UsageError
 
 
 class StopGuard:

@@ -16,10 +16,11 @@ from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
 from contract import files, problem_types
+from contract.errors import UserError
 from training.config import TrainConfig
 from training.data.batching import model_inputs
 from training.data.reading import Splits
-from training.guards import StopGuard, TrainingDiverged
+from training.guards import StopGuard
 from training.objective import Objective
 from training.output.checkpoint import OutputDir, Progress
 from training.output.reports import run_summary
@@ -233,7 +234,7 @@ def preempted_or_diverged(run: Run) -> bool:
     preempted, diverged = run.guard.check()  # one all-reduce: the same answer on every rank
     progress = run.progress
     if diverged:
-        raise TrainingDiverged(
+        raise UserError(
             f"The loss was not finite for {run.cfg.max_nonfinite_steps} consecutive batches (by step "
             f"{progress.global_step}); stopped without saving the diverged model. {on_disk(run)} Try a lower "
             "--learning_rate, gradient clipping, bf16 instead of fp16, or (regression) targets of a smaller scale."

@@ -31,7 +31,7 @@ from accelerate.utils import (
 )
 
 from contract import files
-from contract.errors import UsageError
+from contract.errors import UsageError, UserError
 from training import calibration, launch, lora
 from training.cli import run_command, setup_logging, usage_error
 from training.collective import main_first
@@ -41,7 +41,7 @@ from training.data.batching import make_dataloaders, num_texts, pad_widths
 from training.data.labels import LabelSpace
 from training.data.reading import Splits, load_splits
 from training.data.tokenizing import tokenize_splits
-from training.guards import StopGuard, TrainingDiverged, check_strategy, check_world_size
+from training.guards import StopGuard, check_strategy, check_world_size
 from training.hub import ensure_hub_or_offline
 from training.loop import Loaders, Outcome, Run, fit, format_metrics, on_disk
 from training.model import build_model, keep_optimizer_kind, load_tokenizer, optimization, schedule_plan
@@ -328,7 +328,7 @@ def train_and_report(run: Run, started: float) -> dict | None:
     if fit(run) is Outcome.PREEMPTED:
         return None  # preempted: the state is saved
     if run.progress.best_step is None:  # every evaluation was non-finite
-        raise TrainingDiverged(f"Training ended without a model to keep. {on_disk(run)}")
+        raise UserError(f"Training ended without a model to keep. {on_disk(run)}")
     speed = run.throughput.summary(accelerator)
     logger.info(
         "Training speed: %.1f examples/s, %.0f tokens/s (padding %.1f%%), %.1f s; peak memory %.0f MB per process",

@@ -13,11 +13,10 @@ from contract.loading import CheckpointError
 from contract.long_text import LongTextError
 from contract.problem_types import ProblemTypeError
 from inference.settings import SettingsError
-from training.check_env import EnvProblem
 from training.cli import run_command
 from training.config import ConfigError
 from training.data.errors import DataError
-from training.guards import LaunchError, TrainingDiverged
+from training.guards import LaunchError
 from training.output.checkpoint import ResumeError
 
 
@@ -52,13 +51,11 @@ def test_the_exit_code_is_what_the_work_returns_and_a_bug_propagates():
         (CheckpointError, False, RuntimeError),
         (ConfigError, True, ValueError),
         (DataError, False, ValueError),
-        (EnvProblem, False, RuntimeError),
         (LaunchError, True, RuntimeError),
         (LongTextError, False, ValueError),
         (ResumeError, False, RuntimeError),
         (SettingsError, True, ValueError),
         (ProblemTypeError, False, ValueError),
-        (TrainingDiverged, False, RuntimeError),
     ],
 )
 def test_every_one_line_error_shares_the_base_and_keeps_its_builtin(error, usage, builtin):

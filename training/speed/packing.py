@@ -80,7 +80,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
 
 def _gathered_attention(q, k, v, starts, text_mask, scaling) -> torch.Tensor:
-    """Attention per text without varlen kernels: gather into padded blocks, SDPA, scatter back; indices only, no syncs."""
+    """Attention per text without varlen kernels: gathered into padded blocks, SDPA, scattered back; no syncs."""
     heads, tokens, dim = q.shape
     slots = starts[:-1, None].long() + torch.arange(text_mask.shape[1], device=q.device)  # [texts, longest]
     spare = torch.full_like(slots, tokens)

@@ -157,7 +157,7 @@ def test_an_extra_metric_that_cannot_load_fails_at_once(monkeypatch):
         MetricSuite(SINGLE_TASK, NAMES, ["matthews_correlation"])
 
 
-def test_an_extra_metric_that_cannot_score_the_task_fails_at_once(tmp_path):
+def test_an_extra_metric_that_cannot_score_the_problem_type_fails_at_once(tmp_path):
     check = "if max(references) > 1: raise ValueError('binary labels only')"
     binary_only = metric_folder(tmp_path, "binary_only", check)
     MetricSuite(ProblemType.named(SINGLE, 2), ["a", "b"], [str(binary_only)])

@@ -1,7 +1,7 @@
 """Multi-label and regression, end to end and exact, on the smoke generator's offline data: train -> checkpoint (the
 state_dict contract and the Hugging Face export, which transformers' pipeline scores the same way) -> evaluate ->
 predict on 1 and 2 processes (identical) -> serve over real HTTP to the real InferenceClient; a mid-epoch resume
-continues bitwise; the model card names the task. One training run per task, shared by the module."""
+continues bitwise; the model card names the problem type. One training run per problem type, shared by the module."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def runs(smoke_dir, tmp_path_factory) -> dict[str, Path]:
     return folders
 
 
-def test_files_carry_the_task_and_the_card_names_it(runs):
+def test_files_carry_the_problem_type_and_the_card_names_it(runs):
     multi = json.loads((runs["multi-label"] / files.CONFIG).read_text())
     assert multi["problem_type"] == problem_types.MULTI
     assert list(multi["id2label"].values()) == ["Business", "Sci/Tech", "Sports", "World"]  # the sorted union
@@ -93,7 +93,7 @@ def examples(name: str, smoke_dir: Path, n: int = 12) -> list[tuple[str, str | N
 
 @torch.no_grad()
 def our_scores(out: Path, pairs: list[tuple[str, str | None]]) -> torch.Tensor:
-    """The state_dict contract read by the service's loader, scored by the task (sigmoid / raw value)."""
+    """The state_dict contract read by the service's loader, scored by the problem type (sigmoid / raw value)."""
     loaded = load_model(str(out), device="cpu", dtype="fp32")
     logits = torch.cat([loaded.model(**loaded.tokenizer(a, b, return_tensors="pt")).logits for a, b in pairs])
     return loaded.problem.scores(logits.float())
@@ -175,7 +175,7 @@ def test_evaluate_reports_residuals_for_regression(runs, tmp_path):
 
 
 @pytest.mark.parametrize("name", TASKS)
-def test_predict_writes_the_tasks_columns_identically_on_one_and_two_processes(runs, smoke_dir, tmp_path, name):
+def test_predict_writes_the_problem_types_columns_identically_on_one_and_two_processes(runs, smoke_dir, tmp_path, name):
     source = smoke_dir / ("multi_label_test.jsonl" if name == "multi-label" else "regression_test.csv")
     frames = []
     for processes in (1, 2):
@@ -201,7 +201,7 @@ def test_predict_writes_the_tasks_columns_identically_on_one_and_two_processes(r
 
 
 @pytest.mark.parametrize("name", TASKS)
-def test_the_service_scores_by_the_task_for_the_real_client(runs, smoke_dir, name):
+def test_the_service_scores_by_the_problem_type_for_the_real_client(runs, smoke_dir, name):
     pairs = examples(name, smoke_dir, n=4)
     expected = our_scores(runs[name], pairs)
     server = Server(runs[name], "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
