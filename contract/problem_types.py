@@ -343,7 +343,7 @@ class Regression(ProblemType):
         return f"regression values within {REGRESSION_TOLERANCE} standard deviations of fp32's"
 
 
-PROBLEM_TYPES: dict[str, type[ProblemType]] = {kind.name: kind for kind in (SingleLabel, MultiLabel, Regression)}
+PROBLEM_TYPES: dict[str, type[ProblemType]] = {each.name: each for each in (SingleLabel, MultiLabel, Regression)}
 
 
 def calibration_of(config: Any) -> dict:

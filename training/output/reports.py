@@ -270,8 +270,8 @@ def write_training_curves(output_dir: Path, progress: Progress, plot: bool = Tru
 
 def headline(results: dict) -> tuple[str, ...]:
     """The headline metrics a results dict holds."""
-    kinds = sorted(PROBLEM_TYPES.values(), key=lambda kind: -len(kind.headline))
-    return next((kind.headline for kind in kinds if set(kind.headline) <= results.keys()), ())
+    types = sorted(PROBLEM_TYPES.values(), key=lambda problem: -len(problem.headline))
+    return next((problem.headline for problem in types if set(problem.headline) <= results.keys()), ())
 
 
 def _curves_figure(progress: Progress):
