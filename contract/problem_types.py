@@ -7,7 +7,7 @@ A new type is one subclass, registered in PROBLEM_TYPES.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -61,7 +61,7 @@ class ProblemType:
     """The interface and the configured outputs."""
 
     num_labels: int = 1
-    thresholds: tuple[float, ...] = field(default=())  # multi-label: one per label, DEFAULT_THRESHOLD each unless given
+    thresholds: tuple[float, ...] = ()  # multi-label: one per label, DEFAULT_THRESHOLD each unless given
 
     name: ClassVar[str]  # transformers' config.problem_type
     function: ClassVar[str]  # the default scoring function: the text-classification pipeline's rule
@@ -94,13 +94,13 @@ class ProblemType:
     def of(config: Any) -> ProblemType:
         """The problem type a transformers config describes."""
         num = int(config.num_labels)
-        name = getattr(config, "problem_type", None) or (MULTI if num == 1 else SINGLE)
-        ProblemType.named(name, num).check_outputs(num)
-        given = (getattr(config, THRESHOLDS, None) or ()) if PROBLEM_TYPES[name].thresholded else ()
+        problem = ProblemType.named(getattr(config, "problem_type", None) or (MULTI if num == 1 else SINGLE), num)
+        problem.check_outputs(num)
+        given = (getattr(config, THRESHOLDS, None) or ()) if problem.thresholded else ()
         numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in given)
         if given and (len(given) != num or not numbers):
             raise ProblemTypeError(f"config.json: {THRESHOLDS} must hold {num} numbers in [0, 1] (got {given!r})")
-        return ProblemType.named(name, num, tuple(float(t) for t in given))
+        return replace(problem, thresholds=tuple(float(t) for t in given)) if given else problem
 
     def scores(self, logits: torch.Tensor, function: str | None = None) -> torch.Tensor:
         """Scores by `function`, this type's default when None."""
