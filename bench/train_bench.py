@@ -55,6 +55,7 @@ LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 ROWS = ("ours", "ours+packed", "ours+compile", "ours+graph", "ours+graph+packed", "trainer", "trainer+gbl")
 SCRATCH = ("distilbert-base", "tiny")  # random init: configs without weights
 COMPILE = {"cuda": "reduce-overhead", "cpu": "default"}  # the ours+compile row's --torch_compile
+CHILD_TAIL_LINES = 30  # of a failed row's stderr, printed: its own error, not only our CalledProcessError
 # ours+graph: the whole step as one CUDA graph per width (training/speed/step_graph.py), CUDA only; +packed: --packing
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0, "T4": 65.0}  # dense
 
@@ -161,13 +162,7 @@ def run_ours(args, model_dir: Path, work: Path, out: Path, row: str = "ours") ->
     cmd += ["--torch_compile", modes[row.removesuffix("+packed")]] + (["--packing"] if row.endswith("+packed") else [])
     if compiled and args.compile_buckets is not None:
         cmd += ["--pad_buckets", str(args.compile_buckets)]
-    subprocess.run(
-        cmd,
-        cwd=ROOT,
-        check=True,
-        capture_output=not args.verbose,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-    )
+    run_child(cmd, capture=not args.verbose)
     metrics = json.loads((out / files.METRICS).read_text())
     speed, compilation = metrics["throughput"], metrics["compilation"]
     steady = speed["steady"]  # the steps that neither compiled nor recorded, on the device's clock (throughput.py)
@@ -200,15 +195,18 @@ def run_trainer(args, model_dir: Path, work: Path, out: Path, strategy: str) -> 
         "from_scratch": args.model in SCRATCH,
         "pad_multiple": 8 if args.device == "cuda" else None,
     }  # what our loop uses on this device
-    result = subprocess.run(
-        [sys.executable, __file__, "--trainer-child", json.dumps(spec)],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-    )
+    result = run_child([sys.executable, __file__, "--trainer-child", json.dumps(spec)], capture=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_child(command: list[str], capture: bool) -> subprocess.CompletedProcess:
+    """A row's process, offline; a failure ends the bench with the child's last lines (a lease sees only ours)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, cwd=ROOT, capture_output=capture, text=True, env=env)
+    if result.returncode != 0:
+        tail = "\n".join((result.stderr or "").splitlines()[-CHILD_TAIL_LINES:])
+        sys.exit(f"{Path(command[1]).name} exited {result.returncode}:\n{tail}")
+    return result
 
 
 def trainer_arguments(spec: dict, cuda: bool):

@@ -37,7 +37,7 @@ from training.cli import run_command, setup_logging, usage_error
 from training.collective import main_first
 from training.config import ConfigError, TrainConfig
 from training.config_parsing import load_config
-from training.data.batching import make_dataloaders, num_texts, pad_widths
+from training.data.batching import make_dataloaders, num_texts, train_widths
 from training.data.labels import LabelSpace
 from training.data.reading import Splits, load_splits
 from training.data.tokenizing import tokenize_splits
@@ -204,7 +204,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
     model, optimizer, loaders.train, loaders.validation, loaders.test = accelerator.prepare(
         model, optimizer, loaders.train, loaders.validation, loaders.test
     )
-    widths = pad_widths(cfg, accelerator.device.type, compiled)
+    widths = train_widths(cfg, accelerator.device.type, compiled)
     model = capture.compiled_model(model, compiled, len(widths), accelerator.device.type)
     logger.info(
         "Effective batch size %d (%d per device x %d accumulation x %d processes); learning rate %g; "

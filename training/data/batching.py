@@ -119,6 +119,11 @@ def packed_widths(cfg: TrainConfig, device_type: str, compile_mode: str = captur
     return shapes.bucket_widths(longest, count * PACKED_ROWS_PER_WIDTH) if count else ()
 
 
+def train_widths(cfg: TrainConfig, device_type: str, compile_mode: str = capture.NONE) -> tuple[int, ...]:
+    """The widths a training batch takes: packed row lengths with --packing, else the pad widths; each one compiles."""
+    return (packed_widths if cfg.packing else pad_widths)(cfg, device_type, compile_mode)
+
+
 def loader_workers(cfg: TrainConfig, device_type: str) -> int:
     """--dataloader_num_workers, else GPU_LOADER_WORKERS on GPU and 0 on CPU."""
     if cfg.dataloader_num_workers is not None:

@@ -123,3 +123,27 @@ def test_packing_is_refused_with_eager_attention_and_for_heads_it_does_not_know(
     bert = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
                                                     num_attention_heads=2, intermediate_size=32))  # fmt: skip
     assert packing.supported(tiny_model()) and not packing.supported(bert)  # BERT's pooler reads the packed row
+
+
+def test_a_compiled_packed_run_allows_a_graph_for_every_packed_row_length(smoke_dir, tmp_path, monkeypatch):
+    """The recompile limit counted the pad widths (2), not the packed row lengths (4): a GPU run with --packing and
+    --torch_compile whole-step failed at its third row length. The limit set_up gives must cover every row length
+    the training loader yields (compiling is lazy: nothing compiles here)."""
+    from accelerate.state import AcceleratorState
+
+    from training.config_parsing import load_config
+    from training.data.batching import train_widths
+    from training.train import make_accelerator, set_up
+
+    for name in ("recompile_limit", "fail_on_recompile_limit_hit"):  # set_up sets them process-wide: put them back
+        monkeypatch.setattr(torch._dynamo.config, name, getattr(torch._dynamo.config, name))
+    args = ["--preset", "smoke", "--output_dir", str(tmp_path), "--packing", "--torch_compile", "default"]
+    cfg = load_config([*args, "--pad_buckets", "2"])
+    try:
+        run = set_up(cfg, make_accelerator(cfg), "packed")
+        lengths = {batch["input_ids"].shape[1] for batch in run.loaders.train}
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert len(lengths) > 2  # more packed row lengths than pad widths: the case that failed
+    assert lengths <= set(train_widths(cfg, "cpu", "default")) == set(shapes.bucket_widths(16 * 64, 4))
+    assert torch._dynamo.config.recompile_limit >= len(lengths) and torch._dynamo.config.fail_on_recompile_limit_hit
