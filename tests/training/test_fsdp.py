@@ -119,20 +119,53 @@ class RunsCommand:
         return os.system, (self.command,)
 
 
-def test_a_sharded_state_whose_index_would_run_code_is_refused(runs, tmp_path):
-    """torch's checkpoint reader unpickles a shard's `.metadata` unrestricted: one naming anything but the layout is
-    refused, naming the file, and nothing runs."""
+def poison_shard(step: Path, variant: str, marker: Path) -> Path:
+    """The attack's variants on a sharded state: the file or link a resume must refuse."""
+    shard, evil = step / "optimizer_0", __import__("pickle").dumps(RunsCommand(f"touch {marker}"))
+    if variant == "index":
+        (shard / ".metadata").write_bytes(evil)
+        return shard / ".metadata"
+    if variant == "rank index":  # torch falls back to the rank-local index when `.metadata` is missing
+        (shard / ".metadata").unlink()
+        (shard / "__0.metadata").write_bytes(evil)
+        return shard / "__0.metadata"
+    elsewhere = Path(shutil.copytree(shard, step.parent.parent / "elsewhere"))
+    (elsewhere / ".metadata").write_bytes(evil)
+    shutil.rmtree(shard)
+    shard.symlink_to(elsewhere if variant == "absolute link" else Path("..") / ".." / "elsewhere")
+    return shard
+
+
+@pytest.mark.parametrize("variant", ["index", "rank index", "relative link", "absolute link"])
+def test_a_sharded_state_that_would_run_code_is_refused(runs, tmp_path, variant):
+    """torch's checkpoint reader unpickles a shard's index unrestricted, `__0.metadata` when `.metadata` is missing,
+    and follows links: each variant is refused naming the file, nothing runs, and the state beside it still resumes
+    (training/output/state_files.py reads the same way while loading: tests/training/output/test_state_files.py)."""
     from accelerate import PartialState
 
     PartialState(cpu=True)  # the package logs through accelerate's logger
     out = Path(shutil.copytree(runs["none"][0], tmp_path / "copy"))
-    index = out / files.STATE_DIR / "step_50" / "optimizer_0" / ".metadata"
     marker = tmp_path / "ran"
-    index.write_bytes(__import__("pickle").dumps(RunsCommand(f"touch {marker}")))
-    with pytest.raises(ResumeError, match=f"{index}: holds more than a checkpoint's layout .*posix.system"):
+    named = poison_shard(out / files.STATE_DIR / "step_50", variant, marker)
+    says = "a symbolic link" if "link" in variant else "holds more than a checkpoint's layout .*posix.system"
+    with pytest.raises(ResumeError, match=f"{named}: {says}"):
         pick_state(out, "latest", 2, False)
     assert not marker.exists()
     assert pick_state(out, str(out / files.STATE_DIR / "step_25"), 2, False).name == "step_25"
+
+
+def test_resuming_a_sharded_state_with_a_poisoned_rank_index_stops_in_one_line_on_both_ranks(runs, tmp_path):
+    """The attack as reported, through accelerate launch on 2 processes: `.metadata` deleted, `__0.metadata`
+    poisoned, `--resume_from_checkpoint latest`."""
+    out = Path(shutil.copytree(runs["none"][0], tmp_path / "copy"))
+    marker = tmp_path / "ran"
+    named = poison_shard(out / files.STATE_DIR / "step_50", "rank index", marker)
+    result = fsdp_train(out, *MULTI, "--calibration", "none", "--resume_from_checkpoint", "latest")
+    assert result.returncode == 1, describe(result)
+    [line] = [line for line in result.stderr.splitlines() if " ERROR " in line]  # the main process's one line
+    assert f"{named}: holds more than a checkpoint's layout (it would import posix.system)" in line
+    assert "[rank0]: Traceback" not in result.stderr and "[rank1]: Traceback" not in result.stderr
+    assert not marker.exists()
 
 
 def test_chunked_long_text_trains_and_scores_every_window(tmp_path):

@@ -7,8 +7,6 @@ import dataclasses
 import errno
 import json
 import os
-import pickle
-import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +20,6 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import gather_object
-from accelerate.utils import load as accelerate_load
 from accelerate.utils.constants import RNG_STATE_NAME
 from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as transformers_logging
@@ -35,6 +32,7 @@ from training.collective import decided_on_main
 from training.output import model_card, provenance, reports
 from training.output.atomic import as_plain_files, atomic_write, replace_dir, staging_dir, write_json
 from training.output.progress import Progress
+from training.output.state_files import PICKLED, restricted_reading, unsafe_file
 from training.push import push as push_folder
 from training.speed.cpu_speed import keep_saved_threads
 from training.weights import edit_weights
@@ -47,7 +45,6 @@ class ResumeError(UserError, RuntimeError):
 logger = get_logger(__name__)
 RNG_FILE = f"{RNG_STATE_NAME}_{{}}.pkl"  # accelerate's name for a rank's RNG state
 SCHEDULE_FILE = "lr_scheduler.pt"  # the schedule's state, written by us: accelerate unpickles registered objects
-CUSTOM_STATE = re.compile(r"custom_checkpoint_\d+\.pkl")  # accelerate reads these with weights_only=False
 
 
 # ------------------------------------------------------------------------------------------ best model
@@ -155,84 +152,6 @@ def damaged_file(folder: Path) -> tuple[Path, str] | None:
         except (OSError, zipfile.BadZipFile, SafetensorError) as exc:
             return path, str(exc)
     return None
-
-
-PICKLED = (".bin", ".pkl", ".pt")  # torch.save archives: a pickle beside the tensors
-
-
-def unsafe_file(folder: Path) -> str | None:
-    """Why a state folder must not be read at all, or None: its pickles hold only data (`weights_only=True`), checked
-    before accelerate reads them."""
-    for path in sorted(folder.rglob("*")):
-        if path.name == DCP_METADATA:
-            if problem := _unsafe_metadata(path):
-                return problem
-            continue
-        if CUSTOM_STATE.fullmatch(path.name):
-            return (
-                f"{path}: a registered object's pickle, which this project never writes and accelerate would unpickle "
-                "without restriction (it could run code); refused"
-            )
-        if path.suffix not in PICKLED:
-            continue
-        try:
-            accelerate_load(path, map_location="cpu", mmap=True)  # mmap: tensors are not read, only the pickle
-        except pickle.UnpicklingError as exc:
-            what = str(exc).splitlines()[-1] if "GLOBAL" not in str(exc) else _forbidden_global(str(exc))
-            return f"{path}: holds more than tensors and numbers ({what}); refused (unpickling it could run code)"
-        except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile):
-            continue  # damaged, not unsafe: damaged_file names it
-    return None
-
-
-DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded part (FSDP states)
-DCP_GLOBALS = {  # layout, sizes, dtypes and a path
-    *(
-        ("torch.distributed.checkpoint.metadata", name)
-        for name in (
-            "Metadata",
-            "MetadataIndex",
-            "StorageMeta",
-            "ChunkStorageMetadata",
-            "TensorStorageMetadata",
-            "BytesStorageMetadata",
-            "TensorProperties",
-            "_MEM_FORMAT_ENCODING",
-        )
-    ),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-}
-
-
-class _LayoutOnly(pickle.Unpickler):
-    """Unpickles only DCP_GLOBALS and torch dtypes."""
-
-    def find_class(self, module: str, name: str):
-        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if (module, name) in DCP_GLOBALS or dtype:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")
-
-
-def _unsafe_metadata(path: Path) -> str | None:
-    try:
-        with open(path, "rb") as fh:
-            _LayoutOnly(fh).load()
-    except pickle.UnpicklingError as exc:
-        return f"{path}: holds more than a checkpoint's layout ({_forbidden_global(str(exc))}); refused"
-    except (OSError, EOFError, ValueError, TypeError, AttributeError) as exc:
-        return f"{path}: unreadable ({exc})"
-    return None
-
-
-def _forbidden_global(message: str) -> str:
-    """torch's refusal, down to the object named."""
-    found = re.search(r"GLOBAL ([\w.]+)", message)
-    return f"it would import {found.group(1)}" if found else "an object torch refuses to load"
 
 
 def read_schedule(folder: Path) -> dict:
@@ -447,7 +366,8 @@ class OutputDir:
         progress = read_progress(folder)
         check_layout(folder, progress, current.layout)
         check_provenance(folder, progress, current.provenance, allow_inexact)
-        self.accelerator.load_state(str(folder))
+        with restricted_reading():  # checked above, and read again under the same rules: a swapped file runs nothing
+            self.accelerator.load_state(str(folder))
         scheduler.load_state_dict(read_schedule(folder))
         progress.layout, progress.provenance = current.layout, current.provenance
         return folder, progress
