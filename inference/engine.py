@@ -129,21 +129,25 @@ class Engine:
     ) -> asyncio.Future:
         """Queue the inputs; the future gets their Answer or the refusal. Cancelling drops an unstarted job. Raises
         Overloaded at once. Call from the event loop."""
-        with self._lock:
-            if self._in_flight + len(sequences) > self.limits.max_concurrent_requests:
-                raise Overloaded(
-                    f"{self._in_flight} inputs are in flight (limit max_concurrent_requests = "
-                    f"{self.limits.max_concurrent_requests}); retry later"
-                )
-            self._in_flight += len(sequences)
+        self.admit(len(sequences))
         loop = asyncio.get_running_loop()
         job = _Job(sequences, truncate, left, chunk, loop, loop.create_future(), scoring)
-        job.future.add_done_callback(lambda _: self._leave(len(sequences)))
+        job.future.add_done_callback(lambda _: self.leave(len(sequences)))
         self.metrics.queue_size.inc(len(sequences))
         self._queue.put(job)
         return job.future
 
-    def _leave(self, inputs: int) -> None:
+    def admit(self, inputs: int) -> None:
+        """Count `inputs` in flight, or raise Overloaded past max_concurrent_requests; leave() when answered."""
+        with self._lock:
+            if self._in_flight + inputs > self.limits.max_concurrent_requests:
+                raise Overloaded(
+                    f"{self._in_flight} inputs are in flight (limit max_concurrent_requests = "
+                    f"{self.limits.max_concurrent_requests}); retry later"
+                )
+            self._in_flight += inputs
+
+    def leave(self, inputs: int) -> None:
         with self._lock:
             self._in_flight -= inputs
 

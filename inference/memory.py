@@ -44,3 +44,9 @@ def freeze_long_lived() -> None:
     gc.collect()
     gc.freeze()
     logger.debug("%d long-lived objects exempt from garbage collection", gc.get_freeze_count())
+
+
+def give_back_free_memory() -> bool:
+    """Return the allocator's free pages to the system (glibc's malloc_trim); False without glibc."""
+    libc = _glibc()
+    return bool(libc is not None and hasattr(libc, "malloc_trim") and libc.malloc_trim(0))
