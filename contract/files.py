@@ -46,6 +46,19 @@ RUNTIME_CHOICE = "runtime.json"
 RUNTIME_MODEL = "model.xml"  # OpenVINO IR; its weights in model.bin beside it
 RUNTIME_ONNX = "model.onnx"  # ONNX Runtime
 
+# what a run writes at the top of its folder, beside TOKENIZER_DIR, ADAPTER_DIR and its states: another run's (or
+# model's) files of these names are what a new run would replace (training/output/claim.py)
+RUN_FILES = (
+    WEIGHTS, CONFIG, METRICS, MODEL_CARD, HF_WEIGHTS, HF_WEIGHTS_INDEX, CURVES_JSON, CURVES_PNG, EVAL_RESULTS,
+    CONFUSION_PNG, RELIABILITY_PNG, MISCLASSIFIED_CSV, RESIDUALS_PNG, LARGEST_ERRORS_CSV, CALIBRATION,
+    "generation_config.json",  # save_pretrained's, for decoder models
+)  # fmt: skip
+TOKENIZER_FILES = (  # tokenizer.save_pretrained's names, every tokenizer kind
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+    "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model", "chat_template.jinja",
+)  # fmt: skip
+HF_WEIGHT_SHARD = "model-*-of-*.safetensors"  # a sharded save_pretrained
+
 LOCK = ".distilbert_agnews.lock"
 STATE_DIR = "state"
 STATE_PREFIX = "step_"

@@ -123,7 +123,7 @@ def test_launch_is_accelerate_launch_without_its_defaults_block_and_traceback(pr
     theirs = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", *args], cwd=ROOT, env=env, capture_output=True, text=True
     )
-    said = "holds another run"
+    said = "holds an unfinished run"
     assert ours.returncode == theirs.returncode == 1, describe(ours) + describe(theirs)
     assert said in ours.stderr and said in theirs.stderr
     assert "Traceback" in theirs.stderr and "Traceback" not in ours.stderr, describe(ours)

@@ -316,8 +316,9 @@ class EvaluationConfig(_Group):
     """Also log what the libraries say: accelerate's line per saved and loaded state file, transformers' progress
     bar and load report (the head it starts fresh) when the model loads."""
     overwrite_output_dir: bool = False
-    """Start a new run in an --output_dir that holds another run's states or model: its states are removed first
-    (its model files are replaced as this run saves). Without it such a folder is refused, unless resumed."""
+    """Start a new run in an --output_dir that holds an unfinished run or another model's files: what a run writes
+    there (its states, model, tokenizer, adapter/, reports) is replaced as this run saves; other files stay. Without
+    it such a folder is refused, unless resumed; a finished run's folder is replaced without it."""
     allow_inexact_resume: bool = False
     """Resume although the run would not continue exactly: the state's RNG files are missing or unreadable, or it
     was saved with other data (files' size and SHA-256, a Hub dataset's fingerprint), another model or label mapping,

@@ -48,7 +48,7 @@ from training.model import build_model, keep_optimizer_kind, load_tokenizer, opt
 from training.objective import objective_for, problem_type_defaults
 from training.output import provenance, reports
 from training.output.checkpoint import OutputDir, Progress
-from training.output.claim import claim_output_dir
+from training.output.claim import Previous, claim_output_dir
 from training.output.reports import run_summary
 from training.push import check_can_push
 from training.scoring.metrics import MetricSuite, greater_is_better, say_one_sided, thin_validation
@@ -185,7 +185,7 @@ def choose_metrics(cfg: TrainConfig, splits: Splits) -> tuple[TrainConfig, Metri
     return cfg.model_copy(update={"metric_for_best_model": metric, "greater_is_better": greater}), metrics
 
 
-def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
+def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str, previous: Previous | None = None) -> Run:
     """Everything prepared by the Accelerator; resumed when asked."""
     tokenizer, splits = load_data(cfg, accelerator)
     warn_thin_validation(cfg, splits)
@@ -225,7 +225,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str) -> Run:
         loaders,
         splits,
         metrics,
-        out=OutputDir(cfg.output_dir, accelerator, cfg.save_total_limit, run_id),
+        out=OutputDir(cfg.output_dir, accelerator, cfg.save_total_limit, run_id, previous),
         progress=Progress(),
         total_steps=total_steps,
         num_epochs=num_epochs,
@@ -312,9 +312,9 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
         check_can_push(cfg.hub_model_id)
     resuming = cfg.resume_from_checkpoint is not None
     # claimed before data or model load
-    claim = claim_output_dir(cfg.output_dir, accelerator, resuming, cfg.overwrite_output_dir)
+    claim = claim_output_dir(cfg.output_dir, accelerator, resuming, cfg.overwrite_output_dir, cfg.model_name_or_path)
     try:
-        return train_and_report(set_up(cfg, accelerator, claim.run_id), started)
+        return train_and_report(set_up(cfg, accelerator, claim.run_id, claim.previous), started)
     finally:
         claim.release()
 

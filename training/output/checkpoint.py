@@ -31,6 +31,7 @@ from training import calibration, lora
 from training.collective import decided_on_main
 from training.output import model_card, provenance, reports
 from training.output.atomic import as_plain_files, atomic_write, replace_dir, staging_dir, write_json
+from training.output.claim import Previous
 from training.output.progress import Progress
 from training.output.state_files import PICKLED, restricted_reading, unsafe_file
 from training.push import push as push_folder
@@ -274,11 +275,19 @@ def stop_together(accelerator: Accelerator, problem: str | None, staging: Path |
 class OutputDir:
     """The run's output folder: paths, writes, states."""
 
-    def __init__(self, root: str | Path, accelerator: Accelerator, keep_states: int | None = None, run_id: str = "run"):
+    def __init__(
+        self,
+        root: str | Path,
+        accelerator: Accelerator,
+        keep_states: int | None = None,
+        run_id: str = "run",
+        previous: Previous | None = None,
+    ):
         self.root = Path(root)
         self.accelerator = accelerator
         self.keep_states = keep_states
         self.run_id = run_id  # names this run's staging folders (training/output/claim.py)
+        self.previous = previous  # what the run before left: retired once this run has saved its own
 
     def path(self, name: str) -> Path:
         """A file of the folder, by its name in contract/files.py."""
@@ -307,6 +316,8 @@ class OutputDir:
             problem = problem or attempt(
                 lambda: _write_model_files(self.root, plain, weights, tokenizer, export_hf), self.root
             )
+            if problem is None and self.previous is not None:  # this run's model is in place: the old one goes
+                self.previous.retire(with_files=True)
         stop_together(accelerator, problem)  # also the barrier after the write
 
     def saved_calibration(self) -> dict:
@@ -350,6 +361,8 @@ class OutputDir:
         torch.save(scheduler.state_dict(), staging / SCHEDULE_FILE)  # numbers and lists: read with weights_only
         write_json(staging / files.PROGRESS, dataclasses.asdict(progress))
         replace_dir(staging, target)
+        if self.previous is not None:  # `latest` finds only this run's states from now on
+            self.previous.retire(with_files=False)
         if self.keep_states:
             for _, folder in complete_states(self.root)[: -self.keep_states]:
                 shutil.rmtree(folder)

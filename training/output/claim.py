@@ -5,10 +5,13 @@ docs/checkpoints.md tells the rules.
 from __future__ import annotations
 
 import errno
+import json
 import os
+import re
 import secrets
 import shutil
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 from accelerate import Accelerator
@@ -29,8 +32,9 @@ except ImportError:  # Windows: no advisory locks; the writability check still r
 class Claim:
     """The held lock, this run's id, the folders made."""
 
-    def __init__(self, run_id: str, handle=None, created: list[Path] | None = None):
+    def __init__(self, run_id: str, handle=None, created: list[Path] | None = None, previous: Previous | None = None):
         self.run_id = run_id
+        self.previous = previous  # on the main process: what this run replaces as it saves
         self._handle = handle
         self._created = created or []  # deepest first
 
@@ -49,27 +53,37 @@ class Claim:
 
 
 def claim_output_dir(
-    output_dir: str | Path, accelerator: Accelerator, resuming: bool = False, overwrite: bool = False
+    output_dir: str | Path,
+    accelerator: Accelerator,
+    resuming: bool = False,
+    overwrite: bool = False,
+    base: str | None = None,
 ) -> Claim:
-    """The main process's claim on every rank, or UserError: another run's folder needs resume or `overwrite`."""
+    """The main process's claim on every rank, or UserError: an unfinished run's folder needs resume or `overwrite`,
+    another model's files `overwrite`; the folder of `base` (the model fine-tuned) is never written."""
     root = Path(output_dir)
     created = [folder for folder in (root, *root.parents) if not folder.exists()] if accelerator.is_main_process else []
     held: list = []  # the lock's handle, on the main process
+    previous: list = []
 
     def claim() -> str:
+        if base is not None and Path(base).is_dir() and Path(base).resolve() == root.resolve():
+            raise UserError(
+                f"--output_dir {root} is the model this run fine-tunes (--model_name_or_path): its files would be "
+                "replaced while they are the base. Pick another --output_dir."
+            )
         problem = unwritable(root)
         if problem is None:
             handle, problem = lock(root)
             held.append(handle)
-        if problem is None:
-            remove_stale_staging(root)
-            problem = None if resuming else previous_run(root, overwrite)
         if problem:
             raise UserError(problem)
+        remove_stale_staging(root)
+        previous.append(None if resuming else previous_run(root, overwrite))
         return f"{os.getpid()}-{secrets.token_hex(3)}"
 
     run_id = decided_on_main(accelerator, claim)
-    return Claim(run_id, held[0] if held else None, created)
+    return Claim(run_id, held[0] if held else None, created, previous[0] if previous else None)
 
 
 def unwritable(root: Path) -> str | None:
@@ -109,22 +123,110 @@ def lock(root: Path):
     return handle, None
 
 
-def previous_run(root: Path, overwrite: bool) -> str | None:
-    """Why a new run may not start in `root`, or None; `overwrite` removes the other run's states."""
-    states = sorted((root / files.STATE_DIR).glob(f"{files.STATE_PREFIX}*"))
-    found = [p.name for p in (root / files.WEIGHTS, root / files.METRICS) if p.exists()]
-    if not states and not found:
-        return None
-    if overwrite:
-        shutil.rmtree(root / files.STATE_DIR, ignore_errors=True)
-        logger.warning(
-            "--overwrite_output_dir: removed the %d resumable states of the run before in %s", len(states), root
+STATE_NAME = re.compile(rf"{files.STATE_PREFIX}\d+")  # what a run's states are called; anything else is not one
+
+
+@dataclass
+class Previous:
+    """What another run (or model) left where this run writes: retired once this run has saved its own. Each entry
+    is kept with its identity, so one this run has rewritten since is never removed."""
+
+    root: Path
+    states: dict[Path, tuple[int, int]]
+    entries: dict[Path, tuple[int, int]]
+
+    def retire(self, with_files: bool) -> None:
+        """Remove the states (and with `with_files` the files) as found at the claim; log what was removed."""
+        states = sum(_remove(path, ident) for path, ident in self.states.items())
+        self.states = {}
+        names = [path.name for path, ident in self.entries.items() if with_files and _remove(path, ident)]
+        self.entries = self.entries if not with_files else {}
+        if states or names:
+            what = [f"{states} resumable states"] if states else []
+            logger.info("Removed what the run before left in %s: %s", self.root, ", ".join(what + names))
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    found = path.lstat()
+    return found.st_ino, found.st_mtime_ns
+
+
+def _remove(path: Path, ident: tuple[int, int]) -> bool:
+    """Remove `path` if it is still what was found (a link itself, never what it points to)."""
+    try:
+        if _identity(path) != ident:
+            return False
+    except FileNotFoundError:
+        return False
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    return True
+
+
+def own_states(root: Path) -> list[Path]:
+    """The run's states in `root`/state: `step_N` folders; a link there is refused, anything else left alone."""
+    folder = root / files.STATE_DIR
+    if folder.is_symlink():
+        raise UserError(
+            f"{folder} is a symbolic link: a run keeps its states in a folder of its own. Remove the link, or pick "
+            "another --output_dir."
         )
+    if not folder.is_dir():
+        return []
+    found = sorted(p for p in folder.iterdir() if STATE_NAME.fullmatch(p.name))
+    links = [p for p in found if p.is_symlink() or not p.is_dir()]
+    if links:
+        raise UserError(
+            f"{links[0]} is not a state this project wrote (a link or a file): remove it, or pick another --output_dir."
+        )
+    return found
+
+
+def run_entries(root: Path) -> list[Path]:
+    """What a run writes that `root` holds: its files, tokenizer and adapter folders (not its states)."""
+    names = (*files.RUN_FILES, *files.TOKENIZER_FILES, files.TOKENIZER_DIR, files.ADAPTER_DIR)
+    found = [root / name for name in names if (root / name).exists() or (root / name).is_symlink()]
+    return found + sorted(root.glob(files.HF_WEIGHT_SHARD))
+
+
+def finished(root: Path) -> bool:
+    """A run of this project ended here: its final metrics.json (written after the test split) is there."""
+    try:
+        summary = json.loads((root / files.METRICS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("train_runtime_s") is not None and (root / files.WEIGHTS).is_file()
+
+
+def previous_run(root: Path, overwrite: bool) -> Previous | None:
+    """What a new run in `root` replaces as it saves, or None; UserError for what it may not replace: an unfinished
+    run (resume it) or another model's files, unless `overwrite`."""
+    states, entries = own_states(root), run_entries(root)
+    if not states and not entries:
         return None
-    held = ", ".join(([f"{len(states)} states in {files.STATE_DIR}/"] if states else []) + found)
-    return (
-        f"--output_dir {root} holds another run ({held}): continue it with --resume_from_checkpoint latest, start "
-        "over there with --overwrite_output_dir (its states are removed first), or pick another --output_dir."
+    found = Previous(root, {p: _identity(p) for p in states}, {p: _identity(p) for p in entries})
+    held = ([f"{len(states)} states in {files.STATE_DIR}/"] if states else []) + [p.name for p in entries[:6]]
+    held += ["..."] if len(entries) > 6 else []
+    ours = (root / files.METRICS).is_file() or (root / files.WEIGHTS).is_file()
+    if overwrite or finished(root):
+        logger.warning(
+            "%s holds %s (%s): this run replaces them as it saves (--overwrite_output_dir or a finished run); until "
+            "then they stay",
+            root,
+            "a finished run" if finished(root) else "another run" if ours or states else "another model's files",
+            ", ".join(held),
+        )
+        return found
+    if ours or states:
+        raise UserError(
+            f"--output_dir {root} holds an unfinished run ({', '.join(held)}): continue it with "
+            "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or pick another --output_dir."
+        )
+    raise UserError(
+        f"--output_dir {root} holds files this run would replace ({', '.join(held)}): pick another --output_dir, "
+        "or pass --overwrite_output_dir to replace them."
     )
 
 

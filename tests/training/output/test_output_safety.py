@@ -97,28 +97,101 @@ def test_a_second_run_on_the_same_folder_is_refused_naming_the_first(smoke_dir, 
     handle.close()
 
 
-def test_a_new_run_into_a_folder_holding_a_run_is_refused_or_starts_over_and_latest_is_its_own(copy_of):
-    """Before, a second run into a used --output_dir left the first run's later states there, and
-    `--resume_from_checkpoint latest` (the preemption recipe) picked one of those. Now the new run stops at once with
-    one line naming both ways on; with --overwrite_output_dir the old states are removed first, and `latest` then
-    resumes the new run's own newest state."""
+SHORT = ["--max_train_steps", "6", "--checkpointing_steps", "3", "--eval_steps", "3"]
+
+
+def test_an_unfinished_run_is_refused_or_replaced_as_the_new_run_saves_and_latest_is_its_own(copy_of):
+    """A run stopped before its end (no final metrics.json): a new run there stops at once with one line naming both
+    ways on. With --overwrite_output_dir the old states stay until the new run saves its first one, then go, so
+    `latest` resumes the new run's own newest state; files of the user's in state/ stay."""
+    (copy_of / files.METRICS).unlink()  # as a preempted run leaves it before its first best model
+    (copy_of / files.STATE_DIR / "important_notes.txt").write_text("mine")
+    (copy_of / files.STATE_DIR / "step_photos").mkdir()
     weights = (copy_of / files.WEIGHTS).read_bytes()
     refused, seconds = run_train([*SMOKE, "--output_dir", str(copy_of)])
     assert refused.returncode == 1 and "Examples:" not in refused.stderr and seconds < 30, describe(refused)
     [line] = errors(refused)
-    assert f"--output_dir {copy_of} holds another run (2 states in state/, {files.WEIGHTS}, {files.METRICS})" in line
+    assert f"--output_dir {copy_of} holds an unfinished run (2 states in state/, {files.WEIGHTS}" in line
     assert "--resume_from_checkpoint latest" in line and "--overwrite_output_dir" in line
-    assert (copy_of / files.WEIGHTS).read_bytes() == weights and len(list((copy_of / files.STATE_DIR).iterdir())) == 2
+    assert (copy_of / files.WEIGHTS).read_bytes() == weights
 
-    again = [*SMOKE, "--output_dir", str(copy_of), "--max_train_steps", "6", "--checkpointing_steps", "3"]
+    again = [*SMOKE, "--output_dir", str(copy_of), *SHORT]
     started_over, _ = run_train([*again, "--overwrite_output_dir"])
     assert started_over.returncode == 0, describe(started_over)
-    assert "--overwrite_output_dir: removed the 2 resumable states of the run before" in started_over.stderr
-    assert sorted(p.name for p in (copy_of / files.STATE_DIR).iterdir()) == ["step_3", "step_6"]
+    assert "this run replaces them as it saves" in started_over.stderr
+    assert f"Removed what the run before left in {copy_of}: 2 resumable states" in started_over.stderr
+    assert sorted(p.name for p in (copy_of / files.STATE_DIR).iterdir()) == [
+        "important_notes.txt", "step_3", "step_6", "step_photos"
+    ]  # fmt: skip
     shutil.rmtree(copy_of / files.STATE_DIR / "step_6")  # as if preempted between step 3 and 6
     resumed, _ = run_train([*again, "--resume_from_checkpoint", "latest"])
     assert resumed.returncode == 0, describe(resumed)
     assert f"Resumed from {copy_of / files.STATE_DIR / 'step_3'}" in resumed.stderr, describe(resumed)
+
+
+def test_a_finished_run_is_replaced_with_one_line_and_kept_until_the_new_run_saves(copy_of):
+    """Re-running a command into the folder of a finished run (README's commands all write checkpoints/): replaced
+    with one line saying so; a run that fails before saving anything leaves the finished one whole."""
+    weights = (copy_of / files.WEIGHTS).read_bytes()
+    missing = str(copy_of / "no_such_model")  # fails after the claim, before anything is saved
+    failed, _ = run_train([*SMOKE, "--output_dir", str(copy_of), "--model_name_or_path", missing])
+    assert failed.returncode != 0 and "this run replaces them as it saves" in failed.stderr, describe(failed)
+    assert (copy_of / files.WEIGHTS).read_bytes() == weights and len(complete_states(copy_of)) == 2
+    again, _ = run_train([*SMOKE, "--output_dir", str(copy_of), *SHORT])
+    assert again.returncode == 0, describe(again)
+    assert f"{copy_of} holds a finished run (2 states in state/" in again.stderr
+    assert [step for step, _ in complete_states(copy_of)] == [3, 6]
+    assert json.loads((copy_of / files.METRICS).read_text())["global_step"] == 6
+
+
+def test_a_state_folder_that_is_a_link_is_refused_and_nothing_is_removed_or_said_removed(copy_of, tmp_path):
+    """Before, --overwrite_output_dir with state/ a link logged "removed the 2 resumable states", removed nothing, and
+    `latest` then picked the previous run's state."""
+    elsewhere = Path(shutil.move(copy_of / files.STATE_DIR, tmp_path / "elsewhere"))
+    (copy_of / files.STATE_DIR).symlink_to(elsewhere)
+    result, _ = run_train([*SMOKE, "--output_dir", str(copy_of), *SHORT, "--overwrite_output_dir"])
+    assert result.returncode == 1, describe(result)
+    [line] = errors(result)
+    assert f"{copy_of / files.STATE_DIR} is a symbolic link" in line and "removed" not in result.stderr.lower()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["step_168", "step_84"]
+
+
+def test_another_models_folder_is_refused_and_replaced_only_when_asked(smoke_dir, tmp_path):
+    """A save_pretrained folder with the user's README.md (someone else's model): before, its model, config,
+    tokenizer and README were overwritten without a word. Now refused in one line naming the files; with
+    --overwrite_output_dir replaced as the run saves, the user's other files kept. And the folder of the model being
+    fine-tuned is never the output."""
+    theirs = Path(shutil.copytree(smoke_dir / "model", tmp_path / "theirs"))
+    (theirs / files.MODEL_CARD).write_text("# my model\n")
+    (theirs / "notes.txt").write_text("mine")
+    (theirs / "vocab.txt").write_text("[PAD]\n")  # a tokenizer file this run's tokenizer does not write
+    before = {p.name: p.read_bytes() for p in theirs.iterdir() if p.is_file()}
+    before[files.LOCK] = b""  # what the refused run's claim leaves: its lock, released
+    refused, _ = run_train([*SMOKE, "--output_dir", str(theirs), *SHORT])
+    assert refused.returncode == 1, describe(refused)
+    [line] = errors(refused)
+    assert f"--output_dir {theirs} holds files this run would replace (config.json, README.md" in line
+    assert "--overwrite_output_dir" in line
+    assert {p.name: p.read_bytes() if p.name != files.LOCK else b"" for p in theirs.iterdir() if p.is_file()} == before
+
+    same, _ = run_train([*SMOKE, "--model_name_or_path", str(theirs), "--output_dir", str(theirs), *SHORT])
+    assert same.returncode == 1 and f"--output_dir {theirs} is the model this run fine-tunes" in same.stderr
+
+    replaced, _ = run_train([*SMOKE, "--output_dir", str(theirs), *SHORT, "--overwrite_output_dir"])
+    assert replaced.returncode == 0, describe(replaced)
+    assert (theirs / "notes.txt").read_text() == "mine" and not (theirs / "vocab.txt").exists()
+    assert (theirs / files.MODEL_CARD).read_text() != "# my model\n" and (theirs / files.WEIGHTS).is_file()
+
+
+def test_a_run_replacing_a_lora_run_leaves_no_adapter_of_the_old_one(copy_of):
+    """A non-LoRA run over a LoRA run's folder left the old adapter/ beside the new model (served and pushed as
+    the model); now everything the old run wrote and the new one did not is gone once the new one saves."""
+    (copy_of / files.ADAPTER_DIR).mkdir()
+    (copy_of / files.ADAPTER_DIR / files.ADAPTER_CONFIG).write_text("{}")
+    run, _ = run_train([*SMOKE, "--output_dir", str(copy_of), *SHORT])
+    assert run.returncode == 0, describe(run)
+    assert not (copy_of / files.ADAPTER_DIR).exists()
+    assert "Removed what the run before left in" in run.stderr and "adapter" in run.stderr
 
 
 def test_a_full_disk_while_saving_a_state_stops_both_ranks_with_one_line(smoke_dir, tmp_path):
