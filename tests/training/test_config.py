@@ -255,3 +255,24 @@ def test_a_launcher_precision_the_config_overrides_is_a_warning(monkeypatch, cap
         assert "training in fp32. Pass --mixed_precision bf16 to train in bf16." in caplog.text
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_a_named_model_turns_a_smoke_presets_tiny_model_settings_off(smoke_dir, tmp_path, caplog):
+    """Following the preset's own refusal (`--preset smoke --train_file own.csv` says "name a model") kept the
+    preset's from_scratch, learning rate 2e-3, max_length 64 and fp32: a named model was trained from random weights.
+    Now a named model leaves those at their defaults; what is given explicitly still wins."""
+    model = str(smoke_dir / "model")
+    with caplog.at_level("INFO"):
+        cfg = load_config(
+            ["--preset", "smoke", "--train_file", str(tmp_path / "own.csv"), "--model_name_or_path", model]
+        )
+    defaults = TrainConfig()
+    assert not cfg.from_scratch and cfg.learning_rate == defaults.learning_rate
+    assert (cfg.max_length, cfg.mixed_precision) == (defaults.max_length, defaults.mixed_precision)
+    assert (
+        "the tiny model's from_scratch, learning_rate, max_length, mixed_precision left at their defaults"
+        in caplog.text
+    )
+    given = load_config(["--preset", "smoke", "--model_name_or_path", model, "--learning_rate", "1e-3"])
+    assert given.learning_rate == 1e-3 and not given.from_scratch
+    assert load_config(["--preset", "smoke"]).from_scratch  # the preset's own model: as before
