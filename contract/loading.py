@@ -107,6 +107,7 @@ def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revi
         user = getattr(os, "getuid", lambda: "?")()
         raise CheckpointError(f"{exc.filename}: cannot be read by this user (uid {user}): {exc.strerror}") from None
     check_finite(model, weights)
+    check_vocabulary(folder, model, tokenizer)
     config = model.config
     try:  # a decoder saved without pad token (contract/padding.py)
         if said := ensure_pad_token(tokenizer, str(folder)):
@@ -336,10 +337,30 @@ def _read_tokenizer(folder: Path):
     where = folder / files.TOKENIZER_DIR if (folder / files.TOKENIZER_DIR).is_dir() else folder
     if adapters.is_adapter_folder(folder) and not (folder / "tokenizer_config.json").is_file():
         where = adapters.base_model_of(folder)
+    vocabularies = [name for name in files.TOKENIZER_FILES if name != "tokenizer_config.json"]
+    if Path(where).is_dir() and not any((Path(where) / name).is_file() for name in vocabularies):
+        # transformers would build an empty tokenizer from config.json alone: every word [UNK], confident answers
+        raise CheckpointError(
+            f"{where}: no tokenizer files (tokenizer.json, vocab.txt, ...): copy the tokenizer the model was trained "
+            f"with there (tokenizer.save_pretrained) or into {Path(where) / files.TOKENIZER_DIR}"
+        )
     try:
         return AutoTokenizer.from_pretrained(where)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{where}: no usable tokenizer ({_short(exc)})") from None
+
+
+def check_vocabulary(folder: Path, model: torch.nn.Module, tokenizer) -> None:
+    """The tokenizer fits the model: no id past its embeddings, and not a fraction of them (another model's)."""
+    embeddings = getattr(model.get_input_embeddings(), "num_embeddings", None)
+    if embeddings is None:
+        return
+    tokens = len(tokenizer)
+    if tokens > embeddings or 2 * tokens < embeddings:  # padded embeddings (to 8, 64, 128 rows) stay well above half
+        raise CheckpointError(
+            f"{folder}: the tokenizer knows {tokens} tokens but the model's embeddings have {embeddings} rows: it is "
+            "not the tokenizer this model was trained with; save that one beside the model"
+        )
 
 
 def _read_metrics(folder: Path) -> dict | None:

@@ -256,3 +256,30 @@ def test_every_command_reading_a_folder_says_a_bad_field_in_one_line(checkpoint_
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert "weights_sha256 must map each weights file to its sha256" in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_folder_without_tokenizer_files_is_refused_in_one_line_where_it_was_served_empty(checkpoint_copy):
+    """transformers builds an empty tokenizer from config.json alone: every word became [UNK] and "stocks fell" was
+    answered World 0.989 (Business 0.958 with its tokenizer). The service, predict and evaluate read folders through
+    load_model; the service's start-up says it in one line."""
+    shutil.rmtree(checkpoint_copy / files.TOKENIZER_DIR)
+    for name in files.TOKENIZER_FILES:
+        (checkpoint_copy / name).unlink(missing_ok=True)
+    with pytest.raises(CheckpointError, match="no tokenizer files .*copy the tokenizer the model was trained with"):
+        load_model(str(checkpoint_copy), dtype="fp32")
+    from tests.helpers.service import run_cli
+
+    result = run_cli("--model_id", str(checkpoint_copy), "--reload_interval_s", "0")
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "no tokenizer files" in result.stderr.strip().splitlines()[-1]
+
+
+def test_another_models_tokenizer_is_refused(checkpoint_copy):
+    """A tokenizer whose vocabulary is not the embeddings' (here a 400-token byte-level BPE beside the smoke model's
+    embeddings): refused, naming both sizes; ids past the embeddings would fail every request."""
+    from tests.helpers.tokenizer_kinds import tokenizer_of
+
+    shutil.rmtree(checkpoint_copy / files.TOKENIZER_DIR)
+    tokenizer_of("byte-level-bpe").save_pretrained(checkpoint_copy / files.TOKENIZER_DIR)
+    with pytest.raises(CheckpointError, match="the tokenizer knows 400 tokens but the model's embeddings have"):
+        load_model(str(checkpoint_copy), dtype="fp32")
