@@ -21,7 +21,7 @@ from pydantic_settings import CliApp, CliSettingsSource
 
 from contract.errors import UsageError, UserError
 from contract.help import HelpFormatter, prog
-from inference import logs, metrics_port, tracing
+from inference import connections, logs, metrics_port, tracing
 from inference.metrics import MULTIPROC_ENV, Metrics, all_workers_exposition, multiprocess_dir
 from inference.settings import Settings, describe_error
 
@@ -68,8 +68,9 @@ def check_start(settings: Settings) -> None:
 
 
 def connection_limits(settings: Settings) -> dict:
-    """uvicorn's bounds on connections: count, idle time, drain time, head size."""
+    """uvicorn's bounds on connections: count (probes past it), read time, idle time, drain time, head size."""
     return {
+        "http": connections.BoundedReads,
         "limit_concurrency": settings.max_connections,
         "timeout_keep_alive": settings.keep_alive_timeout_s,
         "timeout_graceful_shutdown": settings.graceful_shutdown_s,

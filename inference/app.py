@@ -7,7 +7,7 @@ import sys
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from inference import errors, routes, text_routes, token_routes, tracing  # noqa: F401 - token_routes adds /tokenize, /decode to routes.router
+from inference import connections, errors, routes, text_routes, token_routes, tracing  # noqa: F401 - token_routes adds /tokenize, /decode to routes.router
 from inference.engine import Engine
 from inference.middleware import BodySizeLimit, RequestId, ResponseStatus
 from inference.service import Service, lifespan
@@ -30,6 +30,7 @@ TEI_HEADERS = [
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     """The service; with `engine`, the caller drives its worker, else the lifespan starts one."""
     settings = settings or from_env()
+    connections.configure(settings.read_timeout_s)
     app = FastAPI(
         title="distilbert-agnews",
         version=routes.VERSION,

@@ -165,6 +165,11 @@ class Settings(BaseSettings):
     """Open connections and tasks uvicorn allows at once (its limit_concurrency); beyond it new requests get 503 at
     once, so idle or slow connections cannot pile up without bound [MAX_CONNECTIONS]
     """
+    read_timeout_s: float = Field(30.0, gt=0)
+    """Seconds a client has to send a whole request, head and body, from its connection (or, kept alive, from its
+    next request's first byte); past it the connection is closed, so slow clients cannot hold connections
+    [READ_TIMEOUT_S]
+    """
     keep_alive_timeout_s: float = Field(5.0, gt=0)
     """Seconds an idle keep-alive connection stays open [KEEP_ALIVE_TIMEOUT_S]"""
     graceful_shutdown_s: float = Field(30.0, gt=0)

@@ -333,6 +333,41 @@ def test_connections_are_bounded_and_idle_ones_closed(smoke_checkpoint):
         server.stop()
 
 
+def test_slow_clients_are_cut_at_the_read_timeout_and_probes_answer_beside_them(smoke_checkpoint):
+    """The attack: more sockets than MAX_CONNECTIONS, each sending a header byte now and then, made /health, /ready
+    and /predict answer 503 for as long as they stayed (a liveness probe then restarts the pod). Now probes answer
+    past the limit, and a request whose head or body has not arrived within READ_TIMEOUT_S is closed, so /predict
+    comes back too; a slow body is cut the same way."""
+    import socket
+
+    server = Server(
+        smoke_checkpoint, "--reload_interval_s", "0", "--max_connections", "5", "--read_timeout_s", "6"
+    ).wait_ready()
+    slow = []
+    try:
+        body = b'{"inputs": "Stocks rallied"}'
+        head = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+        trickle = socket.create_connection(("127.0.0.1", server.port))  # a whole head, then a body never sent
+        trickle.sendall(head.encode() + b"\r\n\r\n" + body[:5])
+        slow.append(trickle)
+        for _ in range(8):  # past the limit: a head started, never finished
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            slow.append(sock)
+        wait_for(lambda: httpx.post(f"{server.url}/predict", json={"inputs": "x"}).status_code, lambda c: c == 503)
+        for probe in ("/health", "/ready", "/ping"):
+            assert httpx.get(f"{server.url}{probe}").status_code == 200, probe  # beside the slow clients
+        for sock in slow:  # each closed by the server within the timeout (and a margin for a busy machine)
+            sock.settimeout(20)
+        assert [sock.recv(4096) for sock in slow] == [b""] * len(slow)  # closed, nothing answered
+        wait_for(lambda: httpx.post(f"{server.url}/predict", json={"inputs": "x"}).status_code, lambda c: c == 200)
+        assert "did not arrive within 6s" in server.output()
+    finally:
+        for sock in slow:
+            sock.close()
+        server.stop()
+
+
 def test_uvicorn_app_drains_then_ends_by_sigterm_as_documented(smoke_checkpoint):
     """docs/serving.md: `uvicorn inference.app:app_from_env --factory` re-raises SIGTERM after draining (exit status
     143 in a shell); `python -m inference` exits 0 (test_sigterm_finishes_in_flight_requests_and_exits_0)."""
