@@ -23,7 +23,7 @@ from inference.graphs import CapturedForward, GraphsUnsupported
 from inference.metrics import Metrics
 from inference.passes import forward_buckets, static_passes
 from inference.schemas import Sequence
-from inference.tokenizing import REFUSALS, check_length, encode, encode_unchecked, windows
+from inference.tokenizing import REFUSALS, check_length, check_tokens, encode, encode_unchecked, windows
 
 logger = logging.getLogger(__name__)
 # Idle wake-ups let the main thread run SIGTERM's handler: a wait without timeout would hold it until the next request.
@@ -260,6 +260,7 @@ class Engine:
                     job.features, job.owner = windows(loaded, job.sequences, self.limits.max_chunks)
                 else:
                     check_length(loaded, job.features)
+                check_tokens(job.features, job.owner, len(job.sequences))  # its own request only, not its batch
             except REFUSALS as exc:
                 self._leave_queue(job)
                 _resolve(job, exc=exc)

@@ -24,7 +24,7 @@ from inference.engine import Answer, Overloaded
 from inference.errors import ServiceError
 from inference.schemas import ErrorBody, Info, Json, PredictRequest, PredictResponse
 from inference.service import Service, chunks_long_texts
-from inference.tokenizing import REFUSALS, window_length
+from inference.tokenizing import REFUSALS, NoTokens, window_length
 
 VERSION = "0.1.0"
 CHARS_PER_TOKEN_LIMIT = 250  # TEI's MAX_CHAR_MULTIPLIER: longer inputs are cut (truncate) or refused, untokenized
@@ -211,6 +211,8 @@ def engine_failure(exc: Exception) -> ServiceError:
     """A job's failure as TEI answers it."""
     if isinstance(exc, TooManyWindows):
         return ServiceError(errors.VALIDATION, str(exc), status=413, reason="too_many_windows")
+    if isinstance(exc, NoTokens):  # TEI's answer to a zero-length input
+        return ServiceError(errors.EMPTY, str(exc), reason="validation")
     if isinstance(exc, REFUSALS):
         return ServiceError(errors.VALIDATION, str(exc))
     return ServiceError(errors.BACKEND, f"inference failed ({type(exc).__name__}: {exc})")  # TEI: 424 Backend

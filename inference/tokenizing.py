@@ -18,12 +18,28 @@ class InputTooLong(ValueError):
         super().__init__(f"`inputs` must have less than {limit} tokens. Given: {tokens}")
 
 
+class NoTokens(ValueError):
+    """An input the tokenizer makes nothing of (whitespace, zero-width characters, with no special tokens added)."""
+
+    def __init__(self, index: int):
+        super().__init__(f"`inputs` has no tokens once tokenized (inputs[{index}]): only characters this model's "
+                         "tokenizer drops; send some text")  # fmt: skip
+
+
+def check_tokens(features: list[dict], owner: list[int], inputs: int) -> None:
+    """NoTokens for the first input without a token: a model cannot score nothing, and padding would answer for it."""
+    scored = {i for feature, i in zip(features, owner) if len(feature["input_ids"])}
+    for index in range(inputs):
+        if index not in scored:
+            raise NoTokens(index)
+
+
 # truncation tokenizes only what is kept: this many characters per kept token
 KEPT_CHARS_PER_TOKEN = 16
 WORD_BOUNDARY_SEARCH = 256  # so no word is split
 
 # refusals the routes answer as TEI answers invalid input
-REFUSALS = (InputTooLong, TooManyWindows, LongTextError)
+REFUSALS = (InputTooLong, TooManyWindows, LongTextError, NoTokens)
 
 
 def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:

@@ -339,7 +339,7 @@ class RunConfig(_Group):
     """'smoke': offline synthetic news data, a tokenizer trained on it and a tiny DistilBERT (CPU, < 1 min).
     'smoke-multi-label' and 'smoke-regression': the same on the generator's multi-label topics and scored stories;
     'smoke-long': long stories whose label sits past the first window, with --long_text chunk and 48-token windows.
-    With --model_name_or_path the tiny model's from_scratch, learning rate, max_length and fp32 are left at defaults."""
+    Own data with another --model_name_or_path leaves its from_scratch, learning rate and max_length at defaults."""
     logging_steps: AtLeast1 = 50
     """Log the loss (mean over all ranks) every N optimizer steps."""
     report_to: str = "none"

@@ -157,7 +157,10 @@ def load_config(argv: list[str] | None = None) -> TrainConfig:
     if preset is not None and preset.startswith("smoke"):
         given = {**from_yaml, **cli}
         refuse_own_data(preset, given)
-        if "model_name_or_path" in given:  # the settings of the preset's own tiny model fit no other
+        named, own = given.get("model_name_or_path"), presets()[preset]["model_name_or_path"]
+        another = named is not None and Path(named).resolve() != Path(own).resolve()
+        own_data = any(given.get(name) not in (None, "none") for name in ("train_file", "dataset_name"))
+        if another and own_data and "from_scratch" not in given:  # the refusal's advice: a pretrained model, own data
             dropped = [name for name in TINY_MODEL_SETTINGS if name not in given and values.pop(name, None) is not None]
             logger.info("--preset %s with --model_name_or_path: the tiny model's %s left at their defaults", preset,
                         ", ".join(dropped))  # fmt: skip

@@ -82,8 +82,11 @@ def score_chunk(
     """(fp32 scores as the service scores them, windows per text), in input order; windows batched by length."""
     windows = long_text.encode(loaded.tokenizer, texts, pairs, max_length)
     features = windows.features
-    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
-    logits = torch.empty(len(features), len(loaded.labels))
+    # a window without tokens (whitespace only, for a tokenizer adding no special tokens) stays NaN: no prediction
+    order = sorted(
+        (i for i in range(len(features)) if features[i]["input_ids"]), key=lambda i: len(features[i]["input_ids"])
+    )
+    logits = torch.full((len(features), len(loaded.labels)), float("nan"))
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         logits[rows] = forward(loaded, [features[i] for i in rows])
@@ -133,11 +136,17 @@ def prediction_columns(table: pa.Table, loaded: LoadedModel, long_text: LongText
 
 
 def _decided(table: pa.Table, loaded: LoadedModel) -> dict[str, pa.Array]:
-    """The problem type's columns (contract/problem_types.py `prediction_values`) from the scores."""
+    """The problem type's columns (contract/problem_types.py `prediction_values`) from the scores; a row without
+    scores (no tokens) gets empty cells, never a label decided from nothing."""
     values = table.column("scores").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     scores = torch.tensor(values).reshape(-1, len(loaded.labels))
+    empty = torch.isnan(scores).all(1)
+    scores = scores.nan_to_num(0.0)
     decided = loaded.problem.prediction_values(scores, loaded.problem.decisions(scores), loaded.labels)
-    return {name: _arrow(column) for name, column in decided.items()}
+    if not empty.any():
+        return {name: _arrow(column) for name, column in decided.items()}
+    blank = set(empty.nonzero().flatten().tolist())
+    return {name: _arrow([None if i in blank else v for i, v in enumerate(list(col))]) for name, col in decided.items()}
 
 
 def _arrow(column) -> pa.Array:
@@ -186,18 +195,24 @@ def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, sta
     """Input columns plus predictions, staged, renamed when complete."""
     writer = Writer(staged, output.suffix)
     replaced = [name for name in prediction_names(loaded, reader.long_text) if name in reader.ds.column_names]
+    blank = 0
     try:
         arrow = reader.ds.with_format("arrow")
         for chunk in range(reader.num_chunks):
             rows = reader.rows(chunk)
             table = arrow[rows.start : rows.stop].drop_columns(replaced)
             predicted = pyarrow.parquet.read_table(part_path(parts, chunk))
-            for name, column in prediction_columns(predicted, loaded, reader.long_text).items():
+            columns = prediction_columns(predicted, loaded, reader.long_text)
+            blank += next(iter(columns.values())).null_count
+            for name, column in columns.items():
                 table = table.append_column(name, column)
             writer.write(table)
     finally:
         writer.close()
     os.replace(staged, output)
+    if blank:
+        logger.warning("%d rows have no tokens once tokenized (only characters the tokenizer drops): no prediction, "
+                       "their prediction cells are empty", blank)  # fmt: skip
 
 
 def check_paths(args: argparse.Namespace) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -261,7 +262,7 @@ def test_a_named_model_turns_a_smoke_presets_tiny_model_settings_off(smoke_dir, 
     """Following the preset's own refusal (`--preset smoke --train_file own.csv` says "name a model") kept the
     preset's from_scratch, learning rate 2e-3, max_length 64 and fp32: a named model was trained from random weights.
     Now a named model leaves those at their defaults; what is given explicitly still wins."""
-    model = str(smoke_dir / "model")
+    model = str(shutil.copytree(smoke_dir / "model", tmp_path / "another"))  # not the preset's own model folder
     with caplog.at_level("INFO"):
         cfg = load_config(
             ["--preset", "smoke", "--train_file", str(tmp_path / "own.csv"), "--model_name_or_path", model]
@@ -273,6 +274,11 @@ def test_a_named_model_turns_a_smoke_presets_tiny_model_settings_off(smoke_dir, 
         "the tiny model's from_scratch, learning_rate, max_length, mixed_precision left at their defaults"
         in caplog.text
     )
-    given = load_config(["--preset", "smoke", "--model_name_or_path", model, "--learning_rate", "1e-3"])
+    own = ["--train_file", str(tmp_path / "own.csv")]
+    given = load_config(["--preset", "smoke", *own, "--model_name_or_path", model, "--learning_rate", "1e-3"])
     assert given.learning_rate == 1e-3 and not given.from_scratch
+    scratch = load_config(["--preset", "smoke", *own, "--model_name_or_path", model, "--from_scratch"])
+    assert scratch.from_scratch and scratch.max_length == 64  # a config-only base, as asked: the preset's regime
     assert load_config(["--preset", "smoke"]).from_scratch  # the preset's own model: as before
+    for named in (smoke_dir / "model", model):  # the preset's own data: its regime, whichever model
+        assert load_config(["--preset", "smoke", "--model_name_or_path", str(named)]).from_scratch

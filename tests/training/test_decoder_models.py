@@ -6,6 +6,7 @@ each text as the model run on it alone (no padding), whichever side the tokenize
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -106,13 +107,24 @@ def test_the_service_answers_a_decoder_as_the_model_run_on_each_text_alone(train
             logits = model(**tokenizer(text, return_tensors="pt")).logits[0]
             alone.append(dict(zip(model.config.id2label.values(), logits.softmax(-1).tolist())))
     settings = Settings(model_id=str(out), dtype="fp32", reload_interval_s=0, backend="torch")
-    with TestClient(create_app(settings)) as client:
-        response = client.post("/predict", json={"inputs": [[t] for t in TEXTS]})
-    assert response.status_code == 200, response.text
-    for answer, expected in zip(response.json(), alone):
-        assert {a["label"]: pytest.approx(expected[a["label"]], abs=1e-4) for a in answer} == {
-            a["label"]: a["score"] for a in answer
-        }
+    with TestClient(create_app(settings)) as client, ThreadPoolExecutor(4) as pool:
+        # whitespace and zero-width text: no tokens for a tokenizer that adds none (was 424 with a traceback, or a
+        # score read from padding); now 400 for that request alone, whatever shares its micro-batch
+        blank = [pool.submit(client.post, "/predict", json={"inputs": [["a"], [t]]}) for t in (" ", "\t\n", "\u200b")]
+        answered = [pool.submit(client.post, "/predict", json={"inputs": [[t] for t in TEXTS]}) for _ in range(3)]
+        for refused in blank:
+            assert refused.result().status_code == 400, refused.result().text
+            assert refused.result().json() == {
+                "error": "`inputs` has no tokens once tokenized (inputs[1]): only characters this model's tokenizer "
+                "drops; send some text",
+                "error_type": "Empty",
+            }
+    for response in (future.result() for future in answered):
+        assert response.status_code == 200, response.text
+        for answer, expected in zip(response.json(), alone):
+            assert {a["label"]: pytest.approx(expected[a["label"]], abs=1e-4) for a in answer} == {
+                a["label"]: a["score"] for a in answer
+            }
 
 
 def test_a_tokenizer_with_neither_pad_nor_end_of_text_token_is_refused_in_one_line(smoke_dir):
@@ -130,10 +142,14 @@ def test_batch_prediction_scores_a_decoder_as_each_text_alone(trained_decoder, t
 
     _, out = trained_decoder
     source, predicted = tmp_path / "in.csv", tmp_path / "out.csv"
-    pd.DataFrame({"text": TEXTS * 3}).to_csv(source, index=False)
+    pd.DataFrame({"text": [*TEXTS * 3, "\u200b"]}).to_csv(source, index=False)  # and a zero-width space: no tokens
     args = ["--checkpoint_dir", str(out), "--input_file", str(source), "--output_file", str(predicted)]
     result, _ = launch(["-m", "training.predict", *args, "--per_device_batch_size", "4", "--mixed_precision", "fp32"])
     assert result.returncode == 0, describe(result)
+    assert "1 rows have no tokens once tokenized" in result.stderr
+    written = pd.read_csv(predicted)
+    assert written.iloc[-1].drop("text").isna().all()  # empty cells, not a label decided from padding
+    written.iloc[:-1].to_csv(predicted, index=False)
     model = AutoModelForSequenceClassification.from_pretrained(out).eval()
     tokenizer = AutoTokenizer.from_pretrained(out / files.TOKENIZER_DIR)
     labels = list(model.config.id2label.values())
