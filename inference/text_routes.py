@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import Request, Response
+from pydantic_core import from_json
 from starlette.routing import Route
 
 from inference import errors, routes
@@ -18,7 +18,7 @@ from inference.routes import (
     check_api_key,
     observe,
     parse,
-    predict_fast,
+    predict,
     queue_sequences,
     require_json,
     router,
@@ -74,17 +74,19 @@ async def _scored_pairs(request: Request, state: Service, body: RerankRequest) -
 
 async def root_fast(request: Request) -> Response:
     """POST / and /invocations: rerank for a reranker, predict for a classifier. A reranker classifies a body without
-    `query` (docs/serving.md)."""
+    `query` (docs/serving.md). TEI's order: the key (401), the media type (415), then the body."""
+    check_api_key(request, bearer_token(request))
+    require_json(request)
     if is_reranker(service(request)) and asks_to_rerank(await request.body()):
-        check_api_key(request, bearer_token(request))
         return await rerank(request)
-    return await predict_fast(request)
+    return await predict(request)
 
 
 def asks_to_rerank(raw: bytes) -> bool:
-    """A JSON object with a top-level `query`."""
+    """A JSON object with a top-level `query`; anything unreadable (not JSON, nested past the parser's depth) goes
+    to predict, which answers it as TEI does."""
     try:
-        body = json.loads(raw)
+        body = from_json(raw)
     except ValueError:
         return False
     return isinstance(body, dict) and "query" in body

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from contract import files, problem_types
 from contract.loading import load_model
-from tests.helpers.processes import describe, launch, run_train
+from tests.helpers.processes import cli_env, describe, launch, run_train
 from tests.helpers.service import Server
 from training import calibration
 from training.output.checkpoint import load_weights
@@ -454,3 +454,26 @@ def test_rerank_ranks_texts_against_a_query_with_the_pair_regression_model(runs,
     assert [r.status_code for r in routed] == [200] * 6, [r.text for r in routed]
     assert all(isinstance(r.json()[0]["score"], float) and "label" in r.json()[0] for r in routed)
     assert escaped.status_code == 200 and [rank["index"] for rank in escaped.json()] == order
+
+
+def test_a_deeply_nested_body_to_a_rerankers_root_is_answered_in_teis_order(runs):
+    """`"[" * 3000` to POST / or /invocations of a reranker raised RecursionError in the routing peek: a 500 before the
+    API key was even checked (54 log lines). Now 401 without the key, then 415 for another media type, then 400."""
+    server = Server(
+        runs["regression"], "--backend", "torch", "--reload_interval_s", "0", env=cli_env(API_KEY="k")
+    ).wait_ready()
+    nested, key = b"[" * 3000, {"authorization": "Bearer k"}
+    try:
+        for path in ("/", "/invocations"):
+
+            def post(headers: dict, url: str = f"{server.url}{path}") -> httpx.Response:
+                return httpx.post(url, content=nested, headers=headers)
+
+            assert post({"content-type": "application/json"}).status_code == 401
+            assert post({**key, "content-type": "text/plain"}).status_code == 415
+            refused = post({**key, "content-type": "application/json"})
+            assert refused.status_code == 400 and refused.json()["error_type"] == "Validation", refused.text
+            assert "not valid JSON" in refused.json()["error"]
+        assert "Traceback" not in server.output() and "RecursionError" not in server.output()
+    finally:
+        server.stop()
