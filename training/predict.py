@@ -6,6 +6,7 @@ Each rank scores its chunks into part files; the main process joins them into th
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import secrets
@@ -33,6 +34,7 @@ from training.collective import decided_on_main, main_first
 from training.data.errors import DataError
 from training.data.reading import join_texts, load_file, require_columns
 from training.evaluate import long_text_for
+from training.output.checkpoint import stop_together
 
 logger = get_logger(__name__)
 
@@ -262,8 +264,13 @@ def predict_file(args: argparse.Namespace, accelerator: Accelerator) -> None:
     parts, staged = (output.with_name(f".{output.name}.{kind}.{run_id}") for kind in ("parts", "tmp"))
     on_main(accelerator, parts.mkdir, str(output.parent))
     try:
-        score_my_chunks(accelerator, loaded, reader, parts, args, max_length)
-        accelerator.wait_for_everyone()
+        problem = None
+        try:  # local writes only: every rank learns of any failure below, and all stop on the same line
+            score_my_chunks(accelerator, loaded, reader, parts, args, max_length)
+        except OSError as exc:  # pyarrow's IO errors are OSErrors; a full disk is the common one
+            cause = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc).splitlines()[0]
+            problem = f"cannot write {output}'s parts in {parts.parent}: {cause}"
+        stop_together(accelerator, problem)  # also the barrier before assembling
         on_main(accelerator, lambda: assemble(reader, parts, loaded, output, staged), str(output))
     finally:  # a failed run leaves nothing behind
         if accelerator.is_main_process:

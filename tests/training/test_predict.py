@@ -17,7 +17,7 @@ import torch
 from contract import files
 from contract.loading import load_model
 from tests.helpers.files import read_only, write_rows
-from tests.helpers.processes import ROOT, cli_env, describe, launch
+from tests.helpers.processes import ROOT, cli_env, describe, fault_env, launch
 
 pytestmark = pytest.mark.slow
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -318,3 +318,19 @@ def test_evaluate_and_predict_compute_the_same_numbers_at_each_precision(
     accuracy = (predicted["predicted_label"] == [LABELS[i] for i in rows["label"]]).mean()
     assert abs(evaluated["loss"] - loss) <= tolerance, (evaluated["loss"], loss)
     assert abs(evaluated["accuracy"] - accuracy) <= (1e-9 if precision == "fp32" else 2 / len(rows))  # 1e-9: float sums
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_full_disk_while_writing_predictions_is_one_line_and_leaves_nothing(model_dir, tmp_path, processes):
+    """pyarrow's ENOSPC on the second part file (tests/helpers/faults: on every rank that writes one): was a pyarrow
+    traceback; now one line naming the folder and the cause, exit 1, on every rank together, and no file left."""
+    source = write_rows(tmp_path / "in.csv", [{"text": t} for t in sentences(40)])
+    out = tmp_path / "out.csv"
+    args = ["-m", "training.predict", "--checkpoint_dir", str(model_dir), "--input_file", str(source)]
+    args += ["--output_file", str(out), "--chunk_size", "8"]
+    result, _ = launch(args, processes=processes, env=fault_env("enospc_in_predict:2"))
+    assert result.returncode == 1, describe(result)
+    assert "[rank0]: Traceback" not in result.stderr and "[rank1]: Traceback" not in result.stderr, describe(result)
+    lines = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(lines) == 1 and f"cannot write {out}'s parts in {tmp_path}: no space left on device" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]

@@ -1,7 +1,7 @@
 """Fault injection for the crash tests, loaded by every Python process that has this folder on PYTHONPATH
-(tests/conftest.py: `fault_env`). The package knows nothing of it: once `training.loop`, `training.output.checkpoint` or
-`accelerate.accelerator` is imported, the named function (or method) of that module is wrapped: the seams that
-training/loop.py and training/output/checkpoint.py document.
+(tests/conftest.py: `fault_env`). The package knows nothing of it: once `training.loop`, `training.output.checkpoint`,
+`accelerate.accelerator` or `pyarrow.parquet` is imported, the named function (or method) of that module is wrapped:
+the seams that training/loop.py and training/output/checkpoint.py document.
 
     DISTILBERT_AGNEWS_FAULT=nan_loss_from_step:N     the loss is NaN from optimizer step N on, on every rank
     DISTILBERT_AGNEWS_FAULT=raise_on_rank:R:N        rank R raises RuntimeError right after optimizer step N
@@ -15,6 +15,8 @@ training/loop.py and training/output/checkpoint.py document.
                                                      ranks write their part of it 3 s late (the unlucky order)
     DISTILBERT_AGNEWS_FAULT=enospc_in_save_model:K   the K-th best-model save fails with ENOSPC halfway
                                                      through the weights file
+    DISTILBERT_AGNEWS_FAULT=enospc_in_predict:K      agnews predict's K-th part file fails with pyarrow's
+                                                     ENOSPC after a partial file
 """
 
 import errno
@@ -91,6 +93,15 @@ def _write_weights_no_space(original, fh, weights):
     original(fh, weights)
 
 
+def _write_part_no_space(original, table, path):
+    global _model_saves
+    _model_saves += 1
+    if _model_saves == ARGS[0]:
+        Path(path).write_bytes(b"\0" * 4096)
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+    original(table, path)
+
+
 PATCHES = {  # fault kind: (module, function or Class.method, wrapper)
     "nan_loss_from_step": ("training.loop", "forward_loss", _forward_loss),
     "raise_on_rank": ("training.loop", "after_optimizer_step", _after_optimizer_step),
@@ -99,6 +110,7 @@ PATCHES = {  # fault kind: (module, function or Class.method, wrapper)
     "kill_in_save_model": ("training.output.checkpoint", "write_weights", _write_weights),
     "enospc_in_save_state": ("accelerate.accelerator", "Accelerator.save_state", _save_state),
     "enospc_in_save_model": ("training.output.checkpoint", "write_weights", _write_weights_no_space),
+    "enospc_in_predict": ("pyarrow.parquet", "write_table", _write_part_no_space),
 }
 
 
