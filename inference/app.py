@@ -55,8 +55,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             allow_headers=["content-type", "authorization", "x-request-id"],
             expose_headers=TEI_HEADERS,
         )
-    if settings.otlp_endpoint:  # no cost per request when tracing is off
-        app.add_middleware(Traces, tracer=tracing.tracer(settings))
+    app.state.tracing = tracing.Tracing(settings) if settings.otlp_endpoint else None
+    if app.state.tracing:  # no cost per request when tracing is off
+        app.add_middleware(Traces, tracer=app.state.tracing.tracer)
     app.add_middleware(RequestId)
     app.add_middleware(ResponseStatus)
     return app

@@ -8,6 +8,7 @@ from contextvars import ContextVar
 
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
 LOGGERS = ("inference", "uvicorn", "uvicorn.access")
+HANDLER = "distilbert-agnews"  # names ours among the root logger's handlers
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s pid %(process)d [%(request_id)s] %(message)s"
 
 
@@ -33,7 +34,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(json_output: bool = False) -> None:
-    """One handler on the service's and uvicorn's loggers."""
+    """One handler on the service's and uvicorn's loggers; the root logger's warnings (libraries': OpenTelemetry's
+    exporter, transformers) in the same format, so JSON_OUTPUT gives only JSON lines."""
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
     handler.setFormatter(JsonFormatter() if json_output else logging.Formatter(TEXT_FORMAT))
@@ -42,3 +44,7 @@ def configure(json_output: bool = False) -> None:
         log.handlers[:] = [handler]
         log.setLevel(logging.INFO)
         log.propagate = False
+    handler.set_name(HANDLER)
+    root = logging.getLogger()  # others' handlers (a test's capture) stay; a configure before this one's goes
+    root.handlers[:] = [h for h in root.handlers if h.get_name() != HANDLER] + [handler]
+    root.setLevel(min(root.level or logging.WARNING, logging.WARNING))

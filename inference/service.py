@@ -235,4 +235,6 @@ async def lifespan(app: FastAPI):
     if watcher:
         watcher.stop()
     await run_in_threadpool(service.engine.stop)  # answers every queued request before the process exits
+    if getattr(app.state, "tracing", None):
+        await run_in_threadpool(app.state.tracing.shut_down)  # the last spans, within a bound
     metrics.worker_exited()

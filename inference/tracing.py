@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 
 from inference.logs import request_id
 from inference.settings import Settings, SettingsError
 
+logger = logging.getLogger("inference")
+CONTEXT_HEADERS = (b"traceparent", b"tracestate")  # what continues a caller's trace
 TIMES = {  # response header (TEI's, in ms) -> span attribute
     b"x-tokenization-time": "te.tokenization_time_ms",
     b"x-queue-time": "te.queue_time_ms",
@@ -26,33 +30,52 @@ def require_sdk() -> None:
         ) from None
 
 
-def tracer(settings: Settings):
-    """A tracer exporting to settings.otlp_endpoint."""
-    require_sdk()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+EXPORT_TIMEOUT_S = 2.0  # one export to the collector; the SDK's 10 s per try held shutdown past the pod's grace
+UNTRACED = ("/health", "/ready", "/ping", "/metrics")  # probes and scrapes: every few seconds, nothing to learn
 
-    provider = TracerProvider(resource=Resource.create({"service.name": settings.otlp_service_name}))
-    endpoint = settings.otlp_endpoint.rstrip("/")
-    exporter = OTLPSpanExporter(endpoint=endpoint if endpoint.endswith("/v1/traces") else f"{endpoint}/v1/traces")
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    return provider.get_tracer("inference")
+
+class Tracing:
+    """The tracer exporting to settings.otlp_endpoint, and its bounded end."""
+
+    def __init__(self, settings: Settings):
+        require_sdk()
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        resource = Resource.create({"service.name": settings.otlp_service_name})
+        self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # ended by shut_down, bounded
+        endpoint = settings.otlp_endpoint.rstrip("/")
+        endpoint = endpoint if endpoint.endswith("/v1/traces") else f"{endpoint}/v1/traces"
+        exporter = OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
+        self.provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=EXPORT_TIMEOUT_S * 1000))
+        self.tracer = self.provider.get_tracer("inference")
+
+    def shut_down(self, within_s: float = EXPORT_TIMEOUT_S) -> None:
+        """Send the last spans if the collector takes them within `within_s`; never hold the exit longer."""
+        ending = threading.Thread(target=self.provider.shutdown, name="traces-shutdown", daemon=True)
+        ending.start()
+        ending.join(within_s)
+        if ending.is_alive():
+            logger.warning("Traces: the collector did not take the last spans within %gs; they are dropped", within_s)
 
 
 class Traces:
-    """ASGI middleware: a span per request."""
+    """ASGI middleware: a span per request, probes and scrapes left out."""
 
     def __init__(self, app, tracer):
-        from opentelemetry import propagate, trace  # imported once here, not per request
+        from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        self.app, self.tracer, self.extract, self.trace = app, tracer, propagate.extract, trace
+        self.app, self.tracer, self.trace = app, tracer, trace
+        # W3C trace context only: the baggage propagator logs a whole oversized header, and nothing here reads baggage
+        self.extract = TraceContextTextMapPropagator().extract
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in UNTRACED:
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in CONTEXT_HEADERS}
         started = time.time_ns()
         answer: dict = {}
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -98,10 +99,18 @@ def test_each_request_exports_a_span_with_tei_times_to_an_otlp_receiver(smoke_ch
         )
         assert answer.status_code == 200
         assert httpx.post(f"{server.url}/predict", json={"inputs": ""}).status_code == 400
-        spans = wait_for(lambda: list(receiver.spans), lambda s: len([x for x in s if "predict" in x.name]) >= 2)
+        for probe in ("/health", "/ready", "/ping", "/metrics"):  # every few seconds in a cluster: never traced
+            assert httpx.get(f"{server.url}{probe}").status_code == 200
+        baggage = ",".join(f"k{i}=v{i}" for i in range(5000))  # was copied whole into the log by the propagator
+        assert (
+            httpx.post(f"{server.url}/predict", json={"inputs": "x"}, headers={"baggage": baggage}).status_code == 200
+        )
+        spans = wait_for(lambda: list(receiver.spans), lambda s: len([x for x in s if "predict" in x.name]) >= 3)
     finally:
         server.stop()
         receiver.server.shutdown()
+    assert {s.name for s in spans} == {"POST /predict"}
+    assert "k4999" not in server.output()
     predict = [s for s in spans if attributes(s).get("te.request_id") == "req-42"]
     assert len(predict) == 1
     span, said = predict[0], attributes(predict[0])
@@ -144,3 +153,32 @@ def test_tracing_without_the_sdk_installed_stops_in_one_line(smoke_checkpoint):
         "inference: error: OTLP_ENDPOINT: tracing needs the OpenTelemetry SDK: pip install "
         "'distilbert-agnews[telemetry]'"
     )
+
+
+def test_a_collector_that_never_answers_delays_no_exit_and_json_output_stays_json(smoke_checkpoint):
+    """A collector that accepts and never answers: the exporter held shutdown 9-32 s after "Finished server process"
+    (past the manifest's grace) and its errors were plain text under JSON_OUTPUT. Now the last spans get
+    tracing.EXPORT_TIMEOUT_S and every line of the log is a JSON object."""
+    import json
+
+    from inference.tracing import EXPORT_TIMEOUT_S
+
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog), never reads or answers
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    env = cli_env(OTEL_BSP_SCHEDULE_DELAY="100", JSON_OUTPUT="true")
+    server = Server(smoke_checkpoint, "--otlp_endpoint", url, env=env).wait_ready()
+    try:
+        for _ in range(3):
+            assert httpx.post(f"{server.url}/predict", json={"inputs": "stocks fell"}).status_code == 200
+        time.sleep(0.5)  # a batch is on its way to the silent collector
+        server.process.terminate()
+        started = time.time()
+        assert server.exit_code(60) == 0, server.output()
+        took = time.time() - started
+    finally:
+        server.stop()
+        silent.close()
+    print(f"exit {took:.1f} s after SIGTERM with a silent collector")
+    assert took < 4 * EXPORT_TIMEOUT_S + 4, server.output()  # an export in flight, then the bounded shutdown
+    lines = [line for line in server.output().splitlines() if line.strip()]
+    assert lines and all(json.loads(line) for line in lines), [line for line in lines if not line.startswith("{")]
