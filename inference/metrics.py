@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import time
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
@@ -95,10 +97,28 @@ class Metrics:
 
 
 def all_workers_exposition() -> str:
-    """Every worker's metrics, summed from the multiprocess folder."""
+    """Every worker's metrics, summed from the multiprocess folder; a killed worker's live gauges dropped first."""
+    forget_dead_workers(multiprocess_dir())
     registry = CollectorRegistry()
     MultiProcessCollector(registry)
     return render(registry)
+
+
+LIVE_GAUGE_FILE = re.compile(r"gauge_live\w+_(\d+)\.db")  # prometheus-client's names for a live gauge's file
+
+
+def forget_dead_workers(folder: str | None) -> None:
+    """A worker killed (SIGKILL, OOM) never ran worker_exited: its live gauges would be summed forever."""
+    if not folder:
+        return
+    pids = {int(m.group(1)) for p in Path(folder).glob("gauge_live*_*.db") if (m := LIVE_GAUGE_FILE.fullmatch(p.name))}
+    for pid in pids:
+        try:
+            os.kill(pid, 0)  # no signal sent: only whether the process exists
+        except ProcessLookupError:
+            mark_process_dead(pid, folder)
+        except PermissionError:  # exists, another user's
+            continue
 
 
 def worker_exited() -> None:

@@ -3,7 +3,9 @@ PROMETHEUS_PORT (served by the process that starts the workers)."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 
 import httpx
@@ -11,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.processes import free_port
-from tests.helpers.service import Server
+from tests.helpers.service import Server, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +59,14 @@ def test_two_workers_count_into_one_set_of_metrics(smoke_checkpoint):
             assert scrape[("te_batch_next_size_count", ())] >= 1
             workers |= {dict(labels)["pid"] for name, labels in scrape if name == "te_process_resident_memory_bytes"}
         assert len(workers) == 2, "expected both workers' process metrics"
+        killed = sorted(workers)[0]  # a worker SIGKILLed (the OOM killer's way) never drops its own live gauges
+        os.kill(int(killed), signal.SIGKILL)
+
+        def pids() -> set[str]:
+            scrape = samples(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text)
+            return {dict(labels)["pid"] for name, labels in scrape if name == "te_process_resident_memory_bytes"}
+
+        assert killed not in wait_for(pids, lambda found: killed not in found, timeout=30)
     finally:
         output = server.stop()
     assert server.process.returncode == 0
