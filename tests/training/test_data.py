@@ -80,6 +80,21 @@ def test_integers_sort_numerically(tmp_path):
     assert splits.label_names == ["1", "2", "10"]
 
 
+def test_a_word_among_integer_labels_is_refused_as_a_typo_unless_the_classes_are_named(tmp_path):
+    """Integer labels 0-3 and one `Weather`: csv reads the column as text and `Weather` became a fifth class without a
+    word; a test file with 0-3 was then refused with "label 0 never appears in the training data (... 0, 1, 2, 3,
+    Weather)". Now refused in one line naming the row; named with --label_names, the five classes train, and a test
+    file's integers are the training file's integer-looking names."""
+    data = rows(40) + [{"text": "Rain all week", "label": "Weather"}]
+    train, test = write_rows(tmp_path / "t.csv", data), write_rows(tmp_path / "test.csv", rows(8))
+    with pytest.raises(DataError, match=r"t\.csv: column 'label' holds integer labels \(0, 1, 2, 3\) and 'Weather' in "
+                       r"1 row\(s\) \(row 41\): a typo\? .*name all 5 with --label_names"):  # fmt: skip
+        load_splits(config(train, "--test_file", str(test)))
+    named = load_splits(config(train, "--test_file", str(test), "--label_names", "w,s,b,t,weather"))
+    assert named.labels.values == ["0", "1", "2", "3", "Weather"]
+    assert named.test["labels"] == [r["label"] for r in rows(8)]  # 0-3 read as integers: the classes "0".."3"
+
+
 def test_label_names_must_name_every_value(tmp_path):
     with pytest.raises(DataError, match=r"label_names: 3 names for the 4 label values of .*t\.csv \(0, 1, 2, 3"):
         load_splits(config(write_rows(tmp_path / "t.csv", rows()), "--label_names", "a,b,c"))

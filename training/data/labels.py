@@ -91,6 +91,26 @@ def _check_label_names(names: list[str], source: str) -> None:
             )
 
 
+STRAY_SHARE = 0.05  # words in at most this share of the rows, beside integer labels: taken for typos
+
+
+def _refuse_stray_words(raw: list, values: list, source: str, column: str) -> None:
+    """Integer labels written as text beside a rare word (`Weather` among 0-3): a typo would become a class."""
+    if not all(isinstance(v, str) for v in values):
+        return
+    words = [v for v in values if not v.lstrip("-").isdigit()]
+    if not words or len(values) - len(words) < 2:
+        return
+    rows = [row for row, cell in enumerate(raw, start=1) if cell in words]
+    if len(rows) > STRAY_SHARE * len(raw):
+        return
+    raise DataError(
+        f"{source}: column {column!r} holds integer labels ({', '.join(v for v in values if v not in words)}) and "
+        f"{', '.join(map(repr, words))} in {len(rows)} row(s) (row {rows[0]}): a typo? Fix the row, or, if it is a "
+        f"class, name all {len(values)} with --label_names (in id order: {', '.join(values)})"
+    )
+
+
 def _as_number(value) -> float | None:
     try:
         number = float(value)
@@ -139,6 +159,8 @@ class LabelSpace:
                 raise DataError(f"{source}: column {column!r} mixes label types ({sorted(map(repr, seen))[:6]})")
             values = sorted(seen)
             found = [str(v) for v in values]
+            if not names and not problem.label_lists:
+                _refuse_stray_words(raw, values, source, column)
         if len(values) < 2:
             raise DataError(
                 f"{source}: column {column!r} has {len(values)} distinct label(s); a classifier needs two or more"
@@ -182,6 +204,8 @@ class LabelSpace:
         """A known class's id; an unknown one is an error."""
         key = _label_value(value, source, row)
         index = self._ids.get(key)
+        if index is None and not isinstance(key, bool):  # 3 in one file is "3" in another (csv types columns apart)
+            index = self._ids.get(str(key) if isinstance(key, int) else int(key) if key.lstrip("-").isdigit() else key)
         if index is None or isinstance(key, bool) != isinstance(self.values[0], bool):
             raise DataError(
                 f"{source}: row {row}: label {value!r} never appears in the training data "
