@@ -360,6 +360,12 @@ def calibration_of(config: Any) -> dict:
             f'config.json: {CALIBRATION} must be {{"method": "none"}} or {{"method": "temperature", '
             f'"temperature": T}} with finite T > 0 (got {record!r:.80})'
         )
+    outputs = getattr(config, "num_labels", None)
+    if "temperatures" in record and outputs is not None and len(temperatures) != outputs:
+        raise ProblemTypeError(
+            f"config.json: {CALIBRATION} has {len(temperatures)} temperatures for the model's {outputs} outputs "
+            "(one per output, as training writes them)"
+        )
     return record
 
 

@@ -222,8 +222,9 @@ def test_a_tokenizer_that_leaves_no_room_for_text_is_refused(checkpoint_copy):
         ("calibration", {"method": "temperature", "temperature": -1.5}, "calibration must be"),
         ("calibration", {"method": "temperature", "temperatures": [1.0, 0]}, "calibration must be"),
         ("calibration", "temperature", "calibration must be"),
+        ("calibration", {"method": "temperature", "temperatures": [1.0, 1.2]}, "2 temperatures for the model's 4"),
     ],
-    ids=["sha-string", "sha-list", "sha-int-value", "t-nan", "t-negative", "t-zero-of-two", "not-an-object"],
+    ids=["sha-string", "sha-list", "sha-int-value", "t-nan", "t-negative", "t-zero-of-two", "not-an-object", "t-len"],
 )
 def test_a_config_field_of_the_wrong_kind_is_one_line_at_load_and_in_each_command(
     checkpoint_copy, field, value, refusal
