@@ -31,6 +31,10 @@ IDLE_WAKE_S = 0.25
 READY_BATCHES = 2  # enough to overlap, few enough to hold memory
 
 
+class NonFinite(ArithmeticError):
+    """A job whose logits hold NaN or infinity."""
+
+
 class Overloaded(RuntimeError):
     """max_concurrent_requests inputs are in flight already."""
 
@@ -324,8 +328,11 @@ class Engine:
             for j, job in enumerate(jobs)
         ]
         ranked = rank(loaded, pooled, [job.scoring for job in jobs])
-        answers = []
-        for job, job_ranked in zip(jobs, ranked):
+        answers: list[tuple[_Job, object]] = []
+        for job, job_ranked, logits in zip(jobs, ranked, pooled):
+            if not torch.isfinite(logits).all():  # no score to rank: every route refuses it alike (424)
+                answers.append((job, NonFinite("the model's output is not finite (NaN or infinity) for this input")))
+                continue
             queue_s = max(0.0, started - job.enqueued - job.tokenization_s)
             answers.append((job, Answer(job_ranked, loaded, job.tokens, job.tokenization_s, queue_s, inference_s)))
         _settle(answers)

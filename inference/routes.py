@@ -20,7 +20,7 @@ from starlette.routing import Route
 from contract import precision
 from contract.long_text import CHUNK, TRUNCATE, TooManyWindows
 from inference import errors
-from inference.engine import Answer, Overloaded
+from inference.engine import Answer, NonFinite, Overloaded
 from inference.errors import ServiceError
 from inference.schemas import ErrorBody, Info, Json, PredictRequest, PredictResponse
 from inference.service import Service, chunks_long_texts
@@ -211,6 +211,8 @@ def engine_failure(exc: Exception) -> ServiceError:
     """A job's failure as TEI answers it."""
     if isinstance(exc, TooManyWindows):
         return ServiceError(errors.VALIDATION, str(exc), status=413, reason="too_many_windows")
+    if isinstance(exc, NonFinite):  # as /rerank's "score is NaN" (TEI's server.rs), for every route
+        return ServiceError(errors.BACKEND, str(exc), reason="backend")
     if isinstance(exc, NoTokens):  # TEI's answer to a zero-length input
         return ServiceError(errors.EMPTY, str(exc), reason="validation")
     if isinstance(exc, REFUSALS):

@@ -477,3 +477,28 @@ def test_a_deeply_nested_body_to_a_rerankers_root_is_answered_in_teis_order(runs
         assert "Traceback" not in server.output() and "RecursionError" not in server.output()
     finally:
         server.stop()
+
+
+def test_a_non_finite_output_is_refused_alike_by_predict_and_rerank(runs, tmp_path):
+    """Finite weights whose output overflows: /predict answered 200 with a null score (and a sigmoid ranked the null
+    label first) while /rerank refused with 424. Now every route refuses it alike: 424 Backend, one message."""
+    from fastapi.testclient import TestClient
+
+    from inference.app import create_app
+    from inference.settings import Settings
+    from tests.helpers.files import save_new_weights
+
+    folder = Path(shutil.copytree(runs["regression"], tmp_path / "overflowing"))
+    state = torch.load(folder / files.WEIGHTS, weights_only=True)
+    state["classifier.weight"] = torch.full_like(state["classifier.weight"], 3e38)  # finite, but no sum of them is
+    save_new_weights(folder, state)
+    settings = Settings(model_id=str(folder), backend="torch", dtype="fp32", reload_interval_s=0)
+    with TestClient(create_app(settings)) as client:
+        answers = [
+            client.post("/predict", json={"inputs": "stocks fell"}),
+            client.post("/predict", json={"inputs": [["a"], ["b"]], "raw_scores": True}),
+            client.post("/rerank", json={"query": "q", "texts": ["a", "b"]}),
+            client.post("/", json={"query": "q", "texts": ["a"]}),
+        ]
+    expected = {"error": "the model's output is not finite (NaN or infinity) for this input", "error_type": "Backend"}
+    assert [(a.status_code, a.json()) for a in answers] == [(424, expected)] * 4
