@@ -129,3 +129,15 @@ def test_launch_is_accelerate_launch_without_its_defaults_block_and_traceback(pr
     assert "Traceback" in theirs.stderr and "Traceback" not in ours.stderr, describe(ours)
     if processes == 1:  # a config file sets every launcher value: the block appears only without one
         assert "were not passed" in theirs.stderr and "were not passed" not in ours.stderr, describe(ours)
+
+
+@pytest.mark.parametrize("content", [None, "just words", "key: [unclosed"])
+def test_launch_with_a_config_file_accelerate_cannot_read_is_one_line(tmp_path, content):
+    """A missing, non-mapping or broken --config_file: accelerate's traceback before; now one line and exit 2."""
+    config = tmp_path / "launch.yaml"
+    if content is not None:
+        config.write_text(content)
+    result = agnews("launch", "--config_file", str(config), "training/train.py", "--preset", "smoke")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, describe(result)
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"agnews launch: error: --config_file {config}: ")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import torch
+import yaml
 from accelerate.commands.launch import launch_command, launch_command_parser
 from accelerate.logging import get_logger
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -27,8 +28,27 @@ def verbose(script_args: list[str]) -> bool:
     return following != ["false"]
 
 
+def config_problem(path: str | None) -> str | None:
+    """Why accelerate could not read --config_file (it would answer with a traceback), or None."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            found = yaml.safe_load(fh)
+    except OSError as exc:
+        return f"--config_file {path}: {exc.strerror} (accelerate_configs/ holds ready ones, e.g. cpu_2proc.yaml)"
+    except yaml.YAMLError as exc:
+        return f"--config_file {path}: not YAML ({str(exc).splitlines()[0]})"
+    if not isinstance(found, dict):
+        return f"--config_file {path}: not an accelerate config (a YAML mapping of launch settings)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if problem := config_problem(args.config_file):
+        sys.stderr.write(f"agnews launch: error: {problem}\n")
+        return 2
     if verbose(args.training_script_args):
         launch_command(args)
         return 0
