@@ -56,7 +56,9 @@ def test_the_manifests_agree_with_the_image_and_the_service():
     kinds = resources()
     pod = kinds["Deployment"]["spec"]["template"]["spec"]
     server = pod["containers"][0]
-    env = {e["name"]: e["value"] for e in server["env"]}
+    env = {e["name"]: e["value"] for e in server["env"] if "value" in e}
+    secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in server["env"] if "valueFrom" in e}
+    assert secrets == {"API_KEY": secrets["API_KEY"]} and secrets["API_KEY"]["optional"]  # a key only with a Secret
     settings = {name.upper() for name in Settings.model_fields}
     kserve_env = {e["name"] for c in documents(KSERVE)[0]["spec"]["predictor"]["containers"] for e in c["env"]}
     assert (set(env) | kserve_env) - NOT_SETTINGS <= settings, "every variable is a setting the service reads"
@@ -66,6 +68,12 @@ def test_the_manifests_agree_with_the_image_and_the_service():
     assert server["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert server["livenessProbe"]["httpGet"]["path"] == "/health"
     assert pod["terminationGracePeriodSeconds"] > float(env["GRACEFUL_SHUTDOWN_S"])  # the drain ends before SIGKILL
+    predictor = documents(KSERVE)[0]["spec"]["predictor"]
+    kserve = {e["name"]: e.get("value") for e in predictor["containers"][0]["env"]}
+    assert predictor["terminationGracePeriodSeconds"] > float(kserve["GRACEFUL_SHUTDOWN_S"])
+    assert kserve["API_METRICS"] == "false" and "API_KEY" in kserve
+    probes = [c[p] for c in (server, predictor["containers"][0]) for p in c if p.endswith("Probe")]
+    assert len(probes) == 5 and all(probe["timeoutSeconds"] <= 3 for probe in probes)
     assert env["API_METRICS"] == "false" and [p["targetPort"] for p in kinds["Service"]["spec"]["ports"]] == ["http"]
     mounts = {m["name"]: m for m in server["volumeMounts"]}
     assert mounts["model"]["readOnly"] and mounts["model"]["mountPath"] == env["MODEL_ID"]
