@@ -26,8 +26,9 @@ from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.config import TrainConfig, presets
 from training.data.batching import make_eval_loader
+from training.data.errors import DataError
 from training.data.labels import LabelSpace
-from training.data.reading import hub_split, labelled, load_file, load_hub, require_columns
+from training.data.reading import hub_split, labelled, load_file, load_hub, load_splits, require_columns
 from training.data.tokenizing import tokenize
 from training.hub import ensure_hub_or_offline
 from training.output import reports
@@ -107,6 +108,8 @@ def long_text_for(loaded: LoadedModel, args: argparse.Namespace) -> LongText:
 def load_split(args: argparse.Namespace, saved: SavedModel, cfg: TrainConfig) -> tuple[datasets.Dataset, str]:
     if args.preset:
         ensure_smoke_assets()  # the preset's test_file, built on first use
+    if not (args.test_file or args.dataset_name or args.preset) and saved.trained_with.get("train_file"):
+        return own_split(saved.trained_with)
     if args.test_file:
         ds, source = load_file(args.test_file), args.test_file
     else:
@@ -115,6 +118,22 @@ def load_split(args: argparse.Namespace, saved: SavedModel, cfg: TrainConfig) ->
         ds, source = hub_split(load_hub(name, args.dataset_config_name), name, args.split), f"{name}[{args.split}]"
     require_columns(ds, source, [cfg.label_column])
     return labelled(ds, source, cfg, saved.labels_for(ds, cfg.label_column)), source
+
+
+def own_split(trained_with: dict) -> tuple[datasets.Dataset, str]:
+    """The run's own held-out data: its test file, else the validation rows it held out of its files (the same
+    seed and fraction: the same rows)."""
+    run = TrainConfig(**trained_with)
+    for path in (run.test_file, run.validation_file, run.train_file):
+        if path and not Path(path).is_file():
+            raise DataError(
+                f"no --test_file given, and the data this model was trained on is not here ({path}): pass --test_file"
+            )
+    splits = load_splits(run)
+    if splits.test is not None:
+        return splits.test, run.test_file
+    held = run.validation_file or f"{run.train_file} (the {run.validation_split:.0%} held out for validation)"
+    return splits.validation, held
 
 
 def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> dict:

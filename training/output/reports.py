@@ -315,10 +315,17 @@ def next_steps(cfg, best_step: int, best_metric: float, test_metrics: dict | Non
     tested = (test_metrics or {}).get(metric)
     test = f", test {tested:.4f}" if isinstance(tested, float) else ""
     data = f" --test_file {shlex.quote(str(cfg.test_file))}" if cfg.test_file else ""
+    held = "  (on the rows it held out for validation)" if cfg.train_file and not cfg.test_file else ""
+    own = next((path for path in (cfg.test_file, cfg.validation_file, cfg.train_file) if path), None)
+    label = (  # a file of this run's own to label; a Hub run has none to name
+        f"  |  label a file: agnews predict --checkpoint_dir {folder} --input_file {shlex.quote(str(own))} "
+        f"--output_file {shlex.quote(str(Path(cfg.output_dir) / 'labelled.csv'))}"
+        if own
+        else ""
+    )
     return (
         f"Done: the best model (step {best_step}, validation {metric} {best_metric:.4f}{test}) is in {folder}. "
-        f"Evaluate it: agnews evaluate --checkpoint_dir {folder}{data}  |  label a file: agnews predict "
-        f"--checkpoint_dir {folder} --input_file TEXTS.csv --output_file labelled.csv  |  serve it: "
+        f"Evaluate it: agnews evaluate --checkpoint_dir {folder}{data}{held}{label}  |  serve it: "
         f"agnews serve --model_id {folder}"
     )
 
