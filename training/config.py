@@ -339,6 +339,7 @@ class RunConfig(_Group):
     """'smoke': offline synthetic news data, a tokenizer trained on it and a tiny DistilBERT (CPU, < 1 min).
     'smoke-multi-label' and 'smoke-regression': the same on the generator's multi-label topics and scored stories;
     'smoke-long': long stories whose label sits past the first window, with --long_text chunk and 48-token windows.
+    Each writes its own folder: checkpoints (smoke), runs/smoke-multi-label, runs/smoke-regression, runs/smoke-long.
     Own data with another --model_name_or_path leaves its from_scratch, learning rate and max_length at defaults."""
     logging_steps: AtLeast1 = 50
     """Log the loss (mean over all ranks) every N optimizer steps."""
@@ -424,6 +425,7 @@ def presets() -> dict[str, dict[str, Any]]:
         bundle = {k: v for k, v in bundles["smoke"].items() if k != "label_names"}
         bundle.update(train_file=str(root / f"{stem}_train.{suffix}"), test_file=str(root / f"{stem}_test.{suffix}"))
         bundle["label_column"] = "labels" if name == "multi-label" else "score"
+        bundle["output_dir"] = f"runs/smoke-{name}"  # beside checkpoints/ (the smoke model the README serves)
         bundles[f"smoke-{name}"] = bundle
     bundles["smoke-long"] = {
         **bundles["smoke"],
@@ -432,6 +434,7 @@ def presets() -> dict[str, dict[str, Any]]:
         "max_length": 48,  # the label's sentence starts past the first window
         "long_text": "chunk",
         "chunk_stride": 8,
+        "output_dir": "runs/smoke-long",
     }
     return bundles
 

@@ -125,13 +125,15 @@ def patience_spent(evals_since_best: int, patience: int | None) -> bool:
 
 
 def record_evaluation(progress: Progress, results: dict[str, Any], metric: str, greater_is_better: bool = True) -> bool:
-    """Record an evaluation; True for a new best."""
+    """Record an evaluation; True for a new best. A tie is kept too (the later, longer-trained model), but only a
+    strict improvement resets the patience."""
     progress.history.append({"step": progress.global_step, "epoch": progress.epoch, **results})
-    if not improved(results[metric], progress.best_metric, greater_is_better):
-        progress.evals_since_best += 1
+    value = results[metric]
+    better = improved(value, progress.best_metric, greater_is_better)
+    progress.evals_since_best = 0 if better else progress.evals_since_best + 1
+    if not better and value != progress.best_metric:
         return False
-    progress.best_metric, progress.best_step, progress.best_validation = results[metric], progress.global_step, results
-    progress.evals_since_best = 0
+    progress.best_metric, progress.best_step, progress.best_validation = value, progress.global_step, results
     return True
 
 

@@ -1,7 +1,8 @@
 """The shell and Python blocks of README.md and docs/*.md, as a user copies them, for tests/test_docs.py.
 
 A block that the suite cannot run carries, on the line above it, `<!-- not run in the suite: REASON -->` (the
-Hub, a GPU, a scheduler...); one run by another test says `<!-- run by tests/...py -->`.
+Hub, a GPU, a scheduler...); one run by another test says `<!-- run by tests/...py -->`; one that needs the Hub and
+must say so quickly offline, `<!-- stops offline: WHAT IT SAYS -->`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ class Block:
     where: str  # README.md:13
     lang: str
     code: str
-    mark: str | None  # "not run in the suite: ..." / "run by tests/..." / None: run here
+    mark: str | None  # "not run in the suite: ..." / "run by tests/..." / "stops offline: ..." / None: run here
 
     def __str__(self) -> str:
         return self.where

@@ -207,3 +207,20 @@ def test_a_resumed_run_refuses_a_recorded_temperature_it_would_divide_by(tmp_pat
         OutputDir(tmp_path, accelerator=None).saved_calibration()
     (tmp_path / files.CONFIG).write_text(json.dumps({"calibration": {"method": "temperature", "temperature": 1.2}}))
     assert OutputDir(tmp_path, accelerator=None).saved_calibration()["temperature"] == 1.2
+
+
+def test_auto_fits_no_temperature_on_too_few_validation_texts_or_too_few_of_a_class():
+    from training.calibration import FEWEST_PER_CLASS, FEWEST_TEXTS, Scale, too_few
+
+    single, multi = Scale(per_label=False), Scale(per_label=True)
+    logits = torch.zeros(FEWEST_TEXTS, 4)
+    assert "60 validation texts, under 100" == too_few(single, logits[:60], torch.arange(60) % 4)
+    assert too_few(single, logits, torch.arange(FEWEST_TEXTS) % 4) is None  # 25 a class
+    rare = torch.tensor([3] * (FEWEST_PER_CLASS - 1) + [0, 1, 2] * 40)[:FEWEST_TEXTS]
+    assert too_few(single, logits, rare) == f"a class with {FEWEST_PER_CLASS - 1} validation texts, under 10"
+    absent = torch.arange(FEWEST_TEXTS) % 3  # the fourth class never in validation
+    assert too_few(single, logits, absent) == "a class with 0 validation texts, under 10"
+    hot = torch.zeros(FEWEST_TEXTS, 4)
+    hot[:, :3] = 1
+    hot[:5, 3] = 1
+    assert too_few(multi, logits, hot) == "a label with 5 validation texts, under 10"

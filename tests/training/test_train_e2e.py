@@ -300,6 +300,11 @@ def test_a_finished_run_ends_with_one_line_whose_commands_run_as_printed(smoke_d
     if data == "own file":  # the validation rows training held out, scored again: the same accuracy
         summary = json.loads((out / files.METRICS).read_text())
         assert scored["metrics"]["accuracy"] == pytest.approx(summary["validation"]["accuracy"], abs=1e-6)
+        # a few dozen validation texts: auto calibration folds nothing in (a temperature fitted on halves of them
+        # was folded into the weights before, at its bound)
+        held = summary["num_examples"]["validation"]
+        assert f"Calibration: not applied (auto): {held} validation texts, under 100" in result.stderr
+        assert json.loads((out / files.CONFIG).read_text())["calibration"] == {"method": "none"}
     assert (out / "labelled.csv").is_file()
     port = free_port()
     served = subprocess.Popen(shlex.split(serve), cwd=ROOT, env=cli_env(PORT=str(port)), stderr=subprocess.DEVNULL)
