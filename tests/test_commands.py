@@ -51,6 +51,16 @@ def test_the_command_list_answers_at_once_and_an_unknown_command_is_one_line():
     ]
 
 
+def test_the_readmes_help_command_answers_before_torch_loads():
+    """`python training/train.py --help`, as the README shows it, took 5-12 s importing the training stack; now it
+    prints the same help as `agnews train --help` without importing torch or any heavy package."""
+    command = [sys.executable, "-X", "importtime", "training/train.py", "--help"]
+    done = subprocess.run(command, cwd=ROOT, env=cli_env(), capture_output=True, text=True)
+    rows = [line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert done.returncode == 0 and "--learning_rate" in done.stdout, describe(done)
+    assert not {row.split(".")[0] for row in rows} & set(HEAVY)
+
+
 def test_a_command_runs_as_its_module_does_with_its_exit_code(smoke_model, tmp_path):
     texts = tmp_path / "texts.csv"
     texts.write_text("text\nstocks rallied\nthe match ended\n")

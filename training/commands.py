@@ -5,6 +5,7 @@ answers without importing torch.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import runpy
 import sys
 
@@ -31,6 +32,16 @@ PARSERS = {  # where each parser is built without torch
 }
 
 
+TRAINING_ONLY = ("accelerate", "datasets")  # the train extra's: a serve-only install (`.[serve]`) has neither
+
+
+def missing_extra(name: str) -> str | None:
+    """The training package a command needs and this install lacks, or None."""
+    if COMMANDS[name][0].startswith("inference"):
+        return None
+    return next((module for module in TRAINING_ONLY if importlib.util.find_spec(module) is None), None)
+
+
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {about}" for name, (_, about) in COMMANDS.items()]
@@ -45,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"agnews: no command {name!r}; one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    if missing := missing_extra(name):
+        print(f"agnews {name}: needs {missing}, which this install lacks: pip install 'distilbert-agnews[train]'",
+              file=sys.stderr)  # fmt: skip
         return 2
     sys.argv = [f"agnews {name}", *rest]
     if name in PARSERS and any(arg in ("-h", "--help") for arg in rest):

@@ -342,7 +342,7 @@ class RunConfig(_Group):
     Each writes its own folder: checkpoints (smoke), runs/smoke-multi-label, runs/smoke-regression, runs/smoke-long.
     Own data with another --model_name_or_path leaves its from_scratch, learning rate and max_length at defaults."""
     logging_steps: AtLeast1 = 50
-    """Log the loss (mean over all ranks) every N optimizer steps."""
+    """Log the loss (mean over all ranks) every N optimizer steps; a short run more often (5 points at least)."""
     report_to: str = "none"
     """Experiment tracker(s) for accelerate: 'none', 'all', or comma-separated names such as 'tensorboard,wandb'."""
     stop_check_steps: AtLeast1 = 10

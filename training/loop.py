@@ -91,6 +91,9 @@ class StepPlan:
     check_stop: bool  # the ranks agree on a stop before saving
 
 
+CURVE_POINTS = 5  # the fewest logged losses a run's curves get, however short it is
+
+
 def plan_step(
     cfg: TrainConfig,
     step: int,
@@ -109,7 +112,8 @@ def plan_step(
     save_now = every(step, save_interval(cfg.checkpointing_steps))
     boundary = batches_done >= batches_per_epoch or step >= total_steps
     check = evaluate_now or save_now or boundary or every(step, cfg.stop_check_steps)
-    log = every(step, cfg.logging_steps) or step >= total_steps  # the curves always reach the run's last step
+    interval = min(cfg.logging_steps, max(1, total_steps // CURVE_POINTS))  # a short run's curve is a line too
+    log = every(step, interval) or step >= total_steps  # the curves always reach the run's last step
     return StepPlan(log, evaluate_now, save_now, check)
 
 

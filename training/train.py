@@ -13,6 +13,11 @@ from pathlib import Path
 if __package__ in (None, ""):
     # as a script, Python put training/ first on sys.path: the project root instead, so nothing shadows a library
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):  # before torch loads: an answer in a second
+    from training.config_parsing import build_parser
+
+    build_parser().print_help()
+    sys.exit(0)
 
 import signal
 import time

@@ -45,3 +45,17 @@ def test_the_service_runs_from_a_serve_only_install(smoke_checkpoint):
         log = server.stop()
     # BACKEND=auto without the optimized runtime: today's path, said in one line
     assert f"Runtime: torch {auto} (BACKEND=auto: no optimized CPU runtime is installed" in log, log
+
+
+@pytest.mark.skipif(not PYTHON, reason="SERVE_ONLY_PYTHON is not set: no serve-only environment to test")
+def test_a_training_command_in_a_serve_only_install_names_the_extra_in_one_line(tmp_path):
+    """`agnews train` there ended in a ModuleNotFoundError traceback."""
+    from pathlib import Path
+
+    agnews = Path(PYTHON).parent / "agnews"
+    done = subprocess.run([str(agnews), "train", "--preset", "smoke"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == (
+        "agnews train: needs accelerate, which this install lacks: pip install 'distilbert-agnews[train]'"
+    )

@@ -118,3 +118,12 @@ def test_finish_epoch_advances_only_a_finished_epoch():
     stopped = Progress(epoch=1, batches_done=40)
     assert not finish_epoch(stopped, 1, batches_per_epoch=84)
     assert (stopped.epoch, stopped.batches_done) == (1, 40)
+
+
+def test_a_short_run_logs_often_enough_for_its_curves_to_be_lines():
+    """A 20-step run logged only its last step with the default --logging_steps 50: one dot per curve."""
+    cfg = load_config([])
+    logged = [s for s in range(1, 21) if plan_step(cfg, s, s, 100, total_steps=20).log]
+    assert logged == [4, 8, 12, 16, 20]
+    long_run = [s for s in range(1, 1001) if plan_step(cfg, s, s, 2000, total_steps=1000).log]
+    assert long_run == list(range(50, 1001, 50))  # the default interval where it gives enough points

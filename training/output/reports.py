@@ -118,8 +118,10 @@ def write_confusion_matrix(path: Path, confusion: torch.Tensor, label_names: Seq
     write_bytes(path, _png(figure))
 
 
-def write_reliability_diagram(path: Path, points: Sequence[tuple[float, float, int]], ece: float, title: str) -> None:
-    """The reliability diagram, ECE in the title."""
+def write_reliability_diagram(
+    path: Path, points: Sequence[tuple[float, float, int]], ece: float, title: str, per_label: bool = False
+) -> None:
+    """The reliability diagram, ECE in the title; `per_label`: every label's yes/no score is a point."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(5.5, 5.2))
@@ -134,8 +136,8 @@ def write_reliability_diagram(path: Path, points: Sequence[tuple[float, float, i
         ax.annotate(str(n), (centre, a), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel("confidence (top score)")
-    ax.set_ylabel("accuracy")
+    ax.set_xlabel("confidence (each label's yes or no score)" if per_label else "confidence (top score)")
+    ax.set_ylabel("share of those decisions that were right" if per_label else "accuracy")
     ax.set_title(f"{title}\nexpected calibration error {ece:.4f}", fontsize=9)
     ax.legend(loc="upper left", fontsize=8)
     write_bytes(path, _png(figure))
@@ -230,8 +232,9 @@ def _confusion_matrix(path: Path, e: Evaluated) -> None:
 
 
 def _calibration(path: Path, e: Evaluated) -> None:
-    points = calibration.scale_for(e.problem.name).points(e.scored.scores, e.scored.labels)
-    write_reliability_diagram(path, points, e.evaluation["calibration"]["ece"], e.title)
+    scale = calibration.scale_for(e.problem.name)
+    points = scale.points(e.scored.scores, e.scored.labels)
+    write_reliability_diagram(path, points, e.evaluation["calibration"]["ece"], e.title, scale.per_label)
 
 
 def _misclassified(path: Path, e: Evaluated) -> int:
