@@ -1,4 +1,5 @@
-"""notebooks/kaggle_agnews.ipynb, executed top to bottom in a real Jupyter kernel in its offline smoke mode
+"""notebooks/kaggle_agnews.ipynb, executed top to bottom in a real Jupyter kernel from notebooks/ (its local mode: it
+moves to the project root above it; before, it cloned the placeholder repository) in its offline smoke mode
 (AGNEWS_NOTEBOOK_SMOKE=1: CPU, two processes over gloo): install check, environment check, `accelerate launch`
 training, the notebook_launcher alternative, distributed evaluation, the service and a /predict call.
 Any cell error fails the test. The committed file must carry no outputs."""
@@ -44,7 +45,7 @@ def test_the_notebook_runs_top_to_bottom_in_smoke_mode(smoke_dir, tmp_path, monk
             timeout=600,
             kernel_name="python3",
             resources={"metadata": {"path": str(tmp_path)}},
-        ).execute(cwd=str(ROOT))
+        ).execute(cwd=str(ROOT / "notebooks"))  # opened where it lives: it finds the project above (no clone)
     finally:
         leftover_services(str(output_dir))
     text = "\n".join(out.get("text", "") for c in nb.cells if c.cell_type == "code" for out in c.outputs)
