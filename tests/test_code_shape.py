@@ -180,7 +180,19 @@ def test_every_install_line_takes_torch_from_a_named_pytorch_index():
 # training/'s top: what a user runs and the loop's spine; everything else lives in a room named for its job
 TRAINING_TOP = {
     *("train", "loop", "evaluate", "predict", "push", "download", "check_env", "commands", "arguments", "launch"),
-    *("cli", "config", "config_parsing", "config_docs", "smoke", "hub", "model", "lora", "weights", "objective"),
+    *(
+        "cli",
+        "config",
+        "config_parsing",
+        "borrowed_flags",
+        "config_docs",
+        "smoke",
+        "hub",
+        "model",
+        "lora",
+        "weights",
+        "objective",
+    ),
     *("calibration", "guards", "collective", "__init__"),
 }
 TRAINING_ROOMS = {"data", "output", "speed", "scoring"}
