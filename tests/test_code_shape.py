@@ -170,7 +170,8 @@ def test_every_install_line_takes_torch_from_a_named_pytorch_index():
 
     sources = [ROOT / "README.md", ROOT / ".ci" / "run", *sorted((ROOT / "docs").glob("*.md"))]
     lines = [(p.name, line) for p in sources for line in p.read_text(encoding="utf-8").splitlines()]
-    pattern = re.compile(r"pip[_ ]install\s+((-\S+|\"\S+\"|python)\s+)*torch(==\S+)?(\s|$|`)")  # flags, then torch
+    flag = r"-\S+(\s+(?!torch\b)[^-\s]\S*)?"  # a flag, and its value when it takes one
+    pattern = re.compile(rf"pip[_ ]install\s+(({flag}|\"\S+\"|python)\s+)*torch(==\S+)?(\s|$|`)")  # flags, then torch
     installs = [(name, line) for name, line in lines if pattern.search(line)]
     assert len(installs) >= 5, installs  # README's two commands, the service's, CI's two, docs
     bare = [(n, line) for n, line in installs if "download.pytorch.org/whl/" not in line]
