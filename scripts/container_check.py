@@ -2,6 +2,8 @@
 
     python scripts/container_check.py          # .ci/run calls it after the suite; exit 0 with a reason when podman
                                                # cannot run here, 1 when a check fails
+    python scripts/container_check.py --build-only   # the image alone, where no registry answers (docs/deploying.md;
+                                                     # the check's first step runs that documented line as written)
 
 What it checks: the image builds from `git archive HEAD`; the container serves the smoke checkpoint mounted read-only,
 with a read-only root file system, as a non-root user; /ready turns 200; /predict answers equal the host service's
@@ -32,7 +34,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 BASE_IMAGE = "localhost/distilbert-agnews-base:bookworm"
-IMAGE = "localhost/distilbert-agnews-serve:check"
+IMAGE = "localhost/distilbert-agnews-serve:latest"  # what `--build-only` tags
 PYPI = "https://pypi.org/simple"
 EXTRAS = "serve,telemetry,onnxruntime"  # the default's and a CPU runtime, whose conversion needs a writable cache
 PODMAN = ["podman", "--cgroup-manager=cgroupfs"]
@@ -223,15 +225,35 @@ def check_refusal(what: str, checkpoint: Path | None, cache: Path, port: int, ex
     print(f"{what}: exit {code}, {said[0]}")
 
 
-def main() -> int:
+def cannot_build() -> str | None:
+    """Why the image cannot be built here, or None (and the Debian base made, once per machine)."""
     torch_source = torch_arguments()
-    reason = why_not() or (torch_source if isinstance(torch_source, str) else None) or base_image()
-    if reason:
+    return why_not() or (torch_source if isinstance(torch_source, str) else None) or base_image()
+
+
+def build_only() -> int:
+    """`--build-only`: the Debian-package base and the image from HEAD, tagged IMAGE."""
+    if reason := cannot_build():
+        print(f"cannot build the image here: {reason}", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="image-", dir="/var/tmp") as folder:
+        build(Path(folder), torch_arguments())
+    run = f'{" ".join(RUN)} -p 8080:8080 -v "$PWD/checkpoints:/model:ro" {IMAGE}'
+    print(f"built {IMAGE}; run it (docs/deploying.md): {run}")
+    return 0
+
+
+def main() -> int:
+    if "--build-only" in sys.argv[1:]:
+        return build_only()
+    if reason := cannot_build():
         print(f"container check skipped: {reason}")
         return 0
+    from tests.helpers.docs import block  # the documented build line, run as a user runs it
+
+    sh("bash", "-euo", "pipefail", "-c", block("docs/deploying.md", "--build-only").code, cwd=ROOT)
     with tempfile.TemporaryDirectory(prefix="container-check-", dir="/var/tmp") as folder:
         work = Path(folder)
-        build(work, torch_source)
         checkpoint, cache, locked = work / "checkpoint", work / "cache", work / "locked"
         sh(sys.executable, "training/train.py", "--preset", "smoke", "--output_dir", str(checkpoint), cwd=ROOT)
         cache.mkdir()

@@ -28,7 +28,7 @@ from tests.helpers.processes import cli_env, describe
 from tests.helpers.service import Server
 
 pytestmark = pytest.mark.slow
-LINKED = ("training", "inference", "contract", "accelerate_configs")
+LINKED = ("training", "inference", "contract", "accelerate_configs", "deploy", "scripts")
 OFFLINE = "stops offline: "  # the block's mark: it needs the Hub, and offline it must say so quickly
 
 
