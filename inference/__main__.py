@@ -22,10 +22,10 @@ from pydantic_settings import CliApp, CliSettingsSource
 from contract.errors import UsageError, UserError
 from contract.help import HelpFormatter, prog
 from inference import connections, logs, metrics_port, tracing
-from inference.metrics import MULTIPROC_ENV, Metrics, all_workers_exposition, multiprocess_dir
 from inference.settings import Settings, describe_error
 
 logger = logging.getLogger("inference")
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's (inference/metrics.py), read as it loads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,17 +36,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"inference: error: {describe_error(exc)}\n")
         return 2
     logs.configure(settings.json_output)
-    # worker processes read settings from the environment: flags travel there too
+    # front-end processes read settings from the environment: flags travel there too
     os.environ.update(settings.environment())
+    shared = share_metrics() if settings.workers > 1 else None  # before prometheus-client loads: this process counts
+    from inference.metrics import Metrics
     from inference.service import load_for_start, ready_engine  # imported once the environment is set
 
     try:
         check_start(settings)
         if settings.otlp_endpoint:
             tracing.require_sdk()
-        if settings.workers > 1:
-            load_for_start(settings)  # unservable models stop here; each worker loads its own
-            return serve_workers(settings)
         metrics = Metrics()
         if settings.prometheus_port is not None:  # a taken port stops start-up before loading
             metrics_port.start(settings.hostname, settings.prometheus_port, metrics.exposition)
@@ -54,7 +53,23 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:  # unservable model (1), bad setting (2)
         sys.stderr.write(f"inference: error: {exc}\n")
         return exc.exit_code
+    if shared is not None:
+        return serve_front_ends(settings, engine, shared)
     return serve_on_main_thread(settings, engine)
+
+
+def share_metrics() -> tuple[str, bool]:
+    """Every process's metrics in one multiprocess folder (PROMETHEUS_MULTIPROC_DIR, else a temporary one): the
+    folder, and whether it is ours to remove."""
+    folder = os.environ.get(MULTIPROC_ENV)
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)  # a cluster names it on an empty volume
+        for stale in Path(folder).glob("*.db"):
+            stale.unlink()
+        return folder, False
+    folder = tempfile.mkdtemp(prefix="inference-metrics-")
+    os.environ[MULTIPROC_ENV] = folder
+    return folder, True
 
 
 def check_start(settings: Settings) -> None:
@@ -78,20 +93,20 @@ def connection_limits(settings: Settings) -> dict:
     }
 
 
-def serve_workers(settings: Settings) -> int:
-    """uvicorn workers, their metrics summed through one multiprocess folder."""
-    if settings.prometheus_port is not None:  # reads the folder below at each scrape
-        metrics_port.start(settings.hostname, settings.prometheus_port, all_workers_exposition)
-    folder, ours = multiprocess_dir(), False
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)  # a cluster names it on an empty volume
-        for stale in Path(folder).glob("*.db"):
-            stale.unlink()
-    else:
-        folder, ours = tempfile.mkdtemp(prefix="inference-metrics-"), True
-        os.environ[MULTIPROC_ENV] = folder
-    # a drained SIGTERM is a success: exit 0
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+def serve_front_ends(settings: Settings, engine, shared: tuple[str, bool]) -> int:
+    """The engine here, WORKERS front-ends (uvicorn's workers, which never load the model) linked to it over one
+    socket: one model, batched across every client. SIGTERM drains the front-ends, then the engine."""
+    from inference.link import ENGINE_ENV
+    from inference.link_server import LinkServer
+    from inference.service import Service, begin, end, exit_abandoning_race
+
+    service = Service(settings, engine)
+    engine.start()
+    begin(service)
+    sockets = tempfile.mkdtemp(prefix="inference-engine-")  # only this user may reach the engine's socket
+    server = LinkServer(service, f"ipc://{sockets}/engine").start()
+    os.environ[ENGINE_ENV] = server.address
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a drained SIGTERM is a success: exit 0
     try:
         uvicorn.run(
             "inference.app:app_from_env",
@@ -103,8 +118,12 @@ def serve_workers(settings: Settings) -> int:
             **connection_limits(settings),
         )
     finally:
-        if ours:
-            shutil.rmtree(folder, ignore_errors=True)
+        server.stop()
+        end(service)
+        shutil.rmtree(sockets, ignore_errors=True)
+        if shared[1]:
+            shutil.rmtree(shared[0], ignore_errors=True)
+    exit_abandoning_race(0)
     return 0
 
 

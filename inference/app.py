@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from inference import connections, errors, routes, text_routes, token_routes, tracing  # noqa: F401 - token_routes adds /tokenize, /decode to routes.router
-from inference.engine import Engine
+from inference.link import ENGINE_ENV, AppState, RemoteLink, front_end_lifespan
+from inference.metrics import Metrics
 from inference.middleware import BodySizeLimit, RequestId, ResponseStatus
-from inference.service import Service, lifespan
 from inference.settings import Settings, SettingsError, from_env
 from inference.tracing import Traces
+
+if TYPE_CHECKING:
+    from inference.engine import Engine
 
 TEI_HEADERS = [
     "x-compute-type",
@@ -28,9 +33,17 @@ TEI_HEADERS = [
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
-    """The service; with `engine`, the caller drives its worker, else the lifespan starts one."""
+    """The service; with `engine`, the caller drives its worker, else the lifespan starts one. A front-end of
+    `python -m inference` with WORKERS > 1 (ENGINE_ENV set) links to the engine's process instead: no torch here."""
     settings = settings or from_env()
     connections.configure(settings.read_timeout_s)
+    address = os.environ.get(ENGINE_ENV)
+    if address and engine is None:
+        state, lifespan = AppState(settings, Metrics(), RemoteLink(address)), front_end_lifespan
+    else:
+        from inference.service import Service, lifespan  # the engine in this process: torch loads here
+
+        state = Service(settings, engine)
     app = FastAPI(
         title="distilbert-agnews",
         version=routes.VERSION,
@@ -38,7 +51,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         description="Text classification (AG News topics by default) with the API of Hugging Face "
         "text-embeddings-inference: POST /predict, GET /info, /health, /metrics.",
     )
-    app.state.service = Service(settings, engine)
+    app.state.service = state
     app.router.routes[0:0] = text_routes.fast_routes()  # matched first: the hot path without FastAPI's machinery
     app.include_router(routes.router)
     app.include_router(routes.public)
@@ -70,7 +83,7 @@ def app_from_env() -> FastAPI:
     except SettingsError as exc:
         sys.stderr.write(f"inference: error: {exc}\n")
         raise SystemExit(2) from None
-    app.state.service.owns_process = True
+    app.state.service.owns_process = True  # in a front-end: unused
     return app
 
 

@@ -19,6 +19,7 @@ from contract import shapes
 from contract.loading import LoadedModel
 from contract.model_call import forward
 from inference import graphs
+from inference.answers import Answer, NonFinite, Overloaded
 from inference.graphs import CapturedForward, GraphsUnsupported
 from inference.metrics import Metrics
 from inference.passes import forward_buckets, static_passes
@@ -31,14 +32,6 @@ IDLE_WAKE_S = 0.25
 READY_BATCHES = 2  # enough to overlap, few enough to hold memory
 
 
-class NonFinite(ArithmeticError):
-    """A job whose logits hold NaN or infinity."""
-
-
-class Overloaded(RuntimeError):
-    """max_concurrent_requests inputs are in flight already."""
-
-
 @dataclass(frozen=True)
 class Limits:
     max_batch_requests: int = 32
@@ -48,18 +41,6 @@ class Limits:
     max_chunks: int = 16  # windows per input when a job chunks long texts
     static_shapes: bool = False  # fixed (rows, width) passes; CUDA graphs on CUDA
     tokenizer_thread: bool = False  # tokenize beside the forward passes (CUDA)
-
-
-@dataclass
-class Answer:
-    """One job's answer: each input's ranked labels; the model that computed them, its tokens and timings."""
-
-    ranked: list[list[dict]]
-    model: LoadedModel
-    tokens: int
-    tokenization_s: float
-    queue_s: float
-    inference_s: float
 
 
 @dataclass(eq=False)
@@ -93,6 +74,8 @@ _STOP = object()
 class Engine:
     def __init__(self, loaded: LoadedModel, limits: Limits, metrics: Metrics):
         self.current = loaded
+        self.version = 1
+        self._versions = {id(loaded): 1}
         self.limits = limits
         self.metrics = metrics
         self._queue: queue.Queue = queue.Queue()  # jobs, waiting to be gathered
@@ -121,7 +104,13 @@ class Engine:
         self._finished.wait(timeout)
 
     def swap(self, loaded: LoadedModel) -> None:
+        self._versions = {id(self.current): self.version, id(loaded): self.version + 1}  # the two a batch may use
+        self.version += 1
         self.current = loaded  # one reference assignment: atomic; the worker reads it per micro-batch
+
+    def version_of(self, loaded: LoadedModel) -> int:
+        """The version the routes know a model by (answers.ModelView): one per model swapped in."""
+        return self._versions.get(id(loaded), self.version)
 
     def submit(
         self,
@@ -328,13 +317,15 @@ class Engine:
             for j, job in enumerate(jobs)
         ]
         ranked = rank(loaded, pooled, [job.scoring for job in jobs])
+        compute = "gpu" if loaded.device.type == "cuda" else "cpu"
         answers: list[tuple[_Job, object]] = []
         for job, job_ranked, logits in zip(jobs, ranked, pooled):
             if not torch.isfinite(logits).all():  # no score to rank: every route refuses it alike (424)
                 answers.append((job, NonFinite("the model's output is not finite (NaN or infinity) for this input")))
                 continue
             queue_s = max(0.0, started - job.enqueued - job.tokenization_s)
-            answers.append((job, Answer(job_ranked, loaded, job.tokens, job.tokenization_s, queue_s, inference_s)))
+            timings = (job.tokenization_s, queue_s, inference_s)
+            answers.append((job, Answer(job_ranked, compute, self.version_of(loaded), job.tokens, *timings)))
         _settle(answers)
 
 

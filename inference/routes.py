@@ -9,7 +9,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import torch
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -18,13 +17,12 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from contract import precision
-from contract.long_text import CHUNK, TRUNCATE, TooManyWindows
+from contract.long_text import CHUNK, TRUNCATE
 from inference import errors
-from inference.engine import Answer, NonFinite, Overloaded
+from inference.answers import Answer, ModelView, Overloaded, failure
 from inference.errors import ServiceError
+from inference.link import AppState
 from inference.schemas import ErrorBody, Info, Json, PredictRequest, PredictResponse
-from inference.service import Service, chunks_long_texts
-from inference.tokenizing import REFUSALS, NoTokens, window_length
 
 VERSION = "0.1.0"
 CHARS_PER_TOKEN_LIMIT = 250  # TEI's MAX_CHAR_MULTIPLIER: longer inputs are cut (truncate) or refused, untokenized
@@ -34,8 +32,16 @@ JSON_CONTENT_TYPE = re.compile(r"application/(json|[^;\s]+\+json)\s*(;|$)", re.I
 _bearer = HTTPBearer(auto_error=False, description="The API_KEY setting, when the service has one.")
 
 
-def service(request: Request) -> Service:
+def service(request: Request) -> AppState:
     return request.app.state.service
+
+
+def live_view(state: AppState) -> ModelView:
+    """The served model, or 503 while none serves (loading, or the engine stopped)."""
+    view = state.link.view
+    if view is None:
+        raise errors.ServiceError(errors.UNHEALTHY, state.link.why_not_serving() or "the model is not loaded yet")
+    return view
 
 
 async def require_api_key(
@@ -166,13 +172,13 @@ def parse(raw: bytes, model: type[M] = PredictRequest) -> M:
         raise ServiceError(errors.VALIDATION, errors.describe_validation(problems, help_text)) from None
 
 
-def classify(state: Service, body: PredictRequest) -> asyncio.Future[Answer]:
+def classify(state: AppState, body: PredictRequest) -> asyncio.Future[Answer]:
     """Check the request and queue it."""
     return queue_sequences(state, body.sequences(), body.is_batch, body.truncate, body.left, body.scoring())
 
 
 def queue_sequences(
-    state: Service, sequences: list, is_batch: bool, asked_truncate: bool | None, left: bool, scoring: str | None
+    state: AppState, sequences: list, is_batch: bool, asked_truncate: bool | None, left: bool, scoring: str | None
 ) -> asyncio.Future[Answer]:
     """Inputs checked against the limits and queued."""
     settings = state.settings
@@ -181,18 +187,17 @@ def queue_sequences(
     for i, (text, pair) in enumerate(sequences):
         if not text and not pair:  # TEI: only a zero-length input is empty; whitespace is classified
             raise ServiceError(errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if is_batch else ""))
-    engine = state.live_engine()
-    served = engine.current
+    served = live_view(state)
     # chunking unless the request asks to truncate
-    chunk = chunks_long_texts(settings, served) and asked_truncate is not True
+    chunk = served.chunks and asked_truncate is not True
     truncate = settings.auto_truncate if asked_truncate is None else asked_truncate
     if chunk:
-        check_characters(sequences, window_length(served) * settings.max_chunks * CHARS_PER_TOKEN_LIMIT)
+        check_characters(sequences, served.window * settings.max_chunks * CHARS_PER_TOKEN_LIMIT)
     else:
         sequences = limit_characters(sequences, served.max_length * CHARS_PER_TOKEN_LIMIT, truncate, left)
     state.metrics.predict_count.inc(len(sequences))  # TEI: one per input handed to the model (core/src/infer.rs)
     try:
-        return engine.submit(sequences, truncate, left, chunk, scoring)
+        return state.link.submit(sequences, truncate, left, chunk, scoring)
     except Overloaded as exc:
         raise ServiceError(errors.OVERLOADED, str(exc)) from None
 
@@ -207,17 +212,22 @@ def check_batch_size(settings, size: int) -> None:
         )
 
 
-def engine_failure(exc: Exception) -> ServiceError:
+def engine_failure(exc: BaseException) -> ServiceError:
     """A job's failure as TEI answers it."""
-    if isinstance(exc, TooManyWindows):
-        return ServiceError(errors.VALIDATION, str(exc), status=413, reason="too_many_windows")
-    if isinstance(exc, NonFinite):  # as /rerank's "score is NaN" (TEI's server.rs), for every route
-        return ServiceError(errors.BACKEND, str(exc), reason="backend")
-    if isinstance(exc, NoTokens):  # TEI's answer to a zero-length input
-        return ServiceError(errors.EMPTY, str(exc), reason="validation")
-    if isinstance(exc, REFUSALS):
-        return ServiceError(errors.VALIDATION, str(exc))
-    return ServiceError(errors.BACKEND, f"inference failed ({type(exc).__name__}: {exc})")  # TEI: 424 Backend
+    return failure_error(*failure(exc))
+
+
+def failure_error(kind: str, message: str) -> ServiceError:
+    """A failure the engine reported (answers.failure) as TEI answers it."""
+    if kind == "overloaded":
+        return ServiceError(errors.OVERLOADED, message)
+    if kind == "too_many_windows":
+        return ServiceError(errors.VALIDATION, message, status=413, reason="too_many_windows")
+    if kind == "no_tokens":  # TEI's answer to a zero-length input
+        return ServiceError(errors.EMPTY, message, reason="validation")
+    if kind in ("too_long", "long_text"):
+        return ServiceError(errors.VALIDATION, message)
+    return ServiceError(errors.BACKEND, message, reason="backend")  # TEI: 424 Backend, "score is NaN" likewise
 
 
 def check_characters(sequences: list, limit: int) -> None:
@@ -255,7 +265,7 @@ def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) ->
     return out
 
 
-def observe(state: Service, answer: Answer, total_s: float) -> None:
+def observe(state: AppState, answer: Answer, total_s: float) -> None:
     m = state.metrics
     m.request_duration.observe(total_s)
     m.tokenization_duration.observe(answer.tokenization_s)
@@ -267,7 +277,7 @@ def tei_headers(answer: Answer, characters: int, started: float) -> dict[str, st
     """TEI's response headers (router/src/lib.rs `From<ResponseMetadata> for HeaderMap`), times in ms."""
     total_ms = str(int((time.perf_counter() - started) * 1000))
     return {
-        "x-compute-type": "gpu" if answer.model.device.type == "cuda" else "cpu",
+        "x-compute-type": answer.compute,
         "x-compute-time": total_ms,
         "x-compute-characters": str(characters),
         "x-compute-tokens": str(answer.tokens),
@@ -285,7 +295,7 @@ def tei_headers(answer: Answer, characters: int, started: float) -> dict[str, st
 )
 async def info(request: Request) -> Info:
     state = service(request)
-    served, settings = state.live_engine().current, state.settings
+    served, settings = live_view(state), state.settings
     summary = None
     if served.metrics:
         summary = {
@@ -312,23 +322,24 @@ async def info(request: Request) -> Info:
         tokenization_workers=1,
         version=VERSION,
         distilbert_agnews={
-            "device": str(served.device),
-            "runtime": served.report,
-            "problem_type": {"name": served.problem.name, "decision_thresholds": list(served.problem.thresholds)},
+            "device": served.device,
+            "runtime": served.runtime,
+            "problem_type": {"name": served.problem, "decision_thresholds": served.thresholds},
             "long_text": {
-                **served.long_text.config_fields(),
-                "long_text": CHUNK if chunks_long_texts(settings, served) else TRUNCATE,
-                "chunk_max_length": window_length(served),
+                **served.long_text,
+                "long_text": CHUNK if served.chunks else TRUNCATE,
+                "chunk_max_length": served.window,
                 "max_chunks": settings.max_chunks,
             },
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": served.torch_threads,
             "max_wait_ms": settings.max_wait_ms,
+            "front_ends": settings.workers,
             "checkpoint": {
-                "folder": str(served.folder),
+                "folder": served.folder,
                 "weights_file": served.weights_file,
                 "sha256": served.sha256,
                 "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(served.loaded_at)),
-                "reloads": state.reloads,
+                "reloads": served.reloads,
                 "metrics": summary,
             },
         },
@@ -339,7 +350,7 @@ async def info(request: Request) -> Info:
 @public.get("/", include_in_schema=False)
 @public.get("/ping", include_in_schema=False)
 async def health(request: Request) -> Response:
-    service(request).live_engine()
+    live_view(service(request))
     return Response(status_code=200)
 
 
@@ -347,7 +358,10 @@ async def health(request: Request) -> Response:
     "/ready", responses={503: {"model": ErrorBody}}, summary="200 once the model is loaded and warm (and watched)"
 )
 async def ready(request: Request) -> dict:
-    service(request).check_ready()
+    state = service(request)
+    live_view(state)
+    if why := await state.link.why_not_ready():
+        raise errors.ServiceError(errors.UNHEALTHY, why)
     return {"status": "ready"}
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
 import sys
 import threading
+import time
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -14,12 +16,15 @@ from pathlib import Path
 import torch
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
+from tokenizers import Tokenizer
 
 from contract import precision
 from contract.loading import CheckpointError, LoadedModel, load_model
 from contract.long_text import CHUNK, LongTextError
 from inference import errors, logs, memory, metrics
+from inference.answers import ModelView
 from inference.engine import Engine, Limits, warm_up
+from inference.link import AppState, spare_copy
 from inference.metrics import Metrics
 from inference.reload import CheckpointWatcher
 from inference.runtimes import choice as runtimes
@@ -30,35 +35,50 @@ RACE_THREAD = "runtime-race"  # the thread measuring runtimes in the background 
 logger = logging.getLogger("inference")
 
 
-class Service:
-    """Settings, metrics, and the engine once ready."""
+class Service(AppState):
+    """The engine's process: settings, metrics, the engine once ready, hot reload and the runtime race; the routes
+    of this process reach it through a LocalLink."""
 
     def __init__(self, settings: Settings, engine: Engine | None = None):
-        self.settings = settings
+        super().__init__(settings, engine.metrics if engine else Metrics(), LocalLink(self))
         self.engine = engine
-        self.metrics = engine.metrics if engine else Metrics()
         self.ready = False
         self.reloads = 0
         self.watcher: CheckpointWatcher | None = None
         self.owns_process = False  # app_from_env: the process ends when uvicorn returns (exit_abandoning_race)
         # reload and the runtime race swap one at a time, so older weights never return
         self._swapping = threading.Lock()
+        self._view: ModelView | None = None
 
-    def live_engine(self) -> Engine:
-        if not self.ready or self.engine is None or not self.engine.alive:
-            raise errors.ServiceError(
-                errors.UNHEALTHY,
-                "the model is not loaded yet" if not self.ready else "the inference worker has stopped",
-            )
-        return self.engine
+    def why_not_serving(self) -> str | None:
+        if not self.ready or self.engine is None:
+            return "the model is not loaded yet"
+        return None if self.engine.alive else "the inference worker has stopped"
 
-    def check_ready(self) -> None:
+    def why_not_ready(self) -> str | None:
         """/ready: serving, and watching when asked."""
-        self.live_engine()
+        if why := self.why_not_serving():
+            return why
         if self.watcher is not None and not self.watcher.is_alive():
-            raise errors.ServiceError(
-                errors.UNHEALTHY, "the checkpoint watcher has stopped: new checkpoints will not be served"
-            )
+            return "the checkpoint watcher has stopped: new checkpoints will not be served"
+        return None
+
+    def view(self) -> ModelView | None:
+        """What the routes know of the served model (answers.ModelView), one per version; None while none serves."""
+        if self.why_not_serving():
+            return None
+        loaded = self.engine.current  # first the model, then its version: never a view of one under another's number
+        version = self.engine.version_of(loaded)
+        if self._view is None or self._view.version != version:
+            self._view = view_of(loaded, version, self.settings, self.reloads)
+        return self._view
+
+    def serialized_tokenizer(self) -> str:
+        """The served tokenizer as JSON (link.spare_copy rebuilds it), or TEI's Tokenizer error without a fast one."""
+        backend = getattr(self.engine.current.tokenizer, "backend_tokenizer", None)
+        if backend is None:  # a Python-only tokenizer (no `tokenizers` backend): TEI serves none either
+            raise errors.ServiceError(errors.TOKENIZER, "this model's tokenizer has no fast (Rust) backend to copy")
+        return backend.to_str()
 
     def watcher_exited(self) -> None:
         self.metrics.watcher_up.set(0)
@@ -90,6 +110,63 @@ class Service:
 
     def refused(self) -> None:
         self.metrics.reloads.labels("failed").inc()
+
+
+class LocalLink:
+    """The engine in this process (WORKERS=1): the routes call it directly."""
+
+    def __init__(self, service: Service):
+        self.service = service
+        self._tokenizer: tuple[int, Tokenizer] | None = None
+
+    @property
+    def view(self) -> ModelView | None:
+        return self.service.view()
+
+    def submit(self, sequences: list, truncate: bool, left: bool, chunk: bool, scoring: str | None) -> asyncio.Future:
+        return self.service.engine.submit(sequences, truncate, left, chunk, scoring)
+
+    async def admit(self, inputs: int) -> None:
+        self.service.engine.admit(inputs)
+
+    def leave(self, inputs: int) -> None:
+        self.service.engine.leave(inputs)
+
+    def why_not_serving(self) -> str | None:
+        return self.service.why_not_serving()
+
+    async def why_not_ready(self) -> str | None:
+        return self.service.why_not_ready()
+
+    async def tokenizer(self) -> Tokenizer:
+        version = self.service.engine.version_of(self.service.engine.current)
+        if self._tokenizer is None or self._tokenizer[0] != version:
+            self._tokenizer = (version, spare_copy(self.service.serialized_tokenizer()))
+        return self._tokenizer[1]
+
+
+def view_of(loaded: LoadedModel, version: int, settings: Settings, reloads: int) -> ModelView:
+    return ModelView(
+        version=version,
+        labels=list(loaded.labels),
+        max_length=loaded.max_length,
+        window=window_length(loaded),
+        chunks=chunks_long_texts(settings, loaded),
+        long_text=loaded.long_text.config_fields(),
+        problem=loaded.problem.name,
+        thresholds=list(loaded.problem.thresholds),
+        device=str(loaded.device),
+        precision=loaded.precision,
+        runtime=getattr(loaded, "report", {}),
+        model_sha=loaded.model_sha,
+        folder=str(loaded.folder),
+        weights_file=loaded.weights_file,
+        sha256=loaded.sha256,
+        loaded_at=getattr(loaded, "loaded_at", time.time()),
+        metrics=loaded.metrics,
+        reloads=reloads,
+        torch_threads=torch.get_num_threads(),
+    )
 
 
 def load_configured(settings: Settings) -> runtimes.ServedModel:
@@ -205,19 +282,9 @@ def _watcher(service: Service) -> CheckpointWatcher | None:
     return watcher
 
 
-@asynccontextmanager
-async def lifespan(app: FastAPI):
-    service: Service = app.state.service
-    logs.configure(service.settings.json_output)
-    if service.engine is None:  # the factory or a worker loads here
-        try:
-            loaded = await run_in_threadpool(load_for_start, service.settings)
-            service.engine = await run_in_threadpool(ready_engine, service.settings, loaded, service.metrics)
-        except (CheckpointError, SettingsError) as exc:
-            logger.error("Cannot serve %s: %s", service.settings.model_id, exc)
-            raise
-        service.engine.start()
-    watcher = service.watcher = _watcher(service)
+def begin(service: Service) -> None:
+    """The engine serves: hot reload watched, the runtime race started, /ready true."""
+    service.watcher = _watcher(service)
     served = service.engine.current
     memory.freeze_long_lived()  # what start-up made: no garbage-collection pause walks it under load
     service.ready = True
@@ -230,11 +297,31 @@ async def lifespan(app: FastAPI):
         served.precision,
         ", ".join(served.labels),
     )
-    yield
+
+
+def end(service: Service) -> None:
+    """Stop watching, then answer every queued request before the process exits."""
     service.ready = False  # set first: the watcher's end at shutdown is no error
-    if watcher:
-        watcher.stop()
-    await run_in_threadpool(service.engine.stop)  # answers every queued request before the process exits
+    if service.watcher:
+        service.watcher.stop()
+    service.engine.stop()
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    service: Service = app.state.service
+    logs.configure(service.settings.json_output)
+    if service.engine is None:  # the factory loads here
+        try:
+            loaded = await run_in_threadpool(load_for_start, service.settings)
+            service.engine = await run_in_threadpool(ready_engine, service.settings, loaded, service.metrics)
+        except (CheckpointError, SettingsError) as exc:
+            logger.error("Cannot serve %s: %s", service.settings.model_id, exc)
+            raise
+        service.engine.start()
+    begin(service)
+    yield
+    await run_in_threadpool(end, service)
     if getattr(app.state, "tracing", None):
         await run_in_threadpool(app.state.tracing.shut_down)  # the last spans, within a bound
     metrics.worker_exited()

@@ -9,13 +9,15 @@ from pydantic_core import from_json
 from starlette.routing import Route
 
 from inference import errors, routes
-from inference.engine import Answer
+from inference.answers import Answer
 from inference.errors import ServiceError
+from inference.link import AppState
 from inference.routes import (
     ERROR_RESPONSES,
     answered,
     bearer_token,
     check_api_key,
+    live_view,
     observe,
     parse,
     predict,
@@ -26,14 +28,13 @@ from inference.routes import (
     tei_headers,
 )
 from inference.schemas import Json, Rank, RerankRequest
-from inference.service import Service
 
 NOT_A_RERANKER = "Backend error: model is not a re-ranker model"  # TEI: BackendError::Inference, in a Backend error
 
 
-def is_reranker(state: Service) -> bool:
+def is_reranker(state: AppState) -> bool:
     """TEI's rule: one label makes a reranker."""
-    return len(state.live_engine().current.labels) == 1
+    return len(live_view(state).labels) == 1
 
 
 @router.post("/rerank", response_model=list[Rank], responses=ERROR_RESPONSES, summary="Rank texts by a query (TEI)")
@@ -58,7 +59,7 @@ async def rerank(request: Request) -> Json:
     return Json(ranks, headers=tei_headers(answer, characters, started))
 
 
-async def _scored_pairs(request: Request, state: Service, body: RerankRequest) -> Answer:
+async def _scored_pairs(request: Request, state: AppState, body: RerankRequest) -> Answer:
     """TEI's order: empty texts, model type, batch size."""
     if not body.texts:
         raise ServiceError(errors.EMPTY, "`texts` cannot be empty", reason="validation")

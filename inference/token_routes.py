@@ -14,14 +14,15 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic_core import to_json
 from tokenizers import Tokenizer
 
-from contract.loading import LoadedModel
 from inference import errors, memory
-from inference.engine import Overloaded
+from inference.answers import Overloaded
 from inference.errors import ServiceError
+from inference.link import AppState
 from inference.routes import (
     CHARS_PER_TOKEN_LIMIT,
     ERROR_RESPONSES,
     check_batch_size,
+    live_view,
     parse,
     require_json,
     router,
@@ -29,7 +30,6 @@ from inference.routes import (
     unless_gone,
 )
 from inference.schemas import DecodeRequest, Json, SimpleToken, TokenizeRequest
-from inference.service import Service
 
 CHUNK_TOKENS = 4096  # tokens formatted per piece of a streamed answer
 TOKENIZE_PAYLOADS = 8  # /tokenize answers at most this many full request bodies of text at once; past it 429
@@ -37,28 +37,12 @@ TRIM_AFTER_BYTES = 1 << 20  # of text: after such a request the freed heap goes 
 TOKENIZING = ThreadPoolExecutor(2, thread_name_prefix="tokenize")  # texts being encoded at once: their peak memory
 
 
-class SpareTokenizer:
-    """A plain copy of the served tokenizer per model, shared read-only."""
-
-    def __init__(self):
-        self._for: LoadedModel | None = None
-        self._tokenizer: Tokenizer | None = None
-        self._lock = threading.Lock()
-
-    def of(self, loaded: LoadedModel) -> Tokenizer:
-        with self._lock:
-            if self._for is not loaded:
-                backend = getattr(loaded.tokenizer, "backend_tokenizer", None)
-                if backend is None:  # a Python-only tokenizer (no `tokenizers` backend): TEI serves none either
-                    raise ServiceError(errors.TOKENIZER, "this model's tokenizer has no fast (Rust) backend to copy")
-                copy = Tokenizer.from_str(backend.to_str())
-                copy.no_truncation()
-                copy.no_padding()
-                self._for, self._tokenizer = loaded, copy
-            return self._tokenizer
-
-
-spare = SpareTokenizer()
+def spare_copy(serialized: str) -> Tokenizer:
+    """The served tokenizer from its JSON, untruncated and unpadded: the engine's own settings never reach it."""
+    copy = Tokenizer.from_str(serialized)
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
 
 
 @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERROR_RESPONSES, summary="Tokens (TEI)")
@@ -74,15 +58,14 @@ async def tokenize(request: Request) -> Response:
             f"Input validation error: `default-prompt-name` is set to `{body.prompt_name}` but no prompts were "
             "found in the Sentence Transformers configuration",
         )
-    engine = state.live_engine()
-    limit = engine.current.max_length * CHARS_PER_TOKEN_LIMIT  # TEI's tokenize_input: no truncation, refused past it
+    limit = live_view(state).max_length * CHARS_PER_TOKEN_LIMIT  # TEI's tokenize_input: no truncation, refused past it
     for text in texts:
         if len(text) > limit:
             raise ServiceError(
                 errors.VALIDATION, f"`inputs` must have less than {limit} characters. Given: {len(text)}"
             )
-    tokenizer = spare.of(engine.current)
-    release = admit(state, engine, texts)
+    tokenizer = await state.link.tokenizer()
+    release = await admit(state, texts)
     try:
         listed = asyncio.ensure_future(_listed(tokenizer, texts, body.add_special_tokens))
         rows = await unless_gone(request, listed)
@@ -92,23 +75,26 @@ async def tokenize(request: Request) -> Response:
     return Streamed(_answer(rows), release)
 
 
-def admit(state: Service, engine, texts: list[str]) -> Callable[[], None]:
+async def admit(state: AppState, texts: list[str]) -> Callable[[], None]:
     """Count the texts against the inputs in flight and their bytes against what /tokenize may answer at once (429
     past either); the function that gives both back."""
     size = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
     in_flight.take(size, TOKENIZE_PAYLOADS * state.settings.payload_limit)
     try:
-        engine.admit(len(texts))
+        await state.link.admit(len(texts))
     except Overloaded as exc:
         in_flight.give(size)
         raise ServiceError(errors.OVERLOADED, str(exc)) from None
+    except BaseException:
+        in_flight.give(size)
+        raise
     given = threading.Event()
 
     def release() -> None:
         if not given.is_set():
             given.set()
             in_flight.give(size)
-            engine.leave(len(texts))
+            state.link.leave(len(texts))
             if size >= TRIM_AFTER_BYTES:  # the encodings' many small blocks, freed on other threads' heaps
                 TOKENIZING.submit(memory.give_back_free_memory)
 
@@ -236,7 +222,8 @@ async def decode(request: Request) -> Json:
     body = parse(await request.body(), DecodeRequest)
     sequences = body.sequences()
     _check_batch(state, sequences, "ids", batch=body.is_batch)
-    tokenizer = spare.of(state.live_engine().current)
+    live_view(state)
+    tokenizer = await state.link.tokenizer()
     return Json(await asyncio.to_thread(_decoded, tokenizer, sequences, body.skip_special_tokens))
 
 
@@ -249,7 +236,7 @@ def _decoded(tokenizer: Tokenizer, sequences: list[list[int]], skip_special_toke
     return tokenizer.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
 
 
-def _check_batch(state: Service, items: list, field: str, batch: bool) -> None:
+def _check_batch(state: AppState, items: list, field: str, batch: bool) -> None:
     """TEI's batch checks: not empty, within MAX_CLIENT_BATCH_SIZE."""
     if not batch:
         return

@@ -8,22 +8,8 @@ from dataclasses import replace
 
 from contract.loading import LoadedModel
 from contract.long_text import CHUNK, LongTextError, PairLeavesNoRoom, TooManyWindows, cut_long_pairs
+from inference.answers import InputTooLong, NoTokens
 from inference.schemas import Sequence
-
-
-class InputTooLong(ValueError):
-    """Too long, with truncation off (TEI's wording)."""
-
-    def __init__(self, tokens: int, limit: int):
-        super().__init__(f"`inputs` must have less than {limit} tokens. Given: {tokens}")
-
-
-class NoTokens(ValueError):
-    """An input the tokenizer makes nothing of (whitespace, zero-width characters, with no special tokens added)."""
-
-    def __init__(self, index: int):
-        super().__init__(f"`inputs` has no tokens once tokenized (inputs[{index}]): only characters this model's "
-                         "tokenizer drops; send some text")  # fmt: skip
 
 
 def check_tokens(features: list[dict], owner: list[int], inputs: int) -> None:

@@ -1,7 +1,7 @@
-"""/tokenize's work off the model thread (inference/token_routes.py): a copy of the served tokenizer that nothing
-changes, one encode per text, and byte offsets from a prefix table, O(1) each for every tokenizer kind (byte-level BPE
-gives several tokens one character's offsets: a step back used to re-encode the prefix, quadratic in the text). The
-same over real HTTP, with its memory bounds: tests/inference/test_tokenize_bounds.py."""
+"""/tokenize's work off the model thread (inference/token_routes.py): a copy of the served tokenizer (link.py
+spare_copy) that nothing changes, one encode per text, and byte offsets from a prefix table, O(1) each for every
+tokenizer kind (byte-level BPE gives several tokens one character's offsets: a step back used to re-encode the
+prefix, quadratic in the text). The same over real HTTP, with its memory bounds: test_tokenize_bounds.py."""
 
 from __future__ import annotations
 
@@ -10,20 +10,16 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from inference.token_routes import CHUNK_TOKENS, Listed, SpareTokenizer, utf8_offsets
+from inference.link import spare_copy
+from inference.token_routes import CHUNK_TOKENS, Listed, utf8_offsets
 from tests.helpers.tokenizer_kinds import KINDS, tokenizer_of
 
 
 @pytest.fixture(scope="module")
 def spare(smoke_checkpoint):
-    from types import SimpleNamespace
-
-    loaded = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(smoke_checkpoint / "tokenizer"))
-    copies = SpareTokenizer()
-    tokenizer = copies.of(loaded)
-    assert copies.of(loaded) is tokenizer  # one copy per loaded model
-    loaded.tokenizer.backend_tokenizer.enable_truncation(8)  # the engine's own settings never reach the copy
-    return tokenizer
+    served = AutoTokenizer.from_pretrained(smoke_checkpoint / "tokenizer")
+    served.backend_tokenizer.enable_truncation(8)  # the engine's own settings never reach the copy
+    return spare_copy(served.backend_tokenizer.to_str())
 
 
 def tokens(row: Listed) -> list[dict]:

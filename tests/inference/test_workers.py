@@ -1,5 +1,7 @@
-"""Several uvicorn worker processes: every scrape of /metrics counts every worker's requests, on the API port and on
-PROMETHEUS_PORT (served by the process that starts the workers)."""
+"""WORKERS > 1: one engine process holds the model and batches for every front-end (uvicorn's workers, which never
+import torch), over the link of inference/link.py. Over real HTTP: the answers equal one process's, every scrape of
+/metrics counts every process, a front-end killed is replaced and its gauges dropped, the engine killed ends the
+front-ends and the service, and SIGTERM drains them all."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import os
 import re
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +20,7 @@ from tests.helpers.processes import free_port
 from tests.helpers.service import Server, wait_for
 
 pytestmark = pytest.mark.slow
+FRONT_ENDS = 4
 
 
 def samples(text: str) -> dict[tuple, float]:
@@ -27,48 +32,124 @@ def samples(text: str) -> dict[tuple, float]:
     }
 
 
-def test_two_workers_count_into_one_set_of_metrics(smoke_checkpoint):
+def front_ends_of(server: Server) -> list[int]:
+    """The front-ends' pids: the engine's children that said they are ready."""
+    wait_for(lambda: server.output().count("Front-end ready"), lambda n: n >= FRONT_ENDS, timeout=90)
+    return [int(pid) for pid in re.findall(r"pid (\d+) \[-\] Front-end ready", server.output())]
+
+
+def holds_torch(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.fixture(scope="module")
+def served(smoke_checkpoint):
     metrics_port = free_port()
-    server = Server(
-        smoke_checkpoint,
-        *("--workers", "2", "--dtype", "float32", "--reload_interval_s", "0", "--prometheus_port", str(metrics_port)),
-    ).wait_ready()
+    args = ("--workers", str(FRONT_ENDS), "--dtype", "float32", "--backend", "torch", "--reload_interval_s", "0")
+    server = Server(smoke_checkpoint, *args, "--prometheus_port", str(metrics_port)).wait_ready()
+    yield server, metrics_port
+    server.stop()
+
+
+def texts(n: int) -> list[str]:
+    words = "stocks fell the yankees won a new chip doubles battery life oil prices rose leaders met".split()
+    return [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 9)) for i in range(n)]
+
+
+def test_one_process_holds_the_model_and_answers_as_one_process_does(served, smoke_checkpoint):
+    """400 requests at concurrency 16 over 4 front-ends: the same answers as WORKERS=1 (1e-5), and only the engine's
+    process has torch loaded."""
+    server, _ = served
+    front_ends = front_ends_of(server)
+    assert holds_torch(server.process.pid) and not any(holds_torch(pid) for pid in front_ends)
+    alone = Server(smoke_checkpoint, "--dtype", "float32", "--backend", "torch", "--reload_interval_s", "0")
+    alone.wait_ready()
+    bodies = [{"inputs": [[t] for t in texts(400)[i : i + 4]]} for i in range(0, 400, 4)] * 4  # 400 requests
+
+    def answers(url: str) -> list:
+        with httpx.Client(base_url=url, timeout=60) as client, ThreadPoolExecutor(16) as pool:
+            return list(pool.map(lambda body: client.post("/predict", json=body).json(), bodies))
+
     try:
-        deadline = time.time() + 90
-        while server.output().count("Ready:") < 2:  # both workers loaded their model
-            assert time.time() < deadline and server.process.poll() is None, server.output()
-            time.sleep(0.2)
-        requests = 40
-        for i in range(requests):  # a new connection each time: the kernel hands them to either worker
-            with httpx.Client(base_url=server.url) as client:
-                assert (
-                    client.post("/predict", json={"inputs": [[f"stocks fell {i}"], ["the yankees won"]]}).status_code
-                    == 200
-                )
-        assert httpx.post(f"{server.url}/predict", json={"inputs": ""}).status_code == 400
-        scrapes = [samples(httpx.get(f"{server.url}/metrics").text) for _ in range(8)]
-        private = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics")
-        assert private.headers["content-type"].startswith("text/plain; version=0.0.4")
-        scrapes.append(samples(private.text))  # the same counts from the private port
-        assert httpx.get(f"http://127.0.0.1:{metrics_port}/predict").status_code == 404  # metrics only
-        workers = set()
-        for scrape in scrapes:
-            assert scrape[("te_request_success_total", (("method", "batch"),))] == requests
-            assert scrape[("te_request_count_total", (("method", "batch"),))] == requests
-            assert scrape[("te_request_failure_total", (("err", "empty"),))] == 1
-            assert scrape[("te_batch_next_size_count", ())] >= 1
-            workers |= {dict(labels)["pid"] for name, labels in scrape if name == "te_process_resident_memory_bytes"}
-        assert len(workers) == 2, "expected both workers' process metrics"
-        killed = sorted(workers)[0]  # a worker SIGKILLed (the OOM killer's way) never drops its own live gauges
-        os.kill(int(killed), signal.SIGKILL)
-
-        def pids() -> set[str]:
-            scrape = samples(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text)
-            return {dict(labels)["pid"] for name, labels in scrape if name == "te_process_resident_memory_bytes"}
-
-        assert killed not in wait_for(pids, lambda found: killed not in found, timeout=30)
+        ours, one = answers(server.url), answers(alone.url)
     finally:
-        output = server.stop()
-    assert server.process.returncode == 0
-    answered = re.findall(r"pid (\d+) \[\w+\] [\d.:]+ - \"POST /predict", output)
-    assert len(answered) == requests + 1 and set(answered) == workers, "both workers must have answered requests"
+        alone.stop()
+    assert len(ours) == 400
+    for got, expected in zip(ours, one, strict=True):
+        for row, reference in zip(got, expected, strict=True):
+            assert [a["label"] for a in row] == [a["label"] for a in reference]
+            assert all(abs(a["score"] - b["score"]) <= 1e-5 for a, b in zip(row, reference))
+    answered = set(re.findall(r"pid (\d+) \[\w+\] [\d.:]+ - \"POST /predict", server.output()))
+    assert len(answered) > 1 and answered <= {str(pid) for pid in front_ends}  # the front-ends answer
+
+
+def test_every_process_counts_into_one_set_of_metrics(served):
+    server, metrics_port = served
+    front_ends_of(server)
+
+    def counted() -> float:
+        return samples(httpx.get(f"{server.url}/metrics").text).get(
+            ("te_request_success_total", (("method", "batch"),)), 0
+        )
+
+    before = counted()
+    requests = 40
+    for i in range(requests):  # a new connection each time: the kernel hands them to any front-end
+        with httpx.Client(base_url=server.url) as client:
+            assert (
+                client.post("/predict", json={"inputs": [[f"stocks fell {i}"], ["the yankees won"]]}).status_code == 200
+            )
+    assert httpx.post(f"{server.url}/predict", json={"inputs": ""}).status_code == 400
+    scrapes = [samples(httpx.get(f"{server.url}/metrics").text) for _ in range(8)]
+    private = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics")
+    assert private.headers["content-type"].startswith("text/plain; version=0.0.4")
+    scrapes.append(samples(private.text))  # the same counts from the private port
+    assert httpx.get(f"http://127.0.0.1:{metrics_port}/predict").status_code == 404  # metrics only
+    for scrape in scrapes:
+        assert scrape[("te_request_success_total", (("method", "batch"),))] == before + requests
+        assert scrape[("te_request_failure_total", (("err", "empty"),))] >= 1
+        assert scrape[("te_batch_next_size_count", ())] >= 1  # counted by the engine, seen from every front-end
+
+
+def test_a_killed_front_end_is_replaced_and_its_gauges_dropped(served):
+    server, metrics_port = served
+    front_ends = front_ends_of(server)
+
+    def pids() -> set[str]:
+        scrape = samples(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text)
+        return {dict(labels)["pid"] for name, labels in scrape if name == "te_process_resident_memory_bytes"}
+
+    for _ in range(20):  # scrapes on the API port record the memory of the front-end that answers them
+        httpx.get(f"{server.url}/metrics")
+    killed = next(pid for pid in front_ends if str(pid) in pids())
+    os.kill(killed, signal.SIGKILL)  # the OOM killer's way: it never drops its own live gauges
+    assert str(killed) not in wait_for(pids, lambda found: str(killed) not in found, timeout=30)
+    wait_for(lambda: server.output().count("Front-end ready"), lambda n: n > len(front_ends), timeout=60)
+    assert httpx.post(f"{server.url}/predict", json={"inputs": "stocks fell"}).status_code == 200
+
+
+def test_the_engine_killed_ends_every_front_end_and_the_service(smoke_checkpoint):
+    """SIGKILL to the engine's process: the front-ends see their parent gone and exit (never answering from
+    nothing), within the 60 s a cluster waits; the service's exit status is non-zero."""
+    server = Server(smoke_checkpoint, "--workers", "2", "--backend", "torch", "--reload_interval_s", "0").wait_ready()
+    wait_for(lambda: server.output().count("Front-end ready"), lambda n: n >= 2, timeout=60)
+    front_ends = [int(pid) for pid in re.findall(r"pid (\d+) \[-\] Front-end ready", server.output())]
+    os.kill(server.process.pid, signal.SIGKILL)
+    started = time.time()
+    wait_for(lambda: [pid for pid in front_ends if Path(f"/proc/{pid}").exists()], lambda alive: not alive, 60)
+    print(f"front-ends gone {time.time() - started:.1f} s after the engine")
+    assert server.process.wait(10) != 0
+    assert "The engine's process has ended; this front-end exits" in server.output()
+
+
+def test_sigterm_drains_the_front_ends_then_the_engine_and_exits_0(smoke_checkpoint):
+    server = Server(smoke_checkpoint, "--workers", "2", "--backend", "torch", "--reload_interval_s", "0").wait_ready()
+    wait_for(lambda: server.output().count("Front-end ready"), lambda n: n >= 2, timeout=60)
+    with ThreadPoolExecutor(8) as pool:
+        body = {"inputs": [[t] for t in texts(32)]}
+        answers = [pool.submit(httpx.post, f"{server.url}/predict", json=body, timeout=60) for _ in range(8)]
+        time.sleep(0.2)
+        server.process.terminate()
+        assert all(a.result().status_code == 200 for a in answers)
+    assert server.exit_code(60) == 0, server.output()
+    assert "Task was destroyed" not in server.output()
