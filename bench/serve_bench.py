@@ -412,7 +412,8 @@ def server_commands(checkpoint: Path, args, work: Path) -> dict[str, tuple[str, 
     if args.pretrained_folder:  # converted at its start (RUNTIME_CACHE), on the shipped English sample
         servers["ours-folder"] = service(ROOT, write_pretrained_folder(checkpoint, work / "pretrained_folder"))
     if args.baseline:
-        servers["previous"] = service(checkout(args.baseline, work / "previous"))
+        previous = checkout(args.baseline, work / "previous")
+        servers.update({f"previous{suffix(w)}": service(previous, workers=w) for w in args.workers})
     if not args.no_peers:
         servers["peer"] = (
             f"http://127.0.0.1:{peer_port}",
@@ -454,11 +455,31 @@ def measure(servers: dict, texts: list[str], args, work: Path) -> dict[tuple[str
                     f"p99 {r['p99']:7.1f} ms  errors {r['errors']}  (n={r['n']})",
                     flush=True,
                 )
+        memory_table({name: tree_memory(process.pid) for name, process in processes.items()})
     finally:
         for process in processes.values():
             process.send_signal(signal.SIGTERM)
             process.wait(60)
     return {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
+
+
+def tree_memory(pid: int) -> tuple[int, float, float]:
+    """(processes, RSS MB, PSS MB) of a server and every process under it: PSS counts shared pages once."""
+    import psutil
+
+    root = psutil.Process(pid)
+    tree = [root, *root.children(recursive=True)]
+    infos = [p.memory_full_info() for p in tree if p.is_running()]
+    return len(infos), sum(i.rss for i in infos) / 2**20, sum(getattr(i, "pss", i.rss) for i in infos) / 2**20
+
+
+def memory_table(memory: dict[str, tuple[int, float, float]]) -> None:
+    """Each server's memory after its measurements, against ours with one worker."""
+    base = memory.get("ours", next(iter(memory.values())))[2]
+    print("| server | processes | RSS MB | PSS MB | PSS / ours |")
+    print("|---|---|---|---|---|")
+    for name, (count, rss, pss) in memory.items():
+        print(markdown_row([name, str(count), f"{rss:.0f}", f"{pss:.0f}", f"{pss / base:.2f}x"]))
 
 
 def markdown_row(cells: list[str]) -> str:
