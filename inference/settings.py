@@ -62,7 +62,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     """Port to listen on [PORT]"""
     workers: int = Field(1, ge=1)
-    """uvicorn worker processes, each with its own copy of the model; /metrics counts all of them [WORKERS]"""
+    """Front-end processes (uvicorn's workers: HTTP, JSON, checks), all linked to one engine process that holds the
+    model and batches for every one of them; 1: the engine and the routes in one process [WORKERS]
+    """
     api_key: str | None = None
     """When set, every route needs `Authorization: Bearer <key>` but these, open as in TEI: GET /health, /ping,
     GET /, /ready, /metrics, and the API's description /docs, /docs/oauth2-redirect, /redoc and /openapi.json.
