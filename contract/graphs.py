@@ -1,5 +1,5 @@
-"""CUDA graph capture for serving (inference/graphs.py) and training (speed/step_graph.py): warm-up on a side stream,
-then capture into a shared memory pool.
+"""CUDA graph capture for serving (inference/engine/graphs.py) and training (speed/step_graph.py): warm-up on a side
+stream, then capture into a shared memory pool.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from pydantic_settings import CliApp, CliSettingsSource
 
 from contract.errors import UsageError, UserError
 from contract.help import HelpFormatter, prog
-from inference import connections, logs, metrics_port, tracing
+from inference import logs, metrics_port
+from inference.front_end import connections, tracing
 from inference.settings import Settings, describe_error
 
 logger = logging.getLogger("inference")
@@ -39,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     # front-end processes read settings from the environment: flags travel there too
     os.environ.update(settings.environment())
     shared = share_metrics() if settings.workers > 1 else None  # before prometheus-client loads: this process counts
+    from inference.engine.service import load_for_start, ready_engine  # imported once the environment is set
     from inference.metrics import Metrics
-    from inference.service import load_for_start, ready_engine  # imported once the environment is set
 
     try:
         check_start(settings)
@@ -96,9 +97,9 @@ def connection_limits(settings: Settings) -> dict:
 def serve_front_ends(settings: Settings, engine, shared: tuple[str, bool]) -> int:
     """The engine here, WORKERS front-ends (uvicorn's workers, which never load the model) linked to it over one
     socket: one model, batched across every client. SIGTERM drains the front-ends, then the engine."""
-    from inference.link import ENGINE_ENV
-    from inference.link_server import LinkServer
-    from inference.service import Service, begin, end, exit_abandoning_race
+    from inference.engine.link_server import LinkServer
+    from inference.engine.service import Service, begin, end, exit_abandoning_race
+    from inference.front_end.link import ENGINE_ENV
 
     service = Service(settings, engine)
     engine.start()
@@ -130,7 +131,7 @@ def serve_front_ends(settings: Settings, engine, shared: tuple[str, bool]) -> in
 def serve_on_main_thread(settings: Settings, engine) -> int:
     """uvicorn on a thread, the engine here; signals drain both, exit 0."""
     from inference.app import create_app
-    from inference.service import exit_abandoning_race
+    from inference.engine.service import exit_abandoning_race
 
     server = uvicorn.Server(
         uvicorn.Config(

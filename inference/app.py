@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from inference import connections, errors, routes, text_routes, token_routes, tracing  # noqa: F401 - token_routes adds /tokenize, /decode to routes.router
-from inference.link import ENGINE_ENV, AppState, RemoteLink, front_end_lifespan
+from inference import errors
+from inference.front_end import connections, routes, text_routes, token_routes, tracing  # noqa: F401 - token_routes adds /tokenize, /decode to routes.router
+from inference.front_end.link import ENGINE_ENV, AppState, RemoteLink, front_end_lifespan
+from inference.front_end.middleware import BodySizeLimit, RequestId, ResponseStatus
+from inference.front_end.tracing import Traces
 from inference.metrics import Metrics
-from inference.middleware import BodySizeLimit, RequestId, ResponseStatus
 from inference.settings import Settings, SettingsError, from_env
-from inference.tracing import Traces
 
 if TYPE_CHECKING:
-    from inference.engine import Engine
+    from inference.engine.scheduler import Engine
 
 TEI_HEADERS = [
     "x-compute-type",
@@ -41,7 +42,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     if address and engine is None:
         state, lifespan = AppState(settings, Metrics(), RemoteLink(address)), front_end_lifespan
     else:
-        from inference.service import Service, lifespan  # the engine in this process: torch loads here
+        from inference.engine.service import Service, lifespan  # the engine in this process: torch loads here
 
         state = Service(settings, engine)
     app = FastAPI(

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from inference.schemas import INPUTS_HELP
+from inference.front_end.schemas import INPUTS_HELP
 
 logger = logging.getLogger("inference")
 

@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 from contract import files, shapes
 from contract.loading import CheckpointError, load_model
 from inference.app import create_app
-from inference.graphs import CapturedForward
-from inference.passes import static_passes
+from inference.engine.graphs import CapturedForward
+from inference.engine.passes import static_passes
 from inference.settings import Settings, SettingsError, from_env
 from tests.helpers.cuda_graphs.stand_in import install_serving
 from tests.helpers.files import save_new_weights
@@ -113,16 +113,16 @@ def test_bad_json_and_oversized_bodies(client):
 def model_busy(client: TestClient, inputs: list, headers: dict | None = None):
     """`inputs` in flight: posted on a thread, their forward pass held until the block ends; yields their response
     holder (filled once released)."""
-    import inference.engine
+    import inference.engine.scheduler
 
-    entered, release, original, answer = threading.Event(), threading.Event(), inference.engine.forward, []
+    entered, release, original, answer = threading.Event(), threading.Event(), inference.engine.scheduler.forward, []
 
     def held(*args):
         entered.set()
         release.wait(30)
         return original(*args)
 
-    inference.engine.forward = held
+    inference.engine.scheduler.forward = held
     poster = threading.Thread(target=lambda: answer.append(client.post("/predict", json=inputs, headers=headers)))
     poster.start()
     try:
@@ -131,7 +131,7 @@ def model_busy(client: TestClient, inputs: list, headers: dict | None = None):
     finally:
         release.set()
         poster.join(30)
-        inference.engine.forward = original
+        inference.engine.scheduler.forward = original
 
 
 def test_more_inputs_in_flight_than_max_concurrent_requests_is_429(smoke_checkpoint):
@@ -158,10 +158,10 @@ def test_a_client_batch_larger_than_the_concurrency_limit_is_refused_at_start(sm
 
 def test_micro_batches_are_bounded_by_tokens_and_inputs(smoke_checkpoint, reference):
     """MAX_BATCH_TOKENS bounds every forward pass (padded tokens), MAX_BATCH_REQUESTS its inputs."""
-    import inference.engine
+    import inference.engine.scheduler
 
     sizes: list[tuple[int, int]] = []
-    original = inference.engine.forward
+    original = inference.engine.scheduler.forward
 
     def recording(loaded, features, *shape):
         logits = original(loaded, features, *shape)
@@ -170,11 +170,11 @@ def test_micro_batches_are_bounded_by_tokens_and_inputs(smoke_checkpoint, refere
 
     texts = [" ".join(["the yankees beat the red sox"] * (20 + 3 * i)) for i in range(12)]  # 122..~490 tokens
     with make_client(smoke_checkpoint, max_batch_tokens=1024, max_batch_requests=4) as c:
-        inference.engine.forward = recording
+        inference.engine.scheduler.forward = recording
         try:
             answer = c.post("/predict", json={"inputs": [[t] for t in texts]}).json()
         finally:
-            inference.engine.forward = original
+            inference.engine.scheduler.forward = original
     assert sizes and all(n <= 4 and n * (-(-longest // 8) * 8) <= 1024 for n, longest in sizes), sizes
     assert sum(n for n, _ in sizes) == len(texts)
     for got, text in zip(answer, texts):
@@ -184,8 +184,8 @@ def test_micro_batches_are_bounded_by_tokens_and_inputs(smoke_checkpoint, refere
 @pytest.fixture(scope="module")
 def static_client(smoke_checkpoint):
     """The service as on CUDA (the torch runtime, STATIC_SHAPES and TOKENIZER_THREAD on, every forward pass a
-    replayed CUDA graph: inference/graphs.py's CapturedForward over the CPU stand-in of tests/helpers/cuda_graphs)
-    on the CPU, recording every forward pass's shape."""
+    replayed CUDA graph: inference/engine/graphs.py's CapturedForward over the CPU stand-in of
+    tests/helpers/cuda_graphs) on the CPU, recording every forward pass's shape."""
     with pytest.MonkeyPatch.context() as patch:
         install_serving(patch)
         with make_client(smoke_checkpoint, static_shapes=True, tokenizer_thread=True, backend="torch") as c:
@@ -320,13 +320,13 @@ def test_docs_and_the_bearer_security_scheme(smoke_checkpoint):
 
 
 def test_an_inference_failure_is_424_backend_and_the_worker_lives_on(smoke_checkpoint, monkeypatch):
-    import inference.engine
+    import inference.engine.scheduler
 
     def broken(*args):
         raise RuntimeError("forward failed")
 
     with make_client(smoke_checkpoint) as c:
-        monkeypatch.setattr(inference.engine, "forward", broken)  # after the warm-up
+        monkeypatch.setattr(inference.engine.scheduler, "forward", broken)  # after the warm-up
         response = c.post("/predict", json={"inputs": "hello"})
         assert response.status_code == 424
         assert response.json() == {"error": "inference failed (RuntimeError: forward failed)", "error_type": "Backend"}
@@ -340,7 +340,7 @@ def test_a_tokenizer_failure_is_424_and_the_engine_lives_on(request, where, monk
     """Should the tokenizer itself raise (not a refused input: a bug, a broken tokenizer), the requests of that
     micro-batch get 424 at once instead of waiting forever, and the next request is served: tokenized on the model's
     thread (the CPU's default) or on a thread of its own (CUDA's)."""
-    import inference.engine
+    import inference.engine.scheduler
 
     client = request.getfixturevalue(where)
     assert client.app.state.service.engine.limits.tokenizer_thread == (where == "static_client")
@@ -348,7 +348,7 @@ def test_a_tokenizer_failure_is_424_and_the_engine_lives_on(request, where, monk
     def broken(*args):
         raise RuntimeError("tokenizer failed")
 
-    monkeypatch.setattr(inference.engine, "encode_unchecked", broken)
+    monkeypatch.setattr(inference.engine.scheduler, "encode_unchecked", broken)
     response = client.post("/predict", json={"inputs": "hello"})
     assert response.status_code == 424
     assert response.json() == {"error": "inference failed (RuntimeError: tokenizer failed)", "error_type": "Backend"}

@@ -1,4 +1,4 @@
-"""The CUDA-graph serving path (inference/graphs.py: `CapturedForward`, as the engine uses it on CUDA) run on the
+"""The CUDA-graph serving path (inference/engine/graphs.py: `CapturedForward`, as the engine uses it on CUDA) run on the
 CPU through the stand-in for its CUDA primitive (tests/helpers/cuda_graphs/stand_in.py: a capture records the
 forward pass on static input tensors, a replay re-runs it into the same output). Everything above the primitive is
 the real code: start-up's warm-up and capture, buckets, copies in and out, hot reload. The 2,000 texts from 16
@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from inference.engine import graph_shapes
-from inference.graphs import CapturedForward
+from inference.engine.graphs import CapturedForward
+from inference.engine.scheduler import graph_shapes
 from tests.helpers.cuda_graphs.stand_in import CpuGraphs, install_serving
 from tests.helpers.service import assert_matches, wait_for
 from tests.inference.test_app import TEXTS, make_client, recording_shapes

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-import inference.service
+import inference.engine.service
 from contract import files
 from tests.helpers.processes import cli_env
 from tests.helpers.service import Server, assert_matches, wait_for
@@ -61,7 +61,7 @@ def test_a_failed_background_measurement_leaves_torch_fp32_serving(new_checkpoin
     def failing(settings):
         raise RuntimeError("conversion crashed")
 
-    monkeypatch.setattr(inference.service, "load_configured", failing)
+    monkeypatch.setattr(inference.engine.service, "load_configured", failing)
     said = []
     checkpoint_copy, cache = new_checkpoint
     with make_client(checkpoint_copy, measure_in_background=True, **cache) as client:

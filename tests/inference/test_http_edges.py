@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 
 from contract import files
-from inference import routes, text_routes
 from inference.app import create_app
+from inference.front_end import routes, text_routes
 from inference.settings import Settings, SettingsError, from_env
 from tests.helpers.processes import cli_env
 from tests.helpers.service import run_cli

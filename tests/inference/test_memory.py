@@ -20,9 +20,9 @@ SCRIPT = """
 import random, sys, psutil
 from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification
 from contract.model_call import forward
-from inference.tokenizing import encode
+from inference.engine.tokenizing import encode
 from inference.metrics import Metrics
-from inference.service import load_configured, ready_engine
+from inference.engine.service import load_configured, ready_engine
 from inference.settings import from_env
 smoke, folder = sys.argv[1], sys.argv[2]
 tokenizer = AutoTokenizer.from_pretrained(smoke)

@@ -129,8 +129,8 @@ def test_each_request_exports_a_span_with_tei_times_to_an_otlp_receiver(smoke_ch
 
 def test_tracing_is_absent_from_the_request_path_unless_asked(smoke_checkpoint):
     from inference.app import create_app
+    from inference.front_end.tracing import Traces
     from inference.settings import Settings
-    from inference.tracing import Traces
 
     def middleware(**settings) -> list:
         app = create_app(Settings(model_id=str(smoke_checkpoint), **settings))
@@ -161,7 +161,7 @@ def test_a_collector_that_never_answers_delays_no_exit_and_json_output_stays_jso
     tracing.EXPORT_TIMEOUT_S and every line of the log is a JSON object."""
     import json
 
-    from inference.tracing import EXPORT_TIMEOUT_S
+    from inference.front_end.tracing import EXPORT_TIMEOUT_S
 
     silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog), never reads or answers
     url = f"http://127.0.0.1:{silent.getsockname()[1]}"

@@ -19,8 +19,8 @@ import torch
 
 from contract import files
 from contract.loading import TornCheckpoint, load_model, signature
-from inference import reload
-from inference.reload import CheckpointWatcher
+from inference.engine import reload
+from inference.engine.reload import CheckpointWatcher
 from tests.helpers.service import wait_for
 from tests.inference.test_app import TEXTS, make_client
 
@@ -88,7 +88,7 @@ def test_a_scan_failing_for_a_while_is_one_warning_and_polling_goes_on(checkpoin
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = records.append  # the service's own logging set-up may stop propagation to pytest's handler
-    log = logging.getLogger("inference.reload")
+    log = logging.getLogger("inference.engine.reload")
     level = log.level
     log.setLevel(logging.INFO)  # setLevel, not the attribute: it also clears the logger's isEnabledFor cache
     log.addHandler(handler)
@@ -287,7 +287,7 @@ def test_the_runtime_race_never_puts_older_weights_back_over_a_reload(checkpoint
     the reload, and the watcher, whose files had not changed since, never reloaded again)."""
     from dataclasses import replace
 
-    from inference import service as service_module
+    from inference.engine import service as service_module
 
     with make_client(checkpoint_copy, backend="torch") as client:
         service = client.app.state.service

@@ -405,7 +405,7 @@ def test_answers_are_json_as_serde_json_writes_it_a_non_finite_score_as_null():
     raised on one (a 500). Finite answers parse back to what json.dumps writes, non-ASCII labels as UTF-8."""
     import json
 
-    from inference.schemas import Json
+    from inference.front_end.schemas import Json
 
     answer = [[{"label": "Économie", "score": 0.912345678}, {"label": "Sports", "score": 1e-05}]]
     assert json.loads(Json(answer).body) == json.loads(json.dumps(answer))

@@ -1,4 +1,4 @@
-"""/tokenize's work off the model thread (inference/token_routes.py): a copy of the served tokenizer (link.py
+"""/tokenize's work off the model thread (inference/front_end/token_routes.py): a copy of the served tokenizer (link.py
 spare_copy) that nothing changes, one encode per text, and byte offsets from a prefix table, O(1) each for every
 tokenizer kind (byte-level BPE gives several tokens one character's offsets: a step back used to re-encode the
 prefix, quadratic in the text). The same over real HTTP, with its memory bounds: test_tokenize_bounds.py."""
@@ -10,8 +10,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from inference.link import spare_copy
-from inference.token_routes import CHUNK_TOKENS, Listed, utf8_offsets
+from inference.front_end.link import spare_copy
+from inference.front_end.token_routes import CHUNK_TOKENS, Listed, utf8_offsets
 from tests.helpers.tokenizer_kinds import KINDS, tokenizer_of
 
 

@@ -14,7 +14,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from inference.token_routes import TOKENIZE_PAYLOADS
+from inference.front_end.token_routes import TOKENIZE_PAYLOADS
 from tests.helpers.processes import cli_env
 from tests.helpers.service import Server, wait_for
 from tests.helpers.tokenizer_kinds import hf_folder

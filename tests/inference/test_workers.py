@@ -1,7 +1,7 @@
 """WORKERS > 1: one engine process holds the model and batches for every front-end (uvicorn's workers, which never
-import torch), over the link of inference/link.py. Over real HTTP: the answers equal one process's, every scrape of
-/metrics counts every process, a front-end killed is replaced and its gauges dropped, the engine killed ends the
-front-ends and the service, and SIGTERM drains them all."""
+import torch), over the link of inference/front_end/link.py. Over real HTTP: the answers equal one process's, every
+scrape of /metrics counts every process, a front-end killed is replaced and its gauges dropped, the engine killed
+ends the front-ends and the service, and SIGTERM drains them all."""
 
 from __future__ import annotations
 

@@ -15,7 +15,10 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
         self.done: set[str] = set()
 
     def find_spec(self, name, path=None, target=None):
-        if name not in ("inference.graphs", "training.speed.capture", "training.speed.step_graph") or name in self.done:
+        if (
+            name not in ("inference.engine.graphs", "training.speed.capture", "training.speed.step_graph")
+            or name in self.done
+        ):
             return None
         self.done.add(name)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
@@ -28,7 +31,7 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
                     lambda: sys.stderr.write(f"{stand_in.REPORT}: {pool.held} ({pool.overwritten} overwritten)\n")
                 )
             exec_module(module)
-            if name == "inference.graphs":
+            if name == "inference.engine.graphs":
                 stand_in.install_serving()
             if name == "training.speed.step_graph":
                 stand_in.install_step_graphs()

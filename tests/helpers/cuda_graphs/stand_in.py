@@ -3,7 +3,8 @@ only a GPU would otherwise run (and a rare GPU lease measures instead of debuggi
 this module: tests install it in-process (`install_serving`, `install_training`) or through this folder's
 sitecustomize.py for every process of a real run (tests/conftest.py: `graphs_env`).
 
-Serving (inference/graphs.py): `CpuGraphs` stands in for `CudaGraphs`, the CUDA primitive under `CapturedForward`.
+Serving (inference/engine/graphs.py): `CpuGraphs` stands in for `CudaGraphs`, the CUDA primitive under
+`CapturedForward`.
 A capture runs the warm-up passes, then records the forward pass on its static input tensors; a replay re-runs it
 on the same tensors and writes into the same output tensor, as a replayed graph does. Everything above it is the
 real code: buckets, the static inputs filled by copies, the copy out, a KeyError for a shape that was not captured.
@@ -40,7 +41,7 @@ STEP_REPORT = "cuda-graphs stand-in: whole steps captured"  # likewise
 
 
 class CpuGraphs:
-    """`inference.graphs.CudaGraphs` on the CPU: capture = record on static tensors, replay = re-run into them."""
+    """`inference.engine.graphs.CudaGraphs` on the CPU: capture records on static tensors, replay re-runs into them."""
 
     captures = 0  # across instances: how many forward passes were captured (tests read it)
 
@@ -109,11 +110,11 @@ def install_step_graphs(patch=None) -> None:
 
 def install_serving(patch=None) -> None:
     """Serve through CUDA graphs on the CPU: `patch` a pytest monkeypatch (undone after the test), else for good."""
-    import inference.graphs
+    import inference.engine.graphs
 
     setter = patch.setattr if patch is not None else setattr
-    setter(inference.graphs, "CudaGraphs", CpuGraphs)
-    setter(inference.graphs, "available", lambda device: True)
+    setter(inference.engine.graphs, "CudaGraphs", CpuGraphs)
+    setter(inference.engine.graphs, "available", lambda device: True)
 
 
 class GraphPool:

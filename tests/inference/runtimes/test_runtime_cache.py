@@ -229,14 +229,14 @@ def test_the_watcher_survives_a_reload_failing_with_an_optimized_runtimes_own_ex
     and counted, the old model keeps serving, the watcher keeps polling, and a later good checkpoint is served."""
     import onnxruntime
 
-    import inference.service
+    import inference.engine.service
 
     try:
         onnxruntime.InferenceSession(b"not a model")
     except Exception as exc:  # noqa: BLE001 - the real exception object the runtime raises
         failure = exc
     assert type(failure).__name__ == "InvalidProtobuf" and not isinstance(failure, RuntimeError)
-    real = inference.service.load_configured
+    real = inference.engine.service.load_configured
     calls = []
 
     def failing_once(settings):
@@ -248,11 +248,11 @@ def test_the_watcher_survives_a_reload_failing_with_an_optimized_runtimes_own_ex
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.ERROR)
     handler.emit = records.append
-    logging.getLogger("inference.reload").addHandler(handler)
+    logging.getLogger("inference.engine.reload").addHandler(handler)
     weights, config = checkpoint_copy / files.WEIGHTS, checkpoint_copy / files.CONFIG
     try:
         with make_client(checkpoint_copy, backend="torch", reload_interval_s=0.05) as c:
-            monkeypatch.setattr(inference.service, "load_configured", failing_once)  # the watcher's loads
+            monkeypatch.setattr(inference.engine.service, "load_configured", failing_once)  # the watcher's loads
             before = c.post("/predict", json={"inputs": TEXTS[1]}).json()
             config.write_text(config.read_text() + " ")  # a change whose load fails
             wait_for(lambda: c.get("/metrics").text, lambda m: 'te_model_reloads{result="failed"} 1.0' in m)
@@ -263,7 +263,7 @@ def test_the_watcher_survives_a_reload_failing_with_an_optimized_runtimes_own_ex
             wait_for(lambda: c.get("/metrics").text, lambda m: 'te_model_reloads{result="ok"} 1.0' in m)
             assert c.post("/predict", json={"inputs": TEXTS[1]}).json()[0]["label"] == "Sci/Tech"
     finally:
-        logging.getLogger("inference.reload").removeHandler(handler)
+        logging.getLogger("inference.engine.reload").removeHandler(handler)
     [refused] = [r.getMessage() for r in records]
     assert "Refused the new checkpoint" in refused and "InvalidProtobuf" in refused
 

@@ -8,11 +8,12 @@ from fastapi import Request, Response
 from pydantic_core import from_json
 from starlette.routing import Route
 
-from inference import errors, routes
+from inference import errors
 from inference.answers import Answer
 from inference.errors import ServiceError
-from inference.link import AppState
-from inference.routes import (
+from inference.front_end import routes
+from inference.front_end.link import AppState
+from inference.front_end.routes import (
     ERROR_RESPONSES,
     answered,
     bearer_token,
@@ -27,7 +28,7 @@ from inference.routes import (
     service,
     tei_headers,
 )
-from inference.schemas import Json, Rank, RerankRequest
+from inference.front_end.schemas import Json, Rank, RerankRequest
 
 NOT_A_RERANKER = "Backend error: model is not a re-ranker model"  # TEI: BackendError::Inference, in a Backend error
 

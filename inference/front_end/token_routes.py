@@ -17,8 +17,8 @@ from tokenizers import Tokenizer
 from inference import errors, memory
 from inference.answers import Overloaded
 from inference.errors import ServiceError
-from inference.link import AppState
-from inference.routes import (
+from inference.front_end.link import AppState
+from inference.front_end.routes import (
     CHARS_PER_TOKEN_LIMIT,
     ERROR_RESPONSES,
     check_batch_size,
@@ -29,7 +29,7 @@ from inference.routes import (
     service,
     unless_gone,
 )
-from inference.schemas import DecodeRequest, Json, SimpleToken, TokenizeRequest
+from inference.front_end.schemas import DecodeRequest, Json, SimpleToken, TokenizeRequest
 
 CHUNK_TOKENS = 4096  # tokens formatted per piece of a streamed answer
 TOKENIZE_PAYLOADS = 8  # /tokenize answers at most this many full request bodies of text at once; past it 429

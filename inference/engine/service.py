@@ -23,13 +23,13 @@ from contract.loading import CheckpointError, LoadedModel, load_model
 from contract.long_text import CHUNK, LongTextError
 from inference import errors, logs, memory, metrics
 from inference.answers import ModelView
-from inference.engine import Engine, Limits, warm_up
-from inference.link import AppState, spare_copy
+from inference.engine.reload import CheckpointWatcher
+from inference.engine.scheduler import Engine, Limits, warm_up
+from inference.engine.tokenizing import window_length
+from inference.front_end.link import AppState, spare_copy
 from inference.metrics import Metrics
-from inference.reload import CheckpointWatcher
 from inference.runtimes import choice as runtimes
 from inference.settings import Settings, SettingsError
-from inference.tokenizing import window_length
 
 RACE_THREAD = "runtime-race"  # the thread measuring runtimes in the background (MEASURE_IN_BACKGROUND)
 logger = logging.getLogger("inference")

@@ -14,7 +14,7 @@ import zmq.asyncio
 from pydantic_core import from_json, to_json
 
 from inference.answers import Overloaded, failure
-from inference.service import Service
+from inference.engine.service import Service
 
 logger = logging.getLogger("inference")
 

@@ -21,8 +21,8 @@ from contract.long_text import CHUNK, TRUNCATE
 from inference import errors
 from inference.answers import Answer, ModelView, Overloaded, failure
 from inference.errors import ServiceError
-from inference.link import AppState
-from inference.schemas import ErrorBody, Info, Json, PredictRequest, PredictResponse
+from inference.front_end.link import AppState
+from inference.front_end.schemas import ErrorBody, Info, Json, PredictRequest, PredictResponse
 
 VERSION = "0.1.0"
 CHARS_PER_TOKEN_LIMIT = 250  # TEI's MAX_CHAR_MULTIPLIER: longer inputs are cut (truncate) or refused, untokenized

@@ -9,7 +9,7 @@ from dataclasses import replace
 from contract.loading import LoadedModel
 from contract.long_text import CHUNK, LongTextError, PairLeavesNoRoom, TooManyWindows, cut_long_pairs
 from inference.answers import InputTooLong, NoTokens
-from inference.schemas import Sequence
+from inference.front_end.schemas import Sequence
 
 
 def check_tokens(features: list[dict], owner: list[int], inputs: int) -> None:
