@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from contract import files
 from tests.helpers.service import Server, wait_for
 
 pytestmark = pytest.mark.slow
@@ -83,23 +82,6 @@ def test_64_concurrent_clients_each_get_their_own_answers(smoke_checkpoint, refe
         assert texts_served / batches > 2, "concurrent requests were not merged into micro-batches"
     finally:
         server.stop()
-
-
-@pytest.fixture
-def slow_checkpoint(checkpoint_copy):
-    """The smoke checkpoint with a full-size DistilBERT (random weights): a 512-token batch takes seconds here."""
-    import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification, DistilBertConfig
-
-    small = AutoConfig.from_pretrained(checkpoint_copy)
-    config = DistilBertConfig(
-        vocab_size=small.vocab_size, pad_token_id=small.pad_token_id, id2label=small.id2label, label2id=small.label2id
-    )
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_config(config)
-    config.save_pretrained(checkpoint_copy)
-    torch.save(model.state_dict(), checkpoint_copy / files.WEIGHTS)
-    return checkpoint_copy
 
 
 def test_sigterm_finishes_in_flight_requests_and_exits_0(slow_checkpoint):

@@ -1,23 +1,32 @@
 """WORKERS > 1: one engine process holds the model and batches for every front-end (uvicorn's workers, which never
 import torch), over the link of inference/front_end/link.py. Over real HTTP: the answers equal one process's, every
-scrape of /metrics counts every process, a front-end killed is replaced and its gauges dropped, the engine killed
-ends the front-ends and the service, and SIGTERM drains them all."""
+scrape of /metrics counts every process, MAX_CONCURRENT_REQUESTS counts every front-end's inputs and clients that
+leave are never computed, a reload reaches every front-end at once, a front-end killed is replaced and its gauges
+dropped, the engine killed ends the front-ends and the service, and SIGTERM drains them all."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from contract import files
+from inference.front_end.link import HEARTBEAT_S
+from tests.helpers.files import save_new_weights
 from tests.helpers.processes import free_port
 from tests.helpers.service import Server, wait_for
+from tests.inference.test_app import TEXTS
+from tests.inference.test_server import SUBJECTS, distinct_texts, metric
 
 pytestmark = pytest.mark.slow
 FRONT_ENDS = 4
@@ -32,9 +41,9 @@ def samples(text: str) -> dict[tuple, float]:
     }
 
 
-def front_ends_of(server: Server) -> list[int]:
+def front_ends_of(server: Server, count: int = FRONT_ENDS) -> list[int]:
     """The front-ends' pids: the engine's children that said they are ready."""
-    wait_for(lambda: server.output().count("Front-end ready"), lambda n: n >= FRONT_ENDS, timeout=90)
+    wait_for(lambda: server.output().count("Front-end ready"), lambda n: n >= count, timeout=90)
     return [int(pid) for pid in re.findall(r"pid (\d+) \[-\] Front-end ready", server.output())]
 
 
@@ -109,6 +118,79 @@ def test_every_process_counts_into_one_set_of_metrics(served):
         assert scrape[("te_request_success_total", (("method", "batch"),))] == before + requests
         assert scrape[("te_request_failure_total", (("err", "empty"),))] >= 1
         assert scrape[("te_batch_next_size_count", ())] >= 1  # counted by the engine, seen from every front-end
+
+
+def test_the_limit_counts_every_front_end_and_clients_that_leave_are_never_computed(slow_checkpoint):
+    """Two front-ends, MAX_CONCURRENT_REQUESTS 48: a long batch of 8 on the model, ten clients of 4 queued behind it
+    fill the engine's count, so more requests are answered 429 by whichever front-end takes them; the ten leave: each
+    counted 499, none computed, their inputs given back (a request passes again)."""
+    args = ("--workers", "2", "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0")
+    server = Server(slow_checkpoint, *args, "--max_concurrent_requests", "48").wait_ready()
+    front_ends_of(server, 2)
+    try:
+        long_text = " ".join(SUBJECTS * 60)  # truncated to 512 tokens: seconds of work on a 2-core CPU
+        with ThreadPoolExecutor(1) as pool:
+            busy = pool.submit(httpx.post, f"{server.url}/predict", json={"inputs": [[long_text]] * 8}, timeout=300)
+            wait_for(lambda: metric(server, "te_batch_next_size_count"), lambda n: n == 1)  # on the model
+            clients = []
+            for client in range(10):
+                body = json.dumps({"inputs": [[text] for text in distinct_texts(client, 4)]}).encode()
+                clients.append(socket.create_connection(("127.0.0.1", server.port)))
+                clients[-1].sendall(
+                    b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+            wait_for(lambda: metric(server, "te_queue_size"), lambda n: n == 40)  # queued in the engine
+            refused = [httpx.post(f"{server.url}/predict", json={"inputs": "stocks fell"}) for _ in range(6)]
+            assert [r.status_code for r in refused] == [429] * 6, [r.text for r in refused]
+            for sock in clients:
+                sock.close()
+            assert not busy.done(), "the long batch finished before the clients left: the test proved nothing"
+            assert busy.result().status_code == 200
+        wait_for(lambda: metric(server, "te_http_responses", 'status="499"'), lambda n: n == 10, timeout=30)
+        assert metric(server, "te_batch_next_size_sum") == 8, "texts of clients that had left were computed"
+        assert httpx.post(f"{server.url}/predict", json={"inputs": "stocks fell"}).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_a_reload_reaches_every_front_end_at_once(checkpoint_copy):
+    """New weights under two front-ends, requests streaming on new connections: each answer is wholly the old
+    model's or wholly the new one's, and once one front-end answers from the new model every answer after it does;
+    /info says the new checkpoint from every front-end within two heartbeats."""
+    args = ("--workers", "2", "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0.1")
+    server = Server(checkpoint_copy, *args).wait_ready()
+    front_ends_of(server, 2)
+    body = {"inputs": [[text] for text in TEXTS]}
+
+    def tops() -> list[str]:
+        with httpx.Client(base_url=server.url, timeout=60) as client:  # a new connection: any front-end
+            return [row[0]["label"] for row in client.post("/predict", json=body).json()]
+
+    try:
+        old = tops()
+        new = ["Sci/Tech"] * len(TEXTS)
+        assert old != new
+        sha = httpx.get(f"{server.url}/info").json()["distilbert_agnews"]["checkpoint"]["sha256"]
+        state = torch.load(checkpoint_copy / files.WEIGHTS, weights_only=True)
+        state["classifier.bias"] = torch.tensor([0.0, 0.0, 0.0, 50.0])  # now everything is Sci/Tech
+        swapped_at = len(server.output())
+        save_new_weights(checkpoint_copy, state)
+        seen, deadline = [], time.time() + 60
+        while seen.count(new) < 20 and time.time() < deadline:
+            seen.append(tops())
+        assert all(answer in (old, new) for answer in seen), seen  # never a mix of two models in one answer
+        first = seen.index(new)
+        assert seen[first:] == [new] * len(seen[first:]), seen  # never the old model after the new one
+        after = re.findall(r"pid (\d+) \[\w+\] [\d.:]+ - \"POST /predict", server.output()[swapped_at:])
+        assert len(set(after)) == 2, "one front-end answered every request: the test proved nothing"
+        time.sleep(2 * HEARTBEAT_S)
+        for _ in range(10):
+            info = httpx.get(f"{server.url}/info").json()["distilbert_agnews"]["checkpoint"]
+            assert info["sha256"] != sha and info["reloads"] == 1
+    finally:
+        server.stop()
 
 
 def test_a_killed_front_end_is_replaced_and_its_gauges_dropped(served):
