@@ -13,7 +13,8 @@ skipped; the call's deadline, --deadline seconds from start, bounds every child,
   train   bench/train_bench.py, DistilBERT-base at batch 32, 2 epochs: ours captured (its steady window timed with
           CUDA events, compilation and recording apart) and the Trainer
   scale   the same at batch 512, 2 epochs (equal epochs: accuracy comparable), learning rate x sqrt(512 / 32): MFU
-  serve   bench/serve_bench.py at concurrency 32 and 128, ours and the null model with 1 and 8 workers
+  serve   bench/serve_bench.py at concurrency 32 and 128: ours (one engine, 1 and 8 front-ends) and the null model;
+          each server's GPU memory
   fsdp    accelerate launch --config_file accelerate_configs/fsdp.yaml --num_processes 1: the smoke preset's data with
           DistilBERT-base in bf16 for 30 steps, FSDP2 over NCCL at world size 1 (the dry run: the preset's tiny model
           through the CPU stand-in of tests/helpers/fsdp on gloo)

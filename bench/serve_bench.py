@@ -463,23 +463,38 @@ def measure(servers: dict, texts: list[str], args, work: Path) -> dict[tuple[str
     return {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
 
 
-def tree_memory(pid: int) -> tuple[int, float, float]:
-    """(processes, RSS MB, PSS MB) of a server and every process under it: PSS counts shared pages once."""
+def tree_memory(pid: int) -> tuple[int, float, float, float | None]:
+    """(processes, RSS MB, PSS MB, GPU MiB or None) of a server and every process under it: PSS counts shared pages
+    once; GPU memory as nvidia-smi reports each process's CUDA context and tensors."""
     import psutil
 
     root = psutil.Process(pid)
     tree = [root, *root.children(recursive=True)]
     infos = [p.memory_full_info() for p in tree if p.is_running()]
-    return len(infos), sum(i.rss for i in infos) / 2**20, sum(getattr(i, "pss", i.rss) for i in infos) / 2**20
+    gpu = gpu_memory()
+    used = sum(gpu.get(p.pid, 0) for p in tree) if gpu is not None else None
+    return len(infos), sum(i.rss for i in infos) / 2**20, sum(getattr(i, "pss", i.rss) for i in infos) / 2**20, used
 
 
-def memory_table(memory: dict[str, tuple[int, float, float]]) -> None:
+def gpu_memory() -> dict[int, float] | None:
+    """MiB of GPU memory per process id, from nvidia-smi; None without one."""
+    query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    try:
+        rows = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {int(pid): float(mib) for pid, mib in (row.split(",") for row in rows.strip().splitlines())}
+
+
+def memory_table(memory: dict[str, tuple[int, float, float, float | None]]) -> None:
     """Each server's memory after its measurements, against ours with one worker."""
     base = memory.get("ours", next(iter(memory.values())))[2]
-    print("| server | processes | RSS MB | PSS MB | PSS / ours |")
-    print("|---|---|---|---|---|")
-    for name, (count, rss, pss) in memory.items():
-        print(markdown_row([name, str(count), f"{rss:.0f}", f"{pss:.0f}", f"{pss / base:.2f}x"]))
+    gpu = any(row[3] is not None for row in memory.values())
+    print("| server | processes | RSS MB | PSS MB | PSS / ours |" + (" GPU MiB |" if gpu else ""))
+    print("|---|---|---|---|---|" + ("---|" if gpu else ""))
+    for name, (count, rss, pss, used) in memory.items():
+        cells = [name, str(count), f"{rss:.0f}", f"{pss:.0f}", f"{pss / base:.2f}x"]
+        print(markdown_row(cells + ([f"{used or 0:.0f}"] if gpu else [])))
 
 
 def markdown_row(cells: list[str]) -> str:
