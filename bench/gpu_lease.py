@@ -64,9 +64,11 @@ WHEELS = (
     "fastapi", "starlette", "uvicorn", "httptools", "h11", "click", "anyio", "annotated-doc",  # the service
     "pydantic", "pydantic-core", "pydantic-settings", "python-dotenv", "annotated-types", "typing-inspection",
     "typing-extensions", "opentelemetry-api", "prometheus-client", "filelock", "httpx", "httpcore",
+    "pyzmq",  # the front-ends' link to the engine
+    "psutil",  # serve_bench's memory of each server's process tree
 )  # fmt: skip
 COMMON_MODULES = ("accelerate", "transformers", "datasets", "evaluate", "yaml", "tqdm")
-SERVE_MODULES = ("fastapi", "uvicorn", "httptools", "pydantic_settings", "prometheus_client", "httpx")
+SERVE_MODULES = ("fastapi", "uvicorn", "httptools", "pydantic_settings", "prometheus_client", "httpx", "zmq", "psutil")
 CARRIED = {  # name: (environment variable unpack() sets, what to say when it is missing)
     "ag_news": ("BENCH_AG_NEWS", "the AG News rows (.lease/, from --pack)"),
     "tokenizer": ("BENCH_TOKENIZER", "the BERT tokenizer (.lease/tokenizer, from --pack)"),
