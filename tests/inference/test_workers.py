@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from contract import files
 from inference.front_end.link import HEARTBEAT_S
 from tests.helpers.files import save_new_weights
-from tests.helpers.processes import free_port
+from tests.helpers.processes import free_port, graphs_env
 from tests.helpers.service import Server, wait_for
 from tests.inference.test_app import TEXTS
 from tests.inference.test_server import SUBJECTS, distinct_texts, metric
@@ -51,11 +51,16 @@ def holds_torch(pid: int) -> bool:
     return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
 
+# the GPU engine's path on the CPU: static shapes, the tokenizer thread, CUDA graphs through the stand-in
+# (tests/helpers/cuda_graphs), captured in the engine's process only
+CAPTURED = ("--dtype", "float32", "--backend", "torch", "--static_shapes", "--tokenizer_thread")
+
+
 @pytest.fixture(scope="module")
 def served(smoke_checkpoint):
     metrics_port = free_port()
-    args = ("--workers", str(FRONT_ENDS), "--dtype", "float32", "--backend", "torch", "--reload_interval_s", "0")
-    server = Server(smoke_checkpoint, *args, "--prometheus_port", str(metrics_port)).wait_ready()
+    args = ("--workers", str(FRONT_ENDS), *CAPTURED, "--reload_interval_s", "0", "--prometheus_port", str(metrics_port))
+    server = Server(smoke_checkpoint, *args, env=graphs_env()).wait_ready()
     yield server, metrics_port
     server.stop()
 
@@ -66,12 +71,13 @@ def texts(n: int) -> list[str]:
 
 
 def test_one_process_holds_the_model_and_answers_as_one_process_does(served, smoke_checkpoint):
-    """400 requests at concurrency 16 over 4 front-ends: the same answers as WORKERS=1 (1e-5), and only the engine's
-    process has torch loaded."""
+    """400 requests at concurrency 16 over 4 front-ends: the same answers as WORKERS=1 (1e-5), the engine's CUDA
+    graphs captured and replayed once for all of them, and only the engine's process has torch loaded."""
     server, _ = served
     front_ends = front_ends_of(server)
     assert holds_torch(server.process.pid) and not any(holds_torch(pid) for pid in front_ends)
-    alone = Server(smoke_checkpoint, "--dtype", "float32", "--backend", "torch", "--reload_interval_s", "0")
+    assert server.output().count("Captured ") == 1, server.output()  # one capture, in the engine
+    alone = Server(smoke_checkpoint, *CAPTURED, "--reload_interval_s", "0", env=graphs_env())
     alone.wait_ready()
     bodies = [{"inputs": [[t] for t in texts(400)[i : i + 4]]} for i in range(0, 400, 4)] * 4  # 400 requests
 

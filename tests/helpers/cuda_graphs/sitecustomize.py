@@ -1,4 +1,4 @@
-"""CUDA graphs on the CPU for every Python process that has this folder on PYTHONPATH (tests/conftest.py:
+"""CUDA graphs on the CPU for every Python process that has this folder on PYTHONPATH (tests/helpers/processes.py:
 `graphs_env`): see stand_in.py. Installed when the package's modules that use them are first imported, so a
 process that never imports torch pays nothing."""
 
@@ -6,8 +6,6 @@ import atexit
 import importlib.abc
 import importlib.machinery
 import sys
-
-import stand_in
 
 
 class _InstallOnImport(importlib.abc.MetaPathFinder):
@@ -25,6 +23,8 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
         exec_module = spec.loader.exec_module
 
         def exec_and_install(module):
+            import stand_in  # here, not at start-up: it imports torch, which a front-end process never loads
+
             if name == "training.speed.capture":
                 pool = stand_in.install_training()
                 atexit.register(

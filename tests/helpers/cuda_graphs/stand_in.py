@@ -110,11 +110,10 @@ def install_step_graphs(patch=None) -> None:
 
 def install_serving(patch=None) -> None:
     """Serve through CUDA graphs on the CPU: `patch` a pytest monkeypatch (undone after the test), else for good."""
-    import inference.engine.graphs
-
+    module = importlib.import_module("inference.engine.graphs")  # also while it is being imported (sitecustomize.py)
     setter = patch.setattr if patch is not None else setattr
-    setter(inference.engine.graphs, "CudaGraphs", CpuGraphs)
-    setter(inference.engine.graphs, "available", lambda device: True)
+    setter(module, "CudaGraphs", CpuGraphs)
+    setter(module, "available", lambda device: True)
 
 
 class GraphPool:
