@@ -10,7 +10,16 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from inference import errors
-from inference.front_end import connections, routes, text_routes, token_routes, tracing  # noqa: F401 - token_routes adds /tokenize, /decode to routes.router
+from inference.front_end import (  # noqa: F401 - token_routes adds /tokenize, /decode to routes.router
+    cohere_routes,
+    connections,
+    kserve_routes,
+    openai_routes,
+    routes,
+    text_routes,
+    token_routes,
+    tracing,
+)
 from inference.front_end.link import ENGINE_ENV, AppState, RemoteLink, front_end_lifespan
 from inference.front_end.middleware import BodySizeLimit, RequestId, ResponseStatus
 from inference.front_end.tracing import Traces
@@ -50,12 +59,15 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         version=routes.VERSION,
         lifespan=lifespan,
         description="Text classification (AG News topics by default) with the API of Hugging Face "
-        "text-embeddings-inference: POST /predict, GET /info, /health, /metrics.",
+        "text-embeddings-inference: POST /predict, GET /info, /health, /metrics; and the shapes of vLLM's classify, "
+        "Cohere's rerank and KServe v2.",
     )
     app.state.service = state
     app.router.routes[0:0] = text_routes.fast_routes()  # matched first: the hot path without FastAPI's machinery
     app.include_router(routes.router)
     app.include_router(routes.public)
+    for family in (openai_routes.router, cohere_routes.router, kserve_routes.router, kserve_routes.public):
+        app.include_router(family)  # the other clients' shapes: vLLM's classify, Cohere's rerank, KServe v2
     if settings.api_metrics:
         app.include_router(routes.metrics_router)
     errors.install(app)

@@ -27,11 +27,19 @@ CLIENT_CLOSED = 499  # nginx's "client closed": counted, never sent
 class ServiceError(Exception):
     """An error answered with its TEI error type and status."""
 
-    def __init__(self, error_type: str, message: str, status: int | None = None, reason: str | None = None):
+    def __init__(
+        self,
+        error_type: str,
+        message: str,
+        status: int | None = None,
+        reason: str | None = None,
+        body: dict | None = None,
+    ):
         super().__init__(message)
         self.error_type, self.message = error_type, message
         self.status = status or STATUS[error_type]
         self.reason = reason or error_type.lower()  # te_request_failure{err=...}
+        self.body = body  # another API's error body (vLLM's), instead of TEI's
 
 
 def error_response(status: int, error_type: str, message: str) -> JSONResponse:
@@ -55,6 +63,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, exc: ServiceError):
+        if exc.body is not None:
+            return JSONResponse(exc.body, status_code=exc.status)
         return error_response(exc.status, exc.error_type, exc.message)
 
     @app.exception_handler(RequestValidationError)

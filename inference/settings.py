@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     save_pretrained folder (model.safetensors + config.json + tokenizer files), or a Hub model id [MODEL_ID,
     CHECKPOINT_DIR]
     """
+    served_model_name: str | None = None
+    """The model's name for clients that name one (`model` in vLLM's classify and Cohere's rerank, the KServe v2
+    model name) and in /info and /v1/models; default: MODEL_ID (TEI's --served-model-name) [SERVED_MODEL_NAME]
+    """
     revision: str | None = None
     """Hub revision (branch, tag or commit) of a Hub model id [REVISION]"""
     hostname: str = Field("127.0.0.1", validation_alias=_names("hostname", "host"))
@@ -67,7 +71,8 @@ class Settings(BaseSettings):
     """
     api_key: str | None = None
     """When set, every route needs `Authorization: Bearer <key>` but these, open as in TEI: GET /health, /ping,
-    GET /, /ready, /metrics, and the API's description /docs, /docs/oauth2-redirect, /redoc and /openapi.json.
+    GET /, /ready, /metrics, KServe's /v2/health/live and /v2/health/ready, and the API's description /docs,
+    /docs/oauth2-redirect, /redoc and /openapi.json.
     Printable ASCII without spaces (HTTP headers carry ASCII) [API_KEY]
     """
     payload_limit: int = Field(2_000_000, ge=1)
@@ -223,6 +228,11 @@ class Settings(BaseSettings):
         if self.torch_threads is None:
             self.torch_threads = available_cores()
         return self
+
+    @property
+    def model_name(self) -> str:
+        """What clients name the served model (SERVED_MODEL_NAME, else MODEL_ID)."""
+        return self.served_model_name or self.model_id
 
     @property
     def cors_origins(self) -> list[str]:

@@ -306,7 +306,7 @@ async def info(request: Request) -> Info:
         model_id=settings.model_id,
         model_sha=served.model_sha,
         model_dtype=precision.tei_name(served.precision),
-        served_model_name=settings.model_id,
+        served_model_name=settings.model_name,
         model_type={
             "reranker" if len(served.labels) == 1 else "classifier": {
                 "id2label": served.id2label,

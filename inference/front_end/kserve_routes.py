@@ -1,0 +1,257 @@
+"""KServe's v2 REST protocol (the Open Inference Protocol, which Triton and MLServer clients speak): server and model
+health, metadata, and infer with a BYTES `text` input (and `text_pair`), answered by the same engine as /predict.
+Tensors as JSON or in Triton's binary extension (what tritonclient.http sends by default)."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+
+from inference import errors
+from inference.answers import ModelView
+from inference.errors import ServiceError
+from inference.front_end.link import AppState
+from inference.front_end.named_model import check_name, scores_in_label_order
+from inference.front_end.routes import (
+    VERSION,
+    answered,
+    live_view,
+    observe,
+    queue_sequences,
+    require_api_key,
+    service,
+)
+from inference.front_end.schemas import Json
+
+# {name:path}: a Hub id (org/model) is a model name too. So the longest paths are registered first: the lowest
+# decorator first, /ready's function before the bare name's
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+public = APIRouter()  # the probes, as /health and /ready
+HEADER_LENGTH = "inference-header-content-length"  # Triton's binary tensor extension
+INPUTS, OUTPUTS = ("text", "text_pair"), ("scores", "label")
+MODEL_VERSION = "1"
+
+
+class Tensor(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr
+    shape: list[StrictInt] = Field(..., max_length=8)
+    datatype: StrictStr
+    parameters: dict = {}
+    data: list | None = None
+
+
+class Requested(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr
+    parameters: dict = {}
+
+
+class InferRequest(BaseModel):
+    """The Open Inference Protocol's request: inputs, and optionally the outputs wanted."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: StrictStr | None = None
+    parameters: dict = {}
+    inputs: list[Tensor]
+    outputs: list[Requested] | None = None
+
+
+@public.get("/v2/health/live", summary="200 while the server runs (KServe v2)")
+async def live() -> dict:
+    return {"live": True}
+
+
+@public.get("/v2/health/ready", summary="200 while the model serves (KServe v2)")
+async def ready(request: Request) -> dict:
+    live_view(service(request))
+    return {"ready": True}
+
+
+@router.get("/v2", summary="The server's metadata (KServe v2)")
+async def server_metadata() -> dict:
+    return {"name": "distilbert-agnews", "version": VERSION, "extensions": ["binary_tensor_data"]}
+
+
+@router.get("/v2/models/{name:path}/ready", summary="200 while the model serves (KServe v2)")
+@router.get("/v2/models/{name:path}/versions/{version}/ready", include_in_schema=False)
+async def model_ready(request: Request, name: str) -> dict:
+    state = service(request)
+    check_name(state, name, openai_body=False)
+    live_view(state)
+    return {"name": name, "ready": True}
+
+
+@router.get("/v2/models/{name:path}", summary="The model's inputs and outputs (KServe v2)")
+@router.get("/v2/models/{name:path}/versions/{version}", include_in_schema=False)
+async def model_metadata(request: Request, name: str) -> dict:
+    state = service(request)
+    check_name(state, name, openai_body=False)
+    view = live_view(state)
+    return {
+        "name": name,
+        "versions": [MODEL_VERSION],
+        "platform": "pytorch",
+        "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]} for n in INPUTS],
+        "outputs": [
+            {"name": "scores", "datatype": "FP32", "shape": [-1, len(view.labels)], "labels": view.labels},
+            {"name": "label", "datatype": "BYTES", "shape": [-1]},
+        ],
+    }
+
+
+@router.post(
+    "/v2/models/{name:path}/infer",
+    summary="Classify a BYTES tensor of texts (KServe v2)",
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": InferRequest.model_json_schema()}}}
+    },
+)
+@router.post("/v2/models/{name:path}/versions/{version}/infer", include_in_schema=False)
+async def infer(request: Request, name: str) -> Response:
+    state, started = service(request), time.perf_counter()
+    try:
+        check_name(state, name, openai_body=False)
+        body, blobs = read_request(await request.body(), request.headers.get(HEADER_LENGTH))
+        texts, pairs = input_texts(body, blobs)
+        state.metrics.request_count.labels("batch").inc()
+        view = live_view(state)
+        job = queue_sequences(state, list(zip(texts, pairs, strict=True)), True, None, False, None)
+        answer = await answered(request, job)
+        scores = scores_in_label_order(view, answer)
+    except ServiceError as exc:
+        state.metrics.request_failure.labels(exc.reason).inc()
+        raise
+    state.metrics.request_success.labels("batch").inc()
+    state.metrics.predict_success.inc(len(scores))
+    observe(state, answer, time.perf_counter() - started)
+    outputs = {
+        "scores": np.asarray(scores, dtype=np.float32).reshape(len(scores), len(view.labels)),
+        "label": np.asarray([ranked[0]["label"] for ranked in answer.ranked], dtype=object),
+    }
+    return respond(state, view, name, body, outputs)
+
+
+def bad(message: str) -> ServiceError:
+    return ServiceError(errors.VALIDATION, message, status=400, reason="validation")
+
+
+def read_request(raw: bytes, header_length: str | None) -> tuple[InferRequest, bytes]:
+    """The JSON header and the binary tensors after it (none without the extension's header)."""
+    split = len(raw)
+    if header_length is not None:
+        if not header_length.isdigit() or int(header_length) > len(raw):
+            raise bad(f"Inference-Header-Content-Length {header_length!r} is not a length within the body")
+        split = int(header_length)
+    try:
+        return InferRequest.model_validate_json(raw[:split]), raw[split:]
+    except ValidationError as exc:
+        raise bad(
+            errors.describe_validation(exc.errors(include_url=False), "an Open Inference Protocol request")
+        ) from None
+
+
+def input_texts(body: InferRequest, blobs: bytes) -> tuple[list[str], list[str | None]]:
+    """`text` (or the only input, whatever its name) and `text_pair`: BYTES, one element per input."""
+    names = [tensor.name for tensor in body.inputs] if len(body.inputs) > 1 else ["text"] * len(body.inputs)
+    if "text" not in names or set(names) - set(INPUTS) or len(set(names)) != len(names):
+        raise bad(f"inputs: expected `text` and optionally `text_pair` (BYTES), got {names}")
+    offset, columns = 0, {}
+    for name, tensor in zip(names, body.inputs, strict=True):  # binary tensors follow the header in this order
+        columns[name], offset = tensor_strings(tensor, blobs, offset)
+    texts = columns["text"]
+    pairs = columns.get("text_pair", [None] * len(texts))
+    if not texts:
+        raise ServiceError(errors.EMPTY, "`text` cannot be empty", reason="validation")
+    if len(pairs) != len(texts):
+        raise bad(f"text_pair holds {len(pairs)} elements for {len(texts)} texts")
+    return texts, pairs
+
+
+def tensor_strings(tensor: Tensor, blobs: bytes, offset: int) -> tuple[list[str], int]:
+    """A BYTES tensor's elements as text, from its JSON data or its binary data at `offset`."""
+    if tensor.datatype != "BYTES":
+        raise bad(f"input {tensor.name}: datatype {tensor.datatype}; texts are BYTES")
+    count = int(np.prod(tensor.shape)) if all(n >= 0 for n in tensor.shape) else -1
+    size = tensor.parameters.get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size < 0 or offset + size > len(blobs):
+            raise bad(f"input {tensor.name}: binary_data_size {size!r} is past the body's end")
+        elements, offset = unpack_bytes(blobs[offset : offset + size], tensor.name), offset + size
+    elif tensor.data is not None:
+        elements = list(flatten(tensor.data))
+    else:
+        raise bad(f"input {tensor.name}: no data")
+    if count != len(elements):
+        raise bad(f"input {tensor.name}: shape {tensor.shape} does not hold its {len(elements)} elements")
+    if not all(isinstance(e, str) for e in elements):
+        raise bad(f"input {tensor.name}: every element must be a string")
+    return elements, offset
+
+
+def flatten(data: list):
+    for item in data:
+        if isinstance(item, list):
+            yield from flatten(item)
+        else:
+            yield item
+
+
+def unpack_bytes(blob: bytes, name: str) -> list[str]:
+    """Triton's BYTES serialization: each element a 4-byte little-endian length, then its bytes (UTF-8 here)."""
+    elements, at = [], 0
+    while at < len(blob):
+        if at + 4 > len(blob):
+            raise bad(f"input {name}: a torn element length")
+        (length,) = struct.unpack_from("<I", blob, at)
+        if at + 4 + length > len(blob):
+            raise bad(f"input {name}: an element runs past its tensor")
+        try:
+            elements.append(blob[at + 4 : at + 4 + length].decode())
+        except UnicodeDecodeError:
+            raise bad(f"input {name}: an element is not UTF-8 text") from None
+        at += 4 + length
+    return elements
+
+
+def respond(state: AppState, view: ModelView, name: str, body: InferRequest, outputs: dict) -> Response:
+    """The outputs asked for (all by default), each as JSON data or binary after the header, as requested."""
+    wanted = body.outputs or [Requested(name=n) for n in OUTPUTS]
+    all_binary = body.parameters.get("binary_data_output") is True
+    header, blobs = [], []
+    for asked in wanted:
+        if asked.name not in outputs:
+            raise bad(f"outputs: no output `{asked.name}`; this model has {list(OUTPUTS)}")
+        array = outputs[asked.name]
+        tensor = {
+            "name": asked.name,
+            "datatype": "FP32" if asked.name == "scores" else "BYTES",
+            "shape": list(array.shape),
+        }
+        if all_binary or asked.parameters.get("binary_data") is True:
+            blob = array.astype("<f4").tobytes() if asked.name == "scores" else pack_bytes(array)
+            header.append({**tensor, "parameters": {"binary_data_size": len(blob)}})
+            blobs.append(blob)
+        else:
+            header.append({**tensor, "data": array.ravel().tolist()})
+    document = {"model_name": name, "model_version": MODEL_VERSION, "outputs": header}
+    if body.id is not None:
+        document["id"] = body.id
+    if not blobs:
+        return Json(document)
+    head = Json(document).body
+    return Response(
+        head + b"".join(blobs),
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(head))},
+    )
+
+
+def pack_bytes(array: np.ndarray) -> bytes:
+    return b"".join(struct.pack("<I", len(e.encode())) + e.encode() for e in array.ravel())

@@ -1,0 +1,198 @@
+"""The shapes other clients send, over real HTTP with their real libraries, answered by the same engine as /predict
+and /rerank (scores equal to 1e-5): vLLM's classify and /v1/models (field names from vLLM's own protocol source,
+vllm/entrypoints/pooling/classify/protocol.py and vllm/entrypoints/openai/protocol.py's ErrorResponse), Cohere's
+rerank through the `cohere` SDK, and KServe v2 through `tritonclient.http` (JSON and binary tensors). In-process:
+401, 413, 415 and 429 on the new routes as on TEI's."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from contract import files
+from tests.helpers.files import save_new_weights
+from tests.helpers.service import Server
+from tests.inference.test_app import JSON, TEXTS, make_client, model_busy
+
+pytestmark = pytest.mark.slow
+NAME = "agnews-topics"
+ARGS = ("--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0", "--served_model_name", NAME)
+# vLLM's fields, read from its source (vllm/entrypoints/pooling/classify/protocol.py, ClassificationResponse and
+# ClassificationData; UsageInfo and ErrorInfo in vllm/entrypoints/openai/protocol.py)
+VLLM_RESPONSE = {"id", "object", "created", "model", "data", "usage"}
+VLLM_DATA = {"index", "label", "probs", "num_classes"}
+VLLM_USAGE = {"prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details"}
+VLLM_ERROR = {"message", "type", "param", "code"}
+
+
+@pytest.fixture(scope="module")
+def reranker(smoke_checkpoint, tmp_path_factory):
+    """The smoke model with one output (its first label's row): TEI's rule makes it a reranker."""
+    import shutil
+
+    folder = shutil.copytree(smoke_checkpoint, tmp_path_factory.mktemp("reranker") / "ckpt")
+    (folder / files.HF_WEIGHTS).unlink()
+    config = json.loads((folder / files.CONFIG).read_text())
+    config.update(id2label={"0": "relevance"}, label2id={"relevance": 0}, problem_type="regression")
+    config.pop("calibration")
+    config[files.WEIGHTS_SHA256].pop(files.HF_WEIGHTS)
+    (folder / files.CONFIG).write_text(json.dumps(config))
+    state = torch.load(folder / files.WEIGHTS, weights_only=True)
+    state["classifier.weight"], state["classifier.bias"] = state["classifier.weight"][:1], state["classifier.bias"][:1]
+    save_new_weights(folder, state)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def servers(smoke_checkpoint, reranker):
+    classifier = Server(smoke_checkpoint, *ARGS)
+    ranking = Server(reranker, *ARGS)
+    yield classifier.wait_ready(), ranking.wait_ready()
+    classifier.stop()
+    ranking.stop()
+
+
+def by_label(ranked: list[dict], labels: list[str]) -> list[float]:
+    scores = {entry["label"]: entry["score"] for entry in ranked}
+    return [scores[label] for label in labels]
+
+
+def test_vllm_classify_answers_as_predict_in_vllms_fields(servers):
+    server, _ = servers
+    labels = list(httpx.get(f"{server.url}/info").json()["model_type"]["classifier"]["id2label"].values())
+    predicted = httpx.post(f"{server.url}/predict", json={"inputs": [[t] for t in TEXTS]})
+    logits = httpx.post(f"{server.url}/predict", json={"inputs": [[t] for t in TEXTS], "raw_scores": True}).json()
+    for path in ("/classify", "/v1/classify"):
+        answer = httpx.post(f"{server.url}{path}", json={"model": NAME, "input": TEXTS})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert set(body) == VLLM_RESPONSE and body["object"] == "list" and body["model"] == NAME
+        assert body["id"].startswith("classify-") and isinstance(body["created"], int)
+        assert set(body["usage"]) == VLLM_USAGE and body["usage"]["completion_tokens"] == 0
+        assert body["usage"]["prompt_tokens"] == int(predicted.headers["x-compute-tokens"]) > len(TEXTS)
+        for i, (row, ranked) in enumerate(zip(body["data"], predicted.json(), strict=True)):
+            assert set(row) == VLLM_DATA and row["index"] == i and row["num_classes"] == len(labels)
+            assert row["label"] == ranked[0]["label"]
+            assert row["probs"] == pytest.approx(by_label(ranked, labels), abs=1e-5)
+    one = httpx.post(f"{server.url}/classify", json={"input": TEXTS[1], "use_activation": False}).json()
+    assert one["model"] == NAME and one["data"][0]["probs"] == pytest.approx(by_label(logits[1], labels), abs=1e-5)
+    cut = httpx.post(f"{server.url}/classify", json={"input": " ".join(TEXTS * 40), "truncate_prompt_tokens": -1})
+    assert cut.status_code == 200, cut.text
+    shorter = httpx.post(f"{server.url}/classify", json={"input": TEXTS[0], "truncate_prompt_tokens": 5})
+    assert shorter.status_code == 400 and "send -1" in shorter.json()["error"]
+
+
+def test_an_unknown_model_is_vllms_404_and_v1_models_lists_the_served_one(servers):
+    server, _ = servers
+    missing = httpx.post(f"{server.url}/v1/classify", json={"model": "gpt-4o", "input": "x"})
+    assert missing.status_code == 404
+    assert set(missing.json()) == {"error"} and set(missing.json()["error"]) == VLLM_ERROR
+    assert missing.json()["error"]["type"] == "NotFoundError" and missing.json()["error"]["code"] == 404
+    assert "`gpt-4o` does not exist" in missing.json()["error"]["message"]
+    listed = httpx.get(f"{server.url}/v1/models").json()
+    assert listed["object"] == "list" and [card["id"] for card in listed["data"]] == [NAME]
+    assert listed["data"][0]["object"] == "model" and listed["data"][0]["max_model_len"] > 0
+    assert httpx.get(f"{server.url}/info").json()["served_model_name"] == NAME
+
+
+def test_the_cohere_sdk_reranks_as_rerank_does(servers):
+    cohere = pytest.importorskip("cohere", reason="the cohere SDK is a dev dependency (pip install -e '.[dev]')")
+    classifier, server = servers
+    query, documents = "who won the game", TEXTS + ["the yankees won the series", "oil prices rose"]
+    expected = httpx.post(f"{server.url}/rerank", json={"query": query, "texts": documents}).json()
+    v2 = cohere.ClientV2(api_key="unused", base_url=server.url).rerank(
+        model=NAME, query=query, documents=documents, top_n=3
+    )
+    assert [r.index for r in v2.results] == [rank["index"] for rank in expected][:3]
+    assert [r.relevance_score for r in v2.results] == pytest.approx([rank["score"] for rank in expected][:3], abs=1e-5)
+    v1 = cohere.Client(api_key="unused", base_url=server.url).rerank(
+        model=NAME, query=query, documents=[{"text": d} for d in documents], return_documents=True
+    )
+    assert [r.index for r in v1.results] == [rank["index"] for rank in expected]
+    assert [r.document.text for r in v1.results] == [documents[rank["index"]] for rank in expected]
+    with pytest.raises(cohere.core.ApiError) as unknown:
+        cohere.ClientV2(api_key="unused", base_url=server.url).rerank(model="rerank-v3.5", query=query, documents=["a"])
+    assert unknown.value.status_code == 404
+    not_a_reranker = httpx.post(f"{classifier.url}/v2/rerank", json={"query": query, "documents": documents})
+    assert not_a_reranker.status_code == 424 and "not a re-ranker" in not_a_reranker.json()["error"]
+
+
+def test_tritonclient_infers_over_kserve_v2_in_json_and_binary(servers):
+    http = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is a dev dependency")
+    server, _ = servers
+    labels = list(httpx.get(f"{server.url}/info").json()["model_type"]["classifier"]["id2label"].values())
+    expected = httpx.post(f"{server.url}/predict", json={"inputs": [[t] for t in TEXTS]}).json()
+    client = http.InferenceServerClient(url=server.url.removeprefix("http://"))
+    try:
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(NAME)
+        assert not client.is_model_ready("another")
+        metadata = client.get_model_metadata(NAME)
+        assert [i["name"] for i in metadata["inputs"]] == ["text", "text_pair"]
+        assert [o["name"] for o in metadata["outputs"]] == ["scores", "label"]
+        assert metadata["outputs"][0]["shape"] == [-1, len(labels)] and metadata["outputs"][0]["labels"] == labels
+        for binary in (True, False):
+            text = http.InferInput("text", [len(TEXTS)], "BYTES")
+            text.set_data_from_numpy(np.array(TEXTS, dtype=object), binary_data=binary)
+            outputs = None if binary else [http.InferRequestedOutput(n, binary_data=False) for n in ("scores", "label")]
+            result = client.infer(NAME, [text], outputs=outputs, request_id="r1")
+            scores, best = result.as_numpy("scores"), result.as_numpy("label")
+            assert scores.shape == (len(TEXTS), len(labels)) and scores.dtype == np.float32
+            for row, label, ranked in zip(scores, best, expected, strict=True):
+                assert row.tolist() == pytest.approx(by_label(ranked, labels), abs=1e-5)
+                assert (label.decode() if isinstance(label, bytes) else label) == ranked[0]["label"]
+            assert result.get_response()["id"] == "r1"
+    finally:
+        client.close()
+
+
+def test_kserve_v2_refuses_malformed_tensors_with_400(servers):
+    server, _ = servers
+    url = f"{server.url}/v2/models/{NAME}/infer"
+    tensor = {"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}
+    bad = [
+        {"inputs": [{**tensor, "shape": [3]}]},  # the shape does not hold the data
+        {"inputs": [{**tensor, "datatype": "FP32"}]},
+        {"inputs": [{**tensor, "data": [1, 2]}]},
+        {"inputs": [tensor, {**tensor, "name": "image"}]},
+        {"inputs": [{**tensor, "parameters": {"binary_data_size": 10}}]},  # no binary part
+        {"inputs": [tensor], "outputs": [{"name": "logits"}]},
+    ]
+    for body in bad:
+        answer = httpx.post(url, json=body)
+        assert answer.status_code == 400 and answer.json()["error"], (body, answer.text)
+    torn = json.dumps({"inputs": [{**tensor, "data": None, "parameters": {"binary_data_size": 6}}]}).encode()
+    answer = httpx.post(
+        url, content=torn + b"\x09\x00\x00\x00ab", headers={"Inference-Header-Content-Length": str(len(torn))}
+    )
+    assert answer.status_code == 400 and "past its tensor" in answer.json()["error"]
+    assert httpx.post(f"{server.url}/v2/models/other/infer", json={"inputs": [tensor]}).status_code == 404
+
+
+def test_the_new_routes_answer_401_413_415_and_429_as_teis_do(smoke_checkpoint):
+    limits = {"max_concurrent_requests": 3, "max_client_batch_size": 3, "payload_limit": 2_000}
+    good = {"Authorization": "Bearer k", **JSON}
+    bodies = {
+        "/v1/classify": {"input": ["c", "d"]},
+        "/v2/rerank": {"query": "q", "documents": ["c", "d"]},
+        f"/v2/models/{NAME}/infer": {
+            "inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["c", "d"]}]
+        },
+    }
+    with make_client(smoke_checkpoint, api_key="k", served_model_name=NAME, **limits) as c:
+        for path, body in bodies.items():
+            assert c.post(path, json=body).status_code == 401, path
+            assert c.post(path, content=b" " * 3_000, headers=good).status_code == 413, path
+        for path in ("/v1/classify", "/v2/rerank"):
+            assert (
+                c.post(path, content=json.dumps(bodies[path]), headers={"Authorization": "Bearer k"}).status_code == 415
+            )
+        for path in ("/v1/classify", f"/v2/models/{NAME}/infer"):
+            with model_busy(c, {"inputs": [["a"], ["b"]]}, good) as first:
+                busy = c.post(path, json=bodies[path], headers=good)
+                assert busy.status_code == 429 and busy.json()["error_type"] == "Overloaded", (path, busy.text)
+            assert first[0].status_code == 200
+        assert c.get("/v2/health/ready").status_code == 200 and c.get("/v2/health/live").status_code == 200
