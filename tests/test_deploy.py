@@ -16,6 +16,7 @@ from inference.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 KUBERNETES = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
 KSERVE = ROOT / "deploy" / "kserve" / "inferenceservice.yaml"
+KSERVE_V2 = ROOT / "deploy" / "kserve" / "inferenceservice-v2.yaml"
 NOT_SETTINGS = {"PROMETHEUS_MULTIPROC_DIR", "STORAGE_URI"}  # read by prometheus-client and KServe's initializer
 
 
@@ -47,6 +48,25 @@ def test_the_kserve_predictor_holds_valid_containers():
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "predictor"}, "spec": {"containers": containers}}
     kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
     assert containers[0]["name"] == "kserve-container"  # the name KServe routes to
+
+
+def test_the_kserve_v2_runtime_serves_the_model_its_service_names_over_the_v2_protocol():
+    """The ServingRuntime declares v2 and runs the image with the service's settings; the InferenceService names the
+    runtime with protocolVersion v2, and the served model's name is the InferenceService's (KServe's model name)."""
+    runtime, service = documents(KSERVE_V2)
+    assert runtime["kind"] == "ServingRuntime" and runtime["spec"]["protocolVersions"] == ["v2"]
+    containers = runtime["spec"]["containers"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "runtime"}, "spec": {"containers": containers}}
+    kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
+    env = {e["name"]: e.get("value") for e in containers[0]["env"]}
+    assert set(env) - NOT_SETTINGS <= {name.upper() for name in Settings.model_fields}
+    model = service["spec"]["predictor"]["model"]
+    assert model["protocolVersion"] == "v2" and model["runtime"] == runtime["metadata"]["name"]
+    assert model["modelFormat"]["name"] == runtime["spec"]["supportedModelFormats"][0]["name"]
+    assert env["SERVED_MODEL_NAME"] == service["metadata"]["name"] and env["MODEL_ID"] == "/mnt/models"
+    probes = {containers[0][p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")}
+    assert probes == {"/v2/health/ready", "/v2/health/live"}
+    assert service["spec"]["predictor"]["terminationGracePeriodSeconds"] > float(env["GRACEFUL_SHUTDOWN_S"])
 
 
 def test_the_manifests_agree_with_the_image_and_the_service():

@@ -7,6 +7,8 @@ rerank through the `cohere` SDK, and KServe v2 through `tritonclient.http` (JSON
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import httpx
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from contract import files
+from tests.helpers.docs import block
 from tests.helpers.files import save_new_weights
 from tests.helpers.service import Server
 from tests.inference.test_app import JSON, TEXTS, make_client, model_busy
@@ -119,6 +122,16 @@ def test_the_cohere_sdk_reranks_as_rerank_does(servers):
     assert unknown.value.status_code == 404
     not_a_reranker = httpx.post(f"{classifier.url}/v2/rerank", json={"query": query, "documents": documents})
     assert not_a_reranker.status_code == 424 and "not a re-ranker" in not_a_reranker.json()["error"]
+
+
+def test_the_cohere_block_of_the_serving_docs_runs_against_a_reranker(servers):
+    """docs/serving.md's Cohere block, as written but for the address (the docs' service is a classifier)."""
+    _, server = servers
+    code = block("docs/serving.md", "cohere.ClientV2").code.replace("http://localhost:8000", server.url)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    index, score = done.stdout.split()
+    assert index in ("0", "1") and 0 < float(score) < 1
 
 
 def test_tritonclient_infers_over_kserve_v2_in_json_and_binary(servers):
