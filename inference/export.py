@@ -1,5 +1,6 @@
 """`python -m inference.export CHECKPOINT_DIR --runtime openvino`: convert and measure a checkpoint for an optimized CPU
-runtime now, so the service's first start only compiles.
+runtime now, so the service's first start only compiles; with onnxruntime, also onnx/model.onnx in the folder (the
+layout other servers load: inference/runtimes/onnx_folder.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from contract.runtimes import RUNTIMES
 from inference import logs
 
 logger = logging.getLogger("inference")
-DESCRIPTION = "Convert a checkpoint for an optimized CPU runtime now, so the service's first start only compiles."
+DESCRIPTION = (
+    "Convert a checkpoint for an optimized CPU runtime now, so the service's first start only compiles. With "
+    "onnxruntime, also write onnx/model.onnx into the folder (fp32, output `logits`): the file TEI's CPU image, "
+    "Triton's ONNX Runtime backend and transformers.js load."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         export(Path(args.checkpoint_dir), args.runtime)
+        if args.runtime == "onnxruntime":
+            from inference.runtimes import onnx_folder
+
+            onnx_folder.write(Path(args.checkpoint_dir))
     except UserError as exc:
         logger.error("%s", exc)
         return exc.exit_code
