@@ -11,22 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from inference import errors
 from inference.errors import ServiceError
+from inference.front_end import routes
 from inference.front_end.named_model import check_name
-from inference.front_end.routes import (
-    ERROR_RESPONSES,
-    answered,
-    live_view,
-    observe,
-    parse,
-    queue_sequences,
-    require_api_key,
-    require_json,
-    service,
-)
 from inference.front_end.schemas import Json
 from inference.front_end.text_routes import NOT_A_RERANKER, is_reranker
 
-router = APIRouter(dependencies=[Depends(require_api_key)])
+router = APIRouter(dependencies=[Depends(routes.require_api_key)])
 
 
 class Document(BaseModel):
@@ -68,39 +58,36 @@ class CohereRerankResponse(BaseModel):
 
 
 @router.post(
-    "/v2/rerank", response_model=CohereRerankResponse, responses=ERROR_RESPONSES, summary="Rerank (Cohere's API)"
+    "/v2/rerank", response_model=CohereRerankResponse, responses=routes.ERROR_RESPONSES, summary="Rerank (Cohere's API)"
 )
 async def rerank_v2(request: Request) -> Json:
     return await rerank(request, "2")
 
 
-@router.post("/v1/rerank", response_model=CohereRerankResponse, responses=ERROR_RESPONSES, include_in_schema=False)
+@router.post(
+    "/v1/rerank", response_model=CohereRerankResponse, responses=routes.ERROR_RESPONSES, include_in_schema=False
+)
 async def rerank_v1(request: Request) -> Json:
     return await rerank(request, "1")
 
 
 async def rerank(request: Request, api_version: str) -> Json:
-    state, started = service(request), time.perf_counter()
-    require_json(request)
-    try:
-        body = parse(await request.body(), CohereRerankRequest)
+    state, started = routes.service(request), time.perf_counter()
+    routes.require_json(request)
+    with routes.failures_counted(state):
+        body = routes.parse(await request.body(), CohereRerankRequest)
         name = check_name(state, body.model)
         texts = body.texts()
         if not texts:
             raise ServiceError(errors.EMPTY, "`documents` cannot be empty", reason="validation")
         if not is_reranker(state):
             raise ServiceError(errors.BACKEND, NOT_A_RERANKER, reason="model_type")
-        check_document_tokens(body, live_view(state).max_length)
+        check_document_tokens(body, routes.live_view(state).max_length)
         state.metrics.request_count.labels("batch").inc()
         # as Cohere does, long documents are cut (to the model's maximum), not refused
-        job = queue_sequences(state, [(body.query, text) for text in texts], True, True, False, "sigmoid")
-        answer = await answered(request, job)
-    except ServiceError as exc:
-        state.metrics.request_failure.labels(exc.reason).inc()
-        raise
-    state.metrics.request_success.labels("batch").inc()
-    state.metrics.predict_success.inc(len(answer.ranked))
-    observe(state, answer, time.perf_counter() - started)
+        job = routes.queue_sequences(state, [(body.query, text) for text in texts], True, True, False, "sigmoid")
+        answer = await routes.answered(request, job)
+    routes.count_answer(state, answer, started)
     order = sorted(range(len(texts)), key=lambda i: answer.ranked[i][0]["score"], reverse=True)  # stable on ties
     results = [
         {

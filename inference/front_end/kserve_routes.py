@@ -20,8 +20,9 @@ from inference.front_end.named_model import check_name, scores_in_label_order
 from inference.front_end.routes import (
     VERSION,
     answered,
+    count_answer,
+    failures_counted,
     live_view,
-    observe,
     queue_sequences,
     require_api_key,
     service,
@@ -116,7 +117,7 @@ async def model_metadata(request: Request, name: str) -> dict:
 @router.post("/v2/models/{name:path}/versions/{version}/infer", include_in_schema=False)
 async def infer(request: Request, name: str) -> Response:
     state, started = service(request), time.perf_counter()
-    try:
+    with failures_counted(state):
         check_name(state, name, openai_body=False)
         body, blobs = read_request(await request.body(), request.headers.get(HEADER_LENGTH))
         texts, pairs = input_texts(body, blobs)
@@ -125,12 +126,7 @@ async def infer(request: Request, name: str) -> Response:
         job = queue_sequences(state, list(zip(texts, pairs, strict=True)), True, None, False, None)
         answer = await answered(request, job)
         scores = scores_in_label_order(view, answer)
-    except ServiceError as exc:
-        state.metrics.request_failure.labels(exc.reason).inc()
-        raise
-    state.metrics.request_success.labels("batch").inc()
-    state.metrics.predict_success.inc(len(scores))
-    observe(state, answer, time.perf_counter() - started)
+    count_answer(state, answer, started)
     outputs = {
         "scores": np.asarray(scores, dtype=np.float32).reshape(len(scores), len(view.labels)),
         "label": np.asarray([ranked[0]["label"] for ranked in answer.ranked], dtype=object),

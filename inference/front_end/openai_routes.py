@@ -17,8 +17,9 @@ from inference.front_end.named_model import check_name, scores_in_label_order
 from inference.front_end.routes import (
     ERROR_RESPONSES,
     answered,
+    count_answer,
+    failures_counted,
     live_view,
-    observe,
     parse,
     queue_sequences,
     require_api_key,
@@ -75,7 +76,7 @@ class ClassificationResponse(BaseModel):
 async def classify(request: Request) -> Json:
     state, started = service(request), time.perf_counter()
     require_json(request)
-    try:
+    with failures_counted(state):
         body = parse(await request.body(), ClassifyRequest)
         name = check_name(state, body.model)
         view = live_view(state)
@@ -90,12 +91,7 @@ async def classify(request: Request) -> Json:
             request, queue_sequences(state, [(t, None) for t in texts], True, truncate, left, scoring)
         )
         scores = scores_in_label_order(view, answer)
-    except ServiceError as exc:
-        state.metrics.request_failure.labels(exc.reason).inc()
-        raise
-    state.metrics.request_success.labels("batch").inc()
-    state.metrics.predict_success.inc(len(scores))
-    observe(state, answer, time.perf_counter() - started)
+    count_answer(state, answer, started)
     data = [
         {"index": i, "label": ranked[0]["label"], "probs": row, "num_classes": len(row)}
         for i, (ranked, row) in enumerate(zip(answer.ranked, scores, strict=True))

@@ -7,6 +7,7 @@ import hmac
 import re
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import contextmanager
 from typing import TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -88,17 +89,11 @@ PREDICT_PATHS = ("/predict", "/", "/invocations")  # TEI's; on every fast route
 async def predict(request: Request) -> Response:
     state, started = service(request), time.perf_counter()
     require_json(request)
-    try:
+    with failures_counted(state):
         body = parse(await request.body())
         state.metrics.request_count.labels("batch" if body.is_batch else "single").inc()
         answer = await answered(request, classify(state, body))
-    except ServiceError as exc:
-        state.metrics.request_failure.labels(exc.reason).inc()
-        raise
-    method = "batch" if body.is_batch else "single"
-    state.metrics.request_success.labels(method).inc()
-    state.metrics.predict_success.inc(len(answer.ranked))
-    observe(state, answer, time.perf_counter() - started)
+    count_answer(state, answer, started, "batch" if body.is_batch else "single")
     k = body.k()
     ranked = [row[:k] for row in answer.ranked] if k else answer.ranked
     headers = tei_headers(answer, sum(len(a) + len(b or "") for a, b in body.sequences()), started)
@@ -263,6 +258,23 @@ def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) ->
             side = limit // 2 if pair is not None else limit
             out.append((keep(text, side), keep(pair, side) if pair is not None else None))
     return out
+
+
+@contextmanager
+def failures_counted(state: AppState):
+    """te_request_failure{err} for a ServiceError raised in the block, which goes on up."""
+    try:
+        yield
+    except ServiceError as exc:
+        state.metrics.request_failure.labels(exc.reason).inc()
+        raise
+
+
+def count_answer(state: AppState, answer: Answer, started: float, method: str = "batch") -> None:
+    """TEI's success counters and durations for an answered request."""
+    state.metrics.request_success.labels(method).inc()
+    state.metrics.predict_success.inc(len(answer.ranked))
+    observe(state, answer, time.perf_counter() - started)
 
 
 def observe(state: AppState, answer: Answer, total_s: float) -> None:

@@ -18,8 +18,9 @@ from inference.front_end.routes import (
     answered,
     bearer_token,
     check_api_key,
+    count_answer,
+    failures_counted,
     live_view,
-    observe,
     parse,
     predict,
     queue_sequences,
@@ -42,19 +43,14 @@ def is_reranker(state: AppState) -> bool:
 async def rerank(request: Request) -> Json:
     state, started = service(request), time.perf_counter()
     require_json(request)
-    try:
+    with failures_counted(state):
         body = parse(await request.body(), RerankRequest)
         answer = await _scored_pairs(request, state, body)
         ranks = [
             {"index": i, **({"text": body.texts[i]} if body.return_text else {}), "score": row[0]["score"]}
             for i, row in enumerate(answer.ranked)
         ]
-    except ServiceError as exc:
-        state.metrics.request_failure.labels(exc.reason).inc()
-        raise
-    state.metrics.request_success.labels("batch").inc()
-    state.metrics.predict_success.inc(len(answer.ranked))
-    observe(state, answer, time.perf_counter() - started)
+    count_answer(state, answer, started)
     ranks.sort(key=lambda rank: rank["score"], reverse=True)  # stable: equal scores keep the texts' order
     characters = len(body.query) * len(body.texts) + sum(len(t) for t in body.texts)
     return Json(ranks, headers=tei_headers(answer, characters, started))

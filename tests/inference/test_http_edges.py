@@ -91,7 +91,8 @@ def every_route(app) -> list[tuple[str, str, bool]]:
         for inner in router.routes if router is not None else [route]:
             for method in sorted(set(inner.methods) - {"HEAD"}):
                 fast = (routes.predict_fast, text_routes.root_fast)  # check the key themselves
-                guarded = router is routes.router or getattr(inner, "endpoint", None) in fast
+                keyed = any(d.dependency is routes.require_api_key for d in getattr(router, "dependencies", ()))
+                guarded = keyed or getattr(inner, "endpoint", None) in fast
                 found.append((method, inner.path, guarded))
     return found
 

@@ -245,7 +245,6 @@ def test_queued_requests_whose_clients_left_are_never_computed(slow_checkpoint):
     """Ten clients queue behind a long batch and leave while it runs: their texts are not run (the batch-size
     histogram counts only the long batch's 8 texts; the tokenizer thread may have tokenized the next micro-batches
     ahead, no more), each is counted 499, the long batch is answered."""
-    import socket
 
     server = Server(slow_checkpoint, "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0")
     server.wait_ready()
@@ -255,16 +254,7 @@ def test_queued_requests_whose_clients_left_are_never_computed(slow_checkpoint):
             busy = pool.submit(httpx.post, f"{server.url}/predict", json={"inputs": [[long_text]] * 8}, timeout=300)
             # the long batch is on the model
             wait_for(lambda: metric(server, "te_batch_next_size_count"), lambda n: n == 1)
-            clients = []
-            for client in range(10):
-                body = json.dumps({"inputs": [[text] for text in distinct_texts(client, 4)]}).encode()
-                clients.append(socket.create_connection(("127.0.0.1", server.port)))
-                clients[-1].sendall(
-                    b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
-            wait_for(lambda: metric(server, "te_queue_size"), lambda n: n == 40)  # read and queued behind it
+            clients = queue_ten_clients(server)
             for sock in clients:
                 sock.close()
             assert not busy.done(), "the long batch finished before the clients left: the test proved nothing"
@@ -276,6 +266,24 @@ def test_queued_requests_whose_clients_left_are_never_computed(slow_checkpoint):
         assert metric(server, "te_batch_next_size_sum") == 8, "texts of clients that had left were computed"
     finally:
         server.stop()
+
+
+def queue_ten_clients(server: Server) -> list:
+    """Ten clients of 4 texts each on raw sockets (each may leave at will), read and queued behind the batch on the
+    model."""
+    import socket
+
+    clients = []
+    for client in range(10):
+        body = json.dumps({"inputs": [[text] for text in distinct_texts(client, 4)]}).encode()
+        clients.append(socket.create_connection(("127.0.0.1", server.port)))
+        clients[-1].sendall(
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+    wait_for(lambda: metric(server, "te_queue_size"), lambda n: n == 40)
+    return clients
 
 
 def metric(server: Server, name: str, labels: str = "") -> float:

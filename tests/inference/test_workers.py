@@ -6,11 +6,9 @@ dropped, the engine killed ends the front-ends and the service, and SIGTERM drai
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +24,7 @@ from tests.helpers.files import save_new_weights
 from tests.helpers.processes import free_port, graphs_env
 from tests.helpers.service import Server, wait_for
 from tests.inference.test_app import TEXTS
-from tests.inference.test_server import SUBJECTS, distinct_texts, metric
+from tests.inference.test_server import SUBJECTS, metric, queue_ten_clients
 
 pytestmark = pytest.mark.slow
 FRONT_ENDS = 4
@@ -138,16 +136,7 @@ def test_the_limit_counts_every_front_end_and_clients_that_leave_are_never_compu
         with ThreadPoolExecutor(1) as pool:
             busy = pool.submit(httpx.post, f"{server.url}/predict", json={"inputs": [[long_text]] * 8}, timeout=300)
             wait_for(lambda: metric(server, "te_batch_next_size_count"), lambda n: n == 1)  # on the model
-            clients = []
-            for client in range(10):
-                body = json.dumps({"inputs": [[text] for text in distinct_texts(client, 4)]}).encode()
-                clients.append(socket.create_connection(("127.0.0.1", server.port)))
-                clients[-1].sendall(
-                    b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
-            wait_for(lambda: metric(server, "te_queue_size"), lambda n: n == 40)  # queued in the engine
+            clients = queue_ten_clients(server)  # queued in the engine
             refused = [httpx.post(f"{server.url}/predict", json={"inputs": "stocks fell"}) for _ in range(6)]
             assert [r.status_code for r in refused] == [429] * 6, [r.text for r in refused]
             for sock in clients:
