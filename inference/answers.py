@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 
 from contract.long_text import LongTextError, TooManyWindows
 
+Sequence = tuple[str, str | None]  # an input: (text, text_pair or None)
+
 
 @dataclass(frozen=True)
 class ModelView:

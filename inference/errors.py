@@ -12,8 +12,6 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from inference.front_end.schemas import INPUTS_HELP
-
 logger = logging.getLogger("inference")
 
 EMPTY, VALIDATION, OVERLOADED, UNHEALTHY, BACKEND = "Empty", "Validation", "Overloaded", "Unhealthy", "Backend"
@@ -21,6 +19,10 @@ TOKENIZER = "Tokenizer"
 MEDIA_TYPE = "UnsupportedMediaType"  # ours, as 401/404/405: TEI's framework answers 415 in plain text
 STATUS = {EMPTY: 400, VALIDATION: 422, TOKENIZER: 422, OVERLOADED: 429, UNHEALTHY: 503, BACKEND: 424, MEDIA_TYPE: 415}
 _HTTP_TYPES = {401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 413: VALIDATION}
+INPUTS_HELP = (
+    'a string, a pair of strings ["text", "text_pair"], or a batch of single strings and pairs '
+    '[["text 1"], ["text 2", "text_pair 2"], ...]'
+)  # TEI's request shapes, in what a wrong `inputs` is told
 CLIENT_CLOSED = 499  # nginx's "client closed": counted, never sent
 
 

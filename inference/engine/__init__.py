@@ -1,2 +1,2 @@
-"""The engine's room: the model, its micro-batching scheduler, CUDA graphs, tokenizing, hot reload, and the end of
+"""The engine's room: the model, its micro-batching scheduler, CUDA graphs, hot reload, and the end of
 the front-ends' links (link_server.py). One engine process per device."""

@@ -18,13 +18,12 @@ import torch
 from contract import shapes
 from contract.loading import LoadedModel
 from contract.model_call import forward
-from inference.answers import Answer, NonFinite, Overloaded
+from inference.answers import Answer, NonFinite, Overloaded, Sequence
 from inference.engine import graphs
 from inference.engine.graphs import CapturedForward, GraphsUnsupported
 from inference.engine.passes import forward_buckets, static_passes
-from inference.engine.tokenizing import REFUSALS, check_length, check_tokens, encode, encode_unchecked, windows
-from inference.front_end.schemas import Sequence
 from inference.metrics import Metrics
+from inference.tokenizing import REFUSALS, check_length, check_tokens, encode, encode_unchecked, windows
 
 logger = logging.getLogger(__name__)
 # Idle wake-ups let the main thread run SIGTERM's handler: a wait without timeout would hold it until the next request.

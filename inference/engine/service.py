@@ -25,11 +25,11 @@ from inference import errors, logs, memory, metrics
 from inference.answers import ModelView
 from inference.engine.reload import CheckpointWatcher
 from inference.engine.scheduler import Engine, Limits, warm_up
-from inference.engine.tokenizing import window_length
 from inference.front_end.link import AppState, spare_copy
 from inference.metrics import Metrics
 from inference.runtimes import choice as runtimes
 from inference.settings import Settings, SettingsError
+from inference.tokenizing import window_length
 
 RACE_THREAD = "runtime-race"  # the thread measuring runtimes in the background (MEASURE_IN_BACKGROUND)
 logger = logging.getLogger("inference")

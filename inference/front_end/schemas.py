@@ -8,7 +8,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 from pydantic_core import to_json
 
-Sequence = tuple[str, str | None]  # (text, text_pair or None)
+from inference.answers import Sequence
+from inference.errors import INPUTS_HELP
 
 
 class Json(JSONResponse):
@@ -16,12 +17,6 @@ class Json(JSONResponse):
 
     def render(self, content) -> bytes:
         return to_json(content, inf_nan_mode="null")
-
-
-INPUTS_HELP = (
-    'a string, a pair of strings ["text", "text_pair"], or a batch of single strings and pairs '
-    '[["text 1"], ["text 2", "text_pair 2"], ...]'
-)
 
 
 class PredictParameters(BaseModel):

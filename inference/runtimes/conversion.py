@@ -19,10 +19,10 @@ from contract import precision
 from contract.loading import LoadedModel
 from contract.model_call import collate
 from contract.runtimes import RUNTIMES, Runtime
-from inference.engine.tokenizing import encode
 from inference.runtimes import cache as runtime_cache
 from inference.runtimes.cache import Cache
 from inference.settings import BACKENDS
+from inference.tokenizing import encode
 
 logger = logging.getLogger("inference.runtimes.choice")  # one channel for the runtime choice, whichever part logs
 

@@ -16,10 +16,10 @@ from contract.loading import LoadedModel
 from contract.model_call import collate
 from contract.problem_types import ProblemType
 from contract.runtimes import AGREEMENT_BOUND, RUNTIMES
-from inference.engine.tokenizing import encode
 from inference.runtimes.cache import Cache
 from inference.runtimes.conversion import TORCH, Candidate, conversion_name, digest, runner_for, torch_runner
 from inference.runtimes.texts import HELD_OUT_EVERY, split
+from inference.tokenizing import encode
 
 logger = logging.getLogger("inference.runtimes.choice")  # one channel for the runtime choice, whichever part logs
 

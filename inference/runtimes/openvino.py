@@ -14,7 +14,7 @@ import torch
 
 from contract import files, precision
 from contract.quiet import quiet
-from inference.engine import signal_stack
+from inference.runtimes import signal_stack
 
 logger = logging.getLogger(__name__)
 

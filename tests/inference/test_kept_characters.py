@@ -1,5 +1,5 @@
 """What the service tokenizes of a long input (inference/front_end/routes.py limit_characters, then the engine's
-encode in inference/engine/tokenizing.py): with truncation each side is tokenized from its first (or last) max_length x
+encode in inference/tokenizing.py): with truncation each side is tokenized from its first (or last) max_length x
 KEPT_CHARS_PER_TOKEN characters, cut at a word boundary, and the ids are those of the whole input truncated as TEI
 truncates it, texts and pairs, from the start or from the end."""
 
@@ -13,9 +13,9 @@ import torch
 from transformers import AutoTokenizer
 
 from contract.loading import LoadedModel
-from inference.engine.tokenizing import KEPT_CHARS_PER_TOKEN, encode_unchecked, kept_part
 from inference.errors import ServiceError
 from inference.front_end.routes import CHARS_PER_TOKEN_LIMIT, limit_characters
+from inference.tokenizing import KEPT_CHARS_PER_TOKEN, encode_unchecked, kept_part
 
 WORDS = (
     "officials said on monday that the markets rallied after reuters reported unbelievable earnings , 1234 .".split()

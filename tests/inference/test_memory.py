@@ -20,7 +20,7 @@ SCRIPT = """
 import random, sys, psutil
 from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification
 from contract.model_call import forward
-from inference.engine.tokenizing import encode
+from inference.tokenizing import encode
 from inference.metrics import Metrics
 from inference.engine.service import load_configured, ready_engine
 from inference.settings import from_env

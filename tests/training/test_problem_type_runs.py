@@ -268,10 +268,10 @@ def test_an_int8_runtime_is_guarded_by_what_a_one_output_model_decides(runs, tmp
     (one-logit pair model) with PyTorch fp32, and its figure is what those rules give on the held-out texts."""
     from contract.model_call import forward
     from inference.engine.service import load_configured
-    from inference.engine.tokenizing import encode
     from inference.runtimes import measuring
     from inference.runtimes import texts as runtime_texts
     from inference.settings import from_env
+    from inference.tokenizing import encode
 
     folder = one_output_folder(runs, tmp_path, variant)
     settings = from_env(model_id=str(folder), device="cpu", reload_interval_s=0, backend="onnxruntime", dtype="int8")
@@ -358,7 +358,7 @@ def news_words(n: int, seed: int) -> str:
 def test_a_megabyte_rerank_batch_or_pair_batch_costs_the_model_thread_what_is_kept(runs):
     """A 1 MB rerank query beside 32 texts (before: 6.1 s, the query cut and tokenized 32 times), 32 documents of
     60,000 characters (4.2 s) and 16 pairs of long documents (3.5 s): each side is tokenized only from what the model
-    keeps of it (inference/engine/tokenizing.py), so each costs well under half a second of tokenizing and inference, a
+    keeps of it (inference/tokenizing.py), so each costs well under half a second of tokenizing and inference, a
     short request sent meanwhile is answered within a second, and the scores are those of the whole texts truncated."""
     from tests.inference.test_app import make_client
 

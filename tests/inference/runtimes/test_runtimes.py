@@ -22,11 +22,11 @@ from contract import files, precision
 from contract.model_call import forward
 from contract.problem_types import MULTI, REGRESSION, SINGLE, TIE_MARGIN, ProblemType
 from inference.engine.service import load_configured
-from inference.engine.tokenizing import encode
 from inference.runtimes import choice as runtimes
 from inference.runtimes import measuring
 from inference.runtimes import texts as runtime_texts
 from inference.settings import SettingsError, from_env
+from inference.tokenizing import encode
 from tests.helpers.files import save_new_weights
 from tests.helpers.processes import ROOT, describe
 from tests.helpers.service import Reference, ag_news_texts
@@ -342,12 +342,12 @@ def test_info_reports_the_runtime_and_an_openvino_model_is_hot_reloaded(checkpoi
 
 
 # Two OpenVINO runtimes built and dropped on one thread, then a signal handled by Python (as the service's SIGTERM
-# drain is): before inference/engine/signal_stack.py, the CPU plugin left the thread an unmapped alternate signal
+# drain is): before inference/runtimes/signal_stack.py, the CPU plugin left the thread an unmapped alternate signal
 # stack and this process died of SIGSEGV (exit -11) instead of handling the signal.
 SIGNAL_AFTER_TWO_RUNTIMES = """
 import gc, os, signal, sys
 from pathlib import Path
-from inference.engine import signal_stack
+from inference.runtimes import signal_stack
 from inference.runtimes import openvino as openvino_runtime
 before = signal_stack.current()
 first = openvino_runtime.Runner(Path(sys.argv[1]), "fp32", 1)

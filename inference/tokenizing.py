@@ -1,5 +1,5 @@
 """Requests' inputs to model features: tokenized, truncated or refused, or windowed as config.json asks. Called by the
-engine.
+engine, and by the runtimes to convert and check a model on the same features.
 """
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from dataclasses import replace
 
 from contract.loading import LoadedModel
 from contract.long_text import CHUNK, LongTextError, PairLeavesNoRoom, TooManyWindows, cut_long_pairs
-from inference.answers import InputTooLong, NoTokens
-from inference.front_end.schemas import Sequence
+from inference.answers import InputTooLong, NoTokens, Sequence
 
 
 def check_tokens(features: list[dict], owner: list[int], inputs: int) -> None:
