@@ -124,6 +124,23 @@ def test_every_process_counts_into_one_set_of_metrics(served):
         assert scrape[("te_batch_next_size_count", ())] >= 1  # counted by the engine, seen from every front-end
 
 
+def test_the_other_client_families_answer_through_the_engine(served):
+    """vLLM's classify and KServe v2 from the front-ends: the engine's scores, as /predict answers them."""
+    server, _ = served
+    labels = list(httpx.get(f"{server.url}/info").json()["model_type"]["classifier"]["id2label"].values())
+    inputs = texts(6)
+    predicted = httpx.post(f"{server.url}/predict", json={"inputs": [[t] for t in inputs]}).json()
+    expected = [[{e["label"]: e["score"] for e in row}[label] for label in labels] for row in predicted]
+    name = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+    classified = httpx.post(f"{server.url}/v1/classify", json={"input": inputs}).json()["data"]
+    tensor = {"name": "text", "shape": [len(inputs)], "datatype": "BYTES", "data": inputs}
+    inferred = httpx.post(f"{server.url}/v2/models/{name}/infer", json={"inputs": [tensor]}).json()["outputs"][0]
+    flat = [score for row in expected for score in row]
+    assert [score for row in classified for score in row["probs"]] == pytest.approx(flat, abs=1e-5)
+    assert inferred["shape"] == [len(inputs), len(labels)]
+    assert inferred["data"] == pytest.approx(flat, abs=1e-5)
+
+
 def test_the_limit_counts_every_front_end_and_clients_that_leave_are_never_computed(slow_checkpoint):
     """Two front-ends, MAX_CONCURRENT_REQUESTS 48: a long batch of 8 on the model, ten clients of 4 queued behind it
     fill the engine's count, so more requests are answered 429 by whichever front-end takes them; the ten leave: each
