@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
 def share_metrics() -> tuple[str, bool]:
     """Every process's metrics in one multiprocess folder (PROMETHEUS_MULTIPROC_DIR, else a temporary one): the
     folder, and whether it is ours to remove."""
-    folder = os.environ.get(MULTIPROC_ENV)
+    folder = os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower())  # as metrics.multiprocess_dir
     if folder:
+        os.environ[MULTIPROC_ENV] = folder
         Path(folder).mkdir(parents=True, exist_ok=True)  # a cluster names it on an empty volume
         for stale in Path(folder).glob("*.db"):
             stale.unlink()

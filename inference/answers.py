@@ -40,11 +40,6 @@ class ModelView:
     def id2label(self) -> dict[str, str]:
         return {str(i): label for i, label in enumerate(self.labels)}
 
-    @property
-    def compute(self) -> str:
-        """TEI's x-compute-type."""
-        return "gpu" if self.device.startswith("cuda") else "cpu"
-
     def wire(self) -> dict:
         return asdict(self)
 

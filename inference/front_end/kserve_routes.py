@@ -13,9 +13,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from inference import errors
-from inference.answers import ModelView
 from inference.errors import ServiceError
-from inference.front_end.link import AppState
 from inference.front_end.named_model import check_name, scores_in_label_order
 from inference.front_end.routes import (
     VERSION,
@@ -35,7 +33,8 @@ from inference.front_end.schemas import Json
 router = APIRouter(dependencies=[Depends(require_api_key)])
 public = APIRouter()  # the probes, as /health and /ready
 HEADER_LENGTH = "inference-header-content-length"  # Triton's binary tensor extension
-INPUTS, OUTPUTS = ("text", "text_pair"), ("scores", "label")
+INPUTS = ("text", "text_pair")
+OUTPUTS = {"scores": "FP32", "label": "BYTES"}  # name: datatype
 MODEL_VERSION = "1"
 
 
@@ -101,8 +100,8 @@ async def model_metadata(request: Request, name: str) -> dict:
         "platform": "pytorch",
         "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]} for n in INPUTS],
         "outputs": [
-            {"name": "scores", "datatype": "FP32", "shape": [-1, len(view.labels)], "labels": view.labels},
-            {"name": "label", "datatype": "BYTES", "shape": [-1]},
+            {"name": "scores", "datatype": OUTPUTS["scores"], "shape": [-1, len(view.labels)], "labels": view.labels},
+            {"name": "label", "datatype": OUTPUTS["label"], "shape": [-1]},
         ],
     }
 
@@ -121,6 +120,7 @@ async def infer(request: Request, name: str) -> Response:
         check_name(state, name, openai_body=False)
         body, blobs = read_request(await request.body(), request.headers.get(HEADER_LENGTH))
         texts, pairs = input_texts(body, blobs)
+        wanted = requested_outputs(body)  # before the model runs: an unknown output costs it nothing
         state.metrics.request_count.labels("batch").inc()
         view = live_view(state)
         job = queue_sequences(state, list(zip(texts, pairs, strict=True)), True, None, False, None)
@@ -128,10 +128,10 @@ async def infer(request: Request, name: str) -> Response:
         scores = scores_in_label_order(view, answer)
     count_answer(state, answer, started)
     outputs = {
-        "scores": np.asarray(scores, dtype=np.float32).reshape(len(scores), len(view.labels)),
+        "scores": np.asarray(scores, dtype=np.float32),
         "label": np.asarray([ranked[0]["label"] for ranked in answer.ranked], dtype=object),
     }
-    return respond(state, view, name, body, outputs)
+    return respond(name, body, wanted, outputs)
 
 
 def bad(message: str) -> ServiceError:
@@ -216,20 +216,22 @@ def unpack_bytes(blob: bytes, name: str) -> list[str]:
     return elements
 
 
-def respond(state: AppState, view: ModelView, name: str, body: InferRequest, outputs: dict) -> Response:
-    """The outputs asked for (all by default), each as JSON data or binary after the header, as requested."""
+def requested_outputs(body: InferRequest) -> list[Requested]:
+    """The outputs asked for, all by default; an unknown name is 400."""
     wanted = body.outputs or [Requested(name=n) for n in OUTPUTS]
+    for asked in wanted:
+        if asked.name not in OUTPUTS:
+            raise bad(f"outputs: no output `{asked.name}`; this model has {list(OUTPUTS)}")
+    return wanted
+
+
+def respond(name: str, body: InferRequest, wanted: list[Requested], outputs: dict) -> Response:
+    """Each output asked for, as JSON data or binary after the header, as requested."""
     all_binary = body.parameters.get("binary_data_output") is True
     header, blobs = [], []
     for asked in wanted:
-        if asked.name not in outputs:
-            raise bad(f"outputs: no output `{asked.name}`; this model has {list(OUTPUTS)}")
         array = outputs[asked.name]
-        tensor = {
-            "name": asked.name,
-            "datatype": "FP32" if asked.name == "scores" else "BYTES",
-            "shape": list(array.shape),
-        }
+        tensor = {"name": asked.name, "datatype": OUTPUTS[asked.name], "shape": list(array.shape)}
         if all_binary or asked.parameters.get("binary_data") is True:
             blob = array.astype("<f4").tobytes() if asked.name == "scores" else pack_bytes(array)
             header.append({**tensor, "parameters": {"binary_data_size": len(blob)}})
@@ -250,4 +252,6 @@ def respond(state: AppState, view: ModelView, name: str, body: InferRequest, out
 
 
 def pack_bytes(array: np.ndarray) -> bytes:
-    return b"".join(struct.pack("<I", len(e.encode())) + e.encode() for e in array.ravel())
+    """Triton's BYTES serialization of text elements (unpack_bytes reads it)."""
+    encoded = [element.encode() for element in array.ravel()]
+    return b"".join(struct.pack("<I", len(e)) + e for e in encoded)

@@ -96,7 +96,12 @@ async def classify(request: Request) -> Json:
         {"index": i, "label": ranked[0]["label"], "probs": row, "num_classes": len(row)}
         for i, (ranked, row) in enumerate(zip(answer.ranked, scores, strict=True))
     ]
-    usage = {"prompt_tokens": answer.tokens, "total_tokens": answer.tokens, "completion_tokens": 0}
+    usage = {
+        "prompt_tokens": answer.tokens,
+        "total_tokens": answer.tokens,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
+    }
     return Json(
         {
             "id": f"classify-{uuid.uuid4().hex}",
@@ -104,7 +109,7 @@ async def classify(request: Request) -> Json:
             "created": int(time.time()),
             "model": name,
             "data": data,
-            "usage": {**usage, "prompt_tokens_details": None},
+            "usage": usage,
         }
     )
 

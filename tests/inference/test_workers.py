@@ -24,6 +24,7 @@ from tests.helpers.files import save_new_weights
 from tests.helpers.processes import free_port, graphs_env
 from tests.helpers.service import Server, wait_for
 from tests.inference.test_app import TEXTS
+from tests.inference.test_client_families import by_label
 from tests.inference.test_server import SUBJECTS, metric, queue_ten_clients
 
 pytestmark = pytest.mark.slow
@@ -130,7 +131,7 @@ def test_the_other_client_families_answer_through_the_engine(served):
     labels = list(httpx.get(f"{server.url}/info").json()["model_type"]["classifier"]["id2label"].values())
     inputs = texts(6)
     predicted = httpx.post(f"{server.url}/predict", json={"inputs": [[t] for t in inputs]}).json()
-    expected = [[{e["label"]: e["score"] for e in row}[label] for label in labels] for row in predicted]
+    expected = [by_label(row, labels) for row in predicted]
     name = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
     classified = httpx.post(f"{server.url}/v1/classify", json={"input": inputs}).json()["data"]
     tensor = {"name": "text", "shape": [len(inputs)], "datatype": "BYTES", "data": inputs}
