@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -98,8 +100,25 @@ def varlen_probe() -> str:
     return (
         f"max error {out_error:.1e} (output), {grad_error:.1e} (dq) against per-sequence SDPA; forward+backward "
         f"{packed_ms:.2f} ms packed vs {padded_ms:.2f} ms padded to {longest} ({padded_ms / packed_ms:.2f}x), "
-        f"{1 - total / (len(lengths) * longest):.0%} padding"
+        f"{1 - total / (len(lengths) * longest):.0%} padding; {padding_tail(cu, longest)}"
     )
+
+
+def padding_tail(cu: torch.Tensor, longest: int) -> str:
+    """Whether the rows after the last text (a packed row's padding) come back finite from the kernel and from
+    training.speed.packing's attention, forward and backward."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lease runs bench/ scripts uninstalled
+    from training.speed.packing import varlen_attention
+
+    end = int(cu[-1])
+    q, k, v = (torch.randn(12, end + 1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in "qkv")
+    raw = varlen_attn(*(t.detach().transpose(0, 1).contiguous() for t in (q, k, v)), cu, cu, longest, longest)
+    text_mask = torch.ones(len(cu) - 1, longest, dtype=torch.bool, device="cuda")
+    varlen_attention(q, k, v, cu, text_mask, None).float().sum().backward()
+    finite = all(bool(t.grad.isfinite().all()) for t in (q, k, v))
+    return f"padding rows: kernel's output finite {bool(raw[end:].isfinite().all())}, ours finite {finite} (backward)"
 
 
 def mlp_step(model, optimizer, x, y):

@@ -70,16 +70,25 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     starts = kwargs.get(STARTS)
     if starts is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    longest = kwargs[TEXT_MASK].shape[1]
-    if query.device.type == "cuda":
-        from torch.nn.attention.varlen import varlen_attn
-
-        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [tokens, heads, dim]
-        return varlen_attn(q, k, v, starts, starts, longest, longest, scale=scaling).unsqueeze(0), None
-    return _gathered_attention(query[0], key[0], value[0], starts, kwargs[TEXT_MASK], scaling), None
+    kernel = KERNELS.get(query.device.type, gathered_attention)
+    return kernel(query[0], key[0], value[0], starts, kwargs[TEXT_MASK], scaling), None
 
 
-def _gathered_attention(q, k, v, starts, text_mask, scaling) -> torch.Tensor:
+def varlen_attention(q, k, v, starts, text_mask, scaling) -> torch.Tensor:
+    """Flash attention over the texts of a row ([heads, tokens, dim] each); the padding after the last text is 0."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    longest = text_mask.shape[1]
+    # The kernel neither writes the padding's output rows nor their gradients (dq, dk, dv): left as allocated, NaN at
+    # times, they reach every weight's gradient through the layers around attention (NaN x 0 is NaN). A select, not
+    # a product, so that NaN there becomes 0 both ways.
+    text = (torch.arange(q.shape[1], device=q.device) < starts[-1])[:, None, None]
+    q, k, v = (torch.where(text, t.transpose(0, 1), 0) for t in (q, k, v))  # [tokens, heads, dim]
+    out = varlen_attn(q, k, v, starts, starts, longest, longest, scale=scaling)
+    return torch.where(text, out, 0).unsqueeze(0)
+
+
+def gathered_attention(q, k, v, starts, text_mask, scaling) -> torch.Tensor:
     """Attention per text without varlen kernels: gathered into padded blocks, SDPA, scattered back; no syncs."""
     heads, tokens, dim = q.shape
     slots = starts[:-1, None].long() + torch.arange(text_mask.shape[1], device=q.device)  # [texts, longest]
@@ -90,6 +99,9 @@ def _gathered_attention(q, k, v, starts, text_mask, scaling) -> torch.Tensor:
     packed = out.new_zeros(tokens + 1, heads, dim)
     packed = packed.index_put((where.reshape(-1),), out.permute(0, 2, 1, 3).reshape(-1, heads, dim))
     return packed[:tokens].unsqueeze(0)
+
+
+KERNELS = {"cuda": varlen_attention}  # per device type; any other: gathered_attention
 
 
 def hand_first_tokens(model: torch.nn.Module) -> None:

@@ -1,7 +1,8 @@
-"""Packed batches (training/speed/packing.py): the layout of a packed row, the logits and gradients of padded batches
-from packed ones, the hook and attention left alone by padded batches, and a real packed run (with the whole-step
-graph on the CPU stand-in) that trains as the padded one does, reports less padding and resumes bitwise. The
-2-process layout with packing is in tests/training/test_equivalence.py.
+"""Packed batches (training/speed/packing.py): the layout of a packed row, the logits and gradients of padded
+batches from packed ones (the CUDA kernel's path too, through a stand-in), the hook and attention left alone by
+padded batches, and a real packed run (with the whole-step graph on the CPU stand-in) that trains as the padded one
+does, reports less padding and resumes bitwise. The 2-process layout with packing is in
+tests/training/test_equivalence.py.
 """
 
 from __future__ import annotations
@@ -64,6 +65,18 @@ def test_packed_logits_and_gradients_are_those_of_the_padded_batch():
     torch.testing.assert_close(packed_logits, logits, rtol=1e-5, atol=1e-5)
     for name, grad in padded_grads.items():
         torch.testing.assert_close(dict(model.named_parameters())[name].grad, grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_cuda_kernel_leaves_no_trace_of_the_rows_it_never_writes(monkeypatch):
+    """The CUDA path (varlen attention) through a stand-in that leaves the padding's output and gradients NaN, as the
+    flash kernel leaves them unwritten: the logits and every gradient are still those of the padded batch."""
+    import torch.nn.attention.varlen
+
+    from tests.helpers import varlen
+
+    monkeypatch.setattr(torch.nn.attention.varlen, "varlen_attn", varlen.varlen_attn)
+    monkeypatch.setattr(packing, "KERNELS", {"cpu": packing.varlen_attention})  # this CPU as the CUDA device
+    test_packed_logits_and_gradients_are_those_of_the_padded_batch()
 
 
 def test_a_model_with_the_packed_attention_answers_padded_batches_as_sdpa_does():
