@@ -1,6 +1,7 @@
-"""Serve a peft adapter folder: its base loaded, the adapters merged once at load. Called by loading.py.
+"""Serve a peft adapter folder: its base loaded, the adapters merged once at load; or several adapters of one base
+kept apart on one copy of it (SharedBase), each answered through its own AdapterSwitch. Called by loading.py.
 
-After the merge the service holds an ordinary classifier. peft is needed only here.
+After a merge the service holds an ordinary classifier. peft is needed only here.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ import hashlib
 import json
 import logging
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -78,15 +81,38 @@ def base_sha256(model: torch.nn.Module, head: list[str]) -> str:
     return files.tensors_sha256(tensors)
 
 
-def load_adapter_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
-    """(merged classifier, adapter weights file, sha256); CheckpointError when peft is missing, the files or base are
-    not those training used, or the adapter does not fit."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        raise CheckpointError(
-            f"{folder}: a peft adapter folder; serving it needs peft: pip install 'distilbert-agnews[peft]'"
-        ) from None
+@dataclass
+class SharedBase:
+    """One base for several adapters (LORA_ADAPTERS): the peft model they are added to, set by the first one loaded."""
+
+    model: Any = None  # peft's PeftModelForSequenceClassification
+    base: str = ""  # the first adapter's base_model_of
+    sha256: str = ""  # that base's identity (base_sha256)
+    first: Path | None = None
+
+
+class AdapterSwitch(torch.nn.Module):
+    """One adapter of a SharedBase, as a classifier: its config (labels, problem type), and a forward pass that makes
+    it the active adapter first. One caller at a time (the engine's model thread), since the active adapter is the
+    shared model's state."""
+
+    def __init__(self, shared: SharedBase, name: str, config):
+        super().__init__()
+        self.shared, self.adapter, self.config = shared.model, name, config
+
+    def forward(self, **batch):
+        if self.shared.active_adapter != self.adapter:
+            self.shared.set_adapter(self.adapter)
+        return self.shared(**batch)
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.shared.get_input_embeddings()
+
+
+def load_adapter_model(folder: Path, shared: SharedBase | None = None) -> tuple[torch.nn.Module, Path, str]:
+    """(classifier, adapter weights file, sha256): merged into its base, or with `shared` an AdapterSwitch added to
+    that base; CheckpointError when peft is missing, the files or base are not those training used, or the adapter
+    does not fit."""
     weights = folder / files.ADAPTER_WEIGHTS
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing (the adapter's weights, beside {files.ADAPTER_CONFIG})")
@@ -98,25 +124,92 @@ def load_adapter_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
         raise CheckpointError(f"{weights}: not a readable safetensors file (truncated or damaged: {exc})") from None
     base = base_model_of(folder)
     config = _config(folder, base, weights)
+    if shared is not None and shared.model is not None:
+        return _add_adapter(folder, shared, base, config, recorded), weights, file_sha256(weights)
     head = [m for m in _adapter_config(folder).get("modules_to_save") or [] if isinstance(m, str)]
     model = _body(folder, base, config, head, _revision(folder, base, recorded))
-    if recorded.get("sha256") and base_sha256(model, head) != recorded["sha256"]:
+    identity = base_sha256(model, head)
+    if recorded.get("sha256") and identity != recorded["sha256"]:
         raise CheckpointError(
             f"{folder}: its base model {base!r} is not the one the adapter was trained on (its weights' sha256 differs "
             f"from {files.CONFIG} {files.ADAPTER_BASE}); point base_model_name_or_path at that base"
         )
+    name = "adapter_0" if shared is not None else "default"
+    adapted = _with_adapter(folder, base, lambda peft: peft.PeftModel.from_pretrained(model, folder, name))
+    _check_keys(folder, adapted, weights, name)
+    if shared is None:
+        logger.info("Serving the adapter in %s merged into %s", folder, base)
+        return adapted.merge_and_unload(), weights, file_sha256(weights)
+    shared.model, shared.base, shared.sha256, shared.first = adapted, base, identity, folder
+    logger.info("Serving the adapter in %s on its base %s (kept apart: more adapters share that base)", folder, base)
+    return AdapterSwitch(shared, name, config), weights, file_sha256(weights)
+
+
+def _add_adapter(folder: Path, shared: SharedBase, base: str, config, recorded: dict) -> AdapterSwitch:
+    """The adapter in `folder` added to the shared base, its head sized to its own labels; another base refused."""
+    from peft import PeftConfig
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    same = recorded.get("sha256") == shared.sha256 if recorded.get("sha256") else _same_place(base, shared.base)
+    if not same:
+        raise CheckpointError(
+            f"{folder}: its base model {base!r} is not the base the other adapters of this service share "
+            f"({shared.base!r}, from {shared.first}); serve it from its own service"
+        )
+    name = f"adapter_{len(shared.model.peft_config)}"
+    tensors = load_file(folder / files.ADAPTER_WEIGHTS)
+    with warnings.catch_warnings():  # peft reads transformers' old checkpointing attribute
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        shared.model.add_adapter(name, PeftConfig.from_pretrained(folder))
+    _fit_head(shared.model, name, tensors)
+    _with_adapter(folder, base, lambda _: set_peft_model_state_dict(shared.model, tensors, adapter_name=name))
+    _check_keys(folder, shared.model, folder / files.ADAPTER_WEIGHTS, name)
+    logger.info("Serving the adapter in %s on the shared base %s", folder, base)
+    return AdapterSwitch(shared, name, config)
+
+
+def _same_place(one: str, other: str) -> bool:
+    """Two bases named alike: the same folder, or the same Hub id."""
+    a, b = Path(one).expanduser(), Path(other).expanduser()
+    return a.resolve() == b.resolve() if a.is_dir() and b.is_dir() else one == other
+
+
+def _fit_head(model, name: str, tensors: dict[str, torch.Tensor]) -> None:
+    """The adapter's copy of each saved head layer sized as saved: another adapter's labels may be fewer or more (peft
+    copies the head the base was built with). Only peft's per-adapter copies are touched, never the shared base."""
+    for key, saved in tensors.items():
+        parent, slot, layer, copied = None, None, model.base_model.model, False
+        for part in key.removeprefix("base_model.model.").split(".")[:-1]:
+            parent, slot, layer = layer, part, getattr(layer, part, None)
+            if hasattr(layer, "modules_to_save"):  # peft's ModulesToSaveWrapper: this adapter's own copy
+                parent, slot, layer, copied = layer.modules_to_save, name, layer.modules_to_save[name], True
+        fits = not isinstance(layer, torch.nn.Linear) or layer.weight.shape == saved.shape
+        if copied and key.endswith(".weight") and not fits:
+            resized = torch.nn.Linear(saved.shape[1], saved.shape[0], bias=layer.bias is not None)
+            if isinstance(parent, torch.nn.ModuleDict):
+                parent[slot] = resized
+            else:
+                setattr(parent, slot, resized)
+
+
+def _with_adapter(folder: Path, base: str, load):
+    """peft's load, its errors as one line naming the folder; peft missing: how to install it."""
+    try:
+        import peft
+    except ImportError:
+        raise CheckpointError(
+            f"{folder}: a peft adapter folder; serving it needs peft: pip install 'distilbert-agnews[peft]'"
+        ) from None
     try:
         with warnings.catch_warnings():  # peft reads transformers' old checkpointing attribute
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            warnings.filterwarnings("ignore", message="Found missing adapter keys")  # checked below, as an error
-            adapted = PeftModel.from_pretrained(model, folder)
+            warnings.filterwarnings("ignore", message="Found missing adapter keys")  # checked after, as an error
+            return load(peft)
     except (RuntimeError, ValueError, KeyError, SafetensorError) as exc:
         raise CheckpointError(
             f"{folder}: the adapter does not fit its base model {base!r}: {' '.join(str(exc).split())[:200]}"
         ) from None
-    _check_keys(folder, adapted, weights)
-    logger.info("Serving the adapter in %s merged into %s", folder, base)
-    return adapted.merge_and_unload(), weights, file_sha256(weights)
 
 
 def _check_recorded(folder: Path) -> dict:
@@ -156,13 +249,13 @@ def _revision(folder: Path, base: str, recorded: dict) -> str | None:
     return revision
 
 
-def _check_keys(folder: Path, adapted, weights: Path) -> None:
+def _check_keys(folder: Path, adapted, weights: Path, name: str) -> None:
     """peft's missing or unexpected adapter keys, as an error."""
     from peft.utils import get_peft_model_state_dict
 
     with warnings.catch_warnings():  # peft checks it for resized embeddings
         warnings.simplefilter("ignore", UserWarning)
-        expected = set(get_peft_model_state_dict(adapted))
+        expected = set(get_peft_model_state_dict(adapted, adapter_name=name))
     with safe_open(str(weights), "pt") as fh:
         saved = set(fh.keys())
     missing, unexpected = sorted(expected - saved), sorted(saved - expected)

@@ -63,10 +63,20 @@ class LoadedModel:
         default_factory=lambda: SingleLabel(2)
     )  # scores and decisions: contract/problem_types.py
     long_text: LongText = field(default_factory=LongText)  # windowing and pooling of long texts: contract/long_text.py
+    # the other adapters of this model's base, served beside it by name (LORA_ADAPTERS); each a LoadedModel whose
+    # model is an adapters.AdapterSwitch on the one shared base
+    adapters: dict[str, LoadedModel] = field(default_factory=dict)
 
     @property
     def id2label(self) -> dict[str, str]:
         return {str(i): label for i, label in enumerate(self.labels)}
+
+    def named(self, adapter: str | None) -> LoadedModel:
+        """This model (None), or its adapter of that name."""
+        return self if adapter is None else self.adapters[adapter]
+
+    def all_served(self) -> list[LoadedModel]:
+        return [self, *self.adapters.values()]
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -94,14 +104,22 @@ def signature(folder: str | Path) -> tuple:
     return tuple(found)
 
 
-def load_model(model_id: str, *, device: str = "auto", dtype: str = "auto", revision: str | None = None) -> LoadedModel:
-    """The model on the resolved device and precision."""
+def load_model(
+    model_id: str,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    revision: str | None = None,
+    shared: adapters.SharedBase | None = None,
+) -> LoadedModel:
+    """The model on the resolved device and precision; with `shared`, a peft adapter folder kept apart on that base
+    (adapters.SharedBase: one base for several adapters)."""
     target = resolve_device(device)
     resolved = precision.resolve(dtype, target.type)
     folder, model_sha = locate(model_id, revision)
     before = signature(folder)
     try:
-        model, weights, digest = _read_model(folder)
+        model, weights, digest = _read_model(folder, shared)
         tokenizer = _read_tokenizer(folder)
     except PermissionError as exc:  # another user's folder: one line, not a trace
         user = getattr(os, "getuid", lambda: "?")()
@@ -228,8 +246,17 @@ def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
 
-def _read_model(folder: Path) -> tuple[torch.nn.Module, Path, str]:
-    """(model, weights file, sha256): our state_dict, else the export; checked against config.json."""
+def _read_model(folder: Path, shared: adapters.SharedBase | None = None) -> tuple[torch.nn.Module, Path, str]:
+    """(model, weights file, sha256): our state_dict, else the export; checked against config.json. With `shared`,
+    the folder's adapter (adapter/ in our checkpoint) on that base."""
+    if shared is not None:
+        adapter = folder / files.ADAPTER_DIR if adapters.is_adapter_folder(folder / files.ADAPTER_DIR) else folder
+        if not adapters.is_adapter_folder(adapter):
+            raise CheckpointError(
+                f"{folder}: not a peft adapter folder (no {files.ADAPTER_CONFIG}, nor {files.ADAPTER_DIR}/ holding "
+                "one); several models share one service only as LoRA adapters of one base"
+            )
+        return adapters.load_adapter_model(adapter, shared)
     if adapters.is_adapter_folder(folder) and not (folder / files.WEIGHTS).is_file():
         return adapters.load_adapter_model(folder)
     if not (folder / files.CONFIG).is_file():

@@ -35,13 +35,23 @@ class ModelView:
     metrics: dict | None
     reloads: int
     torch_threads: int
+    adapters: dict[str, ModelView]  # the other adapters of this base, by name (LORA_ADAPTERS)
 
     @property
     def id2label(self) -> dict[str, str]:
         return {str(i): label for i, label in enumerate(self.labels)}
 
+    def named(self, adapter: str | None) -> ModelView:
+        """This model (None), or its adapter of that name."""
+        return self if adapter is None else self.adapters[adapter]
+
     def wire(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_wire(cls, said: dict) -> ModelView:
+        adapters = {name: cls.from_wire(one) for name, one in said["adapters"].items()}
+        return cls(**{**said, "adapters": adapters})
 
 
 @dataclass

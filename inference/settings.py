@@ -5,10 +5,10 @@ the same names. TEI's names are accepted as they are.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contract import precision
 from contract.errors import UsageError
@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     served_model_name: str | None = None
     """The model's name for clients that name one (`model` in vLLM's classify and Cohere's rerank, the KServe v2
     model name) and in /info and /v1/models; default: MODEL_ID (TEI's --served-model-name) [SERVED_MODEL_NAME]
+    """
+    lora_adapters: Annotated[list[str], NoDecode] = []
+    """More LoRA adapters of MODEL_ID's base, served beside it on one copy of that base: name=folder, comma-separated
+    or the flag repeated (vLLM's --lora-modules). A request picks one by its `model` (vLLM's classify, Cohere's
+    rerank, the KServe v2 model name); TEI's routes answer MODEL_ID. MODEL_ID must then be an adapter too (a LoRA
+    run's checkpoint or a peft folder) [LORA_ADAPTERS]
     """
     revision: str | None = None
     """Hub revision (branch, tag or commit) of a Hub model id [REVISION]"""
@@ -206,6 +212,26 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("lora_adapters", mode="before")
+    @classmethod
+    def _split_adapters(cls, value) -> list[str]:
+        items = [value] if isinstance(value, str) else value or []
+        return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
+    @field_validator("lora_adapters")
+    @classmethod
+    def _named_adapters(cls, value: list[str]) -> list[str]:
+        names = []
+        for item in value:
+            name, _, folder = item.partition("=")
+            if not name.strip() or not folder.strip():
+                raise ValueError(f"each adapter is name=folder, got {item!r}")
+            names.append(name.strip())
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"the name {twice[0]!r} is given twice; each adapter needs its own")
+        return value
+
     @field_validator("device")
     @classmethod
     def _known_device(cls, value: str) -> str:
@@ -225,9 +251,23 @@ class Settings(BaseSettings):
             raise ValueError("API_METRICS: false needs PROMETHEUS_PORT, or the metrics would be served nowhere")
         if self.prometheus_port is not None and self.prometheus_port == self.port != 0:
             raise ValueError(f"PROMETHEUS_PORT: {self.prometheus_port} is the API's PORT; pick another")
+        if self.model_name in self.adapters():
+            raise ValueError(
+                f"LORA_ADAPTERS: {self.model_name!r} is MODEL_ID's name (SERVED_MODEL_NAME, else MODEL_ID); give the "
+                "adapter another"
+            )
+        if self.adapters() and self.backend not in ("auto", "torch"):
+            raise ValueError(
+                f"BACKEND: {self.backend} cannot serve LORA_ADAPTERS: adapters share the base's torch weights, which a "
+                "converted model does not hold; use BACKEND=torch (or auto)"
+            )
         if self.torch_threads is None:
             self.torch_threads = available_cores()
         return self
+
+    def adapters(self) -> dict[str, str]:
+        """LORA_ADAPTERS as {name: folder}."""
+        return dict((part.strip() for part in item.partition("=")[::2]) for item in self.lora_adapters)
 
     @property
     def model_name(self) -> str:
@@ -240,7 +280,10 @@ class Settings(BaseSettings):
 
     def environment(self) -> dict[str, str]:
         """The settings as environment variables, for workers."""
-        return {name.upper(): str(value) for name, value in self.model_dump().items() if value is not None}
+        said = {
+            name: ",".join(value) if isinstance(value, list) else value for name, value in self.model_dump().items()
+        }
+        return {name.upper(): str(value) for name, value in said.items() if value is not None and value != ""}
 
 
 def describe_error(exc: ValidationError) -> str:

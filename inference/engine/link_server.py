@@ -72,8 +72,9 @@ class LinkServer:
             sequences = [(text, pair) for text, pair in message["sequences"]]
             try:
                 job = service.engine.submit(
-                    sequences, message["truncate"], message["left"], message["chunk"], message["scoring"]
-                )
+                    sequences, message["truncate"], message["left"], message["chunk"], message["scoring"],
+                    message["adapter"],
+                )  # fmt: skip
             except Overloaded as exc:
                 return self._reply(socket, sender, number, {"error": list(failure(exc))})
             self._jobs[sender, number] = job

@@ -26,9 +26,12 @@ class CheckpointWatcher(threading.Thread):
         on_loaded: Callable[[LoadedModel], None],
         on_failed: Callable[[], None],
         on_exit: Callable[[], None] = lambda: None,
+        adapter_dirs: tuple[str, ...] = (),
     ):
+        """`adapter_dirs`: the folders of the served model's other adapters (LORA_ADAPTERS), watched with it: a change
+        in any one loads the whole set again."""
         super().__init__(name="checkpoint-watcher", daemon=True)
-        self.checkpoint_dir, self.interval_s = checkpoint_dir, interval_s
+        self.checkpoint_dir, self.interval_s, self.adapter_dirs = checkpoint_dir, interval_s, adapter_dirs
         self.load, self.on_loaded, self.on_failed, self.on_exit = load, on_loaded, on_failed, on_exit
         self._served, self._candidate = initial, None
         self._stop_event = threading.Event()
@@ -58,9 +61,9 @@ class CheckpointWatcher(threading.Thread):
                 self.reload()
 
     def scan(self) -> tuple | None:
-        """The folder's signature, or None when unreadable now."""
+        """The folders' signature, or None when unreadable now."""
         try:
-            current = signature(self.checkpoint_dir)
+            current = self.signature()
         except OSError as exc:
             if not self._scan_failing:
                 logger.warning("Cannot scan %s for a new checkpoint (%s); retrying.", self.checkpoint_dir, exc)
@@ -71,12 +74,18 @@ class CheckpointWatcher(threading.Thread):
         self._scan_failing = False
         return current
 
+    def signature(self) -> tuple:
+        """What the folders hold now (contract.loading.signature)."""
+        if not self.adapter_dirs:
+            return signature(self.checkpoint_dir)
+        return (signature(self.checkpoint_dir), *(signature(folder) for folder in self.adapter_dirs))
+
     def reload(self) -> None:
         """Load and swap in the new set; a failure keeps the old model. A torn or changing set is waited for, not
         refused."""
         try:
             loaded = self.load()
-            if signature(self.checkpoint_dir) != loaded.signature:
+            if self.signature() != read_from(loaded, self.adapter_dirs):
                 logger.info("%s changed while loading; waiting for it to settle.", self.checkpoint_dir)
                 return
             self.on_loaded(loaded)
@@ -90,3 +99,10 @@ class CheckpointWatcher(threading.Thread):
                 " ".join(what.split())[:300],
             )
             self.on_failed()
+
+
+def read_from(loaded: LoadedModel, adapter_dirs: tuple[str, ...]) -> tuple:
+    """What `loaded` (and its adapters, when watched) was read from, as CheckpointWatcher.signature() says it."""
+    if not adapter_dirs:
+        return loaded.signature
+    return (loaded.signature, *(one.signature for one in loaded.adapters.values()))

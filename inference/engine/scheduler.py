@@ -51,6 +51,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     scoring: str | None = None  # softmax, sigmoid, none; None: the model's problem type decides
+    adapter: str | None = None  # the served model's adapter of this name (LORA_ADAPTERS); None: the model itself
     enqueued: float = field(default_factory=time.perf_counter)
     features: list[dict] = field(default_factory=list)  # one tokenized window each: input_ids (+ token_type_ids)
     owner: list[int] = field(default_factory=list)  # the input of each window
@@ -118,12 +119,17 @@ class Engine:
         left: bool = False,
         chunk: bool = False,
         scoring: str | None = None,
+        adapter: str | None = None,
     ) -> asyncio.Future:
-        """Queue the inputs; the future gets their Answer or the refusal. Cancelling drops an unstarted job. Raises
-        Overloaded at once. Call from the event loop."""
-        self.admit(len(sequences))
+        """Queue the inputs for the model or its adapter of that name; the future gets their Answer or the refusal.
+        Cancelling drops an unstarted job. Raises Overloaded at once. Call from the event loop."""
         loop = asyncio.get_running_loop()
-        job = _Job(sequences, truncate, left, chunk, loop, loop.create_future(), scoring)
+        if adapter is not None and adapter not in self.current.adapters:  # the routes check names first
+            refused = loop.create_future()
+            refused.set_exception(LookupError(f"no adapter named {adapter!r} is served"))
+            return refused
+        self.admit(len(sequences))
+        job = _Job(sequences, truncate, left, chunk, loop, loop.create_future(), scoring, adapter)
         job.future.add_done_callback(lambda _: self.leave(len(sequences)))
         self.metrics.queue_size.inc(len(sequences))
         self._queue.put(job)
@@ -238,15 +244,16 @@ class Engine:
                 _resolve(job, exc=exc)
             return []
 
-    def _tokenize(self, jobs: list[_Job], loaded: LoadedModel) -> list[_Job]:
-        """Tokenize for `loaded`; refused jobs are answered and left out."""
+    def _tokenize(self, jobs: list[_Job], served: LoadedModel) -> list[_Job]:
+        """Tokenize for `served` (each job for its adapter); refused jobs are answered and left out."""
         started, kept = time.perf_counter(), []
-        for (truncate, left), group in _by_settings(job for job in jobs if not job.chunk):
-            found = encode_unchecked(loaded, [s for job in group for s in job.sequences], truncate, left)
+        for (truncate, left, adapter), group in _by_settings(job for job in jobs if not job.chunk):
+            found = encode_unchecked(served.named(adapter), [s for job in group for s in job.sequences], truncate, left)
             for job in group:
                 job.features, found = found[: len(job.sequences)], found[len(job.sequences) :]
                 job.owner = list(range(len(job.features)))
         for job in jobs:
+            loaded = served.named(job.adapter)
             try:
                 if job.chunk:
                     job.features, job.owner = windows(loaded, job.sequences, self.limits.max_chunks)
@@ -273,10 +280,16 @@ class Engine:
         jobs = [job for job in jobs if not job.abandoned]  # clients that left while it waited: not run
         if not jobs:
             return
-        loaded = self.current
-        if any(job.tokenized_by is not loaded for job in jobs):  # a reload swapped the model after tokenizing
-            if not (jobs := self._tokenize_or_fail(jobs, loaded)):
+        served = self.current
+        if any(job.tokenized_by is not served.named(job.adapter) for job in jobs):  # a reload swapped the model
+            if not (jobs := self._tokenize_or_fail(jobs, served)):
                 return
+        version = self.version_of(served)
+        for adapter in dict.fromkeys(job.adapter for job in jobs):  # an adapter's head is its own: a pass each
+            self._run([job for job in jobs if job.adapter == adapter], served.named(adapter), version)
+
+    def _run(self, jobs: list[_Job], loaded: LoadedModel, version: int) -> None:
+        """The jobs' passes through `loaded`, then their answers."""
         started = time.perf_counter()
         items = sorted(
             ((j, i, f) for j, job in enumerate(jobs) for i, f in enumerate(job.features)),
@@ -296,7 +309,7 @@ class Engine:
         finally:
             self.metrics.record_process()
         inference_s = time.perf_counter() - started
-        self._answer(jobs, loaded, found, started, inference_s)
+        self._answer(jobs, loaded, found, started, (inference_s, version))
 
     def _passes(self, items: list, loaded: LoadedModel) -> list[tuple[list, int | None, int | None]]:
         """(items, rows, width) per forward pass; None sizes: dynamic shapes."""
@@ -307,8 +320,10 @@ class Engine:
         passes = forward_buckets(items, limits.max_batch_requests, limits.max_batch_tokens)
         return [(part, None, None) for part in passes]
 
-    def _answer(self, jobs: list[_Job], loaded: LoadedModel, found: dict, started: float, inference_s: float) -> None:
-        """Each job's logits pooled, scored and ranked together; one wake-up per loop."""
+    def _answer(self, jobs: list[_Job], loaded: LoadedModel, found: dict, started: float, ran: tuple) -> None:
+        """Each job's logits pooled, scored and ranked together; one wake-up per loop. `ran`: (inference seconds,
+        the served version)."""
+        inference_s, version = ran
         pooled = [
             loaded.long_text.pool(
                 torch.stack([found[j, i] for i in range(len(job.features))]), job.owner, len(job.sequences)
@@ -324,7 +339,7 @@ class Engine:
                 continue
             queue_s = max(0.0, started - job.enqueued - job.tokenization_s)
             timings = (job.tokenization_s, queue_s, inference_s)
-            answers.append((job, Answer(job_ranked, compute, self.version_of(loaded), job.tokens, *timings)))
+            answers.append((job, Answer(job_ranked, compute, version, job.tokens, *timings)))
         _settle(answers)
 
 
@@ -346,10 +361,10 @@ def rank(loaded: LoadedModel, pooled: list[torch.Tensor], scorings: list[str | N
 
 
 def _by_settings(jobs):
-    """(truncation settings, their jobs): one tokenizer call each."""
-    groups: dict[tuple[bool, bool], list[_Job]] = {}
+    """((truncation settings, adapter), their jobs): one tokenizer call each."""
+    groups: dict[tuple[bool, bool, str | None], list[_Job]] = {}
     for job in jobs:
-        groups.setdefault((job.truncate, job.left), []).append(job)
+        groups.setdefault((job.truncate, job.left, job.adapter), []).append(job)
     return groups.items()
 
 
@@ -359,14 +374,16 @@ def graph_shapes(loaded: LoadedModel, limits: Limits) -> list[tuple[int, int]]:
     return [(r, w) for r in rows for w in widths if r * w <= limits.max_batch_tokens]
 
 
-def warm_up(loaded: LoadedModel, limits: Limits) -> None:
-    """One forward pass so kernels start before requests; with static shapes on CUDA, every bucket captured first."""
-    if limits.static_shapes and graphs.available(loaded.device) and loaded.runner is None:
-        try:
-            loaded.runner = CapturedForward(loaded.model, graph_shapes(loaded, limits), loaded.tokenizer)
-        except GraphsUnsupported as exc:
-            logger.warning("No CUDA graphs (static shapes, eager forward passes): %s", exc)
-    forward(loaded, encode(loaded, [("warm up the kernels", None)], truncate=True, left=False))
+def warm_up(served: LoadedModel, limits: Limits) -> None:
+    """One forward pass so kernels start before requests; with static shapes on CUDA, every bucket captured first
+    (for each adapter: its graphs replay its own weights)."""
+    for loaded in served.all_served():
+        if limits.static_shapes and graphs.available(loaded.device) and loaded.runner is None:
+            try:
+                loaded.runner = CapturedForward(loaded.model, graph_shapes(loaded, limits), loaded.tokenizer)
+            except GraphsUnsupported as exc:
+                logger.warning("No CUDA graphs (static shapes, eager forward passes): %s", exc)
+        forward(loaded, encode(loaded, [("warm up the kernels", None)], truncate=True, left=False))
 
 
 def _resolve(job: _Job, value=None, exc: BaseException | None = None) -> None:

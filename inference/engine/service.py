@@ -19,11 +19,12 @@ from fastapi.concurrency import run_in_threadpool
 from tokenizers import Tokenizer
 
 from contract import precision
+from contract.adapters import SharedBase
 from contract.loading import CheckpointError, LoadedModel, load_model
 from contract.long_text import CHUNK, LongTextError
 from inference import errors, logs, memory, metrics
 from inference.answers import ModelView
-from inference.engine.reload import CheckpointWatcher
+from inference.engine.reload import CheckpointWatcher, read_from
 from inference.engine.scheduler import Engine, Limits, warm_up
 from inference.front_end.link import AppState, spare_copy
 from inference.metrics import Metrics
@@ -123,8 +124,10 @@ class LocalLink:
     def view(self) -> ModelView | None:
         return self.service.view()
 
-    def submit(self, sequences: list, truncate: bool, left: bool, chunk: bool, scoring: str | None) -> asyncio.Future:
-        return self.service.engine.submit(sequences, truncate, left, chunk, scoring)
+    def submit(
+        self, sequences: list, truncate: bool, left: bool, chunk: bool, scoring: str | None, adapter: str | None = None
+    ) -> asyncio.Future:
+        return self.service.engine.submit(sequences, truncate, left, chunk, scoring, adapter)
 
     async def admit(self, inputs: int) -> None:
         self.service.engine.admit(inputs)
@@ -146,7 +149,9 @@ class LocalLink:
 
 
 def view_of(loaded: LoadedModel, version: int, settings: Settings, reloads: int) -> ModelView:
+    adapters = {name: view_of(one, version, settings, reloads) for name, one in loaded.adapters.items()}
     return ModelView(
+        adapters=adapters,
         version=version,
         labels=list(loaded.labels),
         max_length=loaded.max_length,
@@ -170,20 +175,37 @@ def view_of(loaded: LoadedModel, version: int, settings: Settings, reloads: int)
 
 
 def load_configured(settings: Settings) -> runtimes.ServedModel:
-    """The model in the configured runtime and precision."""
+    """The model in the configured runtime and precision (with LORA_ADAPTERS: beside its adapters, on torch)."""
+    if settings.adapters():
+        return _with_adapters(settings)
     return runtimes.choose_runtime(_fp32(settings), settings)
 
 
 def load_for_start(settings: Settings) -> runtimes.ServedModel:
     """As load_configured, but a first measurement runs in the background while fp32 serves."""
+    if settings.adapters():
+        return _with_adapters(settings)
     loaded = _fp32(settings)
     if settings.measure_in_background and runtimes.needs_measuring(loaded, settings):
         return runtimes.provisional(loaded)
     return runtimes.choose_runtime(loaded, settings)
 
 
-def _fp32(settings: Settings) -> LoadedModel:
-    return load_model(settings.model_id, device=settings.device, dtype=precision.FP32, revision=settings.revision)
+def _fp32(settings: Settings, shared: SharedBase | None = None) -> LoadedModel:
+    return load_model(
+        settings.model_id, device=settings.device, dtype=precision.FP32, revision=settings.revision, shared=shared
+    )
+
+
+def _with_adapters(settings: Settings) -> runtimes.ServedModel:
+    """MODEL_ID's adapter and LORA_ADAPTERS' on one copy of their base."""
+    shared = SharedBase()
+    loaded = _fp32(settings, shared)
+    adapters = {
+        name: load_model(folder, device=settings.device, dtype=precision.FP32, shared=shared)
+        for name, folder in settings.adapters().items()
+    }
+    return runtimes.with_adapters(loaded, adapters, settings)
 
 
 def measure_in_background(service: Service) -> threading.Thread | None:
@@ -235,13 +257,14 @@ def check_chunking(settings: Settings, loaded: LoadedModel) -> None:
 
 
 def check_servable(settings: Settings, loaded: LoadedModel) -> None:
-    """The settings can serve this model (at start and reload)."""
-    if settings.max_batch_tokens < loaded.max_length:
-        raise SettingsError(
-            f"MAX_BATCH_TOKENS: must be at least the model's maximum input length "
-            f"({loaded.max_length}), got {settings.max_batch_tokens}"
-        )
-    check_chunking(settings, loaded)
+    """The settings can serve this model and its adapters (at start and reload)."""
+    for one in loaded.all_served():
+        if settings.max_batch_tokens < one.max_length:
+            raise SettingsError(
+                f"MAX_BATCH_TOKENS: must be at least the model's maximum input length "
+                f"({one.max_length}, {one.folder}), got {settings.max_batch_tokens}"
+            )
+        check_chunking(settings, one)
 
 
 def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metrics) -> Engine:
@@ -264,18 +287,20 @@ def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metri
 
 
 def _watcher(service: Service) -> CheckpointWatcher | None:
-    """Hot reload, for a local folder."""
+    """Hot reload, for a local folder (and the folders of its adapters)."""
     settings, served = service.settings, service.engine.current
     if settings.reload_interval_s <= 0 or served.model_sha is not None or not Path(settings.model_id).is_dir():
         return None
+    adapter_dirs = tuple(str(one.folder) for one in served.adapters.values())
     watcher = CheckpointWatcher(
         str(served.folder),
         settings.reload_interval_s,
-        served.signature,
+        read_from(served, adapter_dirs),
         load=lambda: load_configured(settings),
         on_loaded=service.swap_in,
         on_failed=service.refused,
         on_exit=service.watcher_exited,
+        adapter_dirs=adapter_dirs,
     )
     service.metrics.watcher_up.set(1)
     watcher.start()
@@ -297,6 +322,8 @@ def begin(service: Service) -> None:
         served.precision,
         ", ".join(served.labels),
     )
+    for name, adapter in served.adapters.items():
+        logger.info("Adapter %s on the same base: %s, labels %s", name, adapter.folder, ", ".join(adapter.labels))
 
 
 def end(service: Service) -> None:

@@ -76,16 +76,18 @@ async def rerank(request: Request, api_version: str) -> Json:
     routes.require_json(request)
     with routes.failures_counted(state):
         body = routes.parse(await request.body(), CohereRerankRequest)
-        name = check_name(state, body.model)
+        name, adapter = check_name(state, body.model)
         texts = body.texts()
         if not texts:
             raise ServiceError(errors.EMPTY, "`documents` cannot be empty", reason="validation")
-        if not is_reranker(state):
+        view = routes.live_view(state).named(adapter)
+        if not is_reranker(view):
             raise ServiceError(errors.BACKEND, NOT_A_RERANKER, reason="model_type")
-        check_document_tokens(body, routes.live_view(state).max_length)
+        check_document_tokens(body, view.max_length)
         state.metrics.request_count.labels("batch").inc()
         # as Cohere does, long documents are cut (to the model's maximum), not refused
-        job = routes.queue_sequences(state, [(body.query, text) for text in texts], True, True, False, "sigmoid")
+        pairs = [(body.query, text) for text in texts]
+        job = routes.queue_sequences(state, pairs, True, True, False, "sigmoid", adapter)
         answer = await routes.answered(request, job)
     routes.count_answer(state, answer, started)
     order = sorted(range(len(texts)), key=lambda i: answer.ranked[i][0]["score"], reverse=True)  # stable on ties

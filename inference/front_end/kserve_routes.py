@@ -83,8 +83,8 @@ async def server_metadata() -> dict:
 @router.get("/v2/models/{name:path}/versions/{version}/ready", include_in_schema=False)
 async def model_ready(request: Request, name: str) -> dict:
     state = service(request)
-    check_name(state, name, openai_body=False)
-    live_view(state)
+    _, adapter = check_name(state, name, openai_body=False)
+    live_view(state).named(adapter)
     return {"name": name, "ready": True}
 
 
@@ -92,8 +92,8 @@ async def model_ready(request: Request, name: str) -> dict:
 @router.get("/v2/models/{name:path}/versions/{version}", include_in_schema=False)
 async def model_metadata(request: Request, name: str) -> dict:
     state = service(request)
-    check_name(state, name, openai_body=False)
-    view = live_view(state)
+    _, adapter = check_name(state, name, openai_body=False)
+    view = live_view(state).named(adapter)
     return {
         "name": name,
         "versions": [MODEL_VERSION],
@@ -117,13 +117,13 @@ async def model_metadata(request: Request, name: str) -> dict:
 async def infer(request: Request, name: str) -> Response:
     state, started = service(request), time.perf_counter()
     with failures_counted(state):
-        check_name(state, name, openai_body=False)
+        _, adapter = check_name(state, name, openai_body=False)
         body, blobs = read_request(await request.body(), request.headers.get(HEADER_LENGTH))
         texts, pairs = input_texts(body, blobs)
         wanted = requested_outputs(body)  # before the model runs: an unknown output costs it nothing
         state.metrics.request_count.labels("batch").inc()
-        view = live_view(state)
-        job = queue_sequences(state, list(zip(texts, pairs, strict=True)), True, None, False, None)
+        view = live_view(state).named(adapter)
+        job = queue_sequences(state, list(zip(texts, pairs, strict=True)), True, None, False, None, adapter)
         answer = await answered(request, job)
         scores = scores_in_label_order(view, answer)
     count_answer(state, answer, started)

@@ -43,8 +43,11 @@ class Link(Protocol):
 
     view: ModelView | None  # the served model; None while none serves
 
-    def submit(self, sequences: list, truncate: bool, left: bool, chunk: bool, scoring: str | None) -> asyncio.Future:
-        """A job queued: the future's result is its Answer. May raise Overloaded."""
+    def submit(
+        self, sequences: list, truncate: bool, left: bool, chunk: bool, scoring: str | None, adapter: str | None = None
+    ) -> asyncio.Future:
+        """A job queued for the served model or its adapter of that name: the future's result is its Answer. May
+        raise Overloaded."""
 
     async def admit(self, inputs: int) -> None:
         """Count inputs in flight (Overloaded past MAX_CONCURRENT_REQUESTS); leave() gives them back."""
@@ -93,8 +96,11 @@ class RemoteLink:
         if self._socket is not None:
             self._socket.close()
 
-    def submit(self, sequences: list, truncate: bool, left: bool, chunk: bool, scoring: str | None) -> asyncio.Future:
+    def submit(
+        self, sequences: list, truncate: bool, left: bool, chunk: bool, scoring: str | None, adapter: str | None = None
+    ) -> asyncio.Future:
         job = {"sequences": sequences, "truncate": truncate, "left": left, "chunk": chunk, "scoring": scoring}
+        job["adapter"] = adapter
         number, future = self._send("submit", job)
         future.add_done_callback(lambda done: done.cancelled() and self._send("cancel", {"of": number}, reply=False))
         return future
@@ -156,7 +162,7 @@ class RemoteLink:
 
     async def _refresh(self, timeout: float = ASK_TIMEOUT_S) -> None:
         said = await self._ask("view", {}, timeout)
-        self.view = ModelView(**said["view"]) if said["view"] else None
+        self.view = ModelView.from_wire(said["view"]) if said["view"] else None
         self._why = said.get("why") or self._why
 
     async def _watch(self) -> None:

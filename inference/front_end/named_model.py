@@ -11,13 +11,17 @@ from inference.front_end.link import AppState
 NOT_FOUND = "NotFound"
 
 
-def check_name(state: AppState, requested: str | None, openai_body: bool = True) -> str:
-    """The served model's name when `requested` is it or absent; else 404, in vLLM's error body (ErrorResponse in
+def check_name(state: AppState, requested: str | None, openai_body: bool = True) -> tuple[str, str | None]:
+    """(the name answered, the adapter to queue for: None for the served model itself) when `requested` is the served
+    model's name, one of its adapters' (LORA_ADAPTERS) or absent; else 404, in vLLM's error body (ErrorResponse in
     vllm/entrypoints/openai/protocol.py) or, for KServe, TEI's (its "error" string is the Open Inference Protocol's)."""
-    name = state.settings.model_name
+    name, adapters = state.settings.model_name, state.settings.adapters()
     if requested is None or requested == name:
-        return name
-    message = f"The model `{requested}` does not exist. This service serves `{name}` (GET /v1/models)."
+        return name, None
+    if requested in adapters:
+        return requested, requested
+    served = ", ".join(f"`{one}`" for one in (name, *adapters))
+    message = f"The model `{requested}` does not exist. This service serves {served} (GET /v1/models)."
     body = {"error": {"message": message, "type": "NotFoundError", "param": "model", "code": 404}}
     raise ServiceError(NOT_FOUND, message, status=404, reason="model", body=body if openai_body else None)
 

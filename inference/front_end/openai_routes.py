@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from inference import errors
+from inference.answers import ModelView
 from inference.errors import ServiceError
 from inference.front_end.link import AppState
 from inference.front_end.named_model import check_name, scores_in_label_order
@@ -78,8 +79,8 @@ async def classify(request: Request) -> Json:
     require_json(request)
     with failures_counted(state):
         body = parse(await request.body(), ClassifyRequest)
-        name = check_name(state, body.model)
-        view = live_view(state)
+        name, adapter = check_name(state, body.model)
+        view = live_view(state).named(adapter)
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ServiceError(errors.EMPTY, "`input` cannot be empty", reason="validation")
@@ -87,9 +88,8 @@ async def classify(request: Request) -> Json:
         truncate = asked_truncation(body, view.max_length)
         scoring = "none" if body.use_activation is False else None  # None: the problem type's softmax or sigmoid
         left = body.truncation_side == "left"
-        answer = await answered(
-            request, queue_sequences(state, [(t, None) for t in texts], True, truncate, left, scoring)
-        )
+        job = queue_sequences(state, [(t, None) for t in texts], True, truncate, left, scoring, adapter)
+        answer = await answered(request, job)
         scores = scores_in_label_order(view, answer)
     count_answer(state, answer, started)
     data = [
@@ -131,17 +131,22 @@ def asked_truncation(body: ClassifyRequest, max_length: int) -> bool | None:
     )
 
 
-@router.get("/v1/models", summary="The served model (OpenAI's and vLLM's list)")
+@router.get("/v1/models", summary="The served model and its adapters (OpenAI's and vLLM's list)")
 async def models(request: Request) -> dict:
     state: AppState = service(request)
-    view = live_view(state)
-    card = {
-        "id": state.settings.model_name,
+    view, name = live_view(state), state.settings.model_name
+    cards = [card(name, view, None)]
+    cards += [card(adapter, one, name) for adapter, one in view.adapters.items()]  # vLLM: a LoRA's parent is its base
+    return {"object": "list", "data": cards}
+
+
+def card(name: str, view: ModelView, parent: str | None) -> dict:
+    return {
+        "id": name,
         "object": "model",
         "created": int(view.loaded_at),
         "owned_by": OWNER,
         "root": view.folder,
-        "parent": None,
+        "parent": parent,
         "max_model_len": view.max_length,
     }
-    return {"object": "list", "data": [card]}

@@ -173,16 +173,22 @@ def classify(state: AppState, body: PredictRequest) -> asyncio.Future[Answer]:
 
 
 def queue_sequences(
-    state: AppState, sequences: list, is_batch: bool, asked_truncate: bool | None, left: bool, scoring: str | None
+    state: AppState,
+    sequences: list,
+    is_batch: bool,
+    asked_truncate: bool | None,
+    left: bool,
+    scoring: str | None,
+    adapter: str | None = None,
 ) -> asyncio.Future[Answer]:
-    """Inputs checked against the limits and queued."""
+    """Inputs checked against the limits and queued, for the served model or its adapter of that name."""
     settings = state.settings
     if is_batch:
         check_batch_size(settings, len(sequences))
     for i, (text, pair) in enumerate(sequences):
         if not text and not pair:  # TEI: only a zero-length input is empty; whitespace is classified
             raise ServiceError(errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if is_batch else ""))
-    served = live_view(state)
+    served = live_view(state).named(adapter)
     # chunking unless the request asks to truncate
     chunk = served.chunks and asked_truncate is not True
     truncate = settings.auto_truncate if asked_truncate is None else asked_truncate
@@ -192,7 +198,7 @@ def queue_sequences(
         sequences = limit_characters(sequences, served.max_length * CHARS_PER_TOKEN_LIMIT, truncate, left)
     state.metrics.predict_count.inc(len(sequences))  # TEI: one per input handed to the model (core/src/infer.rs)
     try:
-        return state.link.submit(sequences, truncate, left, chunk, scoring)
+        return state.link.submit(sequences, truncate, left, chunk, scoring, adapter)
     except Overloaded as exc:
         raise ServiceError(errors.OVERLOADED, str(exc)) from None
 
@@ -344,6 +350,7 @@ async def info(request: Request) -> Info:
                 "max_chunks": settings.max_chunks,
             },
             "torch_threads": served.torch_threads,
+            "adapters": {name: adapter_card(one) for name, one in served.adapters.items()},
             "max_wait_ms": settings.max_wait_ms,
             "front_ends": settings.workers,
             "checkpoint": {
@@ -356,6 +363,18 @@ async def info(request: Request) -> Info:
             },
         },
     )
+
+
+def adapter_card(view: ModelView) -> dict:
+    """/info's account of one more adapter of the served base (LORA_ADAPTERS): what a client picking it needs."""
+    return {
+        "id2label": view.id2label,
+        "problem_type": {"name": view.problem, "decision_thresholds": view.thresholds},
+        "max_input_length": view.max_length,
+        "folder": view.folder,
+        "weights_file": view.weights_file,
+        "sha256": view.sha256,
+    }
 
 
 @public.get("/health", responses={503: {"model": ErrorBody}}, summary="200 while the model serves (TEI)")

@@ -9,7 +9,7 @@ from pydantic_core import from_json
 from starlette.routing import Route
 
 from inference import errors
-from inference.answers import Answer
+from inference.answers import Answer, ModelView
 from inference.errors import ServiceError
 from inference.front_end import routes
 from inference.front_end.link import AppState
@@ -34,9 +34,9 @@ from inference.front_end.schemas import Json, Rank, RerankRequest
 NOT_A_RERANKER = "Backend error: model is not a re-ranker model"  # TEI: BackendError::Inference, in a Backend error
 
 
-def is_reranker(state: AppState) -> bool:
+def is_reranker(view: ModelView) -> bool:
     """TEI's rule: one label makes a reranker."""
-    return len(live_view(state).labels) == 1
+    return len(view.labels) == 1
 
 
 @router.post("/rerank", response_model=list[Rank], responses=ERROR_RESPONSES, summary="Rank texts by a query (TEI)")
@@ -60,7 +60,7 @@ async def _scored_pairs(request: Request, state: AppState, body: RerankRequest) 
     """TEI's order: empty texts, model type, batch size."""
     if not body.texts:
         raise ServiceError(errors.EMPTY, "`texts` cannot be empty", reason="validation")
-    if not is_reranker(state):
+    if not is_reranker(live_view(state)):
         raise ServiceError(errors.BACKEND, NOT_A_RERANKER, reason="model_type")
     state.metrics.request_count.labels("batch").inc()
     pairs = [(body.query, text) for text in body.texts]
@@ -73,7 +73,7 @@ async def root_fast(request: Request) -> Response:
     `query` (docs/serving.md). TEI's order: the key (401), the media type (415), then the body."""
     check_api_key(request, bearer_token(request))
     require_json(request)
-    if is_reranker(service(request)) and asks_to_rerank(await request.body()):
+    if is_reranker(live_view(service(request))) and asks_to_rerank(await request.body()):
         return await rerank(request)
     return await predict(request)
 

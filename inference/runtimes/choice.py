@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -139,6 +139,14 @@ def choose_runtime(loaded: LoadedModel, settings) -> ServedModel:
         served = _build(loaded, report, report["chosen"], cache, settings.torch_threads)
     runtime_cache.prune_siblings(cache, loaded.folder)
     return served
+
+
+def with_adapters(loaded: LoadedModel, adapters: dict[str, LoadedModel], settings) -> ServedModel:
+    """Adapters of one base, beside `loaded` (an adapter of it too): torch, since they share the base's weights, which
+    a converted model does not hold; all in the one precision chosen for `loaded` (the cast reaches the shared base)."""
+    chosen = choose_runtime(loaded, settings.model_copy(update={"backend": TORCH}))
+    served_adapters = {name: _as_torch(one, chosen.precision, chosen.report) for name, one in adapters.items()}
+    return replace(chosen, adapters=served_adapters)
 
 
 def needs_measuring(loaded: LoadedModel, settings) -> bool:

@@ -21,6 +21,7 @@ from contract.errors import CheckpointError
 from contract.loading import load_model
 from inference.app import create_app
 from inference.settings import Settings
+from tests.helpers.adapters import write_body
 from tests.helpers.processes import cli_env, describe, run_train
 from tests.helpers.service import wait_for
 from training.output.checkpoint import load_weights
@@ -30,15 +31,6 @@ peft = pytest.importorskip("peft", reason="pip install 'distilbert-agnews[peft]'
 TEXTS = ["Shares fell after the bank cut its forecast.", "The striker scored twice.", "A new chip doubles battery life"]
 STEPS, RESUME_FROM = 60, 40
 LORA = ["--lora_r", "4", "--lora_alpha", "8", "--learning_rate", "5e-3"]
-
-
-def write_body(folder: Path, smoke_dir: Path) -> Path:
-    """A pretrained encoder body without a classification head (random weights, saved), with its tokenizer."""
-    config = AutoConfig.from_pretrained(smoke_dir / "model")
-    torch.manual_seed(0)
-    AutoModel.from_config(config).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(smoke_dir / "model").save_pretrained(folder)
-    return folder
 
 
 def lora_args(base: Path, out: Path) -> list[str]:
