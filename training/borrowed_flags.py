@@ -92,7 +92,6 @@ REFUSED = {  # flag: ours instead
     "config_name": "--model_name_or_path (its config.json)",
     "warmup_steps": "--warmup_ratio",
     "logging_dir": "--report_to tensorboard (logs under --output_dir)",
-    "optim": "the fused AdamW of --fused_optimizer",
 }
 
 

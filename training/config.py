@@ -5,6 +5,7 @@ Fields are grouped by concern; docs/configuration.md is generated from them (con
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -96,6 +97,14 @@ Fraction = Annotated[float, _bound(">=", 0), _bound("<", 1)]
 
 class _Group(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+
+# the Trainer's --optim names of the same optimizers (transformers' OptimizerNames)
+TRAINER_OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_bnb_8bit": "adamw_8bit"}
+
+
+def _optimizer(value: Any) -> Any:
+    return TRAINER_OPTIMIZERS.get(value, value) if isinstance(value, str) else value
 
 
 # ------------------------------------------------------------------------------------------- groups
@@ -228,17 +237,26 @@ class OptimizationConfig(_Group):
     """Stop after this many optimizer steps (overrides num_train_epochs)."""
     per_device_train_batch_size: AtLeast1 = 32
     """Training examples per process per forward pass."""
+    auto_find_batch_size: bool = False
+    """Before the first step, halve --per_device_train_batch_size (to a divisor of it) until a training pass at
+    --max_length fits in memory, beside room for AdamW's states, and raise --gradient_accumulation_steps so the
+    effective batch stays (accelerate's find_executable_batch_size). Every process uses the smallest found."""
     per_device_eval_batch_size: AtLeast1 = 64
     """Evaluation examples per process per forward pass."""
     gradient_accumulation_steps: AtLeast1 = 1
     """Forward/backward passes per optimizer step."""
     learning_rate: Annotated[float, _bound(">", 0)] = 5e-5
-    """Peak learning rate of AdamW (before --scale_lr). With LoRA (--lora_r) and no rate given: 2e-3
+    """Peak learning rate (before --scale_lr). With LoRA (--lora_r) and no rate given: 2e-3
     (LORA_LEARNING_RATE, measured in docs/benchmarks.md)."""
     scale_lr: Literal["none", "linear"] = "none"
     """'linear' multiplies the learning rate by the number of processes (linear scaling rule); 'none' keeps it."""
+    optim: Annotated[Literal["adamw", "adafactor", "adamw_8bit", "sgd"], BeforeValidator(_optimizer)] = "adamw"
+    """The optimizer: 'adamw' (fused, or capturable when the step is compiled or captured: the only one a compiled
+    or captured step runs), 'adafactor' (transformers' Adafactor at the given rate: factored second moments, less
+    memory), 'adamw_8bit' (bitsandbytes' AdamW8bit, 8-bit states; needs bitsandbytes), 'sgd' (momentum 0.9)."""
     weight_decay: Annotated[float, _bound(">=", 0)] = 0.01
-    """AdamW weight decay; never applied to biases and LayerNorm weights."""
+    """Weight decay of the optimizer; never applied to biases and normalisation weights (LayerNorm, RMSNorm, any
+    *Norm layer), as the Trainer does."""
     warmup_ratio: Fraction = 0.1
     """Fraction of optimizer steps with linear warmup, then the --lr_scheduler_type schedule."""
     lr_scheduler_type: Literal[
@@ -490,6 +508,17 @@ def check(cfg: TrainConfig) -> None:
         cfg.pad_buckets != 0 or cfg.torch_compile in ("auto", "none"),
         "pad_buckets",
         "must be at least 1 with --torch_compile: a compiled step needs fixed widths (each new one recompiles)",
+    )
+    need(
+        cfg.optim == "adamw" or cfg.torch_compile in ("auto", "none"),
+        "optim",
+        f"{cfg.optim}: a compiled or captured step (--torch_compile {cfg.torch_compile}) runs AdamW only; use "
+        "--optim adamw, or --torch_compile none",
+    )
+    need(
+        cfg.optim != "adamw_8bit" or importlib.util.find_spec("bitsandbytes") is not None,
+        "optim",
+        "adamw_8bit needs bitsandbytes: pip install bitsandbytes",
     )
     need(
         not (cfg.packing and cfg.attn_implementation == "eager"),

@@ -106,24 +106,45 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
         ) from None
 
 
+OPTIMIZERS = {"adamw": "AdamW", "adafactor": "Adafactor", "adamw_8bit": "8-bit AdamW (bitsandbytes)", "sgd": "SGD"}
+
+
 def build_optimizer(
     model: torch.nn.Module, cfg: TrainConfig, learning_rate: float, capturable: bool = False, fused: bool = False
-) -> torch.optim.AdamW:
-    """AdamW, no decay on biases and norms; `capturable` for a compiled or captured step, `fused` otherwise on GPU."""
-    no_decay = set()
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            if name == "bias" or isinstance(module, torch.nn.LayerNorm):
-                no_decay.add(param)
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p not in no_decay], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p in no_decay], "weight_decay": 0.0},
-    ]
+) -> torch.optim.Optimizer:
+    """--optim over two groups (no decay on biases and norms); AdamW `capturable` for a compiled or captured step,
+    `fused` otherwise on GPU."""
+    groups = decay_groups(model, cfg.weight_decay)
+    if cfg.optim == "adafactor":  # at the given rate: Adafactor's own relative step would ignore the schedule
+        return transformers.Adafactor(
+            groups, lr=learning_rate, scale_parameter=False, relative_step=False, warmup_init=False
+        )
+    if cfg.optim == "sgd":
+        return torch.optim.SGD(groups, lr=learning_rate, momentum=0.9)
+    if cfg.optim == "adamw_8bit":
+        import bitsandbytes  # config.py checked it is installed
+
+        return bitsandbytes.optim.AdamW8bit(groups, lr=learning_rate)
     if capturable:
         kernel = {"fused": True} if fused else {"foreach": True}
         return torch.optim.AdamW(groups, lr=learning_rate, capturable=True, **kernel)
     return torch.optim.AdamW(groups, lr=learning_rate, fused=cfg.fused_optimizer or None)
+
+
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """The trainable parameters in two groups: decayed, and biases and normalisation weights (LayerNorm, RMSNorm, any
+    *Norm layer: the Trainer's rule) at no decay."""
+    no_decay = set()
+    for module in model.modules():
+        norm = isinstance(module, torch.nn.LayerNorm | torch.nn.RMSNorm) or type(module).__name__.endswith("Norm")
+        for name, param in module.named_parameters(recurse=False):
+            if name == "bias" or norm:
+                no_decay.add(param)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p not in no_decay], "weight_decay": weight_decay},
+        {"params": [p for p in params if p in no_decay], "weight_decay": 0.0},
+    ]
 
 
 def keep_optimizer_kind(optimizer: torch.optim.Optimizer) -> None:
@@ -132,7 +153,7 @@ def keep_optimizer_kind(optimizer: torch.optim.Optimizer) -> None:
     capturable = bool(inner.defaults.get("capturable"))
     for group in inner.param_groups:
         device = group["params"][0].device
-        group.update({key: inner.defaults.get(key) for key in ("capturable", "fused", "foreach")})
+        group.update({key: inner.defaults[key] for key in ("capturable", "fused", "foreach") if key in inner.defaults})
         lr = float(group["lr"])
         group["lr"] = torch.tensor(lr, dtype=torch.float32, device=device) if capturable else lr
         for param in group["params"]:
@@ -158,8 +179,9 @@ def optimization(
     total_steps: int,
     compiled: str,
 ):
-    """(AdamW, schedule): capturable with a tensor rate when compiled, except under fp16."""
-    step_compiled = capture.steps_compiled(compiled, accelerator.mixed_precision)
+    """(optimizer, schedule): AdamW capturable with a tensor rate when compiled, except under fp16."""
+    # another optimizer than AdamW steps eagerly after a compiled forward and backward, as fp16's GradScaler does
+    step_compiled = capture.steps_compiled(compiled, accelerator.mixed_precision) and cfg.optim == "adamw"
     captured = compiled == capture.WHOLE_STEP  # the fused AdamW, replayed uncompiled (training/speed/step_graph.py)
     optimizer = build_optimizer(model, cfg, learning_rate, capturable=step_compiled or captured, fused=captured)
     scheduler = transformers.get_scheduler(

@@ -46,10 +46,11 @@ from training.data.batching import make_dataloaders, num_texts, train_widths
 from training.data.labels import LabelSpace
 from training.data.reading import Splits, load_splits
 from training.data.tokenizing import tokenize_splits
+from training.fit_batch import fit_batch
 from training.guards import StopGuard, check_strategy, check_world_size
 from training.hub import ensure_hub_or_offline
 from training.loop import Loaders, Outcome, Run, fit, format_metrics, on_disk
-from training.model import build_model, keep_optimizer_kind, load_tokenizer, optimization, schedule_plan
+from training.model import OPTIMIZERS, build_model, keep_optimizer_kind, load_tokenizer, optimization, schedule_plan
 from training.objective import objective_for, problem_type_defaults
 from training.output import provenance, reports
 from training.output.checkpoint import OutputDir, Progress
@@ -87,7 +88,9 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
                 gradient_as_bucket_view=True,  # no copy in or out of the buckets
                 broadcast_buffers=False,  # see ddp_buffers
                 # DDP may plan once; not with accumulation's no_sync
-                static_graph=not cfg.find_unused_parameters and cfg.gradient_accumulation_steps == 1,
+                static_graph=not cfg.find_unused_parameters
+                and cfg.gradient_accumulation_steps == 1
+                and not cfg.auto_find_batch_size,  # which may raise the accumulation
             ),
         ],
     )
@@ -171,11 +174,13 @@ def make_model(cfg: TrainConfig, accelerator: Accelerator, labels: LabelSpace, p
         )
     swapped = cpu_speed.enable(model, cfg.fast_dropout, device)
     logger.info(
-        "Model %s: %.1f M parameters, %s attention, %s AdamW%s",
+        "Model %s: %.1f M parameters, %s attention, %s%s",
         cfg.model_name_or_path,
         sum(p.numel() for p in model.parameters()) / 1e6,
         attention,
-        "fused" if cfg.fused_optimizer else "multi-tensor",
+        OPTIMIZERS[cfg.optim]
+        if cfg.optim != "adamw"
+        else f"{'fused' if cfg.fused_optimizer else 'multi-tensor'} AdamW",
         f", {swapped} dropout modules swapped for FastDropout" if swapped else "",
     )
     return model
@@ -200,6 +205,8 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str, previous: Pr
         raise ConfigError(f"calibration: a {splits.labels.problem_type} model has no probabilities to calibrate")
     objective = objective_for(cfg, splits.labels, splits.train["labels"]).to(accelerator.device)
     model = make_model(cfg, accelerator, splits.labels, tokenizer.pad_token_id)
+    if cfg.auto_find_batch_size:
+        cfg = fit_batch(cfg, accelerator, model)
     world = accelerator.num_processes
     learning_rate, epoch_steps, total_steps, num_epochs = schedule_plan(cfg, world, len(splits.train))
     compiled = capture.for_run(cfg, accelerator, total_steps)

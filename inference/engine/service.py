@@ -260,9 +260,10 @@ def check_servable(settings: Settings, loaded: LoadedModel) -> None:
     """The settings can serve this model and its adapters (at start and reload)."""
     for one in loaded.all_served():
         if settings.max_batch_tokens < one.max_length:
+            adapter = "" if one is loaded else f", adapter {one.folder}"
             raise SettingsError(
                 f"MAX_BATCH_TOKENS: must be at least the model's maximum input length "
-                f"({one.max_length}, {one.folder}), got {settings.max_batch_tokens}"
+                f"({one.max_length}{adapter}), got {settings.max_batch_tokens}"
             )
         check_chunking(settings, one)
 

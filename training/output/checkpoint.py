@@ -221,8 +221,8 @@ def check_layout(state_folder: Path, progress: Progress, layout: dict[str, Any])
     if changed:
         raise ResumeError(
             f"{state_folder} was saved with a different layout ({changed}): its steps per epoch and learning-rate "
-            "schedule (or, for cpu_threads, its sums) would not continue. Resume with the same launch config, batch "
-            "settings and OMP_NUM_THREADS, or start a new "
+            "schedule (for cpu_threads, its sums; for optim, its optimizer state) would not continue. Resume with the "
+            "same launch config, batch settings, --optim and OMP_NUM_THREADS, or start a new "
             f"run from its best model: --model_name_or_path {state_folder.parent.parent}"
         )
 

@@ -140,5 +140,6 @@ def layout(cfg: TrainConfig, accelerator: Accelerator) -> dict:
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
         "seed": cfg.seed,
         "group_by_length": cfg.group_by_length,
+        "optim": cfg.optim,  # the saved optimizer state is this optimizer's
         **({"cpu_threads": torch.get_num_threads()} if accelerator.device.type == "cpu" else {}),
     }

@@ -17,6 +17,10 @@ the seams that training/loop.py and training/output/checkpoint.py document.
                                                      through the weights file
     DISTILBERT_AGNEWS_FAULT=enospc_in_predict:K      agnews predict's K-th part file fails with pyarrow's
                                                      ENOSPC after a partial file
+    DISTILBERT_AGNEWS_FAULT=oom_above_rows:N         an embedding lookup of more than N rows with gradients on
+                                                     raises the CPU allocator's out-of-memory error: a training
+                                                     batch that does not fit (evaluation's, without gradients,
+                                                     does)
 """
 
 import errno
@@ -102,6 +106,21 @@ def _write_part_no_space(original, table, path):
     original(table, path)
 
 
+def _allocate(original, module, ids):
+    if torch_grad_enabled() and ids.shape[0] > ARGS[0]:  # torch's own words (c10/core/impl/alloc_cpu.cpp)
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to "
+            "allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)"
+        )
+    return original(module, ids)
+
+
+def torch_grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
+
+
 PATCHES = {  # fault kind: (module, function or Class.method, wrapper)
     "nan_loss_from_step": ("training.loop", "forward_loss", _forward_loss),
     "raise_on_rank": ("training.loop", "after_optimizer_step", _after_optimizer_step),
@@ -111,6 +130,7 @@ PATCHES = {  # fault kind: (module, function or Class.method, wrapper)
     "enospc_in_save_state": ("accelerate.accelerator", "Accelerator.save_state", _save_state),
     "enospc_in_save_model": ("training.output.checkpoint", "write_weights", _write_weights_no_space),
     "enospc_in_predict": ("pyarrow.parquet", "write_table", _write_part_no_space),
+    "oom_above_rows": ("torch.nn.modules.sparse", "Embedding.forward", _allocate),
 }
 
 
