@@ -12,6 +12,7 @@ import sys
 COMMANDS = {  # name: (module, what it does)
     "train": ("training.train", "fine-tune a classifier (accelerate launch -m training.train for several processes)"),
     "evaluate": ("training.evaluate", "score a checkpoint on a labelled split: per-class table, confusion matrix"),
+    "tune": ("training.tune", "search learning rate, epochs, batch size, ... with optuna (pruned, resumable)"),
     "predict": ("training.predict", "label a csv / jsonl / parquet file with a checkpoint"),
     "launch": ("training.launch", "accelerate launch, quieter: the same arguments (several processes, GPUs, nodes)"),
     "serve": ("inference", "the text-embeddings-inference compatible service (POST /predict)"),
@@ -24,6 +25,7 @@ COMMANDS = {  # name: (module, what it does)
 
 PARSERS = {  # where each parser is built without torch
     "train": "training.config_parsing:build_parser",
+    "tune": "training.tune:build_parser",
     "evaluate": "training.arguments:evaluate",
     "predict": "training.arguments:predict",
     "push": "training.arguments:push",

@@ -5,6 +5,7 @@ for a stop. Called by train.py on every rank.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -64,6 +65,8 @@ class Run:
     compiled: CompiledSteps  # --torch_compile: the mode, and what compiling cost (training/speed/capture.py)
     graphs: StepGraph | None = None  # --torch_compile whole-step: the captured steps (training/speed/step_graph.py)
     early_stopped: bool = False  # set when the patience is spent
+    # after each validation (step, results): True stops the run as early stopping does (agnews tune's pruning)
+    on_evaluation: Callable[[int, dict], bool] | None = None
 
     def finished(self) -> bool:
         """Stop when early stopping fired or every step was taken."""
@@ -230,6 +233,8 @@ def validate_and_save(run: Run) -> None:
             run.out.write_json(files.METRICS, run_summary(run))
             run.out.write_curves(run.progress, plot=False)  # the PNG is drawn once, at the end
     if patience_spent(run.progress.evals_since_best, run.cfg.early_stopping_patience):
+        run.accelerator.set_trigger()
+    if run.on_evaluation is not None and run.on_evaluation(run.progress.global_step, results):
         run.accelerator.set_trigger()
     # every rank has the same metrics; check_trigger decides together all the same
     run.early_stopped = run.accelerator.check_trigger()

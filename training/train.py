@@ -21,6 +21,7 @@ if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):  # before to
 
 import signal
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import datasets
@@ -309,8 +310,8 @@ def tracker_config(cfg: TrainConfig) -> dict:
     return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in cfg.to_dict().items()}
 
 
-def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
-    """The whole run; the summary, or None when preempted."""
+def main(cfg: TrainConfig, accelerator: Accelerator, on_evaluation: Callable | None = None) -> dict | None:
+    """The whole run; the summary, or None when preempted. `on_evaluation`: loop.Run's."""
     started = time.time()
     set_seed(cfg.seed)
     logger.info(
@@ -326,7 +327,9 @@ def main(cfg: TrainConfig, accelerator: Accelerator) -> dict | None:
     # claimed before data or model load
     claim = claim_output_dir(cfg.output_dir, accelerator, resuming, cfg.overwrite_output_dir, cfg.model_name_or_path)
     try:
-        return train_and_report(set_up(cfg, accelerator, claim.run_id, claim.previous), started)
+        run = set_up(cfg, accelerator, claim.run_id, claim.previous)
+        run.on_evaluation = on_evaluation
+        return train_and_report(run, started)
     finally:
         claim.release()
 

@@ -1,0 +1,71 @@
+"""`agnews tune` (training/tune.py) on the smoke preset, as users run it: the study runs its trials in one process,
+the first with the settings as given, prunes on each evaluation, keeps only the best trial's folder, writes
+tune.json with the command that trains the best, and resumes from its SQLite study to more trials. The pruning seam
+(loop.Run.on_evaluation) stops a run at the evaluation that asks it to."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.processes import ROOT, cli_env, describe
+
+pytest.importorskip("optuna", reason="pip install 'distilbert-agnews[tune]' (dev extra)")
+pytestmark = pytest.mark.slow
+
+
+def tune(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "training.commands", "tune", "--preset", "smoke", *args]
+    return subprocess.run(command, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
+
+
+def test_four_trials_find_at_least_the_given_settings_and_a_fifth_resumes_the_study(smoke_dir, tmp_path):
+    out = tmp_path / "search"
+    result = tune("--n_trials", "4", "--output_dir", str(out))
+    assert result.returncode == 0, describe(result)
+    said = json.loads((out / "tune.json").read_text())
+    trials, best = said["trials"], said["best"]
+    assert [t["number"] for t in trials] == [0, 1, 2, 3]
+    assert trials[0]["params"]["learning_rate"] == 2e-3 and trials[0]["state"] == "complete"  # the preset's
+    finished = [t["value"] for t in trials if t["state"] == "complete"]
+    assert best["value"] == max(finished) >= trials[0]["value"] and best["metric"] == "accuracy"
+    assert sorted(p.name for p in (out / "trials").iterdir()) == [f"trial_{best['number']}"]
+    assert (out / "trials" / f"trial_{best['number']}" / "metrics.json").is_file()
+    assert said["command"].startswith("agnews train --preset smoke --learning_rate=")
+    assert said["command"].endswith(f"--output_dir {out / 'best'}") and "--n_trials" not in said["command"]
+
+    again = tune("--n_trials", "5", "--output_dir", str(out))
+    assert again.returncode == 0, describe(again)
+    resumed = json.loads((out / "tune.json").read_text())["trials"]
+    assert len(resumed) == 5 and resumed[:4] == trials  # the study went on; the first four untouched
+
+
+def test_a_search_space_file_and_its_mistakes(smoke_dir, tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {type: float, low: 1.0e-4, high: 3.0e-3, log: true}\n")
+    result = tune("--n_trials", "2", "--max_train_steps", "20", "--search_space", str(space), "--output_dir",
+                  str(tmp_path / "a"))  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    trials = json.loads((tmp_path / "a" / "tune.json").read_text())["trials"]
+    assert all(set(t["params"]) == {"learning_rate"} for t in trials)
+    space.write_text("learning_rates: {type: float, low: 1.0e-4, high: 3.0e-3}\n")
+    wrong = tune("--n_trials", "2", "--search_space", str(space), "--output_dir", str(tmp_path / "b"))
+    assert wrong.returncode == 2 and "search_space" in wrong.stderr and "learning_rates" in wrong.stderr
+
+
+def test_a_run_stops_at_the_evaluation_its_hook_says_to(smoke_dir, tmp_path):
+    from accelerate.state import AcceleratorState
+
+    from training import train
+    from training.config_parsing import load_config
+
+    cfg = load_config(["--preset", "smoke", "--eval_steps", "10", "--output_dir", str(tmp_path / "run")])
+    seen = []
+    try:
+        summary = train.main(cfg, train.make_accelerator(cfg), on_evaluation=lambda step, _: seen.append(step) or True)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)  # the next test file's Accelerator starts afresh
+    assert seen == [10] and summary["global_step"] == 10

@@ -1,0 +1,264 @@
+"""`agnews tune`: a hyper-parameter search over training runs with optuna, in this process, one trial after another.
+
+Each trial is a whole run of train.main in --output_dir/trials/trial_N, pruned (optuna's median rule) on the
+validation metric of each evaluation; the first trial is the settings as given, so the best is never worse than
+them. The study lives in --output_dir/tune.db (SQLite), so a stopped search resumes where it stopped;
+--output_dir/tune.json holds every trial and the best, with the command that trains it. Only the best trial's
+folder is kept. The search space: the defaults below, or a YAML file (--search_space).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from contract.errors import UsageError, UserError
+from training.config import ConfigError, TrainConfig
+from training.config_parsing import load_config
+
+logger = logging.getLogger(__name__)
+STUDY = "agnews-tune"
+TUNE_FLAGS = ("--n_trials", "--timeout", "--search_space", "--tune_seed")
+# name: (kind, low or choices, high, log): the Trainer's default optuna space, with the settings ours has beside it
+DEFAULT_SPACE: dict[str, dict[str, Any]] = {
+    "learning_rate": {"type": "float", "low": 1e-5, "high": 1e-3, "log": True},
+    "num_train_epochs": {"type": "int", "low": 1, "high": 5},
+    "warmup_ratio": {"type": "float", "low": 0.0, "high": 0.2},
+    "weight_decay": {"type": "float", "low": 0.0, "high": 0.1},
+    "per_device_train_batch_size": {"type": "categorical", "choices": [8, 16, 32, 64]},
+}
+CLASSIFICATION_SPACE = {"class_weights": {"type": "categorical", "choices": ["none", "balanced"]}}
+LORA_SPACE = {"lora_r": {"type": "categorical", "choices": [4, 8, 16, 32]}}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The search's own flags; every other flag is `agnews train`'s, for every trial."""
+    parser = argparse.ArgumentParser(
+        prog="agnews tune",
+        description="Search training settings with optuna: each trial a whole run (pruned on its evaluations), the "
+        "first one the settings as given. Every `agnews train` flag is taken too, for every trial.",
+    )
+    parser.add_argument("--n_trials", type=int, default=20, help="trials in all, counting those of a resumed study")
+    parser.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
+    parser.add_argument(
+        "--search_space", type=Path, help="YAML file: setting: {type: float|int|categorical, low, high, log, choices}"
+    )
+    parser.add_argument("--tune_seed", type=int, default=0, help="the sampler's seed (--seed is the runs')")
+    return parser
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig]:
+    """The search's own flags, and the training settings of its first trial."""
+    ours, rest = build_parser().parse_known_args(argv)
+    ours.argv = argv
+    if ours.n_trials < 1:
+        raise ConfigError("n_trials: must be at least 1")
+    return ours, load_config(rest)
+
+
+def search_space(cfg: TrainConfig, path: Path | None) -> dict[str, dict[str, Any]]:
+    """The YAML file's space, else the defaults for this run (class weights for classification, LoRA's rank)."""
+    if path is not None:
+        try:
+            space = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"search_space: {path} cannot be read as YAML ({exc})") from None
+    else:
+        space = {**DEFAULT_SPACE, **(LORA_SPACE if cfg.lora_r else {})}
+        if not (cfg.do_regression or cfg.preset == "smoke-regression"):
+            space.update(CLASSIFICATION_SPACE)
+    unknown = [name for name in space or {} if name not in TrainConfig.model_fields]
+    if not isinstance(space, dict) or not space or unknown:
+        raise ConfigError(f"search_space: {path}: a mapping of training settings, got {unknown or space!r:.80}")
+    return {name: holding(spec, getattr(cfg, name)) for name, spec in space.items()}
+
+
+def holding(spec: dict[str, Any], given: Any) -> dict[str, Any]:
+    """`spec` widened to hold the given setting: the first trial runs the settings as given."""
+    if spec.get("type") == "categorical" and given not in spec["choices"]:
+        return {**spec, "choices": [given, *spec["choices"]]}
+    numeric = spec.get("type") in ("float", "int") and isinstance(given, int | float) and not isinstance(given, bool)
+    if numeric and (given > 0 or not spec.get("log")):  # a log scale cannot hold 0
+        return {**spec, "low": min(spec["low"], given), "high": max(spec["high"], given)}
+    return spec
+
+
+def suggest(trial, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One value per setting, as optuna's trial suggests it."""
+    params = {}
+    for name, spec in space.items():
+        kind = spec.get("type")
+        if kind == "categorical":
+            params[name] = trial.suggest_categorical(name, spec["choices"])
+        elif kind in ("float", "int"):
+            suggest_number = trial.suggest_float if kind == "float" else trial.suggest_int
+            params[name] = suggest_number(name, spec["low"], spec["high"], log=bool(spec.get("log")))
+        else:
+            raise ConfigError(f"search_space: {name}: type must be float, int or categorical, got {kind!r}")
+    return params
+
+
+def tune(args: argparse.Namespace, cfg: TrainConfig) -> dict:
+    """Run the study to --n_trials (or --timeout); tune.json's content."""
+    import optuna
+
+    from training import train
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    space = search_space(cfg, args.search_space)
+    study = optuna.create_study(
+        study_name=STUDY,
+        storage=f"sqlite:///{out / 'tune.db'}",
+        load_if_exists=True,
+        direction="maximize",  # every value is signed so that greater is better (see trial_value)
+        sampler=optuna.samplers.TPESampler(seed=args.tune_seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2),
+    )
+    if not study.trials:  # the settings as given come first: the best is never worse than them
+        study.enqueue_trial({name: getattr(cfg, name) for name in space}, skip_if_exists=True)
+    accelerator = train.make_accelerator(cfg)
+    left = args.n_trials - len([t for t in study.trials if t.state.is_finished()])
+    if left > 0:
+        study.optimize(lambda trial: run_trial(trial, cfg, space, accelerator), n_trials=left, timeout=args.timeout)
+    summary = report(study, cfg, args.argv)
+    (out / "tune.json").write_text(json.dumps(summary, indent=2))
+    keep_only_best(out, summary)
+    return summary
+
+
+def run_trial(trial, cfg: TrainConfig, space: dict, accelerator) -> float:
+    """One training run with the trial's settings; its best validation metric, signed (greater is better)."""
+    import optuna
+
+    from training import train
+    from training.scoring.metrics import greater_is_better
+
+    params = suggest(trial, space)
+    folder = Path(cfg.output_dir) / "trials" / f"trial_{trial.number}"
+    settings = {**cfg.to_dict(), **params, "output_dir": str(folder), "overwrite_output_dir": True}
+    trial_cfg = TrainConfig.model_validate({k: v for k, v in settings.items() if k in TrainConfig.model_fields})
+    logger.info("Trial %d: %s", trial.number, ", ".join(f"{k}={v}" for k, v in params.items()))
+
+    def prune(step: int, results: dict) -> bool:
+        metric = trial_cfg.metric_for_best_model or next(iter(results))
+        value = signed(results.get(metric), greater_is_better(metric, trial_cfg.greater_is_better))
+        trial.report(value, step)
+        return trial.should_prune()
+
+    summary = train.main(trial_cfg, accelerator, on_evaluation=prune)
+    accelerator.free_memory()  # the trial's model and optimizer leave with it
+    if summary is None:
+        raise UserError("the search was preempted; run the same command again to resume it")
+    metric = summary["metric_for_best_model"]
+    trial.set_user_attr("metric", metric)
+    trial.set_user_attr("best_step", summary["best_step"])
+    trial.set_user_attr("value", summary["validation"][metric])
+    if trial.should_prune():
+        raise optuna.TrialPruned()
+    return signed(summary["validation"][metric], greater_is_better(metric, trial_cfg.greater_is_better))
+
+
+def signed(value, greater: bool) -> float:
+    return float("-inf") if value is None else (float(value) if greater else -float(value))
+
+
+def report(study, cfg: TrainConfig, argv: list[str]) -> dict:
+    """tune.json: every trial, the best, and the command that trains it."""
+    trials = [
+        {
+            "number": t.number,
+            "state": t.state.name.lower(),
+            "params": t.params,
+            "metric": t.user_attrs.get("metric"),
+            "value": t.user_attrs.get("value"),
+            "best_step": t.user_attrs.get("best_step"),
+        }
+        for t in study.trials
+    ]
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    if not done:
+        raise UserError(f"no trial finished; see the logs of {Path(cfg.output_dir) / 'trials'}")
+    best = study.best_trial
+    dropped = (*TUNE_FLAGS, "--output_dir", *(f"--{name}" for name in best.params))  # the best's own values follow
+    command = ["agnews", "train", *without(argv, dropped), *(f"--{k}={v}" for k, v in best.params.items())]
+    command += ["--output_dir", str(Path(cfg.output_dir) / "best")]
+    return {
+        "trials": trials,
+        "best": {
+            "number": best.number,
+            "params": best.params,
+            "metric": best.user_attrs["metric"],
+            "value": best.user_attrs["value"],
+            "folder": str(Path(cfg.output_dir) / "trials" / f"trial_{best.number}"),
+        },
+        "command": shlex.join(command),
+    }
+
+
+def without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """`argv` less these flags and their values."""
+    kept, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        name = token.split("=", 1)[0]
+        if name in flags:
+            skip = "=" not in token
+        else:
+            kept.append(token)
+    return kept
+
+
+def keep_only_best(out: Path, summary: dict) -> None:
+    """The other trials' folders removed: a model each is more than a search keeps."""
+    best = Path(summary["best"]["folder"]).name
+    for folder in sorted((out / "trials").glob("trial_*")):
+        if folder.name != best:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    from training.cli import run_command, setup_logging, usage_error  # here: --help comes before torch
+
+    setup_logging()
+    try:
+        args, cfg = parse(sys.argv[1:] if argv is None else argv)
+        if importlib_missing("optuna"):
+            raise ConfigError("tune needs optuna: pip install 'distilbert-agnews[tune]'")
+    except UsageError as exc:
+        return usage_error("agnews tune", exc)
+
+    def work() -> None:
+        summary = tune(args, cfg)
+        best = summary["best"]
+        logger.info(
+            "Best trial %d: %s %.4f with %s; tune.json in %s; train it: %s",
+            best["number"],
+            best["metric"],
+            best["value"],
+            best["params"],
+            cfg.output_dir,
+            summary["command"],
+        )
+
+    return run_command(work)
+
+
+def importlib_missing(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
