@@ -159,11 +159,13 @@ def _add_adapter(folder: Path, shared: SharedBase, base: str, config, recorded: 
         )
     name = f"adapter_{len(shared.model.peft_config)}"
     tensors = load_file(folder / files.ADAPTER_WEIGHTS)
-    with warnings.catch_warnings():  # peft reads transformers' old checkpointing attribute
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
+    def add(_) -> None:
         shared.model.add_adapter(name, PeftConfig.from_pretrained(folder))
-    _fit_head(shared.model, name, tensors)
-    _with_adapter(folder, base, lambda _: set_peft_model_state_dict(shared.model, tensors, adapter_name=name))
+        _fit_head(shared.model, name, tensors)
+        set_peft_model_state_dict(shared.model, tensors, adapter_name=name)
+
+    _with_adapter(folder, base, add)
     _check_keys(folder, shared.model, folder / files.ADAPTER_WEIGHTS, name)
     logger.info("Serving the adapter in %s on the shared base %s", folder, base)
     return AdapterSwitch(shared, name, config)
@@ -206,7 +208,7 @@ def _with_adapter(folder: Path, base: str, load):
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message="Found missing adapter keys")  # checked after, as an error
             return load(peft)
-    except (RuntimeError, ValueError, KeyError, SafetensorError) as exc:
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, SafetensorError) as exc:
         raise CheckpointError(
             f"{folder}: the adapter does not fit its base model {base!r}: {' '.join(str(exc).split())[:200]}"
         ) from None

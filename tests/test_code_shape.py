@@ -180,7 +180,8 @@ def test_every_install_line_takes_torch_from_a_named_pytorch_index():
 
 # training/'s top: what a user runs and the loop's spine; everything else lives in a room named for its job
 TRAINING_TOP = {
-    *("train", "loop", "evaluate", "predict", "push", "download", "check_env", "commands", "arguments", "launch"),
+    *("train", "tune", "loop", "evaluate", "predict", "push", "download", "check_env", "commands", "arguments"),
+    "launch",
     *(
         "cli",
         "config",
@@ -190,6 +191,7 @@ TRAINING_TOP = {
         "smoke",
         "hub",
         "model",
+        "fit_batch",
         "lora",
         "weights",
         "objective",

@@ -510,17 +510,6 @@ def check(cfg: TrainConfig) -> None:
         "must be at least 1 with --torch_compile: a compiled step needs fixed widths (each new one recompiles)",
     )
     need(
-        cfg.optim == "adamw" or cfg.torch_compile in ("auto", "none"),
-        "optim",
-        f"{cfg.optim}: a compiled or captured step (--torch_compile {cfg.torch_compile}) runs AdamW only; use "
-        "--optim adamw, or --torch_compile none",
-    )
-    need(
-        cfg.optim != "adamw_8bit" or importlib.util.find_spec("bitsandbytes") is not None,
-        "optim",
-        "adamw_8bit needs bitsandbytes: pip install bitsandbytes",
-    )
-    need(
         not (cfg.packing and cfg.attn_implementation == "eager"),
         "packing",
         "needs --attn_implementation sdpa (packed texts attend through SDPA or varlen attention)",
@@ -531,7 +520,23 @@ def check(cfg: TrainConfig) -> None:
         f"must be smaller than max_length ({cfg.max_length})",
     )
     _check_lora(cfg, need)
+    _check_optim(cfg, need)
     _check_sources(cfg, need)
+
+
+def _check_optim(cfg: TrainConfig, need) -> None:
+    """Another optimizer than AdamW steps eagerly; the 8-bit one needs bitsandbytes."""
+    need(
+        cfg.optim == "adamw" or cfg.torch_compile in ("auto", "none"),
+        "optim",
+        f"{cfg.optim}: a compiled or captured step (--torch_compile {cfg.torch_compile}) runs AdamW only; use "
+        "--optim adamw, or --torch_compile none",
+    )
+    need(
+        cfg.optim != "adamw_8bit" or importlib.util.find_spec("bitsandbytes") is not None,
+        "optim",
+        "adamw_8bit needs bitsandbytes: pip install bitsandbytes",
+    )
 
 
 def _check_lora(cfg: TrainConfig, need) -> None:

@@ -8,6 +8,7 @@ the start in one line; a changed adapter folder is reloaded. The adapters are wr
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import httpx
@@ -133,7 +134,7 @@ def test_the_lists_name_every_adapter_and_an_unknown_name_is_vllms_404(server, f
     assert httpx.get(f"{server.url}/v2/models/sentiment").status_code == 404
 
 
-def test_another_base_or_a_model_id_that_is_no_adapter_stops_the_start_in_one_line(folders, smoke_checkpoint):
+def test_another_base_or_a_model_id_that_is_no_adapter_stops_the_start_in_one_line(folders, smoke_checkpoint, tmp_path):
     other = run_cli("--model_id", str(folders["topics"]), "--lora_adapters", f"x={folders['elsewhere']}")
     assert other.returncode == 1 and "is not the base the other adapters of this service share" in other.stderr
     assert str(folders["elsewhere"]) in other.stderr and "Traceback" not in other.stderr
@@ -141,6 +142,12 @@ def test_another_base_or_a_model_id_that_is_no_adapter_stops_the_start_in_one_li
     assert plain.returncode == 1 and "not a peft adapter folder" in plain.stderr, plain.stderr
     clash = run_cli("--model_id", str(folders["topics"]), "--lora_adapters", f"{folders['topics']}={folders['tags']}")
     assert clash.returncode == 2 and "LORA_ADAPTERS" in clash.stderr
+    unfit = shutil.copytree(folders["tags"], tmp_path / "unfit")  # its LoRA aims at layers the base does not have
+    config = json.loads((unfit / "adapter_config.json").read_text())
+    (unfit / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["no_such_layer"]}))
+    refused = run_cli("--model_id", str(folders["topics"]), "--lora_adapters", f"x={unfit}")
+    assert refused.returncode == 1 and f"{unfit}: the adapter does not fit" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_a_changed_adapter_folder_is_reloaded_and_the_others_keep_answering(server, folders, tmp_path):

@@ -6,11 +6,13 @@ tune.json with the command that trains the best, and resumes from its SQLite stu
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 
 import pytest
 
+from tests.helpers.docs import block
 from tests.helpers.processes import ROOT, cli_env, describe
 
 pytest.importorskip("optuna", reason="pip install 'distilbert-agnews[tune]' (dev extra)")
@@ -23,8 +25,11 @@ def tune(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_four_trials_find_at_least_the_given_settings_and_a_fifth_resumes_the_study(smoke_dir, tmp_path):
+    """docs/launching.md's command, as written but for its output folder."""
     out = tmp_path / "search"
-    result = tune("--n_trials", "4", "--output_dir", str(out))
+    words = shlex.split(block("docs/launching.md", "agnews tune").code, comments=True)
+    assert words[:4] == ["agnews", "tune", "--preset", "smoke"] and words[-2] == "--output_dir", words
+    result = tune(*words[4:-1], str(out))
     assert result.returncode == 0, describe(result)
     said = json.loads((out / "tune.json").read_text())
     trials, best = said["trials"], said["best"]
