@@ -251,9 +251,10 @@ class OptimizationConfig(_Group):
     scale_lr: Literal["none", "linear"] = "none"
     """'linear' multiplies the learning rate by the number of processes (linear scaling rule); 'none' keeps it."""
     optim: Annotated[Literal["adamw", "adafactor", "adamw_8bit", "sgd"], BeforeValidator(_optimizer)] = "adamw"
-    """The optimizer: 'adamw' (fused, or capturable when the step is compiled or captured: the only one a compiled
-    or captured step runs), 'adafactor' (transformers' Adafactor at the given rate: factored second moments, less
-    memory), 'adamw_8bit' (bitsandbytes' AdamW8bit, 8-bit states; needs bitsandbytes), 'sgd' (momentum 0.9)."""
+    """The optimizer: 'adamw' (fused, or capturable when the step is compiled or captured: the only one a compiled or
+    captured step runs; --torch_compile auto compiles nothing for the others), 'adafactor' (transformers' Adafactor
+    at the given rate: factored second moments, less memory), 'adamw_8bit' (bitsandbytes' AdamW8bit, 8-bit states;
+    needs bitsandbytes), 'sgd' (momentum 0.9)."""
     weight_decay: Annotated[float, _bound(">=", 0)] = 0.01
     """Weight decay of the optimizer; never applied to biases and normalisation weights (LayerNorm, RMSNorm, any
     *Norm layer), as the Trainer does."""

@@ -180,8 +180,7 @@ def optimization(
     compiled: str,
 ):
     """(optimizer, schedule): AdamW capturable with a tensor rate when compiled, except under fp16."""
-    # another optimizer than AdamW steps eagerly after a compiled forward and backward, as fp16's GradScaler does
-    step_compiled = capture.steps_compiled(compiled, accelerator.mixed_precision) and cfg.optim == "adamw"
+    step_compiled = capture.steps_compiled(compiled, accelerator.mixed_precision)
     captured = compiled == capture.WHOLE_STEP  # the fused AdamW, replayed uncompiled (training/speed/step_graph.py)
     optimizer = build_optimizer(model, cfg, learning_rate, capturable=step_compiled or captured, fused=captured)
     scheduler = transformers.get_scheduler(

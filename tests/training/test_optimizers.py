@@ -73,3 +73,20 @@ def test_adafactor_trains_the_smoke_preset_and_the_run_records_it(smoke_dir, tmp
     assert metrics["provenance"]["settings"]["optim"] == "adafactor"
     resumed, _ = run_train([*args, "--optim", "sgd", "--resume_from_checkpoint", "latest"], env=cli_env())
     assert resumed.returncode != 0 and "optim adafactor -> sgd" in resumed.stderr, describe(resumed)
+
+
+def test_auto_compiles_a_long_gpu_run_for_adamw_only():
+    """--torch_compile auto on one GPU: reduce-overhead for AdamW, nothing for the optimizers a compiled step does not
+    run (their clipping and step stay eager and whole)."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from training.speed import capture
+
+    gpu = SimpleNamespace(
+        device=torch.device("cuda"), num_processes=1, distributed_type=DistributedType.NO, mixed_precision="bf16"
+    )
+    for optim, expected in (("adamw", capture.REDUCE_OVERHEAD), ("adafactor", capture.NONE), ("sgd", capture.NONE)):
+        cfg = load_config(["--preset", "smoke", "--optim", optim, "--pad_buckets", "4"])
+        assert capture.for_run(cfg, gpu, total_steps=capture.AUTO_MIN_STEPS) == expected, optim

@@ -182,9 +182,10 @@ def for_run(cfg: TrainConfig, accelerator: Accelerator, total_steps: int) -> str
     """--torch_compile for this run."""
     device, world = accelerator.device, accelerator.num_processes
     distributed = accelerator.distributed_type != DistributedType.NO
-    mode = resolve(
-        cfg.torch_compile, cfg.pad_buckets, device.type, total_steps, world, accelerator.mixed_precision, distributed
-    )
+    # compiled steps run AdamW only (config.py refuses another with a compile mode): `auto` compiles nothing for it
+    requested = cfg.torch_compile if cfg.optim == "adamw" else NONE
+    precision = accelerator.mixed_precision
+    mode = resolve(requested, cfg.pad_buckets, device.type, total_steps, world, precision, distributed)
     if mode == WHOLE_STEP and not step_graph.available(device):
         raise ConfigError(f"torch_compile: whole-step captures CUDA graphs, which a {device.type} device has not")
     attention = cpu_speed.attention_for(cfg.attn_implementation, cfg.fast_dropout, device)
