@@ -10,6 +10,7 @@ folder is kept. The search space: the defaults below, or a YAML file (--search_s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import shlex
@@ -233,7 +234,7 @@ def cli(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         args, cfg = parse(sys.argv[1:] if argv is None else argv)
-        if importlib_missing("optuna"):
+        if importlib.util.find_spec("optuna") is None:
             raise ConfigError("tune needs optuna: pip install 'distilbert-agnews[tune]'")
     except UsageError as exc:
         return usage_error("agnews tune", exc)
@@ -252,12 +253,6 @@ def cli(argv: list[str] | None = None) -> int:
         )
 
     return run_command(work)
-
-
-def importlib_missing(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is None
 
 
 if __name__ == "__main__":

@@ -309,7 +309,7 @@ class Engine:
         finally:
             self.metrics.record_process()
         inference_s = time.perf_counter() - started
-        self._answer(jobs, loaded, found, started, (inference_s, version))
+        self._answer(jobs, loaded, found, (started, inference_s), version)
 
     def _passes(self, items: list, loaded: LoadedModel) -> list[tuple[list, int | None, int | None]]:
         """(items, rows, width) per forward pass; None sizes: dynamic shapes."""
@@ -320,10 +320,10 @@ class Engine:
         passes = forward_buckets(items, limits.max_batch_requests, limits.max_batch_tokens)
         return [(part, None, None) for part in passes]
 
-    def _answer(self, jobs: list[_Job], loaded: LoadedModel, found: dict, started: float, ran: tuple) -> None:
-        """Each job's logits pooled, scored and ranked together; one wake-up per loop. `ran`: (inference seconds,
-        the served version)."""
-        inference_s, version = ran
+    def _answer(self, jobs: list[_Job], loaded: LoadedModel, found: dict, timing: tuple, version: int) -> None:
+        """Each job's logits pooled, scored and ranked together, answered as `version`; one wake-up per loop.
+        `timing`: (when the passes started, their seconds)."""
+        started, inference_s = timing
         pooled = [
             loaded.long_text.pool(
                 torch.stack([found[j, i] for i in range(len(job.features))]), job.owner, len(job.sequences)
