@@ -1,5 +1,5 @@
-"""The problem type of a model: single-label, multi-label or regression, one class each, with its outputs and thresholds
-as config.json carries them. Training, evaluation, prediction and the service ask it.
+"""The problem type of a model: single-label, multi-label, regression or reranking, one class each, with its outputs and
+thresholds as config.json carries them. Training, evaluation, prediction and the service ask it.
 
 A new type is one subclass, registered in PROBLEM_TYPES.
 """
@@ -18,6 +18,7 @@ from contract.errors import UserError
 SINGLE = "single_label_classification"
 MULTI = "multi_label_classification"
 REGRESSION = "regression"
+RERANKING = "reranking"  # ours: config.json leaves problem_type out, as cross-encoders on the Hub do, and lists GRADES
 
 SOFTMAX, SIGMOID, NONE = "softmax", "sigmoid", "none"
 FUNCTIONS = (SOFTMAX, SIGMOID, NONE)
@@ -26,6 +27,7 @@ TIE_MARGIN = 0.02  # fp32's own near-ties are left out
 REGRESSION_TOLERANCE = 0.1  # in standard deviations of fp32's outputs
 THRESHOLDS = "decision_thresholds"  # config.json: one per label, multi-label models only
 DEFAULT_THRESHOLD = 0.5
+GRADES = "relevance_grades"  # config.json: a reranker's training grades; the largest is relevance 1
 CALIBRATION = "calibration"  # config.json: {"method": "none"} or {"method": "temperature", "temperature(s)": ...}
 
 
@@ -45,6 +47,10 @@ class LabelReader(Protocol):
     def row_values(self, labels: Any, row: int, source: str) -> list: ...
 
     def target(self, value: Any, row: int, source: str) -> float: ...
+
+    def grade(self, value: Any, row: int, source: str) -> float: ...
+
+    def relevance(self, value: Any, row: int, source: str) -> float: ...
 
 
 def scored(logits: torch.Tensor, function: str) -> torch.Tensor:
@@ -67,6 +73,7 @@ class ProblemType:
     function: ClassVar[str]  # the default scoring function: the text-classification pipeline's rule
     classes: ClassVar[bool] = True  # labels are classes (else: a value, one output)
     label_lists: ClassVar[bool] = False  # or a delimited string
+    graded: ClassVar[bool] = False  # labels are relevance grades, ranked per query (GRADES in config.json)
     thresholded: ClassVar[bool] = False  # decisions at per-label thresholds (config.json decision_thresholds)
     headline: ClassVar[tuple[str, ...]]  # shown first by cards, plots and summaries
     selection: ClassVar[str]  # the default metric_for_best_model
@@ -94,7 +101,10 @@ class ProblemType:
     def of(config: Any) -> ProblemType:
         """The problem type a transformers config describes."""
         num = int(config.num_labels)
-        problem = ProblemType.named(getattr(config, "problem_type", None) or (MULTI if num == 1 else SINGLE), num)
+        named = getattr(config, "problem_type", None)
+        if not named:  # transformers' pipeline reads one output without a name as one sigmoid
+            named = SINGLE if num > 1 else RERANKING if getattr(config, GRADES, None) else MULTI
+        problem = ProblemType.named(named, num)
         problem.check_outputs(num)
         given = (getattr(config, THRESHOLDS, None) or ()) if problem.thresholded else ()
         numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in given)
@@ -136,7 +146,7 @@ class ProblemType:
         raise NotImplementedError
 
     def cell_values(self, value: Any, row: int, source: str, reader: LabelReader) -> list:
-        """The class values a label cell holds."""
+        """The class values (reranking: the grade) a label cell holds."""
         raise NotImplementedError
 
     def encode(self, value: Any, row: int, source: str, reader: LabelReader) -> Any:
@@ -343,7 +353,57 @@ class Regression(ProblemType):
         return f"regression values within {REGRESSION_TOLERANCE} standard deviations of fp32's"
 
 
-PROBLEM_TYPES: dict[str, type[ProblemType]] = {each.name: each for each in (SingleLabel, MultiLabel, Regression)}
+class Reranking(ProblemType):
+    """One relevance logit per (query, passage) pair: BCE on grades scaled to [0, 1], a sigmoid, ranked per query."""
+
+    name, function, classes, graded = RERANKING, SIGMOID, False, True
+    headline, selection = ("ndcg_at_10", "mrr_at_10", "map"), "ndcg_at_10"
+    metric_sets = ("ranking",)
+    reports = ("largest_errors",)  # the pairs scored furthest from their relevance
+    card_tag = "text-ranking"
+
+    def check_outputs(self, num: int) -> None:
+        if num != 1:
+            raise ProblemTypeError(f"config.json: a {RERANKING} model has one output (has {num} in id2label)")
+
+    def config_fields(self) -> dict[str, Any]:
+        return {"problem_type": None}  # transformers knows three names; LabelSpace adds GRADES
+
+    def decisions(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores[..., 0]
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
+        """Binary cross-entropy on the relevance in [0, 1]: graded labels are soft targets."""
+        return F.binary_cross_entropy_with_logits(logits.float().squeeze(-1), labels.float(), reduction="none")
+
+    def cell_values(self, value: Any, row: int, source: str, reader: LabelReader) -> list:
+        return [reader.grade(value, row, source)]
+
+    def encode(self, value: Any, row: int, source: str, reader: LabelReader) -> float:
+        return reader.relevance(value, row, source)
+
+    def example(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor([[0.9], [0.2], [0.6]]), torch.tensor([1.0, 0.0, 0.5])
+
+    def prediction_names(self, labels: list[str]) -> list[str]:
+        return ["predicted_score"]
+
+    def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+        return {"predicted_score": decided.numpy()}
+
+    def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The sigmoid's side of 0.5; near-0.5 scores are ties."""
+        expected, got = ref[:, 0].sigmoid(), out[:, 0].sigmoid()
+        decided = (expected - DEFAULT_THRESHOLD).abs() >= TIE_MARGIN
+        return ((got >= DEFAULT_THRESHOLD) == (expected >= DEFAULT_THRESHOLD))[decided], int((~decided).sum())
+
+    def agreement_rule(self) -> str:
+        return f"relevance decisions at {DEFAULT_THRESHOLD}, ties within {TIE_MARGIN} left out"
+
+
+PROBLEM_TYPES: dict[str, type[ProblemType]] = {
+    each.name: each for each in (SingleLabel, MultiLabel, Regression, Reranking)
+}
 
 
 def calibration_of(config: Any) -> dict:

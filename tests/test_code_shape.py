@@ -137,7 +137,7 @@ def test_training_and_serving_stand_side_by_side_on_the_contract():
     assert {"training.evaluate", "inference.engine.service"} <= {m for m in graph if "contract.loading" in graph[m]}
 
 
-TYPE_NAMES = {"problem_type", "SINGLE", "MULTI", "REGRESSION"}
+TYPE_NAMES = {"problem_type", "SINGLE", "MULTI", "REGRESSION", "RERANKING"}
 
 
 def _names_a_problem_type(node: ast.AST) -> bool:

@@ -186,6 +186,10 @@ class DataConfig(_Group):
     do_regression: bool | None = None
     """Regression (one output, MSE loss). Default: a float label column is regression (the transformers examples' rule),
     anything else classification; false keeps whole-number floats as classes."""
+    problem_type: Literal["reranking"] | None = None
+    """'reranking': (query, passage) pairs with 0/1 or graded relevance labels (text_pair_column names the passages)
+    train one relevance logit with binary cross-entropy, graded labels as soft targets (grade / largest grade);
+    validation ranks each query's passages (NDCG@10, MRR@10, MAP). Default: read from the label column."""
     remove_columns: Names | None = None
     """Columns to drop from every split before anything else (comma-separated)."""
     shuffle_train_dataset: bool = False
@@ -354,11 +358,13 @@ class EvaluationConfig(_Group):
 
 
 class RunConfig(_Group):
-    preset: Literal["smoke", "smoke-multi-label", "smoke-regression", "smoke-long"] | None = None
+    preset: Literal["smoke", "smoke-multi-label", "smoke-regression", "smoke-reranking", "smoke-long"] | None = None
     """'smoke': offline synthetic news data, a tokenizer trained on it and a tiny DistilBERT (CPU, < 1 min).
     'smoke-multi-label' and 'smoke-regression': the same on the generator's multi-label topics and scored stories;
+    'smoke-reranking': (query, passage) pairs with 0/1 relevance, 8 passages a query, a reranker fine-tuned from the
+    pretrained MiniLM of the minilm extra (offline, about a minute on 2 cores);
     'smoke-long': long stories whose label sits past the first window, with --long_text chunk and 48-token windows.
-    Each writes its own folder: checkpoints (smoke), runs/smoke-multi-label, runs/smoke-regression, runs/smoke-long.
+    Each writes its own folder: checkpoints (smoke), runs/smoke-<name> for the others.
     Own data with another --model_name_or_path leaves its from_scratch, learning rate and max_length at defaults."""
     logging_steps: AtLeast1 = 50
     """Log the loss (mean over all ranks) every N optimizer steps; a short run more often (5 points at least)."""
@@ -446,6 +452,18 @@ def presets() -> dict[str, dict[str, Any]]:
         bundle["label_column"] = "labels" if name == "multi-label" else "score"
         bundle["output_dir"] = f"runs/smoke-{name}"  # beside checkpoints/ (the smoke model the README serves)
         bundles[f"smoke-{name}"] = bundle
+    bundles["smoke-reranking"] = {  # the pretrained MiniLM: a tiny random model learns the pairs too slowly
+        **{k: v for k, v in bundles["smoke"].items() if k not in ("label_names", "from_scratch")},
+        **{f"{split}_file": str(root / f"reranking_{split}.csv") for split in ("train", "validation", "test")},
+        "model_name_or_path": "minilm",
+        "text_column_names": ["query"],
+        "text_pair_column": "passage",
+        "label_column": "relevance",
+        "problem_type": "reranking",
+        "num_train_epochs": 1,
+        "learning_rate": 1e-4,
+        "output_dir": "runs/smoke-reranking",
+    }
     bundles["smoke-long"] = {
         **bundles["smoke"],
         "train_file": str(root / "long_train.csv"),
@@ -522,7 +540,23 @@ def check(cfg: TrainConfig) -> None:
     )
     _check_lora(cfg, need)
     _check_optim(cfg, need)
+    _check_reranking(cfg, need)
     _check_sources(cfg, need)
+
+
+def _check_reranking(cfg: TrainConfig, need) -> None:
+    """A reranker reads (query, passage) pairs and one relevance column."""
+    reranking = bool(cfg.problem_type)  # the one type the flag names
+    need(
+        not reranking or bool(cfg.text_pair_column),
+        "problem_type",
+        "reranking scores (query, passage) pairs: name the passage column with --text_pair_column",
+    )
+    need(
+        not reranking or not (cfg.do_regression or cfg.label_delimiter),
+        "problem_type",
+        "reranking excludes --do_regression and --label_delimiter",
+    )
 
 
 def _check_optim(cfg: TrainConfig, need) -> None:

@@ -165,7 +165,7 @@ def load_config(argv: list[str] | None = None) -> TrainConfig:
         values.update(presets()[preset])
     values.update(from_yaml)
     values.update(cli)
-    if preset is not None and preset.startswith("smoke"):
+    if preset is not None and presets()[preset].get("from_scratch"):  # a tiny random model's preset
         given = {**from_yaml, **cli}
         refuse_own_data(preset, given)
         named, own = given.get("model_name_or_path"), presets()[preset]["model_name_or_path"]

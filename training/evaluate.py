@@ -21,6 +21,7 @@ from contract.errors import CheckpointError
 from contract.files import file_sha256
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
+from contract.problem_types import GRADES
 from training import arguments, calibration
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
@@ -67,7 +68,9 @@ class SavedModel:
         """The run's label values, else class ids or names."""
         names, problem_type = self.loaded.labels, self.loaded.problem.name
         values = self.label_values
-        if not self.loaded.problem.classes:
+        if self.loaded.problem.graded:  # the grades the model learnt, scaled by the largest
+            values = list(getattr(self.loaded.model.config, GRADES, None) or [0, 1])
+        elif not self.loaded.problem.classes:
             values = []
         elif values is None:
             first = ds[0][column] if len(ds) else None

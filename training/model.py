@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from contract import files
 from contract.errors import UserError
 from contract.padding import ensure_pad_token, match_pad_token
+from contract.problem_types import GRADES
 from contract.quiet import quiet_transformers
 from training import calibration
 from training.config import TrainConfig
@@ -70,9 +71,11 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
         config = AutoConfig.from_pretrained(cfg.model_name_or_path, **fields, **hub_options(cfg))
         for name, value in cfg.long_text_rule().config_fields().items():  # fields of ours: from_pretrained drops them
             setattr(config, name, value)
-        for field in (files.WEIGHTS_SHA256, files.ADAPTER_BASE):  # fine-tuning one of our checkpoints: not ours
+        for field in (files.WEIGHTS_SHA256, files.ADAPTER_BASE, GRADES):  # fine-tuning one of our checkpoints: not ours
             if hasattr(config, field):
                 delattr(config, field)
+        if labels.problem.graded:
+            setattr(config, GRADES, labels.values)
         # the run's end records what it calibrates
         setattr(config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
         if cfg.dropout is not None:  # e.g. DistilBERT: dropout, attention_dropout, seq_classif_dropout

@@ -38,7 +38,7 @@ def class_weights(spec: str, labels: LabelSpace, targets: list) -> torch.Tensor 
     if spec == "none":
         return None
     if not labels.problem.classes:
-        raise DataError("class_weights: a regression model has no classes; leave it at 'none'")
+        raise DataError(f"class_weights: a {labels.problem.name} model has no classes; leave it at 'none'")
     count = len(labels.names)
     if spec == "balanced":
         return labels.problem.balanced_weights(targets, count)
@@ -61,5 +61,5 @@ def problem_type_defaults(cfg: TrainConfig, problem: ProblemType) -> TrainConfig
 
 def objective_for(cfg: TrainConfig, labels: LabelSpace, targets: list) -> Objective:
     if not labels.problem.classes and cfg.label_smoothing_factor:
-        raise DataError("label_smoothing_factor: a regression target cannot be smoothed; leave it at 0")
+        raise DataError(f"label_smoothing_factor: a {labels.problem.name} target cannot be smoothed; leave it at 0")
     return Objective(labels.problem, class_weights(cfg.class_weights, labels, targets), cfg.label_smoothing_factor)

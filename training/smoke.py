@@ -1,5 +1,5 @@
 """Offline smoke preset: synthetic 4-class news, a WordPiece tokenizer trained on it, a tiny DistilBERT; plus
-multi-label, regression, pair and long-document sets. Built once into a cache folder.
+multi-label, regression, pair, reranking and long-document sets. Built once into a cache folder.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ if TYPE_CHECKING:  # the preset's paths load without them (--help)
 
 from training.output.atomic import staging_dir
 
-SMOKE_VERSION = 7
+SMOKE_VERSION = 11
 LABELS = ("World", "Sports", "Business", "Sci/Tech")
 NUM_TRAIN, NUM_TEST = 3000, 600
 NUM_LONG_TRAIN, NUM_LONG_TEST = 1200, 200
+QUERIES = {"train": (150, 7), "validation": (30, 8), "test": (40, 9)}  # (queries, seed) per reranking split
+PASSAGES_PER_QUERY = 8
 LABEL_NOISE = 0.02  # keeps the task from being trivially perfect
 
 _WORDS = {
@@ -261,6 +263,21 @@ def make_regression(num: int, seed: int) -> list[dict]:
     return rows
 
 
+def make_reranking(num: int, seed: int) -> list[dict]:
+    """(query, passage, relevance) rows: a query names a subject of one topic; that topic's stories are relevant (1 to
+    3 of each query's 8), the others not."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num):
+        topic = rng.choice(LABELS)
+        query = rng.choice(_WORDS[topic]["subject"])
+        relevant = rng.randint(1, 3)
+        for i in range(PASSAGES_PER_QUERY):
+            other = topic if i < relevant else rng.choice([t for t in LABELS if t != topic])
+            rows.append({"query": query, "passage": _sentence(rng, other), "relevance": int(i < relevant)})
+    return rows
+
+
 LONG_SENTENCES, LONG_EVIDENCE_AFTER = 11, 7  # filler sentences per long story; the label's sentence never before
 
 
@@ -340,14 +357,19 @@ def _write_other_tasks(folder: Path) -> None:
     """The other sets, each with its own seed."""
     for split, (num, seed) in {"train": (NUM_LONG_TRAIN, 5), "test": (NUM_LONG_TEST, 6)}.items():
         _write_csv(folder / f"long_{split}.csv", make_long_documents(num, seed))
+    for split, (num, seed) in QUERIES.items():
+        _write_rows(folder / f"reranking_{split}.csv", make_reranking(num, seed))
     for split, (num, seed) in {"train": (NUM_TRAIN, 3), "test": (NUM_TEST, 4)}.items():
         with open(folder / f"multi_label_{split}.jsonl", "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(row) + "\n" for row in make_multi_label(num, seed))
-        scored = make_regression(num, seed + 10)
-        with open(folder / f"regression_{split}.csv", "w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(scored[0]))
-            writer.writeheader()
-            writer.writerows(scored)
+        _write_rows(folder / f"regression_{split}.csv", make_regression(num, seed + 10))
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def ensure_smoke_assets(root: Path | None = None) -> Path:

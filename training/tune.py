@@ -74,7 +74,7 @@ def search_space(cfg: TrainConfig, path: Path | None) -> dict[str, dict[str, Any
             raise ConfigError(f"search_space: {path} cannot be read as YAML ({exc})") from None
     else:
         space = {**DEFAULT_SPACE, **(LORA_SPACE if cfg.lora_r else {})}
-        if not (cfg.do_regression or cfg.preset == "smoke-regression"):
+        if not (cfg.do_regression or cfg.problem_type or cfg.preset == "smoke-regression"):  # no classes
             space.update(CLASSIFICATION_SPACE)
     unknown = [name for name in space or {} if name not in TrainConfig.model_fields]
     if not isinstance(space, dict) or not space or unknown:

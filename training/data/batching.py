@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from contract import shapes
 from training.config import TrainConfig
 from training.data.errors import DataError
-from training.data.reading import Splits
+from training.data.reading import QUERY, Splits
 from training.speed import capture, packing
 
 GPU_LOADER_WORKERS = 2  # a captured step must not wait on collation
@@ -91,7 +91,7 @@ def _model_columns(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, *ex
     return ds.select_columns(keep)
 
 
-NOT_MODEL_INPUTS = ("labels", "document")  # batch keys the model is not called with
+NOT_MODEL_INPUTS = ("labels", "document", QUERY)  # batch keys the model is not called with
 
 
 def model_inputs(batch: dict) -> dict:
@@ -213,5 +213,5 @@ def make_eval_loader(
     lengths = list(ds["length"])
     by_length = ds.select(sorted(range(len(ds)), key=lengths.__getitem__))
     return DataLoader(
-        _model_columns(by_length, tokenizer, "document"), batch_size=batch_size, shuffle=False, **loader_kwargs
+        _model_columns(by_length, tokenizer, "document", QUERY), batch_size=batch_size, shuffle=False, **loader_kwargs
     )

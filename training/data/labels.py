@@ -40,12 +40,24 @@ def _target(value, source: str, row: int) -> float:
     return float(value)
 
 
+def _grade(value, source: str, row: int) -> float:
+    """A relevance grade: a finite number at least 0 (true/false as 1/0)."""
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise DataError(f"{source}: row {row}: relevance {value!r} is not a number >= 0 (reranking: 0/1 or grades)")
+    return float(value)
+
+
 def _is_list_feature(feature) -> bool:
     return isinstance(feature, (datasets.Sequence, datasets.List, datasets.LargeList))
 
 
-def _problem_type(feature, values: list, delimiter: str | None, regression: bool | None) -> str:
-    """run_classification.py's rule: lists are multi-label, floats regression, else single-label."""
+def _problem_type(feature, values: list, cfg: TrainConfig) -> str:
+    """--problem_type, else run_classification.py's rule: lists are multi-label, floats regression, else single."""
+    delimiter, regression = cfg.label_delimiter, cfg.do_regression
+    if cfg.problem_type:
+        return cfg.problem_type
     if regression:
         return REGRESSION
     if delimiter is not None or _is_list_feature(feature) or any(isinstance(v, list) for v in values):
@@ -133,8 +145,8 @@ class LabelSpace:
     @classmethod
     def of_training_data(cls, ds: datasets.Dataset, source: str, column: str, cfg: TrainConfig) -> LabelSpace:
         feature, raw = ds.features[column], ds[column]
-        problem = ProblemType.named(_problem_type(feature, raw, cfg.label_delimiter, cfg.do_regression))
-        if not problem.label_lists and cfg.do_regression is None:
+        problem = ProblemType.named(_problem_type(feature, raw, cfg))
+        if not problem.label_lists and cfg.do_regression is None and not problem.graded:
             _check_one_label_type(feature, raw, source, column)
         if cfg.threshold_strategy == "per_label" and not problem.thresholded:
             raise DataError(
@@ -150,8 +162,14 @@ class LabelSpace:
             seen = {v for row, cell in enumerate(raw, start=1) for v in problem.cell_values(cell, row, source, space)}
         if not problem.classes:
             if names and len(names) != 1:
-                raise DataError(f"label_names: a regression model has one output; give one name (got {len(names)})")
-            return cls(values=[], names=list(names or [column]), source=source, problem_type=problem.name)
+                raise DataError(f"label_names: a {problem.name} model has one output; give one name (got {len(names)})")
+            grades = sorted(seen)  # reranking's; regression has none
+            if problem.graded and (len(grades) < 2 or grades[0] != 0):
+                raise DataError(
+                    f"{source}: column {column!r} holds relevance {', '.join(f'{g:g}' for g in grades)}: reranking "
+                    "needs 0 (not relevant) and at least one higher grade"
+                )
+            return cls(values=grades, names=list(names or [column]), source=source, problem_type=problem.name)
         if isinstance(inner, datasets.ClassLabel):
             values, found = list(range(inner.num_classes)), list(inner.names)
         else:
@@ -188,6 +206,17 @@ class LabelSpace:
 
     def target(self, value, row: int, source: str) -> float:
         return _target(value, source, row)
+
+    def grade(self, value, row: int, source: str) -> float:
+        return _grade(value, source, row)
+
+    def relevance(self, value, row: int, source: str) -> float:
+        """A grade over the largest training grade: the BCE target in [0, 1]."""
+        top = max(self.values) if self.values else 1.0
+        grade = _grade(value, source, row)
+        if grade > top:
+            raise DataError(f"{source}: row {row}: relevance {value!r} is above the training data's largest, {top:g}")
+        return grade / top
 
     def row_values(self, labels, row: int, source: str | None = None) -> list:
         """A multi-label row's values; empty is an error."""

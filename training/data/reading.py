@@ -157,11 +157,18 @@ def with_texts(ds: datasets.Dataset, cfg: TrainConfig) -> datasets.Dataset:
     return ds.map(join, batched=True, remove_columns=ds.column_names, desc="Joining text columns")
 
 
+QUERY = "query"  # a reranker's rows: the id of their first text, ranked together
+
+
 def labelled(ds: datasets.Dataset, source: str, cfg: TrainConfig, labels: LabelSpace) -> datasets.Dataset:
-    """Validated `text` and `labels` columns."""
+    """Validated `text` and `labels` columns; `query` for a reranker."""
     require_columns(ds, source, [cfg.label_column])
     check_texts(ds, source, cfg)
-    return with_texts(ds, cfg).add_column("labels", labels.encode(ds, source, cfg.label_column))
+    out = with_texts(ds, cfg).add_column("labels", labels.encode(ds, source, cfg.label_column))
+    if not labels.problem.graded:
+        return out
+    ids: dict[str, int] = {}
+    return out.add_column(QUERY, [ids.setdefault(text, len(ids)) for text in out["text"]])
 
 
 def _subsample(ds: datasets.Dataset, n: int | None, seed: int) -> datasets.Dataset:

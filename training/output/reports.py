@@ -65,7 +65,8 @@ def write_reports(root: Path, evaluated: Evaluated) -> int:
 def report_table(per_class: dict[str, dict[str, float]], metrics: dict[str, Any]) -> str:
     """The terminal summary table."""
     if not per_class:
-        return "\n".join(f"{k:<12} {metrics[k]:>9.4f}" for k in ("mse", "mae", "r2", "pearson", "spearman", "loss"))
+        shown = ("mse", "mae", "r2", "pearson", "spearman", "ndcg_at_10", "mrr_at_10", "map", "loss")  # no classes
+        return "\n".join(f"{k:<12} {metrics[k]:>9.4f}" for k in shown if k in metrics)
     multi = "micro_f1" in metrics
     width = max(16 if multi else 12, *(len(name) for name in per_class))
     lines = [f"{'label' if multi else 'class':<{width}} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>9}"]

@@ -99,6 +99,38 @@ def regression(predictions, references, names: Sequence[str]) -> dict:
     }
 
 
+RANKED = 10  # NDCG@10 and MRR@10, as sentence-transformers' CrossEncoderRerankingEvaluator reports them
+
+
+def _one_query(scores: torch.Tensor, grades: torch.Tensor) -> tuple[float, float, float]:
+    """(NDCG@10, MRR@10, average precision) of one query's passages; gains are the grades."""
+    order = grades[scores.argsort(descending=True, stable=True)]
+    discounts = 1 / torch.log2(torch.arange(2, len(grades) + 2, dtype=torch.float64))
+    top = min(RANKED, len(grades))
+    ideal = (grades.sort(descending=True).values[:top] * discounts[:top]).sum()
+    ndcg = ((order[:top] * discounts[:top]).sum() / ideal).item()
+    relevant = order > 0
+    first = relevant[:top].nonzero()
+    mrr = 1 / (first[0, 0].item() + 1) if len(first) else 0.0
+    hits = relevant.cumsum(0)[relevant].double()
+    precision = hits / (relevant.nonzero()[:, 0] + 1)
+    return ndcg, mrr, precision.mean().item()
+
+
+def ranking(predictions, references, names: Sequence[str], groups=None) -> dict:
+    """NDCG@10, MRR@10 and MAP over queries (`groups`: each row's query) with a relevant passage; 0 without one."""
+    scores, grades = torch.as_tensor(predictions).double(), torch.as_tensor(references).double()
+    groups = torch.zeros(len(grades), dtype=torch.long) if groups is None else torch.as_tensor(groups)
+    per_query = [
+        _one_query(scores[groups == query], grades[groups == query])
+        for query in groups.unique().tolist()
+        if (grades[groups == query] > 0).any()
+    ]
+    means = torch.tensor(per_query, dtype=torch.float64).mean(0).tolist() if per_query else [0.0] * 3
+    return {"ndcg_at_10": means[0], "mrr_at_10": means[1], "map": means[2], "queries": len(per_query)}
+
+
 BUILTIN: dict[str, Callable[..., dict]] = {
-    f.__name__: f for f in (accuracy, macro_f1, classification_report, multilabel, regression)
+    f.__name__: f for f in (accuracy, macro_f1, classification_report, multilabel, regression, ranking)
 }
+GROUPED = {"ranking"}  # sets scored per query

@@ -13,7 +13,7 @@ from accelerate.logging import get_logger
 
 from contract.errors import UserError
 from contract.problem_types import ProblemType
-from training.scoring.builtin import BUILTIN
+from training.scoring.builtin import BUILTIN, GROUPED
 
 logger = get_logger(__name__)  # the main process says it
 
@@ -97,13 +97,14 @@ class MetricSuite:
         decided = replace(self.problem, thresholds=tuple(thresholds)).decisions(scores)
         return self.problem.metric_inputs(decided, references)
 
-    def compute(self, scores: torch.Tensor, references: torch.Tensor, thresholds=()) -> tuple[dict, dict]:
-        """(flat metrics with per-class figures, per-class report)."""
+    def compute(self, scores: torch.Tensor, references: torch.Tensor, thresholds=(), groups=None) -> tuple[dict, dict]:
+        """(flat metrics with per-class figures, per-class report); `groups`: each text's query, for rerankers."""
         predictions, refs = self._inputs(scores, references, thresholds or self.problem.thresholds)
         results: dict = {}
         report: dict = {}
         for name in self.problem.metric_sets:
-            for key, value in BUILTIN[name](predictions, refs, self.label_names).items():
+            grouped = {"groups": groups} if name in GROUPED else {}
+            for key, value in BUILTIN[name](predictions, refs, self.label_names, **grouped).items():
                 if key in ("per_class", "confusion_matrix"):
                     report[key] = value
                 else:
