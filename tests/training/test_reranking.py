@@ -121,10 +121,11 @@ def test_rerank_over_http_ranks_each_test_query_as_training_scored_it(reranker, 
 
 
 def test_evaluate_and_predict_score_a_reranker_by_query(reranker, smoke_dir, tmp_path):
-    """`agnews evaluate` on the test file reports the test metrics training recorded; `agnews predict` writes each
-    pair's relevance score."""
+    """`agnews evaluate` on 2 processes (gloo) reports the test metrics training recorded on one: each query's passages
+    gathered whole; `agnews predict` writes each pair's relevance score."""
     test_file = str(smoke_dir / "reranking_test.csv")
-    result, _ = launch(["-m", "training.evaluate", "--checkpoint_dir", str(reranker), "--test_file", test_file])
+    args = ["-m", "training.evaluate", "--checkpoint_dir", str(reranker), "--test_file", test_file]
+    result, _ = launch([*args, "--per_device_eval_batch_size", "7"], processes=2)  # queries split across ranks
     assert result.returncode == 0, describe(result)
     evaluated = json.loads((reranker / files.EVAL_RESULTS).read_text())["metrics"]
     recorded = json.loads((reranker / files.METRICS).read_text())["test"]
