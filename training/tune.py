@@ -1,4 +1,5 @@
-"""`agnews tune`: a hyper-parameter search over training runs with optuna, in this process, one trial after another.
+"""`agnews tune`: a hyper-parameter search over training runs with optuna, one trial after another, each on every
+process of the launch (`accelerate launch -m training.tune` runs each trial with DDP; the main process holds the study).
 
 Each trial is a whole run of train.main in --output_dir/trials/trial_N, pruned (optuna's median rule) on the
 validation metric of each evaluation; the first trial is the settings as given, so the best is never worse than
@@ -16,10 +17,12 @@ import logging
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+from accelerate.utils import broadcast_object_list
 
 from contract.errors import UsageError, UserError
 from training.config import ConfigError, TrainConfig
@@ -108,14 +111,33 @@ def suggest(trial, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def tune(args: argparse.Namespace, cfg: TrainConfig) -> dict:
-    """Run the study to --n_trials (or --timeout); tune.json's content."""
-    import optuna
-
+    """Run the study to --n_trials (or --timeout); tune.json's content on the main process, {} on the others."""
     from training import train
+
+    space = search_space(cfg, args.search_space)
+    accelerator = train.make_accelerator(cfg)
+    study = open_study(args, cfg, space) if accelerator.is_main_process else None
+    started = time.monotonic()
+    while True:
+        trial = next_trial(study, args, started) if study is not None else None
+        params = shared(accelerator, suggest(trial, space) if trial is not None else None)
+        if params is None:
+            break
+        run_trial(study, trial, params, cfg, accelerator)
+    if study is None:
+        return {}
+    summary = report(study, cfg, args.argv)
+    (Path(cfg.output_dir) / "tune.json").write_text(json.dumps(summary, indent=2))
+    keep_only_best(Path(cfg.output_dir), summary)
+    return summary
+
+
+def open_study(args: argparse.Namespace, cfg: TrainConfig, space: dict):
+    """The study in --output_dir/tune.db, created or resumed; the settings as given queued first."""
+    import optuna
 
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    space = search_space(cfg, args.search_space)
     study = optuna.create_study(
         study_name=STUDY,
         storage=f"sqlite:///{out / 'tune.db'}",
@@ -124,48 +146,62 @@ def tune(args: argparse.Namespace, cfg: TrainConfig) -> dict:
         sampler=optuna.samplers.TPESampler(seed=args.tune_seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2),
     )
-    if not study.trials:  # the settings as given come first: the best is never worse than them
+    if not study.trials:  # the best is never worse than the settings as given
         study.enqueue_trial({name: getattr(cfg, name) for name in space}, skip_if_exists=True)
-    accelerator = train.make_accelerator(cfg)
-    left = args.n_trials - len([t for t in study.trials if t.state.is_finished()])
-    if left > 0:
-        study.optimize(lambda trial: run_trial(trial, cfg, space, accelerator), n_trials=left, timeout=args.timeout)
-    summary = report(study, cfg, args.argv)
-    (out / "tune.json").write_text(json.dumps(summary, indent=2))
-    keep_only_best(out, summary)
-    return summary
+    return study
 
 
-def run_trial(trial, cfg: TrainConfig, space: dict, accelerator) -> float:
-    """One training run with the trial's settings; its best validation metric, signed (greater is better)."""
-    import optuna
+def next_trial(study, args: argparse.Namespace, started: float):
+    """optuna's next trial, or None once --n_trials have finished or --timeout has passed."""
+    finished = len([t for t in study.trials if t.state.is_finished()])
+    late = args.timeout is not None and time.monotonic() - started > args.timeout
+    return None if finished >= args.n_trials or late else study.ask()
+
+
+def shared(accelerator, value):
+    """The main process's value on every process (trials run on all of them, the study on the main one)."""
+    return broadcast_object_list([value])[0] if accelerator.num_processes > 1 else value
+
+
+def run_trial(study, trial, params: dict, cfg: TrainConfig, accelerator) -> None:
+    """One training run on every process with the trial's settings; the main process tells the study its best
+    validation metric, signed (greater is better), or that it was pruned."""
+    from optuna.trial import TrialState
 
     from training import train
     from training.scoring.metrics import greater_is_better
 
-    params = suggest(trial, space)
-    folder = Path(cfg.output_dir) / "trials" / f"trial_{trial.number}"
+    number = shared(accelerator, trial.number if trial is not None else None)
+    folder = Path(cfg.output_dir) / "trials" / f"trial_{number}"
     settings = {**cfg.to_dict(), **params, "output_dir": str(folder), "overwrite_output_dir": True}
     trial_cfg = TrainConfig.model_validate({k: v for k, v in settings.items() if k in TrainConfig.model_fields})
-    logger.info("Trial %d: %s", trial.number, ", ".join(f"{k}={v}" for k, v in params.items()))
+    logger.info("Trial %d: %s", number, ", ".join(f"{k}={v}" for k, v in params.items()))
+
+    def value_of(results: dict, metric: str) -> float:
+        return signed(results.get(metric), greater_is_better(metric, trial_cfg.greater_is_better))
 
     def prune(step: int, results: dict) -> bool:
-        metric = trial_cfg.metric_for_best_model or next(iter(results))
-        value = signed(results.get(metric), greater_is_better(metric, trial_cfg.greater_is_better))
-        trial.report(value, step)
-        return trial.should_prune()
+        if trial is not None:
+            trial.report(value_of(results, trial_cfg.metric_for_best_model or next(iter(results))), step)
+        return shared(accelerator, trial.should_prune() if trial is not None else None)
 
     summary = train.main(trial_cfg, accelerator, on_evaluation=prune)
     accelerator.free_memory()  # the trial's model and optimizer leave with it
     if summary is None:
         raise UserError("the search was preempted; run the same command again to resume it")
+    if trial is None:
+        return
     metric = summary["metric_for_best_model"]
-    trial.set_user_attr("metric", metric)
-    trial.set_user_attr("best_step", summary["best_step"])
-    trial.set_user_attr("value", summary["validation"][metric])
+    for key, value in {
+        "metric": metric,
+        "best_step": summary["best_step"],
+        "value": summary["validation"][metric],
+    }.items():
+        trial.set_user_attr(key, value)
     if trial.should_prune():
-        raise optuna.TrialPruned()
-    return signed(summary["validation"][metric], greater_is_better(metric, trial_cfg.greater_is_better))
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, value_of(summary["validation"], metric))
 
 
 def signed(value, greater: bool) -> float:
@@ -241,6 +277,8 @@ def cli(argv: list[str] | None = None) -> int:
 
     def work() -> None:
         summary = tune(args, cfg)
+        if not summary:  # not the main process
+            return
         best = summary["best"]
         logger.info(
             "Best trial %d: %s %.4f with %s; tune.json in %s; train it: %s",

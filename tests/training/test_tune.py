@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.helpers.docs import block
-from tests.helpers.processes import ROOT, cli_env, describe
+from tests.helpers.processes import ROOT, cli_env, describe, launch
 
 pytest.importorskip("optuna", reason="pip install 'distilbert-agnews[tune]' (dev extra)")
 pytestmark = pytest.mark.slow
@@ -74,3 +74,18 @@ def test_a_run_stops_at_the_evaluation_its_hook_says_to(smoke_dir, tmp_path):
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)  # the next test file's Accelerator starts afresh
     assert seen == [10] and summary["global_step"] == 10
+
+
+def test_under_accelerate_launch_each_trial_runs_on_both_processes(smoke_dir, tmp_path):
+    """`accelerate launch -m training.tune` with 2 processes (gloo): the main process holds the study and every trial
+    trains with DDP on both, their settings and pruning decisions shared; one tune.json, written once."""
+    out = tmp_path / "search"
+    args = ["--preset", "smoke", "--n_trials", "2", "--num_samples", "400", "--num_train_epochs", "1"]
+    result, _ = launch(["-m", "training.tune", *args, "--output_dir", str(out)], processes=2)
+    assert result.returncode == 0, describe(result)
+    said = json.loads((out / "tune.json").read_text())
+    assert [(t["number"], t["state"]) for t in said["trials"]] == [(0, "complete"), (1, "complete")]
+    assert said["trials"][0]["params"]["learning_rate"] == 2e-3  # the preset's settings first
+    best = json.loads((out / "trials" / f"trial_{said['best']['number']}" / "metrics.json").read_text())
+    assert best["world_size"] == 2 and best["validation"]["accuracy"] == said["best"]["value"]
+    assert result.stdout.count("Best trial") + result.stderr.count("Best trial") == 1
