@@ -71,11 +71,30 @@ def evaluate() -> argparse.ArgumentParser:
 
 
 def predict() -> argparse.ArgumentParser:
-    parser = _checkpoint_parser("training.predict", "Label a csv, jsonl or parquet file with a checkpoint.")
-    parser.add_argument("--input_file", required=True, help="csv, jsonl or parquet with the text column(s)")
+    parser = _checkpoint_parser("training.predict", "Label csv, jsonl or parquet files with a checkpoint.")
     parser.add_argument(
-        "--output_file", required=True, help=f"{', '.join(OUTPUT_SUFFIXES)}: the format follows the extension"
+        "--input_file",
+        required=True,
+        help="csv, jsonl or parquet with the text column(s); or many: a glob ('shards/*.parquet'), a folder, or an "
+        "fsspec URL (s3://bucket/shards/*.parquet with s3fs installed) with --output_dir",
     )
+    out = parser.add_mutually_exclusive_group(required=True)
+    out.add_argument("--output_file", help=f"{', '.join(OUTPUT_SUFFIXES)}: the format follows the extension")
+    out.add_argument(
+        "--output_dir",
+        help="one output per input shard, same stem, written atomically; a rerun skips the shards already done with "
+        "this model",
+    )
+    parser.add_argument(
+        "--output_format", choices=[s[1:] for s in OUTPUT_SUFFIXES], help="with --output_dir; default: the input's"
+    )
+    parser.add_argument(
+        "--ray", action="store_true", help="score the shards with Ray Data (map_batches over model replicas)"
+    )
+    parser.add_argument("--ray_address", help="an existing Ray cluster (ray://host:10001 or auto); default: a local one")
+    parser.add_argument("--num_replicas", type=int, default=1, help="with --ray: model replicas (actors)")
+    parser.add_argument("--replica_cpus", type=float, default=1, help="with --ray: CPUs per replica (its threads)")
+    parser.add_argument("--replica_gpus", type=float, default=0, help="with --ray: GPUs per replica")
     _data_arguments(parser)
     parser.add_argument(
         "--overwrite_prediction_columns",

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
 from contract.model_call import forward
-from training import arguments
+from training import arguments, shards
 from training.arguments import OUTPUT_SUFFIXES
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
@@ -42,11 +42,24 @@ logger = get_logger(__name__)
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = arguments.predict()
     args = parser.parse_args(argv)
-    if Path(args.output_file).suffix.lower() not in OUTPUT_SUFFIXES:
+    if args.output_file and Path(args.output_file).suffix.lower() not in OUTPUT_SUFFIXES:
         parser.error(f"--output_file must end in one of {', '.join(OUTPUT_SUFFIXES)}")
+    if args.output_file and shards.many(args.input_file):
+        parser.error(f"--input_file {args.input_file} names several files: write them to --output_dir")
+    if args.ray and not args.output_dir:
+        parser.error("--ray writes one output per input shard: give --output_dir")
+    if args.num_replicas < 1:
+        parser.error("--num_replicas must be >= 1")
     if min(args.per_device_batch_size, args.chunk_size) < 1:
         parser.error("--per_device_batch_size and --chunk_size must be >= 1")
     return args
+
+
+def text_columns(args: argparse.Namespace, trained_with: dict) -> tuple[list[str], str, str | None]:
+    """(text columns, their delimiter, the pair column): the flags', else the training run's."""
+    columns = args.text_column_names or trained_with.get("text_column_names") or ["text"]
+    delimiter = args.text_column_delimiter or trained_with.get("text_column_delimiter", " ")
+    return columns, delimiter, args.text_pair_column or trained_with.get("text_pair_column")
 
 
 class Reader:
@@ -54,9 +67,7 @@ class Reader:
 
     def __init__(self, ds: datasets.Dataset, args: argparse.Namespace, trained_with: dict, long_text: LongText):
         self.ds, self.source, self.long_text = ds, args.input_file, long_text
-        self.columns = args.text_column_names or trained_with.get("text_column_names") or ["text"]
-        self.delimiter = args.text_column_delimiter or trained_with.get("text_column_delimiter", " ")
-        self.pair_column = args.text_pair_column or trained_with.get("text_pair_column")
+        self.columns, self.delimiter, self.pair_column = text_columns(args, trained_with)
         require_columns(ds, args.input_file, [*self.columns, *([self.pair_column] if self.pair_column else [])])
         self.chunk_size = args.chunk_size
         self.num_chunks = -(-len(ds) // self.chunk_size)
@@ -249,10 +260,14 @@ def on_main(accelerator: Accelerator, action: Callable[[], None], what: str) -> 
     decided_on_main(accelerator, act)
 
 
-def predict_file(args: argparse.Namespace, accelerator: Accelerator) -> None:
+def load_for(args: argparse.Namespace, accelerator: Accelerator) -> LoadedModel:
+    return load_model(args.checkpoint_dir, device=str(accelerator.device), dtype=args.mixed_precision)
+
+
+def predict_file(args: argparse.Namespace, accelerator: Accelerator, loaded: LoadedModel) -> None:
+    """--input_file labelled into --output_file, every rank scoring its chunks."""
     check_paths(args)
     output = Path(args.output_file)
-    loaded = load_model(args.checkpoint_dir, device=str(accelerator.device), dtype=args.mixed_precision)
     trained_with = (loaded.metrics or {}).get("config", {})
     reader = main_first(  # the main process converts to Arrow; the others reuse it
         accelerator, lambda: Reader(load_file(args.input_file), args, trained_with, long_text_for(loaded, args))
@@ -286,11 +301,51 @@ def predict_file(args: argparse.Namespace, accelerator: Accelerator) -> None:
     )
 
 
+def settings_of(args: argparse.Namespace, loaded: LoadedModel) -> dict:
+    """What an output depends on beside its input and the model: a rerun with other settings recomputes."""
+    named = (
+        "text_column_names",
+        "text_column_delimiter",
+        "text_pair_column",
+        "max_length",
+        "long_text",
+        "chunk_stride",
+    )
+    return {
+        **{name: getattr(args, name) for name in named},
+        "precision": loaded.precision,
+        "output_format": args.output_format,
+    }
+
+
+def predict_many(args: argparse.Namespace, accelerator: Accelerator) -> None:
+    """Every shard of --input_file into --output_dir; shards done before with this model skipped."""
+    on_main(accelerator, lambda: Path(args.output_dir).mkdir(parents=True, exist_ok=True), args.output_dir)
+    loaded = load_for(args, accelerator)
+    found = decided_on_main(accelerator, lambda: shards.shards(args, loaded.sha256, settings_of(args, loaded)))
+    todo = shards.pending(accelerator, found)
+    if args.ray:
+        from training import ray_predict  # only with --ray: importing ray costs seconds
+
+        ray_predict.label(args, loaded, todo)
+        return
+
+    def label_file(path: str, output: Path) -> None:
+        predict_file(
+            argparse.Namespace(**{**vars(args), "input_file": path, "output_file": str(output)}), accelerator, loaded
+        )
+
+    shards.label_shards(args, accelerator, label_file, todo)
+    logger.info("%d shards labelled into %s", len(todo), args.output_dir, main_process_only=True)
+
+
 def cli(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    return run_command(lambda: predict_file(args, accelerator), accelerator)
+    if args.output_dir:
+        return run_command(lambda: predict_many(args, accelerator), accelerator)
+    return run_command(lambda: predict_file(args, accelerator, load_for(args, accelerator)), accelerator)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,152 @@
+"""Many input files in, one output each: the shards a glob, folder or fsspec URL names, the record beside each output
+that lets a rerun skip it, and the loop labelling the rest on every process. Called by training/predict.py; Ray's
+pipeline (training/ray_predict.py) takes the same shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+
+from contract.errors import UserError
+from training.arguments import OUTPUT_SUFFIXES
+from training.collective import decided_on_main
+from training.data.errors import DataError
+from training.output.atomic import write_json
+
+logger = get_logger(__name__)
+DONE = ".done.json"  # beside each output: the input and model it was computed from
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One input file and the output it gets."""
+
+    url: str  # a local path, or a URL fsspec opens
+    output: Path
+    record: dict[str, Any]  # what the output was computed from: input size and time, model, settings
+
+    @property
+    def done_file(self) -> Path:
+        return self.output.with_name(self.output.name + DONE)
+
+    def is_done(self) -> bool:
+        """The output exists and was computed from this input, model and settings."""
+        if not (self.output.is_file() and self.done_file.is_file()):
+            return False
+        try:
+            return json.loads(self.done_file.read_text()) == self.record
+        except (OSError, ValueError):
+            return False
+
+
+def many(pattern: str) -> bool:
+    """Whether --input_file names several files: a glob, a folder, or a URL."""
+    return glob.has_magic(pattern) or "://" in pattern or Path(pattern).is_dir()
+
+
+def expand(pattern: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
+    """The filesystem and the sorted csv / jsonl / parquet files a glob, folder or file names."""
+    fs, path = fsspec.core.url_to_fs(pattern)
+    if glob.has_magic(path):
+        found = fs.glob(path)
+    elif fs.isdir(path):
+        found = fs.find(path)
+    else:
+        found = [path] if fs.exists(path) else []
+    found = sorted(p for p in found if Path(p).suffix.lower() in OUTPUT_SUFFIXES)
+    if not found:
+        raise DataError(f"--input_file {pattern}: no csv, jsonl or parquet file found")
+    return fs, found
+
+
+def shards(args: argparse.Namespace, model_sha256: str, settings: dict) -> list[Shard]:
+    """Every input with its output in --output_dir (same stem, --output_format or the input's suffix)."""
+    fs, paths = expand(args.input_file)
+    outputs: dict[Path, str] = {}
+    found = []
+    for path in paths:
+        suffix = f".{args.output_format}" if args.output_format else Path(path).suffix.lower()
+        output = Path(args.output_dir) / f"{Path(path).stem}{suffix}"
+        if output in outputs:
+            raise DataError(f"{outputs[output]} and {path} would both write {output}: give the shards distinct names")
+        outputs[output] = path
+        info = fs.info(path)
+        changed = info.get("mtime") or info.get("LastModified") or info.get("ETag") or info.get("md5Hash")
+        source = {"input": fs.unstrip_protocol(path), "size": info.get("size"), "modified": str(changed)}
+        url = path if _local(fs) else fs.unstrip_protocol(path)
+        found.append(Shard(url, output, {**source, **settings, "model": model_sha256}))
+    return found
+
+
+def _local(fs: fsspec.AbstractFileSystem) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def pending(accelerator: Accelerator, found: list[Shard]) -> list[Shard]:
+    """The shards not done yet, decided on the main process; says how many are skipped."""
+    done = decided_on_main(accelerator, lambda: [shard.is_done() for shard in found])
+    skipped = sum(done)
+    if skipped:
+        logger.info(
+            "Skipped %d of %d shards: done before with this model and these settings (%s beside each output)",
+            skipped,
+            len(found),
+            DONE,
+            main_process_only=True,
+        )
+    return [shard for shard, finished in zip(found, done) if not finished]
+
+
+def mark_done(shard: Shard) -> None:
+    write_json(shard.done_file, shard.record)
+
+
+def label_shards(args: argparse.Namespace, accelerator: Accelerator, label_file, todo: list[Shard]) -> None:
+    """Each shard labelled by `label_file(input, output)` on every process; a shard that cannot be read is one line,
+    the others still finish, and the command fails at the end naming how many did not."""
+    failed: list[str] = []
+    for number, shard in enumerate(todo, start=1):
+        logger.info("Shard %d of %d: %s", number, len(todo), shard.url, main_process_only=True)
+        try:
+            with local_copy(shard.url) as path:
+                label_file(path, shard.output)
+        except UserError as exc:  # every rank raised the same line (main_first, stop_together)
+            logger.warning("%s: not labelled: %s", shard.url, exc, main_process_only=True)
+            failed.append(f"{shard.url}: {exc}")
+            continue
+        if accelerator.is_main_process:
+            mark_done(shard)
+        accelerator.wait_for_everyone()
+    if failed:
+        raise DataError(
+            f"{len(failed)} of {len(todo)} shards not labelled (the others are written); first: {failed[0]}"
+        )
+
+
+@contextlib.contextmanager
+def local_copy(url: str) -> Iterator[str]:
+    """A local path for a shard: itself, or a temporary download of a remote one."""
+    if "://" not in url:
+        yield url
+        return
+    folder = tempfile.mkdtemp(prefix="agnews-shard-")
+    try:
+        target = str(Path(folder) / Path(url).name)
+        fs, path = fsspec.core.url_to_fs(url)
+        fs.get(path, target)
+        yield target
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
