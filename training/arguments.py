@@ -91,7 +91,7 @@ def predict() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ray", action="store_true", help="score the shards with Ray Data (map_batches over model replicas)"
     )
-    parser.add_argument("--ray_address", help="an existing Ray cluster (ray://host:10001 or auto); default: a local one")
+    parser.add_argument("--ray_address", help="a Ray cluster (ray://host:10001, or auto); default: a local Ray")
     parser.add_argument("--num_replicas", type=int, default=1, help="with --ray: model replicas (actors)")
     parser.add_argument("--replica_cpus", type=float, default=1, help="with --ray: CPUs per replica (its threads)")
     parser.add_argument("--replica_gpus", type=float, default=0, help="with --ray: GPUs per replica")
