@@ -24,6 +24,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
+from contract.errors import UsageError
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
 from contract.model_call import forward
@@ -327,6 +328,8 @@ def predict_many(args: argparse.Namespace, accelerator: Accelerator) -> None:
     if args.ray:
         from training import ray_predict  # only with --ray: importing ray costs seconds
 
+        if accelerator.num_processes > 1:
+            raise UsageError("--ray: Ray places the replicas; run it in one process, not under accelerate launch")
         ray_predict.label(args, loaded, todo)
         return
 

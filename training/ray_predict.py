@@ -19,6 +19,7 @@ from accelerate.logging import get_logger
 
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
+from training.data.errors import DataError
 from training.data.reading import join_texts
 from training.evaluate import long_text_for
 from training.predict import Writer, prediction_columns, prediction_names, score_chunk, text_columns
@@ -119,8 +120,6 @@ def label(args: argparse.Namespace, loaded: LoadedModel, todo: list[Shard]) -> N
         )
         write_in_order(scored, shards)
     if failed:
-        from training.data.errors import DataError
-
         first = next(iter(failed.items()))
         raise DataError(
             f"{len(failed)} of {len(todo)} shards not labelled (the others are written); first: {first[0]}: {first[1]}"
@@ -132,19 +131,30 @@ def label(args: argparse.Namespace, loaded: LoadedModel, todo: list[Shard]) -> N
 
 def write_in_order(scored, shards: list[Shard]) -> None:
     """Batches arrive in input order: each shard's rows are contiguous, so a shard is complete when the next starts."""
-    by_path = {fsspec.core.url_to_fs(shard.url)[1]: shard for shard in shards}
+    by_path = {by_path_key(shard): shard for shard in shards}
     current, writer, staged = None, None, None
-    for batch in scored.iter_batches(batch_format="pyarrow", batch_size=None):
-        for path, rows in _runs(batch):
-            if path != current:
-                if writer is not None:
-                    _finish(writer, staged, current)
-                current = by_path[path]
-                staged = current.output.with_name(f".{current.output.name}.tmp.{os.getpid()}")
-                writer = Writer(staged, current.output.suffix)
-            writer.write(rows.drop_columns(["path"]))
-    if writer is not None:
-        _finish(writer, staged, current)
+    try:
+        for batch in scored.iter_batches(batch_format="pyarrow", batch_size=None):
+            for path, rows in _runs(batch):
+                if current is None or path != by_path_key(current):
+                    if writer is not None:
+                        _finish(writer, staged, current)
+                    current = by_path[path]
+                    staged = current.output.with_name(f".{current.output.name}.tmp.{os.getpid()}")
+                    writer = Writer(staged, current.output.suffix)
+                writer.write(rows.drop_columns(["path"]))
+        if writer is not None:
+            _finish(writer, staged, current)
+            writer = None
+    finally:  # a failed pipeline leaves the finished shards and no torn one
+        if writer is not None:
+            writer.close()
+            staged.unlink(missing_ok=True)
+
+
+def by_path_key(shard: Shard) -> str:
+    """The shard's path as Ray's include_paths writes it: without the protocol."""
+    return fsspec.core.url_to_fs(shard.url)[1]
 
 
 def _runs(batch: pa.Table):

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from tests.helpers.docs import block
 from tests.helpers.processes import describe, launch
 from training import shards
 
@@ -102,7 +104,9 @@ def test_ray_data_writes_the_same_outputs(smoke_model, inputs, labelled, tmp_pat
     pytest.importorskip("ray", reason="pip install 'distilbert-agnews[ray]' (in the dev extra)")
     folder, _ = inputs
     shards_dir, _ = labelled
-    flags = ["--ray", "--num_replicas", "2", "--replica_cpus", "0.5"]
+    words = shlex.split(block("docs/batch-prediction.md", "--ray").code.replace("\\\n", " "))
+    flags = words[words.index("--ray") :]  # docs/batch-prediction.md's flags, on this module's shards
+    assert flags[:3] == ["--ray", "--num_replicas", "2"], words
     result = predict(smoke_model, str(folder / "day*.csv"), f"--output_dir {tmp_path / 'ray'}", *flags)
     assert result.returncode == 0, describe(result)
     for i in range(SHARDS):
