@@ -1,4 +1,5 @@
-"""Batch prediction speed: `python -m training.predict` on real AG News rows with 1 and with 2 processes.
+"""Batch prediction speed: `python -m training.predict` on real AG News rows: one file with 1 and with 2 processes,
+the same rows as 8 shards through a glob (--output_dir), and through Ray Data (--ray, 2 replicas) when Ray is installed.
 
     python bench/predict_bench.py                 # MiniLM-L6 classifier, the 13,426 shared AG News rows
     python bench/predict_bench.py --rows 4000     # fewer rows
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import subprocess
 import sys
 import tempfile
@@ -55,19 +57,23 @@ def write_rows(path: Path, rows: int) -> int:
     return count
 
 
-def run(processes: int, model: Path, source: Path, output: Path) -> float:
-    target = [
-        "-m",
-        "training.predict",
-        "--checkpoint_dir",
-        str(model),
-        "--input_file",
-        str(source),
-        "--output_file",
-        str(output),
-        "--mixed_precision",
-        "fp32",
-    ]
+SHARDS = 8
+
+
+def write_shards(whole: Path, folder: Path) -> None:
+    """The file's rows cut into SHARDS csv files, in order."""
+    lines = whole.read_text(encoding="utf-8").splitlines(keepends=True)
+    header, body = lines[0], lines[1:]
+    size = -(-len(body) // SHARDS)
+    folder.mkdir()
+    for i in range(SHARDS):
+        (folder / f"shard{i}.csv").write_text(header + "".join(body[i * size : (i + 1) * size]), encoding="utf-8")
+
+
+def run(processes: int, model: Path, source: Path | str, output: Path, *extra: str) -> float:
+    where = ["--output_dir", str(output)] if extra or output.suffix == "" else ["--output_file", str(output)]
+    target = ["-m", "training.predict", "--checkpoint_dir", str(model), "--input_file", str(source), *where]
+    target += ["--mixed_precision", "fp32", *extra]
     command = launch_command(target, processes)  # plain python for 1, accelerate launch (gloo) for more
     started = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
@@ -89,11 +95,23 @@ def main() -> None:
     for processes in (1, 2):
         seconds[processes] = run(processes, work / "model", work / "rows.csv", work / f"out{processes}.csv")
         print(
-            f"  {processes} process(es): {seconds[processes]:.1f} s = {rows / seconds[processes]:.0f} rows/s",
+            f"  one file, {processes} process(es): {seconds[processes]:.1f} s = {rows / seconds[processes]:.0f} rows/s",
             flush=True,
         )
     same = (work / "out1.csv").read_bytes() == (work / "out2.csv").read_bytes()
     print(f"2 / 1 process(es): {seconds[1] / seconds[2]:.2f}x; outputs identical: {same}")
+    write_shards(work / "rows.csv", work / "shards")
+    glob = str(work / "shards" / "*.csv")
+    seconds["glob"] = run(1, work / "model", glob, work / "by_glob")
+    print(f"  {SHARDS} shards by glob, 1 process: {seconds['glob']:.1f} s = {rows / seconds['glob']:.0f} rows/s")
+    if importlib.util.find_spec("ray") is None:
+        print("  Ray Data: not measured (pip install -e '.[ray]')")
+        return
+    replicas = ["--ray", "--num_replicas", "2", "--replica_cpus", "0.9"]  # room left for Ray's readers
+    seconds["ray"] = run(1, work / "model", glob, work / "by_ray", *replicas)
+    took = seconds["ray"]
+    print(f"  {SHARDS} shards through Ray Data, 2 replicas: {took:.1f} s = {rows / took:.0f} rows/s")
+    print(f"glob / one file: {seconds[1] / seconds['glob']:.2f}x; Ray / glob: {seconds['glob'] / seconds['ray']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pyarrow.parquet
 import torch
 from accelerate.logging import get_logger
 
+from contract.errors import UsageError
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
 from training.data.errors import DataError
@@ -69,6 +70,20 @@ def reading_of(args: argparse.Namespace, loaded: LoadedModel) -> dict:
     }
 
 
+READ_CPUS = 0.1  # a reading task's share: replicas holding every CPU would otherwise starve the reads
+
+
+def check_room(args: argparse.Namespace, cpus: float) -> None:
+    """Replicas that take every CPU leave none to read the shards: Ray would wait forever."""
+    wanted = args.num_replicas * args.replica_cpus
+    if wanted + READ_CPUS > cpus:
+        raise UsageError(
+            f"--num_replicas {args.num_replicas} x --replica_cpus {args.replica_cpus:g} take {wanted:g} of the Ray "
+            f"cluster's {cpus:g} CPUs, leaving too few to read the shards: lower --replica_cpus (e.g. "
+            f"{max(0.1, (cpus - READ_CPUS) / args.num_replicas):.1f}) or --num_replicas"
+        )
+
+
 def readable(shard: Shard, needed: list[str]) -> str | None:
     """Why a shard cannot be labelled, from its schema or first line; None when it can."""
     suffix = Path(shard.url).suffix.lower()
@@ -98,12 +113,12 @@ def label(args: argparse.Namespace, loaded: LoadedModel, todo: list[Shard]) -> N
     ready = [shard for shard in todo if shard.url not in failed]
     ray.init(address=args.ray_address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
     ray.data.DataContext.get_current().execution_options.preserve_order = True  # rows keep their order
+    check_room(args, ray.cluster_resources().get("CPU", 0.0))
     device = "cuda" if args.replica_gpus > 0 else "cpu"
     for suffix, group in groupby(ready, key=lambda shard: READERS[Path(shard.url).suffix.lower()]):
         shards = list(group)
         read = getattr(ray.data, suffix)
-        # reading is light: a tenth of a CPU, so replicas holding every CPU never starve it
-        ds = read([shard.url for shard in shards], include_paths=True, partitioning=None, num_cpus=0.1)
+        ds = read([shard.url for shard in shards], include_paths=True, partitioning=None, num_cpus=READ_CPUS)
         scored = ds.map_batches(
             Replica,
             fn_constructor_kwargs={

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 from pathlib import Path
@@ -104,7 +105,7 @@ def test_ray_data_writes_the_same_outputs(smoke_model, inputs, labelled, tmp_pat
     pytest.importorskip("ray", reason="pip install 'distilbert-agnews[ray]' (in the dev extra)")
     folder, _ = inputs
     shards_dir, _ = labelled
-    words = shlex.split(block("docs/batch-prediction.md", "--ray").code.replace("\\\n", " "))
+    words = shlex.split(block("docs/batch-prediction.md", "--ray").code, comments=True)
     flags = words[words.index("--ray") :]  # docs/batch-prediction.md's flags, on this module's shards
     assert flags[:3] == ["--ray", "--num_replicas", "2"], words
     result = predict(smoke_model, str(folder / "day*.csv"), f"--output_dir {tmp_path / 'ray'}", *flags)
@@ -112,3 +113,13 @@ def test_ray_data_writes_the_same_outputs(smoke_model, inputs, labelled, tmp_pat
     for i in range(SHARDS):
         assert_same_rows(pd.read_csv(tmp_path / "ray" / f"day{i}.csv"), pd.read_csv(shards_dir / f"day{i}.csv"))
     assert (tmp_path / "ray" / f"day0.csv{shards.DONE}").is_file()
+
+
+def test_replicas_that_would_take_every_cpu_are_refused_before_ray_waits_forever():
+    """Ray's readers need a share of a CPU: replicas holding all of them would leave the pipeline waiting."""
+    from contract.errors import UsageError
+    from training.ray_predict import check_room
+
+    with pytest.raises(UsageError, match="--num_replicas 2 x --replica_cpus 1 take 2 of the Ray cluster's 2 CPUs"):
+        check_room(argparse.Namespace(num_replicas=2, replica_cpus=1.0), 2.0)
+    check_room(argparse.Namespace(num_replicas=2, replica_cpus=0.5), 2.0)
