@@ -33,7 +33,7 @@ from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceC
 from contract import files  # noqa: E402
 from contract.loading import load_model  # noqa: E402
 from contract.long_text import CHUNK, LongText  # noqa: E402
-from training.predict import score_chunk  # noqa: E402
+from training.batch.rows import score_chunk  # noqa: E402
 from training.smoke import LABELS, ensure_smoke_assets, make_long_documents  # noqa: E402
 
 

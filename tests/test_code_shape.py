@@ -133,7 +133,7 @@ def test_training_and_serving_stand_side_by_side_on_the_contract():
         if module.split(".")[0] in (*ROOMS, "contract")
     }
     assert not {module: imported for module, imported in crossing.items() if imported}
-    assert {"training.predict", "inference.engine.scheduler"} <= {m for m in graph if "contract.model_call" in graph[m]}
+    assert {"training.batch.rows", "inference.engine.scheduler"} <= {m for m in graph if "contract.model_call" in graph[m]}
     assert {"training.evaluate", "inference.engine.service"} <= {m for m in graph if "contract.loading" in graph[m]}
 
 
@@ -198,7 +198,7 @@ TRAINING_TOP = {
     ),
     *("calibration", "guards", "collective", "__init__"),
 }
-TRAINING_ROOMS = {"data", "output", "speed", "scoring"}
+TRAINING_ROOMS = {"data", "output", "speed", "scoring", "batch"}
 
 
 def test_training_keeps_the_spine_at_its_top_and_the_rest_in_rooms():

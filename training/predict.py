@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import secrets
 import shutil
@@ -27,9 +26,10 @@ from tqdm.auto import tqdm
 from contract.errors import UsageError
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
-from contract.model_call import forward
-from training import arguments, shards
+from training import arguments
 from training.arguments import OUTPUT_SUFFIXES
+from training.batch import shards
+from training.batch.rows import Writer, prediction_columns, prediction_names, score_chunk, text_columns
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.data.errors import DataError
@@ -56,13 +56,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def text_columns(args: argparse.Namespace, trained_with: dict) -> tuple[list[str], str, str | None]:
-    """(text columns, their delimiter, the pair column): the flags', else the training run's."""
-    columns = args.text_column_names or trained_with.get("text_column_names") or ["text"]
-    delimiter = args.text_column_delimiter or trained_with.get("text_column_delimiter", " ")
-    return columns, delimiter, args.text_pair_column or trained_with.get("text_pair_column")
-
-
 class Reader:
     """The input file and how its texts are read."""
 
@@ -83,29 +76,6 @@ class Reader:
         ]
         texts = [join_texts(parts, self.delimiter) for parts in zip(*(values[c] for c in self.columns))]
         return texts, ([p or "" for p in values[self.pair_column]] if self.pair_column else None)
-
-
-def score_chunk(
-    loaded: LoadedModel,
-    texts: list[str],
-    pairs: list[str] | None,
-    batch_size: int,
-    max_length: int,
-    long_text: LongText,
-) -> tuple[torch.Tensor, list[int]]:
-    """(fp32 scores as the service scores them, windows per text), in input order; windows batched by length."""
-    windows = long_text.encode(loaded.tokenizer, texts, pairs, max_length)
-    features = windows.features
-    # a window without tokens (whitespace only, for a tokenizer adding no special tokens) stays NaN: no prediction
-    order = sorted(
-        (i for i in range(len(features)) if features[i]["input_ids"]), key=lambda i: len(features[i]["input_ids"])
-    )
-    logits = torch.full((len(features), len(loaded.labels)), float("nan"))
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        logits[rows] = forward(loaded, [features[i] for i in rows])
-    pooled = long_text.pool(logits, windows.owner, len(texts))
-    return loaded.problem.scores(pooled), windows.counts(len(texts))
 
 
 def part_path(parts: Path, chunk: int) -> Path:
@@ -131,78 +101,6 @@ def score_my_chunks(
         pyarrow.parquet.write_table(table, part_path(parts, chunk))
         bar.update(len(texts))
     bar.close()
-
-
-WINDOWS_COLUMN = "num_windows"  # --long_text chunk: the windows each row was scored in
-
-
-def prediction_names(loaded: LoadedModel, long_text: LongText) -> list[str]:
-    """The columns a prediction adds, by problem type, and window counts when chunked."""
-    windows = [WINDOWS_COLUMN] if long_text.chunked else []
-    return [*loaded.problem.prediction_names(loaded.labels), *windows]
-
-
-def prediction_columns(table: pa.Table, loaded: LoadedModel, long_text: LongText) -> dict[str, pa.Array]:
-    columns = _decided(table, loaded)
-    if long_text.chunked:
-        columns[WINDOWS_COLUMN] = table.column("windows").combine_chunks()
-    return columns
-
-
-def _decided(table: pa.Table, loaded: LoadedModel) -> dict[str, pa.Array]:
-    """The problem type's columns (contract/problem_types.py `prediction_values`) from the scores; a row without
-    scores (no tokens) gets empty cells, never a label decided from nothing."""
-    values = table.column("scores").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    scores = torch.tensor(values).reshape(-1, len(loaded.labels))
-    empty = torch.isnan(scores).all(1)
-    scores = scores.nan_to_num(0.0)
-    decided = loaded.problem.prediction_values(scores, loaded.problem.decisions(scores), loaded.labels)
-    if not empty.any():
-        return {name: _arrow(column) for name, column in decided.items()}
-    blank = set(empty.nonzero().flatten().tolist())
-    return {name: _arrow([None if i in blank else v for i, v in enumerate(list(col))]) for name, col in decided.items()}
-
-
-def _arrow(column) -> pa.Array:
-    """Label lists stay list<string> even when all empty."""
-    listed = isinstance(column, list) and any(isinstance(row, list) for row in column[:1])
-    return pa.array(column, type=pa.list_(pa.string())) if listed else pa.array(column)
-
-
-CSV_LIST_DELIMITER = "|"  # a list cell in csv: "a|b"
-
-
-def lists_joined(table: pa.Table) -> pa.Table:
-    """CSV has no lists: items joined by CSV_LIST_DELIMITER."""
-    for i, field in enumerate(table.schema):
-        if pa.types.is_list(field.type) or pa.types.is_large_list(field.type):
-            joined = [None if v is None else CSV_LIST_DELIMITER.join(map(str, v)) for v in table.column(i).to_pylist()]
-            table = table.set_column(i, field.name, pa.array(joined, type=pa.string()))
-    return table
-
-
-class Writer:
-    """Appends tables to a csv, jsonl or parquet file."""
-
-    def __init__(self, path: Path, kind: str):
-        self.path, self.kind, self.sink = path, kind.lower(), None
-
-    def write(self, table: pa.Table) -> None:
-        if self.kind == ".parquet":
-            self.sink = self.sink or pyarrow.parquet.ParquetWriter(self.path, table.schema)
-            self.sink.write_table(table)
-        elif self.kind == ".csv":
-            table = lists_joined(table)
-            self.sink = self.sink or pyarrow.csv.CSVWriter(self.path, table.schema)
-            self.sink.write_table(table)
-        else:  # jsonl: one object per line, chunk by chunk
-            self.sink = self.sink or open(self.path, "w", encoding="utf-8")
-            for row in table.to_pylist():
-                self.sink.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-
-    def close(self) -> None:
-        if self.sink is not None:
-            self.sink.close()
 
 
 def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, staged: Path) -> None:
@@ -326,11 +224,11 @@ def predict_many(args: argparse.Namespace, accelerator: Accelerator) -> None:
     found = decided_on_main(accelerator, lambda: shards.shards(args, loaded.sha256, settings_of(args, loaded)))
     todo = shards.pending(accelerator, found)
     if args.ray:
-        from training import ray_predict  # only with --ray: importing ray costs seconds
+        from training.batch import ray_data  # only with --ray: importing ray costs seconds
 
         if accelerator.num_processes > 1:
             raise UsageError("--ray: Ray places the replicas; run it in one process, not under accelerate launch")
-        ray_predict.label(args, loaded, todo)
+        ray_data.label(args, loaded, todo)
         return
 
     def label_file(path: str, output: Path) -> None:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from accelerate.utils import broadcast_object_list
 
 from contract.errors import UsageError, UserError
 from training.config import ConfigError, TrainConfig
@@ -160,7 +159,11 @@ def next_trial(study, args: argparse.Namespace, started: float):
 
 def shared(accelerator, value):
     """The main process's value on every process (trials run on all of them, the study on the main one)."""
-    return broadcast_object_list([value])[0] if accelerator.num_processes > 1 else value
+    if accelerator.num_processes == 1:
+        return value
+    from accelerate.utils import broadcast_object_list  # here: --help comes before torch
+
+    return broadcast_object_list([value])[0]
 
 
 def run_trial(study, trial, params: dict, cfg: TrainConfig, accelerator) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.docs import block
 from tests.helpers.processes import describe, launch
-from training import shards
+from training.batch import shards
 
 pytestmark = pytest.mark.slow
 FP32 = ["--mixed_precision", "fp32"]  # comparable to 1e-5 whatever the batches hold
@@ -118,7 +118,7 @@ def test_ray_data_writes_the_same_outputs(smoke_model, inputs, labelled, tmp_pat
 def test_replicas_that_would_take_every_cpu_are_refused_before_ray_waits_forever():
     """Ray's readers need a share of a CPU: replicas holding all of them would leave the pipeline waiting."""
     from contract.errors import UsageError
-    from training.ray_predict import check_room
+    from training.batch.ray_data import check_room
 
     with pytest.raises(UsageError, match="--num_replicas 2 x --replica_cpus 1 take 2 of the Ray cluster's 2 CPUs"):
         check_room(argparse.Namespace(num_replicas=2, replica_cpus=1.0), 2.0)

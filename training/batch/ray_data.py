@@ -1,6 +1,6 @@
 """`agnews predict --ray`: the shards through a Ray Data pipeline. Ray reads the files, `map_batches` runs an actor
 pool of model replicas (CPU or GPU each) with the same contract as predict.py, and the results stream back in order,
-written one output per input shard. Called by predict.py.
+written one output per input shard. Called by training/predict.py.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from accelerate.logging import get_logger
 from contract.errors import UsageError
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
+from training.batch.rows import Writer, prediction_columns, prediction_names, score_chunk, text_columns
+from training.batch.shards import Shard, mark_done
 from training.data.errors import DataError
 from training.data.reading import join_texts
 from training.evaluate import long_text_for
-from training.predict import Writer, prediction_columns, prediction_names, score_chunk, text_columns
-from training.shards import Shard, mark_done
 
 logger = get_logger(__name__)
 READERS = {".csv": "read_csv", ".jsonl": "read_json", ".json": "read_json", ".parquet": "read_parquet"}

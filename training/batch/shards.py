@@ -1,6 +1,6 @@
 """Many input files in, one output each: the shards a glob, folder or fsspec URL names, the record beside each output
 that lets a rerun skip it, and the loop labelling the rest on every process. Called by training/predict.py; Ray's
-pipeline (training/ray_predict.py) takes the same shards.
+pipeline (ray_data.py) takes the same shards.
 """
 
 from __future__ import annotations
