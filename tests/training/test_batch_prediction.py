@@ -105,7 +105,7 @@ def test_ray_data_writes_the_same_outputs(smoke_model, inputs, labelled, tmp_pat
     pytest.importorskip("ray", reason="pip install 'distilbert-agnews[ray]' (in the dev extra)")
     folder, _ = inputs
     shards_dir, _ = labelled
-    words = shlex.split(block("docs/batch-prediction.md", "--ray").code, comments=True)
+    words = shlex.split(block("docs/batch-prediction.md", "--ray").code.replace("\\\n", " "), comments=True)
     flags = words[words.index("--ray") :]  # docs/batch-prediction.md's flags, on this module's shards
     assert flags[:3] == ["--ray", "--num_replicas", "2"], words
     result = predict(smoke_model, str(folder / "day*.csv"), f"--output_dir {tmp_path / 'ray'}", *flags)
