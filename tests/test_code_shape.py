@@ -133,7 +133,8 @@ def test_training_and_serving_stand_side_by_side_on_the_contract():
         if module.split(".")[0] in (*ROOMS, "contract")
     }
     assert not {module: imported for module, imported in crossing.items() if imported}
-    assert {"training.batch.rows", "inference.engine.scheduler"} <= {m for m in graph if "contract.model_call" in graph[m]}
+    readers = {m for m in graph if "contract.model_call" in graph[m]}
+    assert {"training.batch.rows", "inference.engine.scheduler"} <= readers
     assert {"training.evaluate", "inference.engine.service"} <= {m for m in graph if "contract.loading" in graph[m]}
 
 
