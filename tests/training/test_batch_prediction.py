@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from tests.helpers.docs import block
-from tests.helpers.processes import describe, launch
+from tests.helpers.processes import describe, fault_env, launch
 from training.batch import shards
 
 pytestmark = pytest.mark.slow
@@ -32,9 +32,9 @@ def inputs(smoke_dir, tmp_path_factory) -> tuple[Path, Path]:
     return folder, whole
 
 
-def predict(model: Path, source: str, out: str, *extra: str, processes: int = 1):
+def predict(model: Path, source: str, out: str, *extra: str, processes: int = 1, env: dict | None = None):
     args = ["--checkpoint_dir", str(model), "--input_file", source, *out.split(), *FP32, *extra]
-    result, _ = launch(["-m", "training.predict", *args], processes=processes)
+    result, _ = launch(["-m", "training.predict", *args], processes=processes, env=env)
     return result
 
 
@@ -84,6 +84,20 @@ def test_a_rerun_on_two_processes_recomputes_only_the_missing_output(smoke_model
     result = predict(smoke_model, str(folder), f"--output_dir {copy}", "--max_length", "32")
     assert result.returncode == 0, describe(result)
     assert "Skipped" not in result.stdout + result.stderr
+
+
+def test_a_job_killed_after_three_shards_resumes_with_the_other_three(smoke_model, inputs, labelled, tmp_path):
+    folder, _ = inputs
+    shards_dir, _ = labelled
+    out = tmp_path / "out"
+    killed = predict(smoke_model, str(folder), f"--output_dir {out}", env=fault_env("kill_after_shard:3"))
+    assert killed.returncode == -9, describe(killed)
+    assert sorted(p.name for p in out.glob("day*.csv")) == ["day0.csv", "day1.csv", "day2.csv"]
+    result = predict(smoke_model, str(folder), f"--output_dir {out}")
+    assert result.returncode == 0, describe(result)
+    assert "Skipped 3 of 6 shards" in result.stdout + result.stderr
+    for i in range(SHARDS):
+        assert_same_rows(pd.read_csv(out / f"day{i}.csv"), pd.read_csv(shards_dir / f"day{i}.csv"))
 
 
 def test_an_unreadable_shard_is_one_line_and_the_others_finish(smoke_model, inputs, tmp_path):

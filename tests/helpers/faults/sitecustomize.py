@@ -21,6 +21,8 @@ the seams that training/loop.py and training/output/checkpoint.py document.
                                                      raises the CPU allocator's out-of-memory error: a training
                                                      batch that does not fit (evaluation's, without gradients,
                                                      does)
+    DISTILBERT_AGNEWS_FAULT=kill_after_shard:K       agnews predict --output_dir SIGKILLs itself once the K-th
+                                                     shard's output and record are written
 """
 
 import errno
@@ -115,6 +117,14 @@ def _allocate(original, module, ids):
     return original(module, ids)
 
 
+def _mark_done(original, shard):
+    global _model_saves
+    original(shard)
+    _model_saves += 1
+    if _model_saves == ARGS[0]:
+        _die()
+
+
 def torch_grad_enabled() -> bool:
     import torch
 
@@ -131,6 +141,7 @@ PATCHES = {  # fault kind: (module, function or Class.method, wrapper)
     "enospc_in_save_model": ("training.output.checkpoint", "write_weights", _write_weights_no_space),
     "enospc_in_predict": ("pyarrow.parquet", "write_table", _write_part_no_space),
     "oom_above_rows": ("torch.nn.modules.sparse", "Embedding.forward", _allocate),
+    "kill_after_shard": ("training.batch.shards", "mark_done", _mark_done),
 }
 
 
