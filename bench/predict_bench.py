@@ -1,5 +1,6 @@
 """Batch prediction speed: `python -m training.predict` on real AG News rows: one file with 1 and with 2 processes,
-the same rows as 8 shards through a glob (--output_dir), and through Ray Data (--ray, 2 replicas) when Ray is installed.
+the service's runtime choice (--runtime auto), the same rows as 8 shards through a glob (--output_dir), and through
+Ray Data (--ray, 2 replicas) when Ray is installed.
 
     python bench/predict_bench.py                 # MiniLM-L6 classifier, the 13,426 shared AG News rows
     python bench/predict_bench.py --rows 4000     # fewer rows
@@ -71,7 +72,7 @@ def write_shards(whole: Path, folder: Path) -> None:
 
 
 def run(processes: int, model: Path, source: Path | str, output: Path, *extra: str) -> float:
-    where = ["--output_dir", str(output)] if extra or output.suffix == "" else ["--output_file", str(output)]
+    where = ["--output_dir", str(output)] if output.suffix == "" else ["--output_file", str(output)]
     target = ["-m", "training.predict", "--checkpoint_dir", str(model), "--input_file", str(source), *where]
     target += ["--mixed_precision", "fp32", *extra]
     command = launch_command(target, processes)  # plain python for 1, accelerate launch (gloo) for more
@@ -100,6 +101,10 @@ def main() -> None:
         )
     same = (work / "out1.csv").read_bytes() == (work / "out2.csv").read_bytes()
     print(f"2 / 1 process(es): {seconds[1] / seconds[2]:.2f}x; outputs identical: {same}")
+    seconds["runtime"] = run(1, work / "model", work / "rows.csv", work / "runtime.csv", "--runtime", "auto")
+    chose = "the service's choice (--runtime auto: its conversion and agreement check included)"
+    print(f"  one file, {chose}: {seconds['runtime']:.1f} s = {rows / seconds['runtime']:.0f} rows/s")
+    print(f"--runtime auto / PyTorch fp32: {seconds[1] / seconds['runtime']:.2f}x")
     write_shards(work / "rows.csv", work / "shards")
     glob = str(work / "shards" / "*.csv")
     seconds["glob"] = run(1, work / "model", glob, work / "by_glob")

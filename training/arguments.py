@@ -7,9 +7,11 @@ import argparse
 from contract import precision
 from contract.help import HelpFormatter, prog
 from contract.long_text import MODES
+from contract.runtimes import RUNTIMES
 from training.config import presets
 
 OUTPUT_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
+RUNTIME_CHOICES = ("auto", *RUNTIMES)  # the service's BACKEND values beside torch
 
 
 def _parser(module: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
@@ -104,6 +106,13 @@ def predict() -> argparse.ArgumentParser:
     )
     parser.add_argument("--per_device_batch_size", type=int, default=64, help="texts per forward pass")
     parser.add_argument("--chunk_size", type=int, default=4096, help="rows read, scored and written at a time")
+    parser.add_argument(
+        "--runtime",
+        choices=("torch", *RUNTIME_CHOICES),
+        default="torch",
+        help="torch: PyTorch here at --mixed_precision; auto, openvino or onnxruntime: the service scores (a process "
+        "on 127.0.0.1) with the runtime and precision it chooses (int8 where it agrees with fp32)",
+    )
     parser.add_argument(
         "--mixed_precision",
         type=precision.canonical,

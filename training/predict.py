@@ -6,12 +6,13 @@ Each rank scores its chunks into part files; the main process joins them into th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import secrets
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import datasets
@@ -49,6 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--input_file {args.input_file} names several files: write them to --output_dir")
     if args.ray and not args.output_dir:
         parser.error("--ray writes one output per input shard: give --output_dir")
+    if args.ray and args.runtime != "torch":
+        parser.error("--ray: the replicas score with PyTorch; leave --runtime at torch")
     if args.num_replicas < 1:
         parser.error("--num_replicas must be >= 1")
     if min(args.per_device_batch_size, args.chunk_size) < 1:
@@ -83,9 +86,9 @@ def part_path(parts: Path, chunk: int) -> Path:
 
 
 def score_my_chunks(
-    accelerator: Accelerator, loaded: LoadedModel, reader: Reader, parts: Path, args, max_length: int
+    accelerator: Accelerator, loaded: LoadedModel, reader: Reader, parts: Path, args, max_length: int, scorer=None
 ) -> None:
-    """This rank's chunks into its own part files."""
+    """This rank's chunks into its own part files; by PyTorch here, or by the service (`scorer`, --runtime)."""
     mine = range(accelerator.process_index, reader.num_chunks, accelerator.num_processes)
     bar = tqdm(
         total=sum(len(reader.rows(c)) for c in mine),
@@ -95,7 +98,12 @@ def score_my_chunks(
     )
     for chunk in mine:
         texts, pairs = reader.texts(chunk)
-        scores, windows = score_chunk(loaded, texts, pairs, args.per_device_batch_size, max_length, reader.long_text)
+        if scorer is not None:
+            scores, windows = scorer.scores(texts, pairs)
+        else:
+            scores, windows = score_chunk(
+                loaded, texts, pairs, args.per_device_batch_size, max_length, reader.long_text
+            )
         column = pa.FixedSizeListArray.from_arrays(pa.array(scores.flatten().numpy()), len(loaded.labels))
         table = pa.table({"scores": column, "windows": pa.array(windows, type=pa.int32())})
         pyarrow.parquet.write_table(table, part_path(parts, chunk))
@@ -163,8 +171,8 @@ def load_for(args: argparse.Namespace, accelerator: Accelerator) -> LoadedModel:
     return load_model(args.checkpoint_dir, device=str(accelerator.device), dtype=args.mixed_precision)
 
 
-def predict_file(args: argparse.Namespace, accelerator: Accelerator, loaded: LoadedModel) -> None:
-    """--input_file labelled into --output_file, every rank scoring its chunks."""
+def predict_file(args: argparse.Namespace, accelerator: Accelerator, loaded: LoadedModel, scorer=None) -> None:
+    """--input_file labelled into --output_file, every rank scoring its chunks (or the service: --runtime)."""
     check_paths(args)
     output = Path(args.output_file)
     trained_with = (loaded.metrics or {}).get("config", {})
@@ -180,7 +188,7 @@ def predict_file(args: argparse.Namespace, accelerator: Accelerator, loaded: Loa
     try:
         problem = None
         try:  # local writes only: every rank learns of any failure below, and all stop on the same line
-            score_my_chunks(accelerator, loaded, reader, parts, args, max_length)
+            score_my_chunks(accelerator, loaded, reader, parts, args, max_length, scorer)
         except OSError as exc:  # pyarrow's IO errors are OSErrors; a full disk is the common one
             cause = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc).splitlines()[0]
             problem = f"cannot write {output}'s parts in {parts.parent}: {cause}"
@@ -194,10 +202,31 @@ def predict_file(args: argparse.Namespace, accelerator: Accelerator, loaded: Loa
         "Wrote %d rows to %s (%s, %d processes)",
         len(reader.ds),
         output,
-        loaded.precision,
+        scorer.runtime if scorer is not None else loaded.precision,
         accelerator.num_processes,
         main_process_only=True,
     )
+
+
+@contextlib.contextmanager
+def scoring(args: argparse.Namespace, accelerator: Accelerator, loaded: LoadedModel) -> Iterator:
+    """None: PyTorch scores here; else the service on this machine, with the runtime it chooses (--runtime)."""
+    if args.runtime == "torch":
+        yield None
+        return
+    if accelerator.num_processes > 1 or args.max_length or long_text_for(loaded, args).chunked:
+        raise UsageError(
+            "--runtime: the service scores in one process, at the model's own maximum length, truncating; run it "
+            "without accelerate launch, --max_length and chunking (or use --runtime torch)"
+        )
+    from training.batch.service import ServiceScorer  # only with --runtime
+
+    scorer = ServiceScorer(args.checkpoint_dir, args.runtime, long_text_for(loaded, args), loaded)
+    logger.info("Scoring with the service's runtime: %s", scorer.runtime)
+    try:
+        yield scorer
+    finally:
+        scorer.close()
 
 
 def settings_of(args: argparse.Namespace, loaded: LoadedModel) -> dict:
@@ -213,6 +242,7 @@ def settings_of(args: argparse.Namespace, loaded: LoadedModel) -> dict:
     return {
         **{name: getattr(args, name) for name in named},
         "precision": loaded.precision,
+        "runtime": args.runtime,
         "output_format": args.output_format,
     }
 
@@ -231,12 +261,13 @@ def predict_many(args: argparse.Namespace, accelerator: Accelerator) -> None:
         ray_data.label(args, loaded, todo)
         return
 
-    def label_file(path: str, output: Path) -> None:
-        predict_file(
-            argparse.Namespace(**{**vars(args), "input_file": path, "output_file": str(output)}), accelerator, loaded
-        )
+    with scoring(args, accelerator, loaded) as scorer:
 
-    shards.label_shards(args, accelerator, label_file, todo)
+        def label_file(path: str, output: Path) -> None:
+            named = argparse.Namespace(**{**vars(args), "input_file": path, "output_file": str(output)})
+            predict_file(named, accelerator, loaded, scorer)
+
+        shards.label_shards(args, accelerator, label_file, todo)
     logger.info("%d shards labelled into %s", len(todo), args.output_dir, main_process_only=True)
 
 
@@ -246,7 +277,13 @@ def cli(argv: list[str] | None = None) -> int:
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     if args.output_dir:
         return run_command(lambda: predict_many(args, accelerator), accelerator)
-    return run_command(lambda: predict_file(args, accelerator, load_for(args, accelerator)), accelerator)
+
+    def one_file() -> None:
+        loaded = load_for(args, accelerator)
+        with scoring(args, accelerator, loaded) as scorer:
+            predict_file(args, accelerator, loaded, scorer)
+
+    return run_command(one_file, accelerator)
 
 
 if __name__ == "__main__":

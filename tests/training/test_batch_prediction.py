@@ -137,3 +137,26 @@ def test_replicas_that_would_take_every_cpu_are_refused_before_ray_waits_forever
     with pytest.raises(UsageError, match="--num_replicas 2 x --replica_cpus 1 take 2 of the Ray cluster's 2 CPUs"):
         check_room(argparse.Namespace(num_replicas=2, replica_cpus=1.0), 2.0)
     check_room(argparse.Namespace(num_replicas=2, replica_cpus=0.5), 2.0)
+
+
+def test_the_service_scores_the_shards_with_the_runtime_it_chooses(smoke_model, inputs, labelled, tmp_path):
+    """--runtime onnxruntime: `python -m inference` scores every shard (one process for the job), with the precision
+    its agreement guard keeps; the decisions are PyTorch fp32's on at least that share of the rows."""
+    pytest.importorskip("onnxruntime", reason="pip install 'distilbert-agnews[onnxruntime]' (in the dev extra)")
+    folder, _ = inputs
+    shards_dir, _ = labelled
+    result = predict(
+        smoke_model, str(folder / "day*.csv"), f"--output_dir {tmp_path / 'rt'}", "--runtime", "onnxruntime"
+    )
+    assert result.returncode == 0, describe(result)
+    assert "Scoring with the service's runtime: onnxruntime" in result.stdout + result.stderr
+    got = pd.concat([pd.read_csv(tmp_path / "rt" / f"day{i}.csv") for i in range(SHARDS)], ignore_index=True)
+    torch = pd.concat([pd.read_csv(shards_dir / f"day{i}.csv") for i in range(SHARDS)], ignore_index=True)
+    assert list(got.columns) == list(torch.columns) and (got["text"] == torch["text"]).all()
+    assert (got["predicted_label"] == torch["predicted_label"]).mean() >= 0.995
+    refused = predict(
+        smoke_model, str(folder), f"--output_dir {tmp_path / 'x'}", "--runtime", "auto", "--max_length", "32"
+    )
+    assert refused.returncode == 2 and "--runtime: the service scores in one process" in refused.stderr, describe(
+        refused
+    )
