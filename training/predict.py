@@ -267,7 +267,7 @@ def predict_many(args: argparse.Namespace, accelerator: Accelerator) -> None:
             named = argparse.Namespace(**{**vars(args), "input_file": path, "output_file": str(output)})
             predict_file(named, accelerator, loaded, scorer)
 
-        shards.label_shards(args, accelerator, label_file, todo)
+        shards.label_shards(accelerator, label_file, todo)
     logger.info("%d shards labelled into %s", len(todo), args.output_dir, main_process_only=True)
 
 

@@ -114,7 +114,7 @@ def mark_done(shard: Shard) -> None:
     write_json(shard.done_file, shard.record)
 
 
-def label_shards(args: argparse.Namespace, accelerator: Accelerator, label_file, todo: list[Shard]) -> None:
+def label_shards(accelerator: Accelerator, label_file, todo: list[Shard]) -> None:
     """Each shard labelled by `label_file(input, output)` on every process; a shard that cannot be read is one line,
     the others still finish, and the command fails at the end naming how many did not."""
     failed: list[str] = []
