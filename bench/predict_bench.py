@@ -30,7 +30,6 @@ from serve_bench import AG_NEWS, machine, tokenizer_dir  # noqa: E402
 
 from tests.helpers.processes import launch_command  # noqa: E402  (the one way to start 1 or N processes)
 
-
 TRAIN_ROWS = 2000  # the head fine-tuned on the file's last rows: int8 is kept only where fp32 decides clearly
 
 
