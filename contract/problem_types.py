@@ -106,6 +106,9 @@ class ProblemType:
             named = SINGLE if num > 1 else RERANKING if getattr(config, GRADES, None) else MULTI
         problem = ProblemType.named(named, num)
         problem.check_outputs(num)
+        grades = getattr(config, GRADES, None) if problem.graded else None
+        if grades is not None and not (isinstance(grades, list) and len(grades) >= 2 and all(map(_grade, grades))):
+            raise ProblemTypeError(f"config.json: {GRADES} must list two or more numbers >= 0 (got {grades!r:.80})")
         given = (getattr(config, THRESHOLDS, None) or ()) if problem.thresholded else ()
         numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in given)
         if given and (len(given) != num or not numbers):
@@ -427,6 +430,10 @@ def calibration_of(config: Any) -> dict:
             "(one per output, as training writes them)"
         )
     return record
+
+
+def _grade(number) -> bool:
+    return isinstance(number, (int, float)) and not isinstance(number, bool) and math.isfinite(number) and number >= 0
 
 
 def _positive(number) -> bool:

@@ -16,6 +16,7 @@ import torch
 from sklearn.metrics import average_precision_score, ndcg_score
 
 from contract import files, problem_types
+from contract.problem_types import ProblemType
 from tests.helpers.docs import block
 from tests.helpers.processes import describe, launch, run_train
 from tests.helpers.service import Server
@@ -61,6 +62,19 @@ def test_graded_labels_are_soft_targets_scaled_by_the_largest_grade():
         space.relevance(-1, 2, "valid.csv")
     loss = space.problem.loss(torch.zeros(2, 1), torch.tensor([0.5, 1.0]), None, 0.0)
     assert loss.tolist() == pytest.approx([torch.log(torch.tensor(2.0)).item()] * 2)  # BCE at p=0.5, soft or not
+
+
+def test_a_config_with_bad_grades_is_one_line_not_a_trace():
+    from transformers import DistilBertConfig
+
+    from contract.problem_types import ProblemTypeError
+
+    good = ProblemType.of(DistilBertConfig(num_labels=1, relevance_grades=[0.0, 1.0]))
+    assert good.name == problem_types.RERANKING
+    assert ProblemType.of(DistilBertConfig(num_labels=1)).name == problem_types.MULTI  # a cross-encoder from elsewhere
+    for bad in (["0", "1"], [1.0], [0, float("nan")], {"a": 1}):
+        with pytest.raises(ProblemTypeError, match="relevance_grades must list two or more numbers >= 0"):
+            ProblemType.of(DistilBertConfig(num_labels=1, relevance_grades=bad))
 
 
 def test_reranking_needs_pairs_and_a_zero_grade():
