@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import datasets
-import pyarrow as pa
 import pyarrow.csv
 import pyarrow.parquet
 import torch
@@ -30,7 +29,14 @@ from contract.long_text import LongText
 from training import arguments
 from training.arguments import OUTPUT_SUFFIXES
 from training.batch import shards
-from training.batch.rows import Writer, prediction_columns, prediction_names, score_chunk, text_columns
+from training.batch.rows import (
+    Writer,
+    prediction_columns,
+    prediction_names,
+    score_chunk,
+    scored_table,
+    text_columns,
+)
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.data.errors import DataError
@@ -104,9 +110,7 @@ def score_my_chunks(
             scores, windows = score_chunk(
                 loaded, texts, pairs, args.per_device_batch_size, max_length, reader.long_text
             )
-        column = pa.FixedSizeListArray.from_arrays(pa.array(scores.flatten().numpy()), len(loaded.labels))
-        table = pa.table({"scores": column, "windows": pa.array(windows, type=pa.int32())})
-        pyarrow.parquet.write_table(table, part_path(parts, chunk))
+        pyarrow.parquet.write_table(scored_table(scores, windows), part_path(parts, chunk))
         bar.update(len(texts))
     bar.close()
 

@@ -20,7 +20,14 @@ from accelerate.logging import get_logger
 from contract.errors import UsageError
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
-from training.batch.rows import Writer, prediction_columns, prediction_names, score_chunk, text_columns
+from training.batch.rows import (
+    Writer,
+    prediction_columns,
+    prediction_names,
+    score_chunk,
+    scored_table,
+    text_columns,
+)
 from training.batch.shards import Shard, mark_done
 from training.data.errors import DataError
 from training.data.reading import join_texts
@@ -43,8 +50,7 @@ class Replica:
         texts = [join_texts(parts, r["delimiter"]) for parts in zip(*(batch[c].to_pylist() for c in r["columns"]))]
         pairs = [p or "" for p in batch[r["pair"]].to_pylist()] if r["pair"] else None
         scores, windows = score_chunk(loaded, texts, pairs, r["batch_size"], r["max_length"], r["long_text"])
-        column = pa.FixedSizeListArray.from_arrays(pa.array(scores.flatten().numpy()), len(loaded.labels))
-        predicted = pa.table({"scores": column, "windows": pa.array(windows, type=pa.int32())})
+        predicted = scored_table(scores, windows)
         out = batch.drop_columns([c for c in r["replaced"] if c in batch.column_names])
         for name, values in prediction_columns(predicted, loaded, r["long_text"]).items():
             out = out.append_column(name, values)

@@ -48,6 +48,12 @@ def score_chunk(
     return loaded.problem.scores(pooled), windows.counts(len(texts))
 
 
+def scored_table(scores: torch.Tensor, windows: list[int]) -> pa.Table:
+    """A chunk's scores (one list per row) and window counts, as prediction_columns reads them."""
+    column = pa.FixedSizeListArray.from_arrays(pa.array(scores.flatten().numpy()), scores.shape[-1])
+    return pa.table({"scores": column, "windows": pa.array(windows, type=pa.int32())})
+
+
 WINDOWS_COLUMN = "num_windows"  # --long_text chunk: the windows each row was scored in
 
 
