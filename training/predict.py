@@ -31,6 +31,8 @@ from training.arguments import OUTPUT_SUFFIXES
 from training.batch import shards
 from training.batch.rows import (
     Writer,
+    joined,
+    max_length_for,
     prediction_columns,
     prediction_names,
     score_chunk,
@@ -40,7 +42,7 @@ from training.batch.rows import (
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.data.errors import DataError
-from training.data.reading import join_texts, load_file, require_columns
+from training.data.reading import load_file, require_columns
 from training.evaluate import long_text_for
 from training.output.checkpoint import stop_together
 
@@ -83,8 +85,7 @@ class Reader:
         values = self.ds.select_columns(self.columns + ([self.pair_column] if self.pair_column else []))[
             rows.start : rows.stop
         ]
-        texts = [join_texts(parts, self.delimiter) for parts in zip(*(values[c] for c in self.columns))]
-        return texts, ([p or "" for p in values[self.pair_column]] if self.pair_column else None)
+        return joined(values, self.columns, self.delimiter, self.pair_column)
 
 
 def part_path(parts: Path, chunk: int) -> Path:
@@ -184,7 +185,7 @@ def predict_file(args: argparse.Namespace, accelerator: Accelerator, loaded: Loa
         accelerator, lambda: Reader(load_file(args.input_file), args, trained_with, long_text_for(loaded, args))
     )
     check_columns(reader, loaded, args.overwrite_prediction_columns)
-    max_length = args.max_length or trained_with.get("max_length") or loaded.max_length
+    max_length = max_length_for(args, loaded)
     reader.long_text.check(loaded.tokenizer, max_length, reader.pair_column is not None)
     run_id = decided_on_main(accelerator, lambda: f"{os.getpid()}-{secrets.token_hex(3)}")  # the staging names
     parts, staged = (output.with_name(f".{output.name}.{kind}.{run_id}") for kind in ("parts", "tmp"))

@@ -22,15 +22,15 @@ from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
 from training.batch.rows import (
     Writer,
+    joined,
+    max_length_for,
     prediction_columns,
     prediction_names,
     score_chunk,
     scored_table,
     text_columns,
 )
-from training.batch.shards import Shard, mark_done
-from training.data.errors import DataError
-from training.data.reading import join_texts
+from training.batch.shards import Shard, mark_done, not_labelled
 from training.evaluate import long_text_for
 
 logger = get_logger(__name__)
@@ -47,8 +47,8 @@ class Replica:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         r, loaded = self.reading, self.loaded
-        texts = [join_texts(parts, r["delimiter"]) for parts in zip(*(batch[c].to_pylist() for c in r["columns"]))]
-        pairs = [p or "" for p in batch[r["pair"]].to_pylist()] if r["pair"] else None
+        wanted = [*r["columns"], *([r["pair"]] if r["pair"] else [])]
+        texts, pairs = joined({c: batch[c].to_pylist() for c in wanted}, r["columns"], r["delimiter"], r["pair"])
         scores, windows = score_chunk(loaded, texts, pairs, r["batch_size"], r["max_length"], r["long_text"])
         predicted = scored_table(scores, windows)
         out = batch.drop_columns([c for c in r["replaced"] if c in batch.column_names])
@@ -62,7 +62,7 @@ def reading_of(args: argparse.Namespace, loaded: LoadedModel) -> dict:
     trained_with = (loaded.metrics or {}).get("config", {})
     columns, delimiter, pair = text_columns(args, trained_with)
     long_text: LongText = long_text_for(loaded, args)
-    max_length = args.max_length or trained_with.get("max_length") or loaded.max_length
+    max_length = max_length_for(args, loaded)
     long_text.check(loaded.tokenizer, max_length, pair is not None)
     return {
         "columns": columns,
@@ -140,11 +140,7 @@ def label(args: argparse.Namespace, loaded: LoadedModel, todo: list[Shard]) -> N
             num_cpus=args.replica_cpus,
         )
         write_in_order(scored, shards)
-    if failed:
-        first = next(iter(failed.items()))
-        raise DataError(
-            f"{len(failed)} of {len(todo)} shards not labelled (the others are written); first: {first[0]}: {first[1]}"
-        )
+    not_labelled([f"{url}: {why}" for url, why in failed.items()], len(todo))
     logger.info(
         "%d shards labelled with Ray Data (%d replicas) into %s", len(ready), args.num_replicas, args.output_dir
     )

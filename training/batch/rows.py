@@ -16,6 +16,7 @@ import torch
 from contract.loading import LoadedModel
 from contract.long_text import LongText
 from contract.model_call import forward
+from training.data.reading import join_texts
 
 
 def text_columns(args: argparse.Namespace, trained_with: dict) -> tuple[list[str], str, str | None]:
@@ -23,6 +24,17 @@ def text_columns(args: argparse.Namespace, trained_with: dict) -> tuple[list[str
     columns = args.text_column_names or trained_with.get("text_column_names") or ["text"]
     delimiter = args.text_column_delimiter or trained_with.get("text_column_delimiter", " ")
     return columns, delimiter, args.text_pair_column or trained_with.get("text_pair_column")
+
+
+def max_length_for(args: argparse.Namespace, loaded: LoadedModel) -> int:
+    """--max_length, else the training run's, else the model's."""
+    return args.max_length or (loaded.metrics or {}).get("config", {}).get("max_length") or loaded.max_length
+
+
+def joined(values, columns: list[str], delimiter: str, pair: str | None) -> tuple[list[str], list[str] | None]:
+    """(texts, pairs) of a slice of rows: `values[column]` is each column's list of cells."""
+    texts = [join_texts(parts, delimiter) for parts in zip(*(values[c] for c in columns))]
+    return texts, ([p or "" for p in values[pair]] if pair else None)
 
 
 def score_chunk(

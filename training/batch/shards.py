@@ -130,10 +130,13 @@ def label_shards(accelerator: Accelerator, label_file, todo: list[Shard]) -> Non
         if accelerator.is_main_process:
             mark_done(shard)
         accelerator.wait_for_everyone()
+    not_labelled(failed, len(todo))
+
+
+def not_labelled(failed: list[str], total: int) -> None:
+    """DataError naming how many shards failed and the first, once the others are written; nothing if none did."""
     if failed:
-        raise DataError(
-            f"{len(failed)} of {len(todo)} shards not labelled (the others are written); first: {failed[0]}"
-        )
+        raise DataError(f"{len(failed)} of {total} shards not labelled (the others are written); first: {failed[0]}")
 
 
 @contextlib.contextmanager
