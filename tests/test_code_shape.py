@@ -98,16 +98,15 @@ def module_imports() -> dict[str, set[str]]:
     return graph
 
 
-def test_no_two_modules_import_each_other_even_through_others():
-    """Issue 42: an import loop (a -> b -> ... -> a) makes the order of loading matter and the rooms hard to tell
-    apart; none, lazy and type-only imports counted."""
-    graph, done, path, loops = module_imports(), set(), [], []
+def loops(graph: dict[str, set[str]]) -> list[str]:
+    """Every import loop (a -> b -> ... -> a) a depth-first walk of `graph` meets."""
+    done, path, found = set(), [], []
 
     def visit(name: str) -> None:
         path.append(name)
         for other in sorted(graph[name]):
             if other in path:
-                loops.append(" -> ".join([*path[path.index(other) :], other]))
+                found.append(" -> ".join([*path[path.index(other) :], other]))
             elif other not in done:
                 visit(other)
         path.pop()
@@ -116,7 +115,36 @@ def test_no_two_modules_import_each_other_even_through_others():
     for name in sorted(graph):
         if name not in done:
             visit(name)
-    assert not loops, loops
+    return found
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    """An import loop makes the order of loading matter and the rooms hard to tell apart; lazy and type-only imports
+    counted."""
+    assert not loops(module_imports())
+
+
+def test_no_two_rooms_of_training_import_each_other_even_through_others():
+    """The same with each folder of training/ as one room and each top-level module its own: output/ must not reach
+    a command that imports output/ again."""
+
+    def room(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    rooms: dict[str, set[str]] = {}
+    for module, imported in module_imports().items():
+        if module.startswith("training."):
+            inside = {room(i) for i in imported if i.startswith("training.")}
+            rooms.setdefault(room(module), set()).update(inside - {room(module)})
+    for imported in rooms.values():
+        imported &= rooms.keys()
+    assert not loops(rooms)
+
+
+def test_train_py_reads_as_the_assembly_of_the_rooms():
+    """train.py builds (set_up), trains (loop), finishes (finish): the parts live in their modules, not in it."""
+    imported = module_imports()["training.train"]
+    assert len(imported) <= 24, sorted(imported)
 
 
 ROOMS = ("training", "inference")  # side by side on contract/, which imports neither
@@ -181,7 +209,21 @@ def test_every_install_line_takes_torch_from_a_named_pytorch_index():
 
 # training/'s top: what a user runs and the loop's spine; everything else lives in a room named for its job
 TRAINING_TOP = {
-    *("train", "tune", "loop", "evaluate", "predict", "push", "download", "check_env", "commands", "arguments"),
+    *(
+        "train",
+        "set_up",
+        "run",
+        "finish",
+        "tune",
+        "loop",
+        "evaluate",
+        "predict",
+        "push",
+        "download",
+        "check_env",
+        "commands",
+        "arguments",
+    ),
     "launch",
     *(
         "cli",

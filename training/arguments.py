@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import TYPE_CHECKING
 
 from contract import precision
 from contract.help import HelpFormatter, prog
-from contract.long_text import MODES
+from contract.long_text import MODES, LongText
 from contract.runtimes import RUNTIMES
-from training.config import presets
+from training.smoke import presets
+
+if TYPE_CHECKING:
+    from contract.loading import LoadedModel
 
 OUTPUT_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
 RUNTIME_CHOICES = ("auto", *RUNTIMES)  # the service's BACKEND values beside torch
@@ -44,6 +49,13 @@ def _data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunk_stride", type=int, help="tokens shared by consecutive windows; default: the model's, else 32"
     )
+
+
+def long_text_for(loaded: LoadedModel, args: argparse.Namespace) -> LongText:
+    """The model's long-text settings, with --long_text and --chunk_stride over them (evaluate, predict)."""
+    recorded = loaded.long_text
+    stride = recorded.stride if args.chunk_stride is None else args.chunk_stride
+    return dataclasses.replace(recorded, mode=args.long_text or recorded.mode, stride=stride)
 
 
 def evaluate() -> argparse.ArgumentParser:

@@ -14,7 +14,6 @@ from accelerate.logging import get_logger
 
 from contract import problem_types
 from contract.problem_types import PROBLEM_TYPES
-from training.weights import edit_weights
 
 logger = get_logger(__name__)  # the main process says it
 
@@ -217,52 +216,6 @@ def say_clamped(temperatures: list[float]) -> list[int]:
 
 def rounded(numbers: list[float]) -> str:
     return ", ".join(f"{n:.3f}" for n in numbers)
-
-
-def apply(run, validation) -> dict:
-    """--calibration on the best model, on every rank: fit, fold in where it helps, move thresholds, save again."""
-    unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
-    if run.cfg.calibration == NONE:
-        setattr(unwrapped.config, CONFIG_FIELD, {"method": NONE})
-        return {"method": NONE}
-    scale, labels = scale_for(run.objective.problem.name), validation.labels
-    kept, logits, measured = run.out.saved_calibration(), validation.logits, None
-    if kept.get("method") == TEMPERATURE:
-        temperatures = Scale.temperatures(kept)
-        logits = logits.double() * torch.tensor(temperatures, dtype=torch.float64)  # as before calibration
-        said = rounded(temperatures)
-        logger.info("Calibration: kept, as an earlier run of this folder applied it (T %s)", said)
-    else:
-        if run.cfg.calibration == AUTO and (why := too_few(scale, logits, labels)):
-            logger.info("Calibration: not applied (auto): %s; the model stays as trained", why)
-            setattr(unwrapped.config, CONFIG_FIELD, {"method": NONE})
-            return {"method": NONE, "too_few": why}
-        temperatures = scale.fit(logits, labels)
-        if run.cfg.calibration == AUTO:
-            measured = held_out(scale, logits, labels, run.cfg.seed)
-            if not helps(measured):
-                ece = {"validation": scale.error(scale.probabilities(logits), labels)}
-                return {**not_applied(unwrapped, temperatures, measured), "ece": ece}
-        layer = output_layer(unwrapped, len(run.splits.label_names))
-        edit_weights(run.accelerator, run.model, lambda w: fold_temperature(w, layer, temperatures))
-        said = rounded(temperatures), held_out_figures(measured)
-        logger.info("Calibration: temperature %s fitted on validation, folded in%s", *said)
-    applied = scale.record(temperatures)
-    setattr(unwrapped.config, CONFIG_FIELD, applied)
-    thresholds = (run.progress.best_validation or {}).get("thresholds")
-    if thresholds:  # multi-label: the same decisions from the calibrated scores
-        applied = {**applied, "thresholds": moved_thresholds(thresholds, temperatures)}
-        setattr(unwrapped.config, problem_types.THRESHOLDS, applied["thresholds"])
-    if kept.get("method") != TEMPERATURE:
-        run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
-    return {
-        **applied,
-        "clamped": say_clamped(temperatures),
-        "held_out": measured,
-        "bins": BINS,
-        "ece_before": {"validation": scale.error(scale.probabilities(logits), labels)},
-        "ece_after": {"validation": scale.error(scale.probabilities(logits, temperatures), labels)},
-    }
 
 
 def add_test_errors(calibrated: dict, scored, problem_type: str) -> None:

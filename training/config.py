@@ -17,8 +17,6 @@ from contract import precision
 from contract.errors import UsageError
 from contract.long_text import DEFAULT_STRIDE, LongText
 from contract.runtimes import RUNTIMES
-from training.smoke import LABELS as SMOKE_LABELS
-from training.smoke import smoke_dir
 
 SUPPORTED_DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet")
 RENAMED = {"text_column": "text_column_names"}  # older field names, still accepted
@@ -422,58 +420,6 @@ class TrainConfig(RunConfig, EvaluationConfig, OptimizationConfig, DataConfig, M
         """{group: {field: value}}, the grouped YAML form."""
         values = self.model_dump()
         return {group: {name: values[name] for name in cls.model_fields} for group, cls in GROUPS.items()}
-
-
-def presets() -> dict[str, dict[str, Any]]:
-    """Named bundles of defaults; explicit values win."""
-    root = smoke_dir()
-    bundles = {
-        "smoke": {
-            "model_name_or_path": str(root / "model"),
-            "from_scratch": True,
-            "train_file": str(root / "train.csv"),
-            "test_file": str(root / "test.csv"),
-            "validation_split": 0.1,
-            "max_length": 64,
-            "num_train_epochs": 3,
-            "per_device_train_batch_size": 16,
-            "per_device_eval_batch_size": 64,
-            "learning_rate": 2e-3,
-            "warmup_ratio": 0.1,
-            "logging_steps": 50,
-            "label_names": list(SMOKE_LABELS),  # AG News' names for ids 0..3
-            "mixed_precision": "fp32",  # the same numbers on every CPU, AMX or not
-        }
-    }
-    for name, task_files in {"multi-label": ("multi_label", "jsonl"), "regression": ("regression", "csv")}.items():
-        stem, suffix = task_files
-        bundle = {k: v for k, v in bundles["smoke"].items() if k != "label_names"}
-        bundle.update(train_file=str(root / f"{stem}_train.{suffix}"), test_file=str(root / f"{stem}_test.{suffix}"))
-        bundle["label_column"] = "labels" if name == "multi-label" else "score"
-        bundle["output_dir"] = f"runs/smoke-{name}"  # beside checkpoints/ (the smoke model the README serves)
-        bundles[f"smoke-{name}"] = bundle
-    bundles["smoke-reranking"] = {  # the pretrained MiniLM: a tiny random model learns the pairs too slowly
-        **{k: v for k, v in bundles["smoke"].items() if k not in ("label_names", "from_scratch")},
-        **{f"{split}_file": str(root / f"reranking_{split}.csv") for split in ("train", "validation", "test")},
-        "model_name_or_path": "minilm",
-        "text_column_names": ["query"],
-        "text_pair_column": "passage",
-        "label_column": "relevance",
-        "problem_type": "reranking",
-        "num_train_epochs": 1,
-        "learning_rate": 1e-4,
-        "output_dir": "runs/smoke-reranking",
-    }
-    bundles["smoke-long"] = {
-        **bundles["smoke"],
-        "train_file": str(root / "long_train.csv"),
-        "test_file": str(root / "long_test.csv"),
-        "max_length": 48,  # the label's sentence starts past the first window
-        "long_text": "chunk",
-        "chunk_stride": 8,
-        "output_dir": "runs/smoke-long",
-    }
-    return bundles
 
 
 # ------------------------------------------------------------------------------------------ checks

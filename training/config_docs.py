@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from training.config import GROUP_TITLES, GROUPS, presets
+from training.config import GROUP_TITLES, GROUPS
+from training.smoke import presets
 
 
 def markdown() -> str:

@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from contract.help import HelpFormatter, prog
 from training import borrowed_flags
-from training.config import GROUP_TITLES, GROUPS, RENAMED, ConfigError, TrainConfig, check, one_line, presets
+from training.config import GROUP_TITLES, GROUPS, RENAMED, ConfigError, TrainConfig, check, one_line
+from training.smoke import presets
 
 logger = logging.getLogger(__name__)
 

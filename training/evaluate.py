@@ -6,7 +6,6 @@ Writes eval_results.json and the problem type's reports beside the model, naming
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +19,11 @@ from contract import files, precision
 from contract.errors import CheckpointError
 from contract.files import file_sha256
 from contract.loading import LoadedModel, load_model
-from contract.long_text import LongText
 from contract.problem_types import GRADES
 from training import arguments, calibration
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
-from training.config import TrainConfig, presets
+from training.config import TrainConfig
 from training.data.batching import make_eval_loader
 from training.data.errors import DataError
 from training.data.labels import LabelSpace
@@ -36,7 +34,7 @@ from training.output import reports
 from training.output.atomic import write_json
 from training.scoring.metrics import MetricSuite, Scored
 from training.scoring.split import score
-from training.smoke import ensure_smoke_assets
+from training.smoke import ensure_smoke_assets, presets
 
 logger = get_logger(__name__)
 # ------------------------------------------------------------------------------- python -m training.evaluate
@@ -101,13 +99,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def long_text_for(loaded: LoadedModel, args: argparse.Namespace) -> LongText:
-    """The model's long-text settings, with flag overrides."""
-    recorded = loaded.long_text
-    stride = recorded.stride if args.chunk_stride is None else args.chunk_stride
-    return dataclasses.replace(recorded, mode=args.long_text or recorded.mode, stride=stride)
-
-
 def load_split(args: argparse.Namespace, saved: SavedModel, cfg: TrainConfig) -> tuple[datasets.Dataset, str]:
     if args.preset:
         ensure_smoke_assets()  # the preset's test_file, built on first use
@@ -145,7 +136,7 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
     cfg = saved.data_config(args)
     metrics = MetricSuite(saved.loaded.problem, saved.loaded.labels, args.extra_metrics)
     tokenizer = saved.loaded.tokenizer
-    long_text = long_text_for(saved.loaded, args)
+    long_text = arguments.long_text_for(saved.loaded, args)
 
     def load() -> tuple:  # the main process tokenizes and caches; the others read it
         split, source = load_split(args, saved, cfg)

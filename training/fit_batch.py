@@ -1,6 +1,6 @@
 """--auto_find_batch_size: the largest per-device batch whose training pass fits in memory, found before the first
 step with accelerate's find_executable_batch_size, and gradient accumulation raised to keep the effective batch.
-Called by train.set_up.
+Called by set_up.py.
 """
 
 from __future__ import annotations

@@ -5,9 +5,7 @@ for a stop. Called by train.py on every rank.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -20,57 +18,14 @@ from contract import files, problem_types
 from contract.errors import UserError
 from training.config import TrainConfig
 from training.data.batching import model_inputs
-from training.data.reading import Splits
-from training.guards import StopGuard
-from training.objective import Objective
-from training.output.checkpoint import OutputDir, Progress
-from training.output.reports import run_summary
-from training.scoring.metrics import MetricSuite
+from training.output import reports
+from training.output.progress import Progress
+from training.run import Outcome, Run, run_summary
 from training.scoring.split import FIT, evaluate
-from training.speed.capture import CompiledSteps, eager
-from training.speed.step_graph import StepGraph
-from training.speed.throughput import Throughput, peak_memory_mb
+from training.speed.capture import eager
+from training.speed.throughput import peak_memory_mb
 
 logger = get_logger(__name__)
-
-
-@dataclass
-class Loaders:
-    train: torch.utils.data.DataLoader
-    sampler: Any  # the train loader's batch sampler: set_epoch reshuffles it
-    validation: torch.utils.data.DataLoader
-    test: torch.utils.data.DataLoader | None
-
-
-@dataclass
-class Run:
-    """Everything one training run carries from step to step."""
-
-    cfg: TrainConfig
-    accelerator: Accelerator
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    tokenizer: Any
-    loaders: Loaders
-    splits: Splits
-    metrics: MetricSuite
-    out: OutputDir
-    progress: Progress
-    total_steps: int
-    num_epochs: int
-    throughput: Throughput
-    guard: StopGuard
-    objective: Objective  # the problem type's loss (objective.py)
-    compiled: CompiledSteps  # --torch_compile: the mode, and what compiling cost (training/speed/capture.py)
-    graphs: StepGraph | None = None  # --torch_compile whole-step: the captured steps (training/speed/step_graph.py)
-    early_stopped: bool = False  # set when the patience is spent
-    # after each validation (step, results): True stops the run as early stopping does (agnews tune's pruning)
-    on_evaluation: Callable[[int, dict], bool] | None = None
-
-    def finished(self) -> bool:
-        """Stop when early stopping fired or every step was taken."""
-        return self.early_stopped or self.progress.global_step >= self.total_steps
 
 
 # -------------------------------------------------------------------------------------------- decisions
@@ -231,7 +186,8 @@ def validate_and_save(run: Run) -> None:
                 setattr(run.accelerator.unwrap_model(model).config, problem_types.THRESHOLDS, results["thresholds"])
             run.out.save_model(model, run.tokenizer, run.cfg.export_hf_format)
             run.out.write_json(files.METRICS, run_summary(run))
-            run.out.write_curves(run.progress, plot=False)  # the PNG is drawn once, at the end
+            if run.accelerator.is_main_process:  # the PNG is drawn once, at the end
+                reports.write_training_curves(run.out.root, run.progress, plot=False)
     if patience_spent(run.progress.evals_since_best, run.cfg.early_stopping_patience):
         run.accelerator.set_trigger()
     if run.on_evaluation is not None and run.on_evaluation(run.progress.global_step, results):
@@ -282,11 +238,6 @@ def epoch_batches(run: Run, epoch: int):
     if run.progress.batches_done:
         return run.accelerator.skip_first_batches(run.loaders.train, run.progress.batches_done)
     return run.loaders.train
-
-
-class Outcome(Enum):
-    FINISHED = "finished"  # the best model is saved
-    PREEMPTED = "preempted"  # SIGTERM: a resumable state was saved; resume later
 
 
 def fit(run: Run) -> Outcome:

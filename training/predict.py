@@ -27,7 +27,7 @@ from contract.errors import UsageError
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
 from training import arguments
-from training.arguments import OUTPUT_SUFFIXES
+from training.arguments import OUTPUT_SUFFIXES, long_text_for
 from training.batch import shards
 from training.batch.rows import (
     Writer,
@@ -43,8 +43,7 @@ from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.data.errors import DataError
 from training.data.reading import load_file, require_columns
-from training.evaluate import long_text_for
-from training.output.checkpoint import stop_together
+from training.output.folder import stop_together
 
 logger = get_logger(__name__)
 

@@ -10,7 +10,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the preset's paths load without them (--help)
     from tokenizers import normalizers, pre_tokenizers
@@ -196,6 +196,58 @@ def smoke_dir() -> Path:
         return Path(os.environ["DISTILBERT_AGNEWS_SMOKE_DIR"])
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return cache / "distilbert-agnews" / f"smoke-v{SMOKE_VERSION}"
+
+
+def presets() -> dict[str, dict[str, Any]]:
+    """Named bundles of defaults; explicit values win."""
+    root = smoke_dir()
+    bundles = {
+        "smoke": {
+            "model_name_or_path": str(root / "model"),
+            "from_scratch": True,
+            "train_file": str(root / "train.csv"),
+            "test_file": str(root / "test.csv"),
+            "validation_split": 0.1,
+            "max_length": 64,
+            "num_train_epochs": 3,
+            "per_device_train_batch_size": 16,
+            "per_device_eval_batch_size": 64,
+            "learning_rate": 2e-3,
+            "warmup_ratio": 0.1,
+            "logging_steps": 50,
+            "label_names": list(LABELS),  # AG News' names for ids 0..3
+            "mixed_precision": "fp32",  # the same numbers on every CPU, AMX or not
+        }
+    }
+    for name, task_files in {"multi-label": ("multi_label", "jsonl"), "regression": ("regression", "csv")}.items():
+        stem, suffix = task_files
+        bundle = {k: v for k, v in bundles["smoke"].items() if k != "label_names"}
+        bundle.update(train_file=str(root / f"{stem}_train.{suffix}"), test_file=str(root / f"{stem}_test.{suffix}"))
+        bundle["label_column"] = "labels" if name == "multi-label" else "score"
+        bundle["output_dir"] = f"runs/smoke-{name}"  # beside checkpoints/ (the smoke model the README serves)
+        bundles[f"smoke-{name}"] = bundle
+    bundles["smoke-reranking"] = {  # the pretrained MiniLM: a tiny random model learns the pairs too slowly
+        **{k: v for k, v in bundles["smoke"].items() if k not in ("label_names", "from_scratch")},
+        **{f"{split}_file": str(root / f"reranking_{split}.csv") for split in ("train", "validation", "test")},
+        "model_name_or_path": "minilm",
+        "text_column_names": ["query"],
+        "text_pair_column": "passage",
+        "label_column": "relevance",
+        "problem_type": "reranking",
+        "num_train_epochs": 1,
+        "learning_rate": 1e-4,
+        "output_dir": "runs/smoke-reranking",
+    }
+    bundles["smoke-long"] = {
+        **bundles["smoke"],
+        "train_file": str(root / "long_train.csv"),
+        "test_file": str(root / "long_test.csv"),
+        "max_length": 48,  # the label's sentence starts past the first window
+        "long_text": "chunk",
+        "chunk_stride": 8,
+        "output_dir": "runs/smoke-long",
+    }
+    return bundles
 
 
 def make_example(rng: random.Random, label: str) -> str:

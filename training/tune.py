@@ -188,9 +188,10 @@ def run_trial(study, trial, params: dict, cfg: TrainConfig, accelerator) -> None
             trial.report(value_of(results, trial_cfg.metric_for_best_model or next(iter(results))), step)
         return shared(accelerator, trial.should_prune() if trial is not None else None)
 
-    summary = train.main(trial_cfg, accelerator, on_evaluation=prune)
+    ended = train.main(trial_cfg, accelerator, on_evaluation=prune)
     accelerator.free_memory()  # the trial's model and optimizer leave with it
-    if summary is None:
+    summary = ended.summary
+    if summary is None:  # preempted
         raise UserError("the search was preempted; run the same command again to resume it")
     if trial is None:
         return

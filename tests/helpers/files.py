@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from training.output.checkpoint import complete_states
+from training.output.resume import complete_states
 
 
 @contextlib.contextmanager

@@ -197,16 +197,17 @@ def test_an_over_confident_model_is_calibrated_in_its_weights_and_every_consumer
 
 @pytest.mark.parametrize("temperature", [float("nan"), -2.0, 0.0])
 def test_a_resumed_run_refuses_a_recorded_temperature_it_would_divide_by(tmp_path, temperature):
-    """A finished run resumed keeps the calibration its config.json records (training/train.py calibrate): a NaN,
+    """A finished run resumed keeps the calibration its config.json records (training/finish.py calibrate): a NaN,
     negative or zero temperature there is one line, not a model divided by it."""
-    from training.output.checkpoint import OutputDir, ResumeError
+    from training.finish import saved_calibration
+    from training.output.resume import ResumeError
 
     record = {"method": "temperature", "temperature": temperature}
     (tmp_path / files.CONFIG).write_text(json.dumps({"calibration": record}))
     with pytest.raises(ResumeError, match="calibration must be .* finite T > 0"):
-        OutputDir(tmp_path, accelerator=None).saved_calibration()
+        saved_calibration(tmp_path)
     (tmp_path / files.CONFIG).write_text(json.dumps({"calibration": {"method": "temperature", "temperature": 1.2}}))
-    assert OutputDir(tmp_path, accelerator=None).saved_calibration()["temperature"] == 1.2
+    assert saved_calibration(tmp_path)["temperature"] == 1.2
 
 
 def test_auto_fits_no_temperature_on_too_few_validation_texts_or_too_few_of_a_class():

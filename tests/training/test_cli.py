@@ -17,7 +17,7 @@ from training.cli import run_command
 from training.config import ConfigError
 from training.data.errors import DataError
 from training.guards import LaunchError
-from training.output.checkpoint import ResumeError
+from training.output.resume import ResumeError
 
 
 def raising(exc: Exception):

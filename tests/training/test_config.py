@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from tests.helpers.processes import ROOT
-from training.config import GROUPS, ConfigError, TrainConfig, presets
+from training.config import GROUPS, ConfigError, TrainConfig
 from training.config_parsing import build_parser, load_config
 from training.launch import mixed_precision
+from training.smoke import presets
 from training.train import cli
 
 

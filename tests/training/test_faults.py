@@ -13,7 +13,7 @@ import torch
 from contract import files
 from tests.helpers.files import find_latest_state, write_rows
 from tests.helpers.processes import ROOT, cli_env, describe, fault_env, launch_command, run_train
-from training.output.checkpoint import read_progress
+from training.output.resume import read_progress
 
 pytestmark = pytest.mark.slow
 SMOKE = ["--preset", "smoke", "--stop_check_steps", "5", "--logging_steps", "10"]

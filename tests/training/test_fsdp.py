@@ -22,7 +22,7 @@ import torch
 from contract import files
 from contract.loading import load_model
 from tests.helpers.processes import FSDP, ROOT, cli_env, describe, fsdp_env, run_train
-from training.output.checkpoint import ResumeError, pick_state
+from training.output.resume import ResumeError, pick_state
 from training.weights import edit_weights  # noqa: F401 - the path under test, named for the reader
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from contract import files
 from contract.loading import load_model
 from tests.helpers.processes import ROOT, describe, launch, run_train
-from training.output.checkpoint import load_weights
+from training.output.best_model import load_weights
 
 pytestmark = pytest.mark.slow
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"

@@ -15,7 +15,7 @@ from training.loop import (
     record_evaluation,
     save_interval,
 )
-from training.output.checkpoint import Progress
+from training.output.progress import Progress
 
 
 def test_every_fires_on_multiples_and_never_without_an_interval():

@@ -24,7 +24,7 @@ from inference.settings import Settings
 from tests.helpers.adapters import write_body
 from tests.helpers.processes import cli_env, describe, run_train
 from tests.helpers.service import wait_for
-from training.output.checkpoint import load_weights
+from training.output.best_model import load_weights
 
 peft = pytest.importorskip("peft", reason="pip install 'distilbert-agnews[peft]' (dev extra)")
 

@@ -24,7 +24,7 @@ from contract.loading import load_model
 from tests.helpers.processes import cli_env, describe, launch, run_train
 from tests.helpers.service import Server
 from training import calibration
-from training.output.checkpoint import load_weights
+from training.output.best_model import load_weights
 from training.scoring.metrics import THRESHOLD_GRID
 
 pytestmark = pytest.mark.slow

@@ -25,7 +25,7 @@ from tests.helpers.files import find_latest_state
 from tests.helpers.processes import ROOT, cli_env, describe, free_port, run_train
 from tests.helpers.service import wait_for
 from training import calibration
-from training.output.checkpoint import read_progress
+from training.output.resume import read_progress
 
 pytestmark = pytest.mark.slow
 SMOKE_2PROC = SMOKE_2PROC_ARGS  # 84 steps per epoch on 2 ranks; --scale_lr linear: learning rate 2e-3 x 2 processes

@@ -1,7 +1,7 @@
 """`agnews tune` (training/tune.py) on the smoke preset, as users run it: the study runs its trials in one process,
 the first with the settings as given, prunes on each evaluation, keeps only the best trial's folder, writes
 tune.json with the command that trains the best, and resumes from its SQLite study to more trials. The pruning seam
-(loop.Run.on_evaluation) stops a run at the evaluation that asks it to."""
+(run.Run.on_evaluation) stops a run at the evaluation that asks it to."""
 
 from __future__ import annotations
 
@@ -70,7 +70,9 @@ def test_a_run_stops_at_the_evaluation_its_hook_says_to(smoke_dir, tmp_path):
     cfg = load_config(["--preset", "smoke", "--eval_steps", "10", "--output_dir", str(tmp_path / "run")])
     seen = []
     try:
-        summary = train.main(cfg, train.make_accelerator(cfg), on_evaluation=lambda step, _: seen.append(step) or True)
+        summary = train.main(
+            cfg, train.make_accelerator(cfg), on_evaluation=lambda step, _: seen.append(step) or True
+        ).summary
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)  # the next test file's Accelerator starts afresh
     assert seen == [10] and summary["global_step"] == 10

@@ -20,6 +20,7 @@ from accelerate.logging import get_logger
 from contract.errors import UsageError
 from contract.loading import LoadedModel, load_model
 from contract.long_text import LongText
+from training.arguments import long_text_for
 from training.batch.rows import (
     Writer,
     joined,
@@ -31,7 +32,6 @@ from training.batch.rows import (
     text_columns,
 )
 from training.batch.shards import Shard, mark_done, not_labelled
-from training.evaluate import long_text_for
 
 logger = get_logger(__name__)
 READERS = {".csv": "read_csv", ".jsonl": "read_json", ".json": "read_json", ".parquet": "read_parquet"}

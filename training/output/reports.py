@@ -9,7 +9,6 @@ import io
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +17,6 @@ import torch
 from contract import files
 from contract.problem_types import PROBLEM_TYPES, ProblemType
 from training import calibration
-from training.data.batching import num_texts
-from training.lora import parameter_counts
 from training.output.atomic import write_bytes, write_json
 from training.scoring.metrics import Scored
 
@@ -332,34 +329,3 @@ def next_steps(cfg, best_step: int, best_metric: float, test_metrics: dict | Non
         f"Evaluate it: agnews evaluate --checkpoint_dir {folder}{data}{held}{label}  |  serve it: "
         f"agnews serve --model_id {folder}"
     )
-
-
-def run_summary(run, test_metrics: dict | None = None, runtime_s: float | None = None) -> dict:
-    """metrics.json: best, test, history, config, versions."""
-    cfg, progress, splits, world = run.cfg, run.progress, run.splits, run.accelerator.num_processes
-    chunked = cfg.long_text_rule().chunked
-    return {
-        "validation": progress.best_validation,
-        "test": test_metrics,
-        "best_step": progress.best_step,
-        "global_step": progress.global_step,
-        "epochs_completed": progress.epoch,
-        "metric_for_best_model": cfg.metric_for_best_model,
-        "world_size": world,
-        "effective_batch_size": cfg.effective_batch_size(world),
-        "mixed_precision": run.accelerator.mixed_precision,
-        "parameters": parameter_counts(run.accelerator.unwrap_model(run.model, keep_torch_compile=False)),
-        "history": progress.history,
-        "train_loss": progress.train_loss,
-        "config": cfg.to_dict(),
-        "versions": {name: version(name) for name in ("torch", "accelerate", "transformers", "datasets", "tokenizers")},
-        "train_runtime_s": runtime_s,
-        "cpu_threads": progress.layout.get("cpu_threads"),  # chosen by the machine's load unless OMP_NUM_THREADS
-        "num_examples": {name: num_texts(split) for name, split in splits.named().items()},
-        **({"num_windows": {name: len(split or ()) for name, split in splits.named().items()}} if chunked else {}),
-        "label_names": splits.label_names,
-        "problem_type": splits.labels.problem_type,
-        "label_values": splits.labels.values,  # the training data's value of each class id
-        "provenance": progress.provenance,  # data fingerprints, model and settings (training/output/provenance.py)
-        "inexact_resumes": progress.inexact_resumes,  # what changed at a resume with --allow_inexact_resume
-    }

@@ -1,7 +1,6 @@
 """Fault injection for the crash tests, loaded by every Python process that has this folder on PYTHONPATH
-(tests/conftest.py: `fault_env`). The package knows nothing of it: once `training.loop`, `training.output.checkpoint`,
-`accelerate.accelerator` or `pyarrow.parquet` is imported, the named function (or method) of that module is wrapped:
-the seams that training/loop.py and training/output/checkpoint.py document.
+(tests/conftest.py: `fault_env`). The package knows nothing of it: once a module named in PATCHES is imported, the
+named function (or method) of that module is wrapped: the seams that training/loop.py and training/output/ document.
 
     DISTILBERT_AGNEWS_FAULT=nan_loss_from_step:N     the loss is NaN from optimizer step N on, on every rank
     DISTILBERT_AGNEWS_FAULT=raise_on_rank:R:N        rank R raises RuntimeError right after optimizer step N
@@ -135,10 +134,10 @@ PATCHES = {  # fault kind: (module, function or Class.method, wrapper)
     "nan_loss_from_step": ("training.loop", "forward_loss", _forward_loss),
     "raise_on_rank": ("training.loop", "after_optimizer_step", _after_optimizer_step),
     "hang_on_rank": ("training.loop", "after_optimizer_step", _after_optimizer_step),
-    "kill_in_save_state": ("training.output.checkpoint", "replace_dir", _replace_dir),
-    "kill_in_save_model": ("training.output.checkpoint", "write_weights", _write_weights),
+    "kill_in_save_state": ("training.output.folder", "replace_dir", _replace_dir),
+    "kill_in_save_model": ("training.output.best_model", "write_weights", _write_weights),
     "enospc_in_save_state": ("accelerate.accelerator", "Accelerator.save_state", _save_state),
-    "enospc_in_save_model": ("training.output.checkpoint", "write_weights", _write_weights_no_space),
+    "enospc_in_save_model": ("training.output.best_model", "write_weights", _write_weights_no_space),
     "enospc_in_predict": ("pyarrow.parquet", "write_table", _write_part_no_space),
     "oom_above_rows": ("torch.nn.modules.sparse", "Embedding.forward", _allocate),
     "kill_after_shard": ("training.batch.shards", "mark_done", _mark_done),

@@ -24,7 +24,7 @@ from contract import files
 from tests.conftest import SMOKE_2PROC_ARGS
 from tests.helpers.files import find_latest_state
 from tests.helpers.processes import ROOT, cli_env, describe, fault_env, launch_command, run_train
-from training.output.checkpoint import read_progress
+from training.output.resume import read_progress
 
 pytestmark = pytest.mark.slow
 SMOKE = SMOKE_2PROC_ARGS  # a resumable state every 21 optimizer steps

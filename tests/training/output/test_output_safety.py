@@ -26,7 +26,7 @@ from tests.helpers.files import read_only
 from tests.helpers.processes import ROOT, cli_env, describe, fault_env, launch_command, run_train
 from training.config import TrainConfig
 from training.output import provenance
-from training.output.checkpoint import ResumeError, complete_states, damaged_file, pick_state
+from training.output.resume import ResumeError, complete_states, damaged_file, pick_state
 
 pytestmark = pytest.mark.slow
 SMOKE = SMOKE_MODEL_ARGS  # 1 process: 168 steps, states at 84 and 168

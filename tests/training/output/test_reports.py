@@ -10,7 +10,7 @@ from PIL import Image
 
 from contract import files
 from training.output import model_card, reports
-from training.output.checkpoint import Progress
+from training.output.progress import Progress
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 

@@ -146,7 +146,8 @@ def test_a_compiled_packed_run_allows_a_graph_for_every_packed_row_length(smoke_
 
     from training.config_parsing import load_config
     from training.data.batching import train_widths
-    from training.train import make_accelerator, set_up
+    from training.set_up import set_up
+    from training.train import make_accelerator
 
     for name in ("recompile_limit", "fail_on_recompile_limit_hit"):  # set_up sets them process-wide: put them back
         monkeypatch.setattr(torch._dynamo.config, name, getattr(torch._dynamo.config, name))
