@@ -1,5 +1,5 @@
-"""Prose density of the packages: words per docstring and per comment (consecutive `#` lines are one comment; a
-comment after code on its line is one of its own).
+"""Prose density: words per docstring and per comment (consecutive `#` lines are one comment; a comment after code on
+its line is one of its own), in the packages and, apart, in tests/ and bench/.
 
     python scripts/prose.py            # median words, share over 40 words, the longest ones
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("contract", "training", "inference")
+OUTSIDE = ("tests", "bench")  # held to the same bounds
 
 
 def units(path: Path) -> list[tuple[int, str]]:
@@ -46,10 +47,10 @@ def units(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def measure() -> tuple[float, float, list[tuple[int, str]]]:
+def measure(folders: tuple[str, ...] = PACKAGES) -> tuple[float, float, list[tuple[int, str]]]:
     """Median words, the share of units over 40 words, and every unit's (words, where)."""
     counted = []
-    for package in PACKAGES:
+    for package in folders:
         for path in sorted((ROOT / package).rglob("*.py")):
             for line, text in units(path):
                 counted.append((len(text.split()), f"{path.relative_to(ROOT)}:{line}"))
@@ -58,6 +59,8 @@ def measure() -> tuple[float, float, list[tuple[int, str]]]:
 
 
 if __name__ == "__main__":
-    median, over_40, counted = measure()
-    sys.stdout.write(f"{len(counted)} docstrings and comments: median {median} words, {over_40:.1%} over 40 words\n")
-    sys.stdout.writelines(f"  {n:4d}  {where}\n" for n, where in counted[:20])
+    for folders in (PACKAGES, OUTSIDE):
+        median, over_40, counted = measure(folders)
+        said = f"{', '.join(folders)}: {len(counted)} docstrings and comments: median {median} words"
+        sys.stdout.write(f"{said}, {over_40:.1%} over 40 words\n")
+        sys.stdout.writelines(f"  {n:4d}  {where}\n" for n, where in counted[:10])

@@ -32,9 +32,7 @@ def pytest_configure(config):
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
-    """The folder `name`, made by `build(folder)` once per test session even when pytest-xdist runs the suite
-    on several workers: the first worker to ask builds it under a file lock, the others wait and reuse it.
-    A build that fails marks nothing done, so the next worker to ask tries again and reports its own failure."""
+    """The folder `name`, built once per session under a file lock across xdist workers."""
     from filelock import FileLock
 
     base = tmp_path_factory.getbasetemp()
@@ -58,9 +56,7 @@ def smoke_dir(tmp_path_factory) -> Path:
     return path
 
 
-# One trained model for every test that only reads one: 1 process, 1 epoch of the smoke preset (168 steps) with
-# resumable states at steps 84 (mid-epoch) and 168 (the end). Tests that write into it take a copy.
-# With OpenVINO installed, --export_runtime openvino: serving tests start without converting (test_runtimes.py).
+# One smoke model (1 epoch, states at steps 84 and 168) for tests that only read it.
 SMOKE_MODEL_ARGS = ["--preset", "smoke", "--checkpointing_steps", "84", "--num_train_epochs", "1"] + (
     ["--export_runtime", "openvino"] if importlib.util.find_spec("openvino") else []
 )
@@ -114,7 +110,7 @@ def smoke_2proc_run(smoke_dir, tmp_path_factory) -> tuple[Path, subprocess.Compl
 
 @pytest.fixture(scope="session")
 def smoke_checkpoint(smoke_model) -> Path:
-    """The session's trained smoke model (tests/conftest.py); tests that change files use checkpoint_copy."""
+    """The session's smoke model; tests that change files use checkpoint_copy."""
     return smoke_model
 
 

@@ -266,11 +266,12 @@ def test_module_docstrings_say_what_the_module_holds_in_a_few_lines():
     assert not long, f"module docstrings over {MAX_MODULE_DOC_LINES} lines: {long}"
 
 
-def test_comments_and_docstrings_stay_short():
+@pytest.mark.parametrize("folders", ["packages", "tests and bench"])
+def test_comments_and_docstrings_stay_short(folders):
     """The anchors' density (nanoGPT's median comment is 7 words): measured by scripts/prose.py."""
     spec = importlib.util.spec_from_file_location("prose", ROOT / "scripts" / "prose.py")
     prose = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prose)
-    median, over_40, counted = prose.measure()
+    median, over_40, counted = prose.measure(prose.PACKAGES if folders == "packages" else prose.OUTSIDE)
     longest = ", ".join(f"{where} ({n})" for n, where in counted[:5])
     assert median <= 10 and over_40 <= 0.03, f"median {median} words, {over_40:.1%} over 40; longest: {longest}"

@@ -1,6 +1,4 @@
-"""`agnews COMMAND` (training/commands.py, the console script of pyproject.toml): the list of commands, an unknown one
-refused in one line, a command run through it as through its old invocation, and one --help style for all of them,
-printed without importing torch."""
+"""`agnews COMMAND`: the list, unknown commands, --help without torch."""
 
 from __future__ import annotations
 
@@ -120,9 +118,7 @@ def test_every_service_setting_is_explained():
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [1, 2])
 def test_launch_is_accelerate_launch_without_its_defaults_block_and_traceback(processes, tmp_path):
-    """A run refused at start (its folder holds another run) through `agnews launch` and through `accelerate launch`,
-    with accelerate's default config absent (HF_HOME empty): the same exit code and error line; ours without the
-    block of launcher defaults and without the launcher's traceback."""
+    """A refused start says the same through either launcher."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "metrics.json").write_text("{}")

@@ -1,6 +1,4 @@
-"""deploy/: the Kubernetes manifests are valid against the Kubernetes schemas (kubernetes-validate, strict: an
-unknown or misspelled field fails), the KServe predictor's containers are valid Pod containers, and both agree with
-the image (Containerfile: ports, user) and the service (every environment variable is a setting it reads)."""
+"""deploy/ manifests validate and agree with the image."""
 
 from __future__ import annotations
 

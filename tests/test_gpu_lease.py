@@ -1,8 +1,4 @@
-"""bench/gpu_lease.py cannot rot between GPU leases: its --dry-run runs every stage of the key call on CPU with tiny
-shapes (the GEMM and the CUDA-only probes' cells, the training bench, the batch-size bench, the serving bench on a
-smoke model with nothing converted, the FSDP2 smoke through the CPU stand-in) and prints the block; the call's
-deadline stops a child's whole process group and fails the run; a stage with too little time left is skipped in
-one line; a call whose inputs are missing stops in one line before running anything."""
+"""bench/gpu_lease.py's --dry-run runs every key stage on CPU."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""notebooks/kaggle_agnews.ipynb, executed top to bottom in a real Jupyter kernel from notebooks/ (its local mode: it
-moves to the project root above it; before, it cloned the placeholder repository) in its offline smoke mode
-(AGNEWS_NOTEBOOK_SMOKE=1: CPU, two processes over gloo): install check, environment check, `accelerate launch`
-training, the notebook_launcher alternative, distributed evaluation, the service and a /predict call.
-Any cell error fails the test. The committed file must carry no outputs."""
+"""The Kaggle notebook, run whole in its offline smoke mode."""
 
 from __future__ import annotations
 

@@ -260,9 +260,7 @@ def test_every_command_reading_a_folder_says_a_bad_field_in_one_line(checkpoint_
 
 
 def test_a_folder_without_tokenizer_files_is_refused_in_one_line_where_it_was_served_empty(checkpoint_copy):
-    """transformers builds an empty tokenizer from config.json alone: every word became [UNK] and "stocks fell" was
-    answered World 0.989 (Business 0.958 with its tokenizer). The service, predict and evaluate read folders through
-    load_model; the service's start-up says it in one line."""
+    """A folder without tokenizer files is one line."""
     shutil.rmtree(checkpoint_copy / files.TOKENIZER_DIR)
     for name in files.TOKENIZER_FILES:
         (checkpoint_copy / name).unlink(missing_ok=True)

@@ -1,6 +1,4 @@
-"""contract/long_text.py, the windowing contract: windows are the tokenizer's own overflowing windows, a short text's
-one window is exactly its truncation, pooling is the mean or max of the windows' logits, and bad settings are one
-line (before the tokenizer could abort the process on them)."""
+"""contract/long_text.py: the tokenizer's own windows, pooling, one-line refusals."""
 
 from __future__ import annotations
 

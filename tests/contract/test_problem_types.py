@@ -1,7 +1,4 @@
-"""Each problem type's object (contract/problem_types.py) fills the whole interface consistently: its example split
-decides and scores through its own metric inputs, its prediction values are exactly its prediction names, a
-candidate identical to fp32 agrees everywhere, its loss is one finite number per example, and a label cell reads
-back as the target it encodes. A new type passes these by being registered in PROBLEM_TYPES."""
+"""Each problem type's object fills the whole interface consistently."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""peft adapter folders of one tiny base, written directly (no training run): a base body and LoRA adapters on it
-with their own labels and random, non-zero weights, so that each answers differently. For the serving tests of
-several adapters on one base."""
+"""peft LoRA adapters on one tiny base, each answering differently."""
 
 from __future__ import annotations
 

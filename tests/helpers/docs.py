@@ -1,9 +1,6 @@
-"""The shell and Python blocks of README.md and docs/*.md, as a user copies them, for tests/test_docs.py.
-
-A block that the suite cannot run carries, on the line above it, `<!-- not run in the suite: REASON -->` (the
-Hub, a GPU, a scheduler...); one run by another test says `<!-- run by tests/...py -->`; one that needs the Hub and
-must say so quickly offline, `<!-- stops offline: WHAT IT SAYS -->`.
-"""
+"""The shell and Python blocks of README.md and docs/*.md, as a user copies them. A block the suite cannot run says why
+above it: `<!-- not run in the suite: REASON -->`, `<!-- run by tests/...py -->` or `<!-- stops offline: WHAT IT SAYS
+-->`."""
 
 from __future__ import annotations
 

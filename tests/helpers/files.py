@@ -17,9 +17,7 @@ from training.output.resume import complete_states
 
 @contextlib.contextmanager
 def read_only(*folders: Path):
-    """`folders` made so that nothing can be created, renamed or removed in them, even by root (the immutable
-    attribute, chattr +i; chmod otherwise), for the duration of the block; a skip saying why where neither works.
-    Files already inside stay writable: the code under test must not need to create any."""
+    """`folders` made immutable for the block (chattr +i, else chmod); skipped, saying why, where neither works."""
     if os.geteuid() != 0:
         for folder in folders:
             folder.chmod(0o555)

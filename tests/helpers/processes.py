@@ -64,9 +64,7 @@ def train_under_graphs(out: Path, args: list[str]) -> dict:
 
 
 def launch_command(target: list[str], processes: int = 2, config: Path = CPU_2PROC) -> list[str]:
-    """The one way the tests start N processes: `python TARGET...` for 1, else the `accelerate launch` users run,
-    with the 2-process CPU config (or `config`), N processes and a free port; TARGET is a script and its arguments,
-    or ["-m", module, ...]."""
+    """N processes as users start them: python for 1, accelerate launch for more."""
     if processes == 1:
         return [sys.executable, *target]
     return [

@@ -1,7 +1,4 @@
-"""The three tokenizer kinds users' models bring, trained offline in a second on a few texts: WordPiece (BERT,
-DistilBERT: the smoke preset's), byte-level BPE (GPT-2, RoBERTa, Qwen, Llama 3: several tokens may share one
-character's offsets) and SentencePiece Unigram (T5, XLM-R, ALBERT: a metaspace for each space). Costs per request
-differ by kind, so tests of the service's text routes run on all three."""
+"""WordPiece, byte-level BPE and Unigram tokenizers, trained offline."""
 
 from __future__ import annotations
 

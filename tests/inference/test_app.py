@@ -207,12 +207,7 @@ def recording_shapes(c: TestClient) -> TestClient:
 def test_two_thousand_real_texts_from_concurrent_clients_get_the_unbatched_models_answers(
     request, static, reference, smoke_checkpoint
 ):
-    """The engine's batching (inputs tokenized together, forward passes shared by requests, one copy back per
-    micro-batch) changes no answer: 2,000 AG News texts posted by 16 concurrent clients in requests of 1 to 8 texts
-    each get the model's answer for that text alone (fp32: same best label, scores within 1e-4), while micro-batches
-    really merge requests. As on the CPU (tokenized on the model's thread, dynamic shapes) and as on CUDA (a
-    tokenizer thread ahead of the model, static shapes: every forward pass has one of the fixed (rows, width)
-    shapes, one pass per micro-batch; rows padded with filler inputs change no one's answer)."""
+    """Batching changes no answer: 2,000 texts from 16 clients, CPU and CUDA paths."""
     client = request.getfixturevalue("static_client" if static else "client")
     texts = ag_news_texts(2000)
     requests, start = [], 0
@@ -337,9 +332,7 @@ def test_an_inference_failure_is_424_backend_and_the_worker_lives_on(smoke_check
 
 @pytest.mark.parametrize("where", ["client", "static_client"], ids=["model-thread", "tokenizer-thread"])
 def test_a_tokenizer_failure_is_424_and_the_engine_lives_on(request, where, monkeypatch):
-    """Should the tokenizer itself raise (not a refused input: a bug, a broken tokenizer), the requests of that
-    micro-batch get 424 at once instead of waiting forever, and the next request is served: tokenized on the model's
-    thread (the CPU's default) or on a thread of its own (CUDA's)."""
+    """A tokenizer that raises fails its micro-batch with 424."""
     import inference.engine.scheduler
 
     client = request.getfixturevalue(where)

@@ -1,8 +1,4 @@
-"""The CUDA-graph serving path (inference/engine/graphs.py: `CapturedForward`, as the engine uses it on CUDA) run on the
-CPU through the stand-in for its CUDA primitive (tests/helpers/cuda_graphs/stand_in.py: a capture records the
-forward pass on static input tensors, a replay re-runs it into the same output). Everything above the primitive is
-the real code: start-up's warm-up and capture, buckets, copies in and out, hot reload. The 2,000 texts from 16
-clients (tests/inference/test_app.py, `static_client`) run through it too."""
+"""The CUDA-graph serving path, on the CPU stand-in."""
 
 from __future__ import annotations
 
@@ -27,9 +23,7 @@ def graphs(monkeypatch):
 
 
 def test_the_captured_engine_starts_and_pads_every_pass_to_a_captured_shape(graphs, smoke_checkpoint, reference):
-    """issue 39, finding 1: warm-up's pass (1 row, width 8) was not a captured shape, so the first start on a GPU
-    raised KeyError. Start-up captures every bucket and warms up through them; a lone short text, a single request
-    and a batch all replay captured shapes and answer as the eager model does."""
+    """Start-up captures every bucket; every request replays a captured shape."""
     before = CpuGraphs.captures
     with make_client(smoke_checkpoint, **CAPTURED) as c:
         loaded = c.app.state.service.engine.current

@@ -1,12 +1,5 @@
-"""The real `huggingface_hub.InferenceClient` against a real service process, unchanged.
-
-Two client-side facts of huggingface_hub (2.x) shape these calls, and hold against TEI itself:
-- `text_classification` posts {"inputs": text, "parameters": {...}} to the base URL (our POST /) and returns
-  element [0] of the parsed answer; TEI answers one text with one flat list, so the client returns the best
-  label (huggingface_hub/inference/_client.py: `parse_obj_as_list(response)[0]`).
-- `health_check` and `get_endpoint_info` refuse any provider but "hf-inference" before sending anything, and
-  `InferenceClient(base_url=...)` leaves the provider unset; pass provider="hf-inference" for them.
-"""
+"""The real huggingface_hub InferenceClient against a real service, unchanged. text_classification returns element [0]
+of the answer (huggingface_hub/inference/_client.py); health_check needs provider="hf-inference"."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The shapes other clients send, over real HTTP with their real libraries, answered by the same engine as /predict
-and /rerank (scores equal to 1e-5): vLLM's classify and /v1/models (field names from vLLM's own protocol source,
-vllm/entrypoints/pooling/classify/protocol.py and vllm/entrypoints/openai/protocol.py's ErrorResponse), Cohere's
-rerank through the `cohere` SDK, and KServe v2 through `tritonclient.http` (JSON and binary tensors). In-process:
-401, 413, 415 and 429 on the new routes as on TEI's."""
+"""vLLM classify, Cohere rerank and KServe v2 through their real clients, over HTTP."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Time to the first answer on a new checkpoint (issue 41, point 5): with the default MEASURE_IN_BACKGROUND, a start
-whose runtime choice is not recorded yet answers at once with PyTorch fp32 (the reference every candidate is checked
-against) while the candidates are converted and measured on a thread; the choice is then swapped in. Timings:
-bench/first_answer.py (docs/benchmarks.md)."""
+"""A new checkpoint answers at once with PyTorch fp32 while the race runs."""
 
 from __future__ import annotations
 
@@ -31,9 +28,7 @@ def new_checkpoint(checkpoint_copy, tmp_path):
 
 
 def test_a_new_checkpoint_answers_with_torch_fp32_at_once_then_the_measured_runtime(new_checkpoint, reference):
-    """BACKEND=auto, DTYPE=fp32: the fp32 candidates of every installed runtime race, not yet measured for this
-    copy. The first answers come from the provisional torch fp32; the measured choice replaces it without a reload
-    (runtime.json written as a measured start writes it), and answers the same."""
+    """The measured choice replaces the provisional fp32 without a reload."""
     checkpoint_copy, cache = new_checkpoint
     with make_client(checkpoint_copy, measure_in_background=True, **cache) as client:
         first = runtime(client)
@@ -75,10 +70,7 @@ def test_a_failed_background_measurement_leaves_torch_fp32_serving(new_checkpoin
 
 
 def test_sigterm_during_the_background_race_exits_cleanly_and_the_next_start_measures_again(new_checkpoint):
-    """A real `python -m inference` stopped while its candidates are still being converted (SIGTERM right after
-    /ready): the drain ends with exit 0, not with the converter's native threads aborting the finalising interpreter
-    (std::terminate, exit -6, as it did); the half-written conversion is removed by the next start, which measures
-    again and records its choice."""
+    """SIGTERM mid-conversion drains with exit 0."""
     checkpoint_copy, cache = new_checkpoint
     env = cli_env(MEASURE_IN_BACKGROUND="true", RUNTIME_CACHE=cache["runtime_cache"])
     first = Server(checkpoint_copy, env=env).wait_ready()

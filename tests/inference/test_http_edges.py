@@ -1,7 +1,4 @@
-"""The edges an operator and a TEI client hit: an over-limit body reaches every client as 413, API keys and request
-ids are ASCII, the routes open without a key are the ones the settings' help names, an id2label of the wrong size is
-one line for every checkpoint format, TEI's te_predict_count is counted. A real `python -m inference` on 127.0.0.1
-driven by Python's standard-library HTTP client, and FastAPI's TestClient."""
+"""The edges operators and TEI clients hit, over real HTTP."""
 
 from __future__ import annotations
 
@@ -36,9 +33,7 @@ def stdlib_post(port: int, body: bytes) -> tuple[int, dict, dict]:
 
 @pytest.mark.slow  # a real server process
 def test_an_over_limit_body_reaches_the_standard_library_client_as_413_every_time(server):
-    """Before, the server answered and closed with the body unread, the kernel reset the connection, and the client,
-    still sending, saw 'connection reset by peer' (urllib: 2 to 9 times in 10, by machine). The body is now drained
-    (bounded in bytes and time) before the answer."""
+    """The unread body is drained before a 413."""
     body = json.dumps({"inputs": "x" * 3_000_000}).encode()  # 3 MB against PAYLOAD_LIMIT's 2,000,000 bytes
     for _ in range(10):
         status, headers, answer = stdlib_post(server.port, body)

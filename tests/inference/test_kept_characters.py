@@ -1,7 +1,4 @@
-"""What the service tokenizes of a long input (inference/front_end/routes.py limit_characters, then the engine's
-encode in inference/tokenizing.py): with truncation each side is tokenized from its first (or last) max_length x
-KEPT_CHARS_PER_TOKEN characters, cut at a word boundary, and the ids are those of the whole input truncated as TEI
-truncates it, texts and pairs, from the start or from the end."""
+"""Only the characters truncation keeps are tokenized."""
 
 from __future__ import annotations
 
@@ -80,9 +77,7 @@ def test_long_inputs_give_the_ids_of_the_whole_inputs_truncated_from_their_kept_
 
 @pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
 def test_tokenizing_costs_what_the_model_keeps_not_what_was_sent(tokenizer, left):
-    """The three requests that held the model thread for seconds: a 1 MB rerank query beside 32 short texts, 32
-    documents of 60,000 characters, 16 pairs of them. The characters handed to the tokenizer stay within a few kept
-    parts per input (the query once), whatever the size of the request."""
+    """Huge requests hand the tokenizer only their kept parts."""
     rng, max_length = random.Random(2), 512
     kept = max_length * KEPT_CHARS_PER_TOKEN
     query, documents = text(rng, 120_000), [text(rng, 8_000) for _ in range(32)]

@@ -1,7 +1,4 @@
-"""The service with LONG_TEXT=chunk (the long-document smoke model, whose config.json asks for it): every window of an
-input is scored in the token-budget micro-batch and pooled; `truncate: true` keeps TEI's truncation; x-compute-tokens
-counts every window; MAX_CHUNKS answers 413; 64 concurrent clients over real HTTP, mixing long and short texts, each
-get their own answers, also through the real InferenceClient."""
+"""LONG_TEXT=chunk: every window scored and pooled, over real HTTP."""
 
 from __future__ import annotations
 
@@ -134,10 +131,7 @@ def news_words(n: int, seed: int) -> str:
 
 @pytest.mark.slow
 def test_a_megabyte_request_costs_the_model_thread_what_its_truncated_length_needs(smoke_long_model):
-    """Before, a 1 MB text pair spent seconds in the tokenizer's longest-first truncation (every overflowing piece of
-    both sides, paired) and a 1.9 MB batch of over-long documents was tokenized whole before the MAX_CHUNKS 413, while
-    every other request waited. Now each pair side is cut to what truncation keeps before tokenizing (the same ids:
-    tests/contract), and an over-long document is refused after tokenizing its start."""
+    """Over-long pairs and documents are cut before tokenizing."""
     pair = {"inputs": [news_words(100_000, 1), news_words(100_000, 2)], "truncate": True}  # ~1.2 MB
     documents = {"inputs": [[news_words(30_000, k)] for k in range(10)]}  # ~1.9 MB, each past MAX_CHUNKS windows
     short = {"inputs": "a short story about the election"}

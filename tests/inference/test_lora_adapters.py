@@ -1,10 +1,4 @@
-"""Several LoRA adapters on one base in one service (LORA_ADAPTERS): over real HTTP, each adapter answers as it does
-served alone (1e-5), picked by `model` in vLLM's classify and Cohere's rerank and by the KServe v2 model name, with
-its own labels and problem type, in-process and through front-end processes (WORKERS); TEI's routes keep MODEL_ID's;
-/v1/models and /info list them; an unknown name is vLLM's 404; another base, or a MODEL_ID that is no adapter, stops
-the start in one line; a changed adapter folder is reloaded. The adapters are written with peft directly
-(tests/helpers/adapters.py).
-"""
+"""Several LoRA adapters on one base, each as served alone."""
 
 from __future__ import annotations
 

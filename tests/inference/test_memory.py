@@ -1,7 +1,4 @@
-"""Memory creep (issue 14): RSS stays flat under varied batch shapes. The model is started the way the service
-starts it (load_configured, then ready_engine, which fixes glibc's mmap threshold: inference/memory.py), in a
-fresh process so the allocator starts clean. BACKEND=torch: the bound under test is PyTorch's (with auto, the
-race may serve OpenVINO or ONNX Runtime, whose memory this test does not measure)."""
+"""RSS stays flat under varied batch shapes (BACKEND=torch, fresh process)."""
 
 from __future__ import annotations
 
@@ -12,10 +9,7 @@ import pytest
 
 from tests.helpers.processes import ROOT, cli_env
 
-# A model of DistilBERT-base width (one layer, random weights) on the smoke tokenizer, fed 60 micro-batches of
-# 1-32 texts of 3-95 words through the engine's own tokenizer and forward pass, as the service runs them.
-# Without the fixed threshold this pattern grew 528 -> 729 MB in the project's venv (not in every environment:
-# CI's system Python stayed at 531 -> 484 MB), so the bound itself is what is asserted.
+# A base-wide model fed 60 varied micro-batches.
 SCRIPT = """
 import random, sys, psutil
 from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification

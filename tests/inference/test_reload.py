@@ -145,9 +145,7 @@ def test_a_tokenizer_swap_during_a_reload_is_served_once_settled(checkpoint_copy
 
 
 def permuted_copy(source: Path, target: Path) -> Path:
-    """The same model with its labels in the reverse order, saved as training saves (config.json records the new
-    weights' sha256): the head's rows and id2label permuted alike, so every text gets the same best label name from
-    both, and a request scored with the other model's labels would get another."""
+    """The same model with its labels reversed."""
     shutil.copytree(source, target)
     config = json.loads((source / files.CONFIG).read_text())
     n = len(config["id2label"])
@@ -185,9 +183,7 @@ def test_a_torn_folder_is_never_loaded_and_names_both_files(checkpoint_copy, tmp
 
 @pytest.mark.slow
 def test_label_permuted_swaps_under_load_never_mislabel_an_answer(checkpoint_copy, tmp_path):
-    """A model and its label-permuted twin swapped in by hand, file by file in either order, while 16 clients post
-    batches: every one of 10,000 answers names the text's best label (the model that computed a request names and
-    scores it; a torn folder is never loaded), and the swaps are really served."""
+    """Swaps under load: every answer names the text's best label."""
     original = Path(shutil.copytree(checkpoint_copy, tmp_path / "original"))
     permuted = permuted_copy(checkpoint_copy, tmp_path / "permuted")
     texts = [f"{TEXTS[i % len(TEXTS)]} Report number {i}." for i in range(200)]
@@ -282,9 +278,7 @@ def test_a_reload_refuses_what_start_up_refuses(checkpoint_copy, tmp_path, edit,
 
 
 def test_the_runtime_race_never_puts_older_weights_back_over_a_reload(checkpoint_copy, monkeypatch):
-    """The background race checks that its weights still serve, warms its runtime up, then swaps. A reload of new
-    weights forced into that warm-up waits for it and swaps last (before: the race put the old weights back after
-    the reload, and the watcher, whose files had not changed since, never reloaded again)."""
+    """A reload during the race's warm-up swaps last."""
     from dataclasses import replace
 
     from inference.engine import service as service_module

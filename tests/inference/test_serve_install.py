@@ -1,9 +1,4 @@
-"""`pip install ".[serve]"` alone runs the service: no datasets, accelerate, matplotlib or OpenVINO in that
-environment (BACKEND=auto then serves PyTorch and says why).
-
-`.ci/run` builds such an environment (torch, then `.[serve]`) and names its interpreter in SERVE_ONLY_PYTHON;
-without it this test is skipped, saying so.
-"""
+"""`pip install ".[serve]"` alone runs the service (SERVE_ONLY_PYTHON, from .ci/run)."""
 
 from __future__ import annotations
 

@@ -123,10 +123,7 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(slow_checkpoint):
 
 
 def test_sigterm_during_a_long_tokenize_answers_it_and_exits_0_without_a_traceback(smoke_checkpoint):
-    """A /tokenize of about 1.9 MB (15 inputs at TEI's character bound: seconds of work on a tokenizer thread) is in
-    flight when SIGTERM comes, with a drain shorter than the work: the request is answered (503 once the drain time is
-    over, or 200 if it finished), the tokenizer thread stops at its next look, and the process exits 0 with no
-    traceback (before: a CancelledError traceback, and minutes of work that kept the process alive)."""
+    """SIGTERM during a long /tokenize: answered, thread stopped, exit 0."""
     server = Server(smoke_checkpoint, "--reload_interval_s", "0", "--graceful_shutdown_s", "0.2").wait_ready()
     limit = httpx.get(f"{server.url}/info").json()["max_input_length"] * 250
     batch = [("word " * limit)[: limit - 1]] * 15
@@ -167,9 +164,7 @@ def test_quickstart_demo_serves_one_prediction_and_stops(smoke_checkpoint):
 
 
 def test_port_in_use_is_one_line_instead_of_hanging(smoke_checkpoint):
-    """uvicorn runs on a side thread (the model has the main thread): a port taken must still end the process. It is
-    now found before the model loads (a container stops with one line); a port taken between that check and
-    uvicorn's bind still ends the process through uvicorn's failed start (serve_on_main_thread)."""
+    """A taken port ends the process."""
     import socket
 
     with socket.socket() as taken:
@@ -202,10 +197,7 @@ def another_thread(pid: int) -> int:
     ids=["sigint", "sigterm-taken-by-another-thread"],
 )
 def test_a_signal_drains_an_idle_service_and_exits_0(smoke_checkpoint, sig, to_another_thread):
-    """The kernel may hand a process's signal to any of its threads, and Python runs the handler only on the main
-    thread, where the model's worker loop waits for requests. kill(2) with a thread's id makes Linux deliver the
-    signal to that thread: the idle service must still drain and exit 0 (it waited for the next request, forever,
-    before the worker woke every IDLE_WAKE_S; seen as rare hangs of the SIGINT and quick-start tests)."""
+    """A signal on any thread still drains the idle service."""
     server = Server(smoke_checkpoint, "--reload_interval_s", "0").wait_ready()
     assert httpx.post(f"{server.url}/predict", json={"inputs": "Stocks fell."}).status_code == 200
     os.kill(another_thread(server.process.pid) if to_another_thread else server.process.pid, sig)
@@ -242,9 +234,7 @@ def test_a_client_that_leaves_is_counted_499_without_a_traceback(server):
 
 
 def test_queued_requests_whose_clients_left_are_never_computed(slow_checkpoint):
-    """Ten clients queue behind a long batch and leave while it runs: their texts are not run (the batch-size
-    histogram counts only the long batch's 8 texts; the tokenizer thread may have tokenized the next micro-batches
-    ahead, no more), each is counted 499, the long batch is answered."""
+    """Clients that leave are counted 499 and never computed."""
 
     server = Server(slow_checkpoint, "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0")
     server.wait_ready()
@@ -324,10 +314,7 @@ def test_connections_are_bounded_and_idle_ones_closed(smoke_checkpoint):
 
 
 def test_slow_clients_are_cut_at_the_read_timeout_and_probes_answer_beside_them(smoke_checkpoint):
-    """The attack: more sockets than MAX_CONNECTIONS, each sending a header byte now and then, made /health, /ready
-    and /predict answer 503 for as long as they stayed (a liveness probe then restarts the pod). Now probes answer
-    past the limit, and a request whose head or body has not arrived within READ_TIMEOUT_S is closed, so /predict
-    comes back too; a slow body is cut the same way."""
+    """Slow-header sockets past MAX_CONNECTIONS: probes answer, slow requests are cut."""
     import socket
 
     server = Server(

@@ -294,9 +294,7 @@ def tokenizer(smoke_checkpoint):
 
 
 def test_tokenize_answers_tei_simple_tokens(http, tokenizer):
-    """server.rs `tokenize`, core/src/tokenization.rs `into_tokens`: per input a list of {id, text, special, start,
-    stop}; a special token carries its own string and no offsets, the others the input's own characters and their
-    byte offsets (a two-byte character counts two); add_special_tokens (default true); a batch answers in order."""
+    """TEI's /tokenize: tokens with byte offsets, specials without (server.rs, tokenization.rs)."""
     text = "Café owners rallied"
     [tokens] = post(http, {"inputs": text}, "/tokenize").json()
     ids = tokenizer(text)["input_ids"]
@@ -325,9 +323,7 @@ def test_tokenize_refuses_a_prompt_name_empty_batches_and_oversized_ones_as_tei(
 
 
 def test_tokenize_bounds_each_input_as_tei_and_answers_a_long_one_whole(http, tokenizer):
-    """core/src/tokenization.rs tokenize_input: /tokenize never truncates; an input of more than max_input_length x
-    MAX_CHAR_MULTIPLIER (250) characters is a Validation error naming both numbers (before, a 2 MB input ran for
-    minutes); up to it every token comes back with exact byte offsets, found in one pass (non-ASCII text)."""
+    """/tokenize never truncates; past the bound it is a Validation error."""
     limit = http.get("/info").json()["max_input_length"] * 250
     over = post(http, {"inputs": ["ok", "a" * (limit + 1)]}, "/tokenize")
     assert over.status_code == 422 and over.json() == {
@@ -400,9 +396,7 @@ def test_a_body_not_sent_as_json_is_415_as_axum_answers_it(http, path, content_t
 
 
 def test_answers_are_json_as_serde_json_writes_it_a_non_finite_score_as_null():
-    """TEI writes its bodies with serde_json, whose serializer writes a NaN or infinite float as `null`
-    (serde_json src/ser.rs, `serialize_f32`/`serialize_f64`: `if value.is_finite() {...} else { null }`); json.dumps
-    raised on one (a 500). Finite answers parse back to what json.dumps writes, non-ASCII labels as UTF-8."""
+    """Non-finite floats are null, as serde_json writes them (src/ser.rs)."""
     import json
 
     from inference.front_end.schemas import Json

@@ -1,7 +1,4 @@
-"""/tokenize's work off the model thread (inference/front_end/token_routes.py): a copy of the served tokenizer (link.py
-spare_copy) that nothing changes, one encode per text, and byte offsets from a prefix table, O(1) each for every
-tokenizer kind (byte-level BPE gives several tokens one character's offsets: a step back used to re-encode the
-prefix, quadratic in the text). The same over real HTTP, with its memory bounds: test_tokenize_bounds.py."""
+"""/tokenize off the model thread, with O(1) byte offsets."""
 
 from __future__ import annotations
 

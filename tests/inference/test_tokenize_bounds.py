@@ -1,8 +1,4 @@
-"""What /tokenize may cost, over real HTTP against a real `python -m inference` serving a byte-level BPE model (the
-kind whose texts give the most tokens per byte): maximal requests answered in time linear in the text and in bounded
-memory, streamed; the text it answers at once counted against TOKENIZE_PAYLOADS x PAYLOAD_LIMIT and its inputs
-against MAX_CONCURRENT_REQUESTS (429 past either, TEI's Overloaded), given back when a client leaves mid-answer.
-The offsets themselves: tests/inference/test_token_routes.py; the time per size: bench/tokenize_cost.py."""
+"""What /tokenize may cost, over real HTTP."""
 
 from __future__ import annotations
 
@@ -42,9 +38,7 @@ def megabytes(server: Server, field: str) -> int:
 
 
 def test_five_maximal_requests_at_once_are_answered_in_bounded_memory(folder):
-    """Three texts of 127,999 emoji each (1.5 MB, under PAYLOAD_LIMIT) five times at once: before, 186 s and +2.1 GB
-    of peak memory on a 2-core VM (a step back re-encoded the prefix; every token a dict), 0.9 GB kept after; now
-    every answer whole (53 MB each), the peak within the documented bound, the heap given back after."""
+    """Maximal emoji requests, five at once, within the memory bound."""
     server = Server(folder, "--backend", "torch", env=cli_env()).wait_ready()
     try:
         body = {"inputs": ["🔋" * (CHARS - 1)] * 3}
@@ -70,9 +64,7 @@ def test_five_maximal_requests_at_once_are_answered_in_bounded_memory(folder):
 
 
 def test_the_text_and_inputs_being_answered_are_bounded_and_given_back_when_clients_leave(folder):
-    """Clients that stop reading hold their answers open: the ninth such request of near PAYLOAD_LIMIT bytes is 429
-    (TOKENIZE_PAYLOADS x PAYLOAD_LIMIT answered at once), /predict is 429 while /tokenize's inputs fill
-    MAX_CONCURRENT_REQUESTS, and both are given back once those clients close."""
+    """Unread answers count against the limits until their clients close."""
     limits = {"PAYLOAD_LIMIT": "400000", "MAX_CONCURRENT_REQUESTS": "30", "MAX_CLIENT_BATCH_SIZE": "30"}
     server = Server(folder, "--backend", "torch", env=cli_env(**limits)).wait_ready()
     texts = ["stocks fell " * 10_000] * 3  # 360 KB: a ~40 MB answer no socket buffer holds

@@ -1,8 +1,4 @@
-"""WORKERS > 1: one engine process holds the model and batches for every front-end (uvicorn's workers, which never
-import torch), over the link of inference/front_end/link.py. Over real HTTP: the answers equal one process's, every
-scrape of /metrics counts every process, MAX_CONCURRENT_REQUESTS counts every front-end's inputs and clients that
-leave are never computed, a reload reaches every front-end at once, a front-end killed is replaced and its gauges
-dropped, the engine killed ends the front-ends and the service, and SIGTERM drains them all."""
+"""WORKERS > 1: one engine batches for every front-end."""
 
 from __future__ import annotations
 
@@ -143,9 +139,7 @@ def test_the_other_client_families_answer_through_the_engine(served):
 
 
 def test_the_limit_counts_every_front_end_and_clients_that_leave_are_never_computed(slow_checkpoint):
-    """Two front-ends, MAX_CONCURRENT_REQUESTS 48: a long batch of 8 on the model, ten clients of 4 queued behind it
-    fill the engine's count, so more requests are answered 429 by whichever front-end takes them; the ten leave: each
-    counted 499, none computed, their inputs given back (a request passes again)."""
+    """Across front-ends: 429 past the shared limit; leavers counted 499."""
     args = ("--workers", "2", "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0")
     server = Server(slow_checkpoint, *args, "--max_concurrent_requests", "48").wait_ready()
     front_ends_of(server, 2)
@@ -169,9 +163,7 @@ def test_the_limit_counts_every_front_end_and_clients_that_leave_are_never_compu
 
 
 def test_a_reload_reaches_every_front_end_at_once(checkpoint_copy):
-    """New weights under two front-ends, requests streaming on new connections: each answer is wholly the old
-    model's or wholly the new one's, and once one front-end answers from the new model every answer after it does;
-    /info says the new checkpoint from every front-end within two heartbeats."""
+    """A reload reaches every front-end; no answer mixes models."""
     args = ("--workers", "2", "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0.1")
     server = Server(checkpoint_copy, *args).wait_ready()
     front_ends_of(server, 2)

@@ -145,13 +145,7 @@ def test_the_smoke_model_is_calibrated_only_where_it_helps(smoke_model):
 def test_an_over_confident_model_is_calibrated_in_its_weights_and_every_consumer_reads_it(
     smoke_model, smoke_dir, tmp_path
 ):
-    """The smoke model made deliberately over-confident (its output layer times 5: logits 5x too large, as an
-    over-trained model's), on smoke data with a third of the labels (train, hence validation, and test) replaced at
-    random, so it is often wrong while sure; one more epoch at a negligible learning rate. With the default
-    (temperature) and with --calibration none, same seed: T comes out near 5, the calibrated checkpoint's logits are
-    the other's divided by the recorded T (argmax identical), the expected calibration error after is at most the
-    one before on validation and test, config.json says which calibration was applied, and transformers' pipeline
-    reads the calibrated scores."""
+    """An over-confident model on noisy labels: T near 5."""
     sharp = tmp_path / "sharp"
     shutil.copytree(smoke_model, sharp, ignore=shutil.ignore_patterns(files.STATE_DIR, files.RUNTIME_DIR))
     model = transformers.AutoModelForSequenceClassification.from_pretrained(sharp)

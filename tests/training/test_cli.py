@@ -1,6 +1,4 @@
-"""The commands' one runner (training/cli.py) and one error base (contract/errors.py): a user's mistake is one logged
-line and its exit code, a bug keeps its traceback, and every one-line error of training, serving and the shared
-contract derives from the base (while still being the ValueError or RuntimeError it was)."""
+"""One runner and one error base: a mistake is one line, a bug a traceback."""
 
 from __future__ import annotations
 
@@ -78,9 +76,7 @@ def test_decided_on_main_hands_every_rank_the_result_or_the_same_error():
 
 @pytest.mark.slow
 def test_main_first_stops_every_rank_with_the_main_process_error(tmp_path):
-    """2 processes (gloo): `work` raises a UserError on the main process only. Every rank gets that error from
-    main_first and says so itself (accelerate's main_process_first would leave rank 1 at its barrier until the
-    launcher killed it); the other rank never runs `work`."""
+    """main_first: every rank gets the main process's error, none hangs."""
     from tests.helpers.processes import ROOT, describe, launch
 
     script = tmp_path / "both.py"

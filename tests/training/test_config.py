@@ -260,9 +260,7 @@ def test_a_launcher_precision_the_config_overrides_is_a_warning(monkeypatch, cap
 
 
 def test_a_named_model_turns_a_smoke_presets_tiny_model_settings_off(smoke_dir, tmp_path, caplog):
-    """Following the preset's own refusal (`--preset smoke --train_file own.csv` says "name a model") kept the
-    preset's from_scratch, learning rate 2e-3, max_length 64 and fp32: a named model was trained from random weights.
-    Now a named model leaves those at their defaults; what is given explicitly still wins."""
+    """A named model drops the smoke preset's tiny-model settings."""
     model = str(shutil.copytree(smoke_dir / "model", tmp_path / "another"))  # not the preset's own model folder
     with caplog.at_level("INFO"):
         cfg = load_config(

@@ -81,10 +81,7 @@ def test_integers_sort_numerically(tmp_path):
 
 
 def test_a_word_among_integer_labels_is_refused_as_a_typo_unless_the_classes_are_named(tmp_path):
-    """Integer labels 0-3 and one `Weather`: csv reads the column as text and `Weather` became a fifth class without a
-    word; a test file with 0-3 was then refused with "label 0 never appears in the training data (... 0, 1, 2, 3,
-    Weather)". Now refused in one line naming the row; named with --label_names, the five classes train, and a test
-    file's integers are the training file's integer-looking names."""
+    """Mixed integer and text labels are refused naming the row."""
     data = rows(40) + [{"text": "Rain all week", "label": "Weather"}]
     train, test = write_rows(tmp_path / "t.csv", data), write_rows(tmp_path / "test.csv", rows(8))
     with pytest.raises(DataError, match=r"t\.csv: column 'label' holds integer labels \(0, 1, 2, 3\) and 'Weather' in "

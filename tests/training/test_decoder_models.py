@@ -1,7 +1,4 @@
-"""Decoder-LLM classifiers end to end, offline (issue 40, point 2): tiny random Qwen2 and Llama models built from
-config (4 query heads, 2 key/value heads: grouped-query attention) whose tokenizer has an end-of-text token and no
-pad token. Training pads with the end-of-text token and sets the config's pad_token_id to match; the service answers
-each text as the model run on it alone (no padding), whichever side the tokenizer pads on."""
+"""Decoder-LLM classifiers (Qwen2, Llama) end to end, offline."""
 
 from __future__ import annotations
 
@@ -209,9 +206,7 @@ def test_serving_a_decoder_whose_tokenizer_cannot_pad_is_refused_in_one_line(smo
 def test_a_decoder_trains_with_lora_in_bf16_with_gradient_checkpointing_and_serves_as_each_text_alone(
     smoke_dir, tmp_path
 ):
-    """The usual recipe for an LLM classifier (issue 40, point 2): LoRA on the query and value projections (peft's
-    default for Llama), the score head trained whole, bf16, gradient checkpointing; the service on adapter/ alone
-    answers each text as the merged model run on it alone."""
+    """The usual LLM recipe (LoRA, bf16, checkpointing); adapter/ served alone."""
     pytest.importorskip("peft", reason="pip install 'distilbert-agnews[peft]' (dev extra)")
     base = write_decoder(tmp_path / "base", "llama", smoke_dir)
     out = tmp_path / "out"

@@ -1,9 +1,4 @@
-"""`python -m training.download` then training with HF_HUB_OFFLINE=1 from its folder, with the network refused.
-
-The download half needs the Hub, which tests cannot reach: here the download reads a model folder and a dataset
-folder built locally (the same from_pretrained / load_dataset calls a Hub id goes through). What is proven is
-the offline half: everything train.py needs is in the folder, and no process of the run opens a connection.
-"""
+"""training.download, then an offline run that never opens a connection."""
 
 from __future__ import annotations
 

@@ -58,9 +58,7 @@ def test_metrics_are_identical_with_1_2_and_3_processes(trained, smoke_dir, eval
     one, two, three = (evaluations[n]["metrics"] for n in (1, 2, 3))
     assert one["num_examples"] == rows  # accelerate's padding duplicates are dropped, nothing is lost
     assert one == two == three  # exact: same counts, same float loss
-    # The training run's own test score of the same weights. Training evaluates with its CPU training
-    # attention (eager), the CLI with the inference default (SDPA): the same counts, and the mean loss
-    # equal up to float32 rounding of the two kernels (bitwise on some CPUs, not on others).
+    # Training's own test score: the same counts and loss.
     trained_test = json.loads((trained / files.METRICS).read_text())["test"]
     assert {k: v for k, v in one.items() if k != "loss"} == {k: v for k, v in trained_test.items() if k != "loss"}
     assert one["loss"] == pytest.approx(trained_test["loss"], rel=1e-5)
@@ -154,9 +152,7 @@ def test_weights_replaced_while_they_are_scored_write_no_results(smoke_model, tm
 @pytest.mark.slow
 @pytest.mark.parametrize("module", ["training.evaluate", "training.predict"])
 def test_a_bad_file_read_by_the_main_process_first_stops_every_rank_in_one_line(smoke_model, tmp_path, module):
-    """The main process reads and tokenizes the file first while the other rank waits (training/collective.py
-    main_first, whose own test is tests/training/test_collective.py); a file without the text column stops the run
-    within seconds, said in one line by the main process, and no rank prints a traceback (issue 42, point 4)."""
+    """A bad file stops every rank in seconds, said once."""
     bad = tmp_path / "bad.csv"
     bad.write_text("headline,label\nShares fell,2\nThe Yankees won,1\n")
     args = ["--checkpoint_dir", str(smoke_model)]

@@ -1,6 +1,4 @@
-"""--auto_find_batch_size (training/fit_batch.py) on a CPU: a stand-in of the allocator's out-of-memory error above a
-number of rows (tests/helpers/faults: oom_above_rows) makes the asked batch not fit; the run halves it, raises the
-accumulation so the effective batch stays, and then trains exactly as a run asked for that batch and accumulation."""
+"""--auto_find_batch_size on a CPU, with a stand-in out-of-memory error."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""FSDP2 through accelerate, on 2 CPU processes over gloo (accelerate_configs/fsdp.yaml with the stand-in of
-tests/helpers/fsdp, which gives accelerate the FSDP state it keeps for GPUs, so prepare, clipping, get_state_dict,
-save_state and load_state take accelerate's real FSDP2 path): every feature DDP has holds, through the one path for
-model edits under any wrapper (training/weights.py).
-
-One multi-label run (per-label thresholds and temperatures) and its `--calibration none` twin are shared by the
-tests; resume, chunked text and the refusals run on their own.
-"""
+"""FSDP2 on 2 CPU processes: every DDP feature holds."""
 
 from __future__ import annotations
 
@@ -62,9 +55,7 @@ def test_the_run_is_sharded_and_counts_every_text_once(runs):
 
 
 def test_calibration_is_folded_into_the_files_that_are_served(runs):
-    """Finding 3: the fold edited unsharded views and the save gathered the untouched shards, so config.json claimed a
-    temperature the weights did not have. Now the served output layer is the uncalibrated one divided by each label's
-    T (the --calibration none twin: the same run otherwise), and the thresholds moved with them."""
+    """Calibration folded under FSDP matches what config.json records."""
     calibrated, plain = runs["temperature"][0], runs["none"][0]
     config = json.loads((calibrated / files.CONFIG).read_text())
     temperatures = torch.tensor(config["calibration"]["temperatures"])

@@ -1,6 +1,4 @@
-"""Long-context encoders end to end, offline (issue 40, point 3): a tiny random ModernBERT built from config (local
-sliding-window and global attention layers, 2,048 positions) trains, predicts and serves at --max_length 1024, and
---long_text chunk still works on it; the attention the run picked is logged."""
+"""A tiny ModernBERT trains, predicts and serves at --max_length 1024."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Long documents, end to end on the smoke generator's long stories (the label's one sentence past the first 48-token
-window): training on windows beats truncation clearly; config.json carries the windowing; evaluation pools per text
-and is identical on 1 and 2 processes (a text's windows split across batches and ranks); prediction writes one row per
-input with its window count, identical on 1 and 2 processes; a mid-epoch resume is bitwise; texts that fit the window
-get the same answers either way; --gradient_checkpointing changes memory, not results; bad settings are one line."""
+"""Long documents end to end: windows beat truncation."""
 
 from __future__ import annotations
 
@@ -115,9 +111,7 @@ def test_prediction_is_one_pooled_row_per_input_identically_on_one_and_two_proce
 
 
 def test_texts_that_fit_the_window_get_the_same_answers_chunked_or_truncated(smoke_model, smoke_dir, tmp_path):
-    """The smoke model (trained with truncation) on texts within its window: chunking changes nothing, bit for bit;
-    on real AG News rows (when the shared data is here; the smoke tokenizer spells their unknown words out, so a few
-    pass even 512 tokens) every row that fits the model's 512-token maximum as well."""
+    """Texts within the window: chunking changes nothing, bit for bit."""
     sources = [smoke_dir / "test.csv"]
     if AG_NEWS.is_file():
         rows = list(csv.DictReader(open(AG_NEWS, encoding="utf-8")))[:300]

@@ -1,6 +1,4 @@
-"""LoRA through peft, end to end (issue 40, point 1): a tiny pretrained DistilBERT body (weights saved, no head, as
-distilbert-base-uncased comes) fine-tuned with --lora_r; the checkpoint holds the merged weights, adapter/ what
-peft's PeftModel.from_pretrained loads, and every consumer reads either one the same way."""
+"""LoRA through peft end to end."""
 
 from __future__ import annotations
 

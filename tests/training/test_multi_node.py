@@ -1,8 +1,4 @@
-"""Multi-node as far as one machine allows: scripts/slurm_multi_node.sbatch run with stand-ins for srun and
-scontrol (tests/helpers/fake_slurm) starts two `accelerate launch` invocations of the shipped
-accelerate_configs/multi_node.yaml, num_machines 2, machine ranks 0 and 1 from SLURM_NODEID, rendezvous on
-127.0.0.1 over gloo; they train the smoke preset to completion and produce one checkpoint. A job that SLURM warns
-with SIGTERM saves its state, is requeued, and its next start finishes with the uninterrupted job's weights."""
+"""Multi-node on one machine: the SLURM script with stand-ins for srun and scontrol."""
 
 from __future__ import annotations
 
@@ -81,9 +77,7 @@ def test_two_machines_train_the_smoke_preset_into_one_checkpoint(uninterrupted):
 
 
 def test_a_job_warned_by_sigterm_saves_is_requeued_and_ends_as_if_never_stopped(uninterrupted, tmp_path):
-    """SIGTERM to the batch script (what --signal=B:TERM@120 sends before the time limit) once the first state is
-    written: the training saves a state and exits 143, the script requeues the job (scontrol requeue) and exits 0;
-    the job's next start resumes `latest` and ends with the uninterrupted job's weights, bit for bit."""
+    """SIGTERM before the time limit: saved, requeued, finished bitwise."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     job = start(out, logs)

@@ -108,10 +108,7 @@ def test_balanced_weights_raise_minority_recall_on_a_1_to_20_set(smoke_dir, tmp_
 
 
 def test_the_problem_type_decides_what_is_left_to_it():
-    """problem_type_defaults (train.py takes them where the flags are not given): classes keep the padding length
-    grouping saves (a regression target that follows the length would make batches of alike targets); classification
-    is calibrated where it helps; multi-label weights each label by its rarity and fits its threshold (measured:
-    docs/benchmarks-log.md "Rare labels in multi-label training"). A flag that is given stays."""
+    """Each problem type's defaults, unless a flag is given."""
     from training.config import TrainConfig
     from training.objective import problem_type_defaults
 

@@ -1,6 +1,4 @@
-"""--optim: which optimizer trains (training/model.py build_optimizer), the parameters it never decays (biases and
-every normalisation layer, RMSNorm included, as the Trainer's rule), the Trainer's names read as ours, the
-combinations refused in one line, and a real smoke run with Adafactor that records its choice."""
+"""--optim: which optimizer trains and which parameters are never decayed."""
 
 from __future__ import annotations
 

@@ -183,9 +183,7 @@ def test_a_pair_task_trains_on_pairs_and_the_service_answers_pairs_the_same_way(
 
 
 def test_run_classification_flags_a_dataset_config_its_split_names_and_a_head_of_another_size(smoke_model, tmp_path):
-    """A dataset folder read by `datasets` (no Hub: its README names a config and three splits with names of its
-    own), a column dropped, and a start from a 4-class model for a 2-class task: refused in one line, then trained
-    with --ignore_mismatched_sizes."""
+    """A local dataset folder, a 4-to-2-class start."""
     folder = tmp_path / "dataset"
     folder.mkdir()
     for split, seed, n in (("fit", 21, 400), ("holdout", 22, 80), ("exam", 23, 80)):
@@ -267,9 +265,7 @@ def test_a_borrowed_flag_without_a_meaning_here_is_one_line_naming_ours(args, sa
 
 
 def test_a_run_classification_command_trains_unchanged_but_for_the_model(smoke_dir, tmp_path):
-    """The README command above, run: `--dataset_name ag_news` is read from a folder of that name in the working
-    directory (datasets looks there before the Hub: synthetic 4-class rows here), the model is the packaged MiniLM
-    and the output a folder of the test's."""
+    """The README's `--dataset_name ag_news` command, read from a local folder."""
     import importlib.util
     import shlex
 

@@ -279,11 +279,7 @@ def test_a_read_only_output_folder_is_one_line_and_exit_1(model_dir, tmp_path, p
 def test_evaluate_and_predict_compute_the_same_numbers_at_each_precision(
     model_dir, smoke_dir, tmp_path, precision, tolerance
 ):
-    """One meaning of each precision name (issue 42, point 3; contract/precision.py): training.evaluate and
-    training.predict both cast the weights to --mixed_precision, so on the same checkpoint and texts evaluate's
-    accuracy equals the accuracy of predict's labels, and evaluate's mean loss the cross-entropy of predict's scores:
-    within 1e-5 in fp32; in bf16 within 2e-2 (the two batch the texts differently, and bf16 rounds each batch's
-    sums in its own order)."""
+    """evaluate and predict agree in fp32 and bf16."""
     folder = Path(shutil.copytree(model_dir, tmp_path / "ckpt", ignore=shutil.ignore_patterns("state", "runtime")))
     rows = pd.read_csv(smoke_dir / "test.csv")
     scored = tmp_path / "scored.csv"

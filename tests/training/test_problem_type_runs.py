@@ -1,7 +1,4 @@
-"""Multi-label and regression, end to end and exact, on the smoke generator's offline data: train -> checkpoint (the
-state_dict contract and the Hugging Face export, which transformers' pipeline scores the same way) -> evaluate ->
-predict on 1 and 2 processes (identical) -> serve over real HTTP to the real InferenceClient; a mid-epoch resume
-continues bitwise; the model card names the problem type. One training run per problem type, shared by the module."""
+"""Multi-label and regression end to end, one run each."""
 
 from __future__ import annotations
 
@@ -115,10 +112,7 @@ def test_the_pipeline_scores_the_export_as_we_score_the_state_dict(runs, smoke_d
 
 @torch.no_grad()
 def test_multi_label_scores_are_calibrated_per_label_and_decide_as_before(runs, smoke_dir):
-    """--calibration temperature for multi-label: one temperature per label folded into its output row, each threshold
-    moved with it. The expected calibration error after is at most the one before on validation and test; the
-    served logits times each label's T are the uncalibrated model's, whose decisions at the grid thresholds are the
-    calibrated model's at the moved ones, text for text."""
+    """Per-label temperatures move their thresholds; decisions stay the same."""
     summary = json.loads((runs["multi-label"] / files.METRICS).read_text())
     recorded = summary["calibration"]
     assert recorded["method"] == "temperature" and len(recorded["temperatures"]) == 4
@@ -235,9 +229,7 @@ def test_the_service_scores_by_the_problem_type_for_the_real_client(runs, smoke_
 
 @pytest.mark.parametrize("name", RESUMED)
 def test_a_mid_epoch_resume_continues_bitwise(runs, tmp_path, name):
-    """A copy of the run without its states after step RESUME_FROM (mid-epoch 2), resumed with the same settings,
-    ends with the very weights the uninterrupted run ended with: the epoch after the resumed one gets its own order
-    (the prepared loader's epoch counter once replayed epoch 0's on one process)."""
+    """A mid-epoch resume ends with the uninterrupted run's weights."""
     original = runs[name]
     resumed = tmp_path / "out"
     later = [f"step_{step}" for step in range(RESUME_FROM + 100, LAST_STATE + 1, 100)]
@@ -356,10 +348,7 @@ def news_words(n: int, seed: int) -> str:
 
 
 def test_a_megabyte_rerank_batch_or_pair_batch_costs_the_model_thread_what_is_kept(runs):
-    """A 1 MB rerank query beside 32 texts (before: 6.1 s, the query cut and tokenized 32 times), 32 documents of
-    60,000 characters (4.2 s) and 16 pairs of long documents (3.5 s): each side is tokenized only from what the model
-    keeps of it (inference/tokenizing.py), so each costs well under half a second of tokenizing and inference, a
-    short request sent meanwhile is answered within a second, and the scores are those of the whole texts truncated."""
+    """Huge rerank requests tokenize only what is kept; others are not held up."""
     from tests.inference.test_app import make_client
 
     query, texts = news_words(160_000, 0), [news_words(8, k) for k in range(32)]
@@ -411,11 +400,7 @@ def truncated_logits(loaded, pairs: list[tuple[str, str | None]]) -> list[float]
 
 
 def test_rerank_ranks_texts_against_a_query_with_the_pair_regression_model(runs, smoke_dir):
-    """POST /rerank as TEI answers it (router/src/http/server.rs `rerank`; types.rs `RerankRequest`, `Rank`), over
-    real HTTP, with the cross-encoder trained here on pairs (one output, regression: TEI's "reranker"): every
-    (query, text) pair scored by the model, sigmoid unless raw_scores, sorted best first, `index` into `texts`,
-    `text` only with return_text; POST / answers the same for this model (server.rs routes / to rerank for a
-    re-ranker), /predict keeps working, and a batch over MAX_CLIENT_BATCH_SIZE is TEI's 422."""
+    """POST /rerank as TEI answers it (router/src/http/server.rs `rerank`)."""
     query, _ = examples("regression", smoke_dir, n=1)[0]
     texts = [pair for _, pair in examples("regression", smoke_dir, n=6)]
     raw = our_scores(runs["regression"], [(query, text) for text in texts])[:, 0]
@@ -457,8 +442,7 @@ def test_rerank_ranks_texts_against_a_query_with_the_pair_regression_model(runs,
 
 
 def test_a_deeply_nested_body_to_a_rerankers_root_is_answered_in_teis_order(runs):
-    """`"[" * 3000` to POST / or /invocations of a reranker raised RecursionError in the routing peek: a 500 before the
-    API key was even checked (54 log lines). Now 401 without the key, then 415 for another media type, then 400."""
+    """Deeply nested JSON: 401, 415 or 400, never a 500."""
     server = Server(
         runs["regression"], "--backend", "torch", "--reload_interval_s", "0", env=cli_env(API_KEY="k")
     ).wait_ready()

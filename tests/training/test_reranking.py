@@ -1,6 +1,4 @@
-"""Rerankers as a problem type: (query, passage) pairs with relevance labels train one logit with BCE; validation
-ranks each query's passages (NDCG@10, MRR@10, MAP, as sentence-transformers' CrossEncoderRerankingEvaluator reports
-them); the saved one-output model is served by /rerank and Cohere's route at once. One training run, shared."""
+"""Rerankers: one logit, ranked metrics per query, served at once."""
 
 from __future__ import annotations
 

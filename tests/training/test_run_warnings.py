@@ -1,6 +1,4 @@
-"""What a run says when its numbers cannot be trusted: a validation split too small to pick the best model, calibrate
-or fit thresholds on (once, at start, naming the flag), and a best model that predicts some label for every text or
-for none (at the end, naming what to try; metrics.json `one_sided_labels`)."""
+"""What a run says when its numbers cannot be trusted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The length-grouped batch sampler, sharded by accelerate's own BatchSamplerShard (what prepare() uses)."""
+"""The length-grouped sampler, sharded by accelerate's BatchSamplerShard."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The real entry point, end to end, with real processes: `accelerate launch` (2 ranks, gloo) and plain python.
-
-One full 2-process smoke run is shared by several tests (the session fixture smoke_2proc_run, which the
-kill/resume tests compare against too), and the single-process path reads the session's smoke model (a plain
-`python training/train.py` run); resume, early stopping, bf16 and the offline failure each get their own run.
-"""
+"""The real entry point end to end, with real processes."""
 
 from __future__ import annotations
 
@@ -273,10 +268,7 @@ def test_reports_curves_model_card_and_the_hugging_face_export(smoke_2proc_run, 
 
 @pytest.mark.parametrize("data", ["preset", "own file"])
 def test_a_finished_run_ends_with_one_line_whose_commands_run_as_printed(smoke_dir, tmp_path, data):
-    """Quiet by default; the last line names the best step, its metric and the folder, then the commands to evaluate,
-    label a file and serve, each run here exactly as printed (the service on the PORT it reads, until ready). An
-    own-data run's evaluate scores the rows it held out (before: it fell back to the Hub's ag_news and failed) and
-    its predict labels the run's own file."""
+    """The last line's commands, each run as printed."""
     import shlex
 
     out = tmp_path / "run"

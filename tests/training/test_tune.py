@@ -1,7 +1,4 @@
-"""`agnews tune` (training/tune.py) on the smoke preset, as users run it: the study runs its trials in one process,
-the first with the settings as given, prunes on each evaluation, keeps only the best trial's folder, writes
-tune.json with the command that trains the best, and resumes from its SQLite study to more trials. The pruning seam
-(run.Run.on_evaluation) stops a run at the evaluation that asks it to."""
+"""`agnews tune` on the smoke preset, as users run it."""
 
 from __future__ import annotations
 

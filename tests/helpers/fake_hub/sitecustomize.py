@@ -1,10 +1,4 @@
-"""Loaded by every Python process that has this folder on PYTHONPATH (tests/training/test_push.py).
-
-A stand-in Hugging Face Hub at the HfApi boundary: the Hub "answers" the reachability probe, and
-HfApi.create_repo / HfApi.upload_folder append what they were asked to do, with the files upload_folder would
-send (chosen by huggingface_hub's own filter_repo_objects, as the real method does), to the JSON-lines file named
-by FAKE_HUB_LOG. Nothing leaves the machine.
-"""
+"""A stand-in Hub at the HfApi boundary: create_repo and upload_folder log to FAKE_HUB_LOG."""
 
 import json
 import os

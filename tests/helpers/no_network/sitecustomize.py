@@ -1,8 +1,4 @@
-"""Loaded by every Python process that has this folder on PYTHONPATH (tests/training/test_download.py).
-
-Refuses any connection or name lookup for a host other than this machine and appends the host to the file
-named by NO_NETWORK_LOG, so a test can assert that a whole run (launcher and ranks) never tried the network.
-"""
+"""Refuses connections to other hosts and logs them to NO_NETWORK_LOG."""
 
 import os
 import socket

@@ -1,6 +1,4 @@
-"""`python -m inference.export` (inference/export.py): the service's conversion command, which training's
---export_runtime runs as a process of its own. Its success is what the session's smoke model was trained with (the
-serving tests read its runtime/); here its refusals, each one line with its exit code."""
+"""`python -m inference.export`: each refusal is one line."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""`agnews export --runtime onnxruntime CHECKPOINT` writes onnx/model.onnx into the checkpoint in the layout TEI's CPU
-image and Triton's ONNX Runtime backend load (backends/ort in TEI: `onnx/model.onnx`, inputs named as the tokenizer's,
-output `logits`): read here as they read it, with a bare InferenceSession and the folder's own tokenizer.json."""
+"""onnx/model.onnx in the layout TEI's CPU image and Triton load, read as they read it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The conversion cache (inference/runtimes/cache.py) is trusted only when verified: a missing, truncated or altered
-converted file is named, converted again and never served; read-only deployments start from a finished conversion
-without writing anything; a conversion killed by SIGTERM leaves nothing that outlives the next start; the checkpoint
-watcher survives any reload failure. Real conversions of the session's smoke model (OpenVINO), folders made read-only
-for real (chattr +i as root), real processes where a signal is the fault."""
+"""The conversion cache is trusted only when verified (inference/runtimes/cache.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The optimized CPU runtimes (inference/runtimes/): OpenVINO and ONNX Runtime in fp32 and int8 answer as PyTorch
-fp32 does on real texts, conversion happens once per weights hash, int8 below the agreement bound is refused,
-BACKEND=auto races every installed runtime and falls back to PyTorch without one, an OpenVINO model is hot-reloaded,
-/info says what serves. Real checkpoints (the session's smoke model, trained with --export_runtime openvino), real
-conversions."""
+"""OpenVINO and ONNX Runtime answer as PyTorch fp32 does."""
 
 from __future__ import annotations
 
@@ -100,8 +96,7 @@ ONNXRUNTIME = pytest.mark.skipif(
     ],
 )
 def test_optimized_runtimes_give_torch_fp32_labels(checkpoint_copy, backend, dtype):
-    """On 600 fresh texts of the model's own distribution. The guard checked >= 99.5 % on 200 held-out ones; a
-    fresh sample may sit a little below it (one text in 200 is 0.5 %), so the bound here is 99 %."""
+    """Fresh texts may sit just below the guard's 99.5 %: bound 99 %."""
     loaded = serve(checkpoint_copy, backend=backend, dtype=dtype)  # what training exported
     assert (loaded.runtime, loaded.precision, loaded.model) == (backend, dtype, None)
     assert loaded.report["agreement"] >= measuring.AGREEMENT_BOUND
@@ -153,11 +148,7 @@ def test_int8_below_the_agreement_bound_is_refused_and_fp32_serves(checkpoint_co
 
 @pytest.mark.slow  # converts a model
 def test_int8_on_real_news_serves_only_if_it_keeps_the_fp32_labels(checkpoint_copy, tmp_path):
-    """The smoke model never saw news: on real AG News texts its fp32 answers are near-uniform, and int8 may flip
-    some of them. Calibrated on those texts (CALIBRATION_FILE), the guard measures that on its held-out third and
-    decides by the measure. How many flip depends on the CPU's int8 kernels: without VNNI (AVX2 only) about 5 % and
-    int8 is refused; with AVX512-VNNI (a Zen 5) 0.5 %, at the bound, and int8 serves. Either way the decision must
-    follow the measure, and a served int8 must agree with PyTorch fp32 as measured."""
+    """int8 serves or is refused as the guard measured, on this CPU's kernels."""
     texts = ag_news_texts(600)
     (tmp_path / "ag_news.txt").write_text("\n".join(texts))
     loaded = serve(checkpoint_copy, backend="openvino", dtype="int8", calibration_file=str(tmp_path / "ag_news.txt"))
@@ -177,9 +168,7 @@ def test_int8_on_real_news_serves_only_if_it_keeps_the_fp32_labels(checkpoint_co
 
 @pytest.mark.slow  # converts a model
 def test_a_save_pretrained_folder_without_recorded_texts_gets_int8_measured_on_the_shipped_sample(checkpoint_copy):
-    """Any model (here the checkpoint's Hugging Face export alone: model.safetensors, config.json, tokenizer files, no
-    calibration_texts.json) has int8 calibrated and guarded on the English sample shipped with the service, and
-    /info says so; served int8 keeps PyTorch fp32's labels on the texts the guard held out."""
+    """A bare export gets int8 calibrated on the shipped sample."""
     folder = checkpoint_copy
     for name in (files.WEIGHTS, files.CALIBRATION, files.TOKENIZER_DIR, files.RUNTIME_DIR, files.METRICS):
         shutil.rmtree(folder / name) if (folder / name).is_dir() else (folder / name).unlink()
@@ -341,9 +330,7 @@ def test_info_reports_the_runtime_and_an_openvino_model_is_hot_reloaded(checkpoi
         assert c.post("/predict", json={"inputs": TEXTS[1]}).json()[0]["label"] == "Sci/Tech"
 
 
-# Two OpenVINO runtimes built and dropped on one thread, then a signal handled by Python (as the service's SIGTERM
-# drain is): before inference/runtimes/signal_stack.py, the CPU plugin left the thread an unmapped alternate signal
-# stack and this process died of SIGSEGV (exit -11) instead of handling the signal.
+# OpenVINO left a bad signal stack: the process died of SIGSEGV on a signal.
 SIGNAL_AFTER_TWO_RUNTIMES = """
 import gc, os, signal, sys
 from pathlib import Path

@@ -1,11 +1,4 @@
-"""SIGKILL, the fault nothing can catch: a killed 2-process run resumes to bitwise the same result, and a kill
-in the middle of a save never damages what was saved before.
-
-Every run uses the smoke preset on 2 ranks (gloo), 84 batches per rank per epoch, 3 epochs, a resumable
-state every 21 optimizer steps. The kill chain runs with gradient accumulation 2, the case with the most
-state (no_sync micro-steps); a mid-epoch resume without accumulation is in test_train_e2e.py. Baselines
-(uninterrupted runs) are computed once per configuration; the plain one is shared with the end-to-end tests.
-"""
+"""SIGKILL: a killed 2-process run resumes bitwise."""
 
 from __future__ import annotations
 
@@ -111,10 +104,7 @@ def resume_to_the_end(out: Path, extra: tuple[str, ...], latest: Path) -> None:
 
 
 def test_killed_in_a_state_save_then_sigkilled_in_epoch_2_resumes_bitwise_identical(baselines, tmp_path):
-    """One folder, three runs with gradient accumulation 2 (no_sync micro-steps; 42 optimizer steps per epoch,
-    126 in all), compared with the uninterrupted run of the same configuration: (1) the main process dies while
-    publishing step_42, so step_21 (mid epoch 1) stays the latest; (2) resumed from it, the run is SIGKILLed with
-    all its processes after state 63 (mid epoch 2); (3) resumed again, it finishes bitwise the same."""
+    """Killed mid-publish, then mid-run: the third run ends bitwise."""
     out = tmp_path / "killed"
     env = fault_env("kill_in_save_state:42")
     result, _ = run_train([*SMOKE, *ACCUMULATION, "--output_dir", str(out)], processes=2, env=env)

@@ -1,10 +1,4 @@
-"""The output folder under faults: unwritable, claimed by two runs, a full disk mid-save, damaged states, a
-layout change on resume, a resume with other data, model or settings. Each fault ends with one line naming what and
-why (exit 1), or recovers and says so.
-
-Real processes throughout (1 process unless the property is about ranks); a full disk is an ENOSPC injected at
-the write call (tests/helpers/faults/), as a test cannot count on making a small full filesystem here.
-"""
+"""The output folder under faults: one line, or a recovery."""
 
 from __future__ import annotations
 
@@ -101,9 +95,7 @@ SHORT = ["--max_train_steps", "6", "--checkpointing_steps", "3", "--eval_steps",
 
 
 def test_an_unfinished_run_is_refused_or_replaced_as_the_new_run_saves_and_latest_is_its_own(copy_of):
-    """A run stopped before its end (no final metrics.json): a new run there stops at once with one line naming both
-    ways on. With --overwrite_output_dir the old states stay until the new run saves its first one, then go, so
-    `latest` resumes the new run's own newest state; files of the user's in state/ stay."""
+    """A stopped run's folder: refused, or overwritten only once the new run saves."""
     (copy_of / files.METRICS).unlink()  # as a preempted run leaves it before its first best model
     (copy_of / files.STATE_DIR / "important_notes.txt").write_text("mine")
     (copy_of / files.STATE_DIR / "step_photos").mkdir()
@@ -157,10 +149,7 @@ def test_a_state_folder_that_is_a_link_is_refused_and_nothing_is_removed_or_said
 
 
 def test_another_models_folder_is_refused_and_replaced_only_when_asked(smoke_dir, tmp_path):
-    """A save_pretrained folder with the user's README.md (someone else's model): before, its model, config,
-    tokenizer and README were overwritten without a word. Now refused in one line naming the files; with
-    --overwrite_output_dir replaced as the run saves, the user's other files kept. And the folder of the model being
-    fine-tuned is never the output."""
+    """Someone else's model folder is refused, then replaced."""
     theirs = Path(shutil.copytree(smoke_dir / "model", tmp_path / "theirs"))
     (theirs / files.MODEL_CARD).write_text("# my model\n")
     (theirs / "notes.txt").write_text("mine")
@@ -184,8 +173,7 @@ def test_another_models_folder_is_refused_and_replaced_only_when_asked(smoke_dir
 
 
 def test_a_run_replacing_a_lora_run_leaves_no_adapter_of_the_old_one(copy_of):
-    """A non-LoRA run over a LoRA run's folder left the old adapter/ beside the new model (served and pushed as
-    the model); now everything the old run wrote and the new one did not is gone once the new one saves."""
+    """A LoRA run's adapter/ goes once a full run saves."""
     (copy_of / files.ADAPTER_DIR).mkdir()
     (copy_of / files.ADAPTER_DIR / files.ADAPTER_CONFIG).write_text("{}")
     run, _ = run_train([*SMOKE, "--output_dir", str(copy_of), *SHORT])
@@ -310,9 +298,7 @@ def test_missing_or_damaged_rng_state_needs_allow_inexact_resume(copy_of, accele
 
 
 def test_a_resume_without_omp_num_threads_keeps_the_states_threads_and_ends_bitwise(finished, copy_of):
-    """The state was saved with 1 thread (the tests' OMP_NUM_THREADS); resumed with the variable unset, the command
-    would choose its own count: it takes the state's instead, so the run ends where the uninterrupted one ended. Set
-    to another count, the resume is refused naming it."""
+    """A resume keeps the state's thread count."""
     shutil.rmtree(copy_of / files.STATE_DIR / "step_168")
     args = [*SMOKE, "--output_dir", str(copy_of), "--resume_from_checkpoint", "latest"]
     refused, _ = run_train(args, env=cli_env(OMP_NUM_THREADS="2"))
@@ -417,9 +403,7 @@ def test_on_two_ranks_the_main_process_picks_the_state_and_every_rank_stops_on_i
 
 
 def test_what_training_writes_is_readable_by_another_user(smoke_model):
-    """A service in a container runs as another user than training did: every file of the checkpoint is readable by
-    others and every folder enterable, as plain open() and mkdir() make them under the usual umask (mkstemp and
-    mkdtemp alone would make them private)."""
+    """Every checkpoint file is readable by the service's other user."""
     from training.output.atomic import UMASK
 
     assert UMASK & 0o044 == 0, "this check needs a umask that lets others read (e.g. 022)"

@@ -1,7 +1,4 @@
-"""A sharded (DCP) state read as a resume reads it (training/output/state_files.py), on real checkpoints written by
-torch.distributed.checkpoint in this process: no index, byte item or link in it runs code or leads outside its folder,
-at the check and again while loading, so a file swapped between the two runs nothing. The same through accelerate's
-FSDP path on 2 processes: tests/training/test_fsdp.py."""
+"""A sharded state runs no code and stays in its folder."""
 
 from __future__ import annotations
 

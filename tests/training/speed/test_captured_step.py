@@ -1,12 +1,4 @@
-"""The step the GPU need not wait for (training/speed/capture.py), proven on CPU with real training runs:
-
-- no host-device sync inside a step (a dispatch-mode guard around every step: tests/helpers/guarded_train.py; the
-  same guard finds the `padding_mask.all()` of transformers' SDPA mask in the code before this change);
-- batches padded to a few fixed widths, every one holding its longest text;
-- --torch_compile: the same losses as eager for 50 steps (fp32, dropout 0), at most one graph per width plus the
-  optimizer's, a bitwise mid-epoch resume with compilation (and dropout) on; a compiled 2-process run is one of the
-  layouts of tests/training/test_equivalence.py.
-"""
+"""Steps the GPU need not wait for, proven on CPU."""
 
 from __future__ import annotations
 
@@ -252,9 +244,7 @@ def test_a_compiled_run_resumed_mid_epoch_finishes_bitwise_identical(compiled_ru
 
 @pytest.mark.slow
 def test_a_compiled_state_resumes_eagerly_only_when_allowed_and_then_without_a_traceback(compiled_runs, tmp_path):
-    """A compiled run's optimizer state is capturable with a tensor learning rate: loaded into an eager run's AdamW it
-    made that one capturable (an AssertionError on the CPU). Refused in one line naming the setting; allowed, the
-    run keeps the optimizer it built and finishes."""
+    """A compiled run's optimizer state refused by an eager resume, in one line."""
     out, _ = compiled_runs["compiled dropout"]
     resumed = tmp_path / "resumed"
     shutil.copytree(out / files.STATE_DIR / "step_25", resumed / files.STATE_DIR / "step_25")
@@ -300,10 +290,7 @@ def test_keep_optimizer_kind_makes_a_loaded_state_fit_the_optimizer_this_run_bui
 
 
 def test_a_resumed_capturable_optimizer_keeps_its_state_beside_the_parameters():
-    """issue 39, finding 4: accelerate loads the optimizer state to the CPU, and `load_state_dict` moves only the state
-    tensors: the capturable AdamW's tensor learning rate stayed on the CPU (its CUDA graph dropped, or the rate
-    frozen). The parameters sit on the meta device here, standing in for the GPU (on a CPU every tensor is beside
-    every other); `on_parameters_device` is the rule a capturable AdamW enforces on CUDA."""
+    """The capturable AdamW's learning rate follows its parameters' device."""
     from training.model import keep_optimizer_kind
 
     saved = torch.optim.AdamW([torch.nn.Parameter(torch.randn(3))], lr=1e-2, foreach=True, capturable=True)

@@ -1,6 +1,4 @@
-"""The intra-op threads a CPU command runs with (cpu_speed.choose_threads): torch's default shared among
-the local processes, fewer when other programs keep cores busy, OMP_NUM_THREADS when the user set it; a resumed run
-keeps the count its state was saved with (another count changes the sums: not bitwise)."""
+"""The intra-op threads a CPU command runs with (cpu_speed.choose_threads)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Packed batches (training/speed/packing.py): the layout of a packed row, the logits and gradients of padded
-batches from packed ones (the CUDA kernel's path too, through a stand-in), the hook and attention left alone by
-padded batches, and a real packed run (with the whole-step graph on the CPU stand-in) that trains as the padded one
-does, reports less padding and resumes bitwise. The 2-process layout with packing is in
-tests/training/test_equivalence.py.
-"""
+"""Packed batches: layout, logits, gradients and a real run."""
 
 from __future__ import annotations
 
@@ -139,9 +134,7 @@ def test_packing_is_refused_with_eager_attention_and_for_heads_it_does_not_know(
 
 
 def test_a_compiled_packed_run_allows_a_graph_for_every_packed_row_length(smoke_dir, tmp_path, monkeypatch):
-    """The recompile limit counted the pad widths (2), not the packed row lengths (4): a GPU run with --packing and
-    --torch_compile whole-step failed at its third row length. The limit set_up gives must cover every row length
-    the training loader yields (compiling is lazy: nothing compiles here)."""
+    """The recompile limit covers every packed row length."""
     from accelerate.state import AcceleratorState
 
     from training.config_parsing import load_config

@@ -1,9 +1,4 @@
-"""The whole step as one captured graph (training/speed/step_graph.py), on the CPU through the stand-in of
-tests/helpers/cuda_graphs (capture: warm up, then run once with host syncs refused; replay: re-run on the static
-tensors): K steps equal the eager loop, nothing new is kept per step, the gradients are shared by every width and
-never copied under accumulation, a sync inside a step is refused; then real runs through train.py (the same losses
-as eager, and the choice of mode.
-"""
+"""The whole step as one captured graph, on the stand-in."""
 
 from __future__ import annotations
 
