@@ -226,7 +226,7 @@ def in_process_single(checkpoint: Path, texts: list[str], dtype: str) -> float:
     """Median ms of tokenize + forward for one text, in this process, as the service does it."""
     from contract.loading import load_model
     from contract.model_call import forward
-    from inference.tokenizing import encode
+    from inference.encoding import encode
 
     loaded = load_model(str(checkpoint), device=bench_device(), dtype=dtype)
     times = []
@@ -242,9 +242,9 @@ def runtime_agreement(checkpoint: Path, texts: list[str]) -> None:
     trained on other texts than these), what runtimes.py's guard measured on its held-out calibration texts."""
     from contract.loading import load_model
     from contract.model_call import forward
+    from inference.encoding import encode
     from inference.engine.service import load_configured
     from inference.settings import from_env
-    from inference.tokenizing import encode
 
     def labels(loaded) -> list[int]:
         chunks = [texts[i : i + 32] for i in range(0, len(texts), 32)]
@@ -293,7 +293,7 @@ def bf16_agreement(model: str, sample: list[str]) -> float:
     """Share of texts where bf16 weights give the fp32 argmax."""
     from contract.loading import load_model
     from contract.model_call import forward
-    from inference.tokenizing import encode
+    from inference.encoding import encode
 
     fp32, bf16 = (load_model(model, device="cpu", dtype=dtype) for dtype in ("fp32", "bf16"))
     agree = 0
@@ -309,8 +309,8 @@ def graph_agreement(model: str, sample: list[str]) -> str:
     from contract import shapes
     from contract.loading import load_model
     from contract.model_call import forward
+    from inference.encoding import encode
     from inference.engine.scheduler import Limits, warm_up
-    from inference.tokenizing import encode
 
     found = []
     for dtype in ("fp32", "bf16"):

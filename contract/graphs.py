@@ -1,4 +1,4 @@
-"""CUDA graph capture for serving (inference/engine/graphs.py) and training (speed/step_graph.py): warm-up on a side
+"""CUDA graph capture for serving (inference/engine/captured.py) and training (speed/step_graph.py): warm-up on a side
 stream, then capture into a shared memory pool.
 """
 

@@ -27,7 +27,7 @@ def forward(
 ) -> torch.Tensor:
     """fp32 logits of one forward pass, left on the model's device."""
     tokenizer = loaded.tokenizer
-    bucket = getattr(loaded.runner, "bucket", None)  # a captured runner (inference/engine/graphs.py): its shapes only
+    bucket = getattr(loaded.runner, "bucket", None)  # a captured runner (inference/engine/captured.py): its shapes only
     if bucket is not None and rows is None:
         rows, width = bucket(len(features), max(len(f["input_ids"]) for f in features))
     batch = collate(features, tokenizer.pad_token_id, tokenizer.padding_side == "left", rows, width)

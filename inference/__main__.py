@@ -26,7 +26,7 @@ from inference.front_end import connections, tracing
 from inference.settings import Settings, describe_error
 
 logger = logging.getLogger("inference")
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's (inference/metrics.py), read as it loads
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's (inference/prometheus.py), read as it loads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(settings.environment())
     shared = share_metrics() if settings.workers > 1 else None  # before prometheus-client loads: this process counts
     from inference.engine.service import load_for_start, ready_engine  # imported once the environment is set
-    from inference.metrics import Metrics
+    from inference.prometheus import Metrics
 
     try:
         check_start(settings)

@@ -7,10 +7,11 @@ import sys
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from starlette.middleware.cors import CORSMiddleware
 
-from inference import errors
-from inference.front_end import (  # noqa: F401 - token_routes adds /tokenize, /decode to routes.router
+from inference import tei_errors
+from inference.front_end import (
     cohere_routes,
     connections,
     kserve_routes,
@@ -23,7 +24,7 @@ from inference.front_end import (  # noqa: F401 - token_routes adds /tokenize, /
 from inference.front_end.link import ENGINE_ENV, AppState, RemoteLink, front_end_lifespan
 from inference.front_end.middleware import BodySizeLimit, RequestId, ResponseStatus
 from inference.front_end.tracing import Traces
-from inference.metrics import Metrics
+from inference.prometheus import Metrics
 from inference.settings import Settings, SettingsError, from_env
 
 if TYPE_CHECKING:
@@ -64,13 +65,14 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     )
     app.state.service = state
     app.router.routes[0:0] = text_routes.fast_routes()  # matched first: the hot path without FastAPI's machinery
-    app.include_router(routes.router)
-    app.include_router(routes.public)
+    for tei in (routes.router, text_routes.router, token_routes.router, routes.public):
+        app.include_router(tei)  # TEI's: /info, /health, /ready, /rerank, /tokenize, /decode
     for family in (openai_routes.router, cohere_routes.router, kserve_routes.router, kserve_routes.public):
         app.include_router(family)  # the other clients' shapes: vLLM's classify, Cohere's rerank, KServe v2
     if settings.api_metrics:
         app.include_router(routes.metrics_router)
-    errors.install(app)
+    app.openapi = schema_of(app)
+    tei_errors.install(app)
     # last added runs first: status count, request id, CORS, body limit
     app.add_middleware(BodySizeLimit, max_bytes=settings.payload_limit)
     if settings.cors_origins:
@@ -87,6 +89,20 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.add_middleware(RequestId)
     app.add_middleware(ResponseStatus)
     return app
+
+
+def schema_of(app: FastAPI):
+    """/openapi.json: the app's FastAPI routes and POST /predict, which a Starlette route serves."""
+
+    def schema() -> dict:
+        if app.openapi_schema is None:
+            described = [*routes.described.routes, *app.routes]
+            app.openapi_schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=described
+            )
+        return app.openapi_schema
+
+    return schema
 
 
 def app_from_env() -> FastAPI:

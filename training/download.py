@@ -14,11 +14,10 @@ import yaml
 from transformers import AutoModel, AutoTokenizer
 
 from contract.errors import UserError
-from contract.hub import hub_reachable, is_offline
+from contract.hub import explain_missing, hub_reachable, is_offline
 from training import arguments
 from training.cli import run_command
 from training.data.errors import DataError
-from training.hub import explain_missing
 
 logger = logging.getLogger("download")
 

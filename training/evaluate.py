@@ -18,6 +18,7 @@ from accelerate.logging import get_logger
 from contract import files, precision
 from contract.errors import CheckpointError
 from contract.files import file_sha256
+from contract.hub import ensure_hub_or_offline
 from contract.loading import LoadedModel, load_model
 from contract.problem_types import GRADES
 from training import arguments, calibration
@@ -29,7 +30,6 @@ from training.data.errors import DataError
 from training.data.labels import LabelSpace
 from training.data.reading import hub_split, labelled, load_file, load_hub, load_splits, require_columns
 from training.data.tokenizing import tokenize
-from training.hub import ensure_hub_or_offline
 from training.output import reports
 from training.output.atomic import write_json
 from training.scoring.metrics import MetricSuite, Scored

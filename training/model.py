@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from contract import files
 from contract.errors import UserError
+from contract.hub import explain_missing
 from contract.padding import ensure_pad_token, match_pad_token
 from contract.problem_types import GRADES
 from contract.quiet import quiet_transformers
@@ -20,7 +21,6 @@ from training import calibration, lora
 from training.config import ConfigError, TrainConfig
 from training.data.batching import steps_in_epoch
 from training.data.labels import LabelSpace
-from training.hub import explain_missing
 from training.speed import capture, cpu_speed, packing
 
 logger = logging.getLogger(__name__)

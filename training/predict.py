@@ -223,7 +223,7 @@ def scoring(args: argparse.Namespace, accelerator: Accelerator, loaded: LoadedMo
             "--runtime: the service scores in one process, at the model's own maximum length, truncating; run it "
             "without accelerate launch, --max_length and chunking (or use --runtime torch)"
         )
-    from training.batch.service import ServiceScorer  # only with --runtime
+    from training.batch.service_scorer import ServiceScorer  # only with --runtime
 
     scorer = ServiceScorer(args.checkpoint_dir, args.runtime, long_text_for(loaded, args), loaded)
     logger.info("Scoring with the service's runtime: %s", scorer.runtime)

@@ -11,6 +11,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 
 from contract import files
+from contract.hub import ensure_hub_or_offline
 from training import calibration
 from training.collective import main_first
 from training.config import ConfigError, TrainConfig
@@ -19,7 +20,6 @@ from training.data.reading import Splits, load_splits
 from training.data.tokenizing import tokenize_splits
 from training.fit_batch import fit_batch
 from training.guards import StopGuard
-from training.hub import ensure_hub_or_offline
 from training.model import keep_optimizer_kind, load_tokenizer, make_model, optimization, schedule_plan
 from training.objective import objective_for, problem_type_defaults
 from training.output import provenance

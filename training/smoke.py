@@ -219,8 +219,8 @@ def presets() -> dict[str, dict[str, Any]]:
             "mixed_precision": "fp32",  # the same numbers on every CPU, AMX or not
         }
     }
-    for name, task_files in {"multi-label": ("multi_label", "jsonl"), "regression": ("regression", "csv")}.items():
-        stem, suffix = task_files
+    for name, files_of in {"multi-label": ("multi_label", "jsonl"), "regression": ("regression", "csv")}.items():
+        stem, suffix = files_of
         bundle = {k: v for k, v in bundles["smoke"].items() if k != "label_names"}
         bundle.update(train_file=str(root / f"{stem}_train.{suffix}"), test_file=str(root / f"{stem}_test.{suffix}"))
         bundle["label_column"] = "labels" if name == "multi-label" else "score"

@@ -19,11 +19,11 @@ from contract import shapes
 from contract.loading import LoadedModel
 from contract.model_call import forward
 from inference.answers import Answer, NonFinite, Overloaded, Sequence
-from inference.engine import graphs
-from inference.engine.graphs import CapturedForward, GraphsUnsupported
+from inference.encoding import REFUSALS, check_length, check_tokens, encode, encode_unchecked, windows
+from inference.engine import captured
+from inference.engine.captured import CapturedForward, GraphsUnsupported
 from inference.engine.passes import forward_buckets, static_passes
-from inference.metrics import Metrics
-from inference.tokenizing import REFUSALS, check_length, check_tokens, encode, encode_unchecked, windows
+from inference.prometheus import Metrics
 
 logger = logging.getLogger(__name__)
 # Idle wake-ups let the main thread run SIGTERM's handler: a wait without timeout would hold it until the next request.
@@ -378,7 +378,7 @@ def warm_up(served: LoadedModel, limits: Limits) -> None:
     """One forward pass so kernels start before requests; with static shapes on CUDA, every bucket captured first
     (for each adapter: its graphs replay its own weights)."""
     for loaded in served.all_served():
-        if limits.static_shapes and graphs.available(loaded.device) and loaded.runner is None:
+        if limits.static_shapes and captured.available(loaded.device) and loaded.runner is None:
             try:
                 loaded.runner = CapturedForward(loaded.model, graph_shapes(loaded, limits), loaded.tokenizer)
             except GraphsUnsupported as exc:

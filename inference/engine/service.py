@@ -22,15 +22,15 @@ from contract import precision
 from contract.adapters import SharedBase
 from contract.loading import CheckpointError, LoadedModel, load_model
 from contract.long_text import CHUNK, LongTextError
-from inference import errors, logs, memory, metrics
+from inference import logs, memory, prometheus, tei_errors
 from inference.answers import ModelView
+from inference.encoding import window_length
 from inference.engine.reload import CheckpointWatcher, read_from
 from inference.engine.scheduler import Engine, Limits, warm_up
 from inference.front_end.link import AppState, spare_copy
-from inference.metrics import Metrics
+from inference.prometheus import Metrics
 from inference.runtimes import choice as runtimes
 from inference.settings import Settings, SettingsError
-from inference.tokenizing import window_length
 
 RACE_THREAD = "runtime-race"  # the thread measuring runtimes in the background (MEASURE_IN_BACKGROUND)
 logger = logging.getLogger("inference")
@@ -78,7 +78,9 @@ class Service(AppState):
         """The served tokenizer as JSON (link.spare_copy rebuilds it), or TEI's Tokenizer error without a fast one."""
         backend = getattr(self.engine.current.tokenizer, "backend_tokenizer", None)
         if backend is None:  # a Python-only tokenizer (no `tokenizers` backend): TEI serves none either
-            raise errors.ServiceError(errors.TOKENIZER, "this model's tokenizer has no fast (Rust) backend to copy")
+            raise tei_errors.ServiceError(
+                tei_errors.TOKENIZER, "this model's tokenizer has no fast (Rust) backend to copy"
+            )
         return backend.to_str()
 
     def watcher_exited(self) -> None:
@@ -352,4 +354,4 @@ async def lifespan(app: FastAPI):
     await run_in_threadpool(end, service)
     if getattr(app.state, "tracing", None):
         await run_in_threadpool(app.state.tracing.shut_down)  # the last spans, within a bound
-    metrics.worker_exited()
+    prometheus.worker_exited()

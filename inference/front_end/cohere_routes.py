@@ -9,12 +9,12 @@ import uuid
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from inference import errors
-from inference.errors import ServiceError
+from inference import tei_errors
 from inference.front_end import routes
 from inference.front_end.named_model import check_name
 from inference.front_end.schemas import Json
 from inference.front_end.text_routes import NOT_A_RERANKER, is_reranker
+from inference.tei_errors import ServiceError
 
 router = APIRouter(dependencies=[Depends(routes.require_api_key)])
 
@@ -79,10 +79,10 @@ async def rerank(request: Request, api_version: str) -> Json:
         name, adapter = check_name(state, body.model)
         texts = body.texts()
         if not texts:
-            raise ServiceError(errors.EMPTY, "`documents` cannot be empty", reason="validation")
+            raise ServiceError(tei_errors.EMPTY, "`documents` cannot be empty", reason="validation")
         view = routes.live_view(state).named(adapter)
         if not is_reranker(view):
-            raise ServiceError(errors.BACKEND, NOT_A_RERANKER, reason="model_type")
+            raise ServiceError(tei_errors.BACKEND, NOT_A_RERANKER, reason="model_type")
         check_document_tokens(body, view.max_length)
         state.metrics.request_count.labels("batch").inc()
         # as Cohere does, long documents are cut (to the model's maximum), not refused
@@ -108,7 +108,7 @@ def check_document_tokens(body: CohereRerankRequest, max_length: int) -> None:
     """max_tokens_per_doc below the model's maximum would need a cut this service does not make: refused."""
     if body.max_tokens_per_doc is not None and body.max_tokens_per_doc < max_length:
         raise ServiceError(
-            errors.VALIDATION,
+            tei_errors.VALIDATION,
             f"max_tokens_per_doc={body.max_tokens_per_doc}: this service cuts each query and document pair at the "
             f"model's maximum ({max_length} tokens) only; leave it out or send at least {max_length}",
             status=400,

@@ -12,8 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from inference import errors
-from inference.errors import ServiceError
+from inference import tei_errors
 from inference.front_end.named_model import check_name, scores_in_label_order
 from inference.front_end.routes import (
     VERSION,
@@ -26,6 +25,7 @@ from inference.front_end.routes import (
     service,
 )
 from inference.front_end.schemas import Json
+from inference.tei_errors import ServiceError
 
 # {name:path}: a Hub id (org/model) is a model name too. So the longest paths are registered first: the lowest
 # decorator first, /ready's function before the bare name's
@@ -135,7 +135,7 @@ async def infer(request: Request, name: str) -> Response:
 
 
 def bad(message: str) -> ServiceError:
-    return ServiceError(errors.VALIDATION, message, status=400, reason="validation")
+    return ServiceError(tei_errors.VALIDATION, message, status=400, reason="validation")
 
 
 def read_request(raw: bytes, header_length: str | None) -> tuple[InferRequest, bytes]:
@@ -149,7 +149,7 @@ def read_request(raw: bytes, header_length: str | None) -> tuple[InferRequest, b
         return InferRequest.model_validate_json(raw[:split]), raw[split:]
     except ValidationError as exc:
         raise bad(
-            errors.describe_validation(exc.errors(include_url=False), "an Open Inference Protocol request")
+            tei_errors.describe_validation(exc.errors(include_url=False), "an Open Inference Protocol request")
         ) from None
 
 
@@ -164,7 +164,7 @@ def input_texts(body: InferRequest, blobs: bytes) -> tuple[list[str], list[str |
     texts = columns["text"]
     pairs = columns.get("text_pair", [None] * len(texts))
     if not texts:
-        raise ServiceError(errors.EMPTY, "`text` cannot be empty", reason="validation")
+        raise ServiceError(tei_errors.EMPTY, "`text` cannot be empty", reason="validation")
     if len(pairs) != len(texts):
         raise bad(f"text_pair holds {len(pairs)} elements for {len(texts)} texts")
     return texts, pairs

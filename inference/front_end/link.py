@@ -19,9 +19,9 @@ from fastapi import FastAPI
 from pydantic_core import from_json, to_json
 from tokenizers import Tokenizer
 
-from inference import logs, metrics
+from inference import logs, prometheus
 from inference.answers import Answer, ModelView, Overloaded, Refused
-from inference.metrics import Metrics
+from inference.prometheus import Metrics
 from inference.settings import Settings
 
 ENGINE_ENV = "DISTILBERT_AGNEWS_ENGINE"  # the engine's address, set by `python -m inference` for its front-ends
@@ -190,4 +190,4 @@ async def front_end_lifespan(app: FastAPI):
     await state.link.stop()
     if getattr(app.state, "tracing", None):
         app.state.tracing.shut_down()
-    metrics.worker_exited()
+    prometheus.worker_exited()

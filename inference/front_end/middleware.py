@@ -7,8 +7,8 @@ import logging
 import re
 import uuid
 
-from inference.errors import CLIENT_CLOSED, UNHEALTHY, VALIDATION, error_response
 from inference.logs import request_id
+from inference.tei_errors import CLIENT_CLOSED, UNHEALTHY, VALIDATION, error_response
 
 logger = logging.getLogger("inference")
 

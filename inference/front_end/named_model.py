@@ -3,10 +3,10 @@ must send, the 404 for any other, and each input's scores in label order. Called
 
 from __future__ import annotations
 
-from inference import errors
+from inference import tei_errors
 from inference.answers import Answer, ModelView
-from inference.errors import ServiceError
 from inference.front_end.link import AppState
+from inference.tei_errors import ServiceError
 
 NOT_FOUND = "NotFound"
 
@@ -32,6 +32,6 @@ def scores_in_label_order(view: ModelView, answer: Answer) -> list[list[float]]:
     for ranked in answer.ranked:
         scores = {entry["label"]: entry["score"] for entry in ranked}
         if answer.version != view.version and set(scores) != set(view.labels):  # a reload renamed the labels
-            raise ServiceError(errors.UNHEALTHY, "the model changed while answering; send the request again")
+            raise ServiceError(tei_errors.UNHEALTHY, "the model changed while answering; send the request again")
         rows.append([scores[label] for label in view.labels])
     return rows

@@ -10,9 +10,8 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from inference import errors
+from inference import tei_errors
 from inference.answers import ModelView
-from inference.errors import ServiceError
 from inference.front_end.link import AppState
 from inference.front_end.named_model import check_name, scores_in_label_order
 from inference.front_end.routes import (
@@ -28,6 +27,7 @@ from inference.front_end.routes import (
     service,
 )
 from inference.front_end.schemas import Json
+from inference.tei_errors import ServiceError
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 OWNER = "distilbert-agnews"
@@ -83,7 +83,7 @@ async def classify(request: Request) -> Json:
         view = live_view(state).named(adapter)
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
-            raise ServiceError(errors.EMPTY, "`input` cannot be empty", reason="validation")
+            raise ServiceError(tei_errors.EMPTY, "`input` cannot be empty", reason="validation")
         state.metrics.request_count.labels("batch").inc()
         truncate = asked_truncation(body, view.max_length)
         scoring = "none" if body.use_activation is False else None  # None: the problem type's softmax or sigmoid
@@ -123,7 +123,7 @@ def asked_truncation(body: ClassifyRequest, max_length: int) -> bool | None:
     if tokens == -1 or tokens >= max_length:
         return True
     raise ServiceError(
-        errors.VALIDATION,
+        tei_errors.VALIDATION,
         f"truncate_prompt_tokens={tokens}: this service cuts inputs at the model's maximum ({max_length} tokens) "
         "only; send -1",
         status=400,

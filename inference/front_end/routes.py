@@ -19,11 +19,11 @@ from starlette.routing import Route
 
 from contract import precision
 from contract.long_text import CHUNK, TRUNCATE
-from inference import errors
+from inference import tei_errors
 from inference.answers import Answer, ModelView, Overloaded, failure
-from inference.errors import ServiceError
 from inference.front_end.link import AppState
 from inference.front_end.schemas import ErrorBody, Info, Json, PredictRequest, PredictResponse
+from inference.tei_errors import ServiceError
 
 VERSION = "0.1.0"
 CHARS_PER_TOKEN_LIMIT = 250  # TEI's MAX_CHAR_MULTIPLIER: longer inputs are cut (truncate) or refused, untokenized
@@ -41,7 +41,9 @@ def live_view(state: AppState) -> ModelView:
     """The served model, or 503 while none serves (loading, or the engine stopped)."""
     view = state.link.view
     if view is None:
-        raise errors.ServiceError(errors.UNHEALTHY, state.link.why_not_serving() or "the model is not loaded yet")
+        raise tei_errors.ServiceError(
+            tei_errors.UNHEALTHY, state.link.why_not_serving() or "the model is not loaded yet"
+        )
     return view
 
 
@@ -63,8 +65,14 @@ def bearer_token(request: Request) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-router = APIRouter(dependencies=[Depends(require_api_key)])  # TEI: the API key guards these
+def guarded() -> APIRouter:
+    """A router whose routes need the API key, as TEI guards its routes."""
+    return APIRouter(dependencies=[Depends(require_api_key)])
+
+
+router = guarded()
 public = APIRouter()  # ... and not these
+described = APIRouter()  # POST /predict for the schema only: served by the Starlette route of fast_routes
 metrics_router = APIRouter()  # PROMETHEUS_PORT serves it when API_METRICS=false
 ERROR_RESPONSES = {code: {"model": ErrorBody} for code in (400, 401, 413, 415, 422, 424, 429, 503)}
 
@@ -72,7 +80,7 @@ ERROR_RESPONSES = {code: {"model": ErrorBody} for code in (400, 401, 413, 415, 4
 PREDICT_PATHS = ("/predict", "/", "/invocations")  # TEI's; on every fast route
 
 
-@router.post(
+@described.post(
     PREDICT_PATHS[0],
     response_model=PredictResponse,
     responses=ERROR_RESPONSES,
@@ -84,8 +92,6 @@ PREDICT_PATHS = ("/predict", "/", "/invocations")  # TEI's; on every fast route
         }
     },
 )
-@router.post(PREDICT_PATHS[1], include_in_schema=False)
-@router.post(PREDICT_PATHS[2], include_in_schema=False)
 async def predict(request: Request) -> Response:
     state, started = service(request), time.perf_counter()
     require_json(request)
@@ -108,7 +114,7 @@ async def predict_fast(request: Request) -> Response:
 
 def fast_routes(root: Callable[[Request], Awaitable[Response]] = predict_fast) -> list[Route]:
     """POST /predict, / and /invocations as plain Starlette routes: FastAPI's per-request machinery cost more than the
-    request (docs/benchmarks-log.md). FastAPI's stay, for the schema."""
+    request (docs/benchmarks-log.md). `described` gives /predict's schema."""
     return [Route(PREDICT_PATHS[0], predict_fast, methods=["POST"])] + [
         Route(path, root, methods=["POST"]) for path in PREDICT_PATHS[1:]
     ]
@@ -150,7 +156,7 @@ async def _disconnected(receive) -> None:
 def require_json(request: Request) -> None:
     """415 for a body not sent as JSON, as TEI's axum extractor answers."""
     if not JSON_CONTENT_TYPE.match(request.headers.get("content-type", "")):
-        raise ServiceError(errors.MEDIA_TYPE, "Expected request with `Content-Type: application/json`", status=415)
+        raise ServiceError(tei_errors.MEDIA_TYPE, "Expected request with `Content-Type: application/json`", status=415)
 
 
 def parse(raw: bytes, model: type[M] = PredictRequest) -> M:
@@ -161,10 +167,10 @@ def parse(raw: bytes, model: type[M] = PredictRequest) -> M:
         problems = exc.errors(include_url=False)
         if problems and problems[0]["type"] == "json_invalid":  # TEI (axum's JsonSyntaxError): 400, not 422
             raise ServiceError(
-                errors.VALIDATION, f"the body is not valid JSON ({problems[0]['msg']})", status=400, reason="json"
+                tei_errors.VALIDATION, f"the body is not valid JSON ({problems[0]['msg']})", status=400, reason="json"
             ) from None
-        help_text = getattr(model, "inputs_help", errors.INPUTS_HELP)
-        raise ServiceError(errors.VALIDATION, errors.describe_validation(problems, help_text)) from None
+        help_text = getattr(model, "inputs_help", tei_errors.INPUTS_HELP)
+        raise ServiceError(tei_errors.VALIDATION, tei_errors.describe_validation(problems, help_text)) from None
 
 
 def classify(state: AppState, body: PredictRequest) -> asyncio.Future[Answer]:
@@ -187,7 +193,7 @@ def queue_sequences(
         check_batch_size(settings, len(sequences))
     for i, (text, pair) in enumerate(sequences):
         if not text and not pair:  # TEI: only a zero-length input is empty; whitespace is classified
-            raise ServiceError(errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if is_batch else ""))
+            raise ServiceError(tei_errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if is_batch else ""))
     served = live_view(state).named(adapter)
     # chunking unless the request asks to truncate
     chunk = served.chunks and asked_truncate is not True
@@ -200,14 +206,14 @@ def queue_sequences(
     try:
         return state.link.submit(sequences, truncate, left, chunk, scoring, adapter)
     except Overloaded as exc:
-        raise ServiceError(errors.OVERLOADED, str(exc)) from None
+        raise ServiceError(tei_errors.OVERLOADED, str(exc)) from None
 
 
 def check_batch_size(settings, size: int) -> None:
     """TEI's MAX_CLIENT_BATCH_SIZE check."""
     if size > settings.max_client_batch_size:
         raise ServiceError(
-            errors.VALIDATION,
+            tei_errors.VALIDATION,
             f"batch size {size} > maximum allowed batch size {settings.max_client_batch_size}",
             reason="batch_size",
         )
@@ -221,14 +227,14 @@ def engine_failure(exc: BaseException) -> ServiceError:
 def failure_error(kind: str, message: str) -> ServiceError:
     """A failure the engine reported (answers.failure) as TEI answers it."""
     if kind == "overloaded":
-        return ServiceError(errors.OVERLOADED, message)
+        return ServiceError(tei_errors.OVERLOADED, message)
     if kind == "too_many_windows":
-        return ServiceError(errors.VALIDATION, message, status=413, reason="too_many_windows")
+        return ServiceError(tei_errors.VALIDATION, message, status=413, reason="too_many_windows")
     if kind == "no_tokens":  # TEI's answer to a zero-length input
-        return ServiceError(errors.EMPTY, message, reason="validation")
+        return ServiceError(tei_errors.EMPTY, message, reason="validation")
     if kind in ("too_long", "long_text"):
-        return ServiceError(errors.VALIDATION, message)
-    return ServiceError(errors.BACKEND, message, reason="backend")  # TEI: 424 Backend, "score is NaN" likewise
+        return ServiceError(tei_errors.VALIDATION, message)
+    return ServiceError(tei_errors.BACKEND, message, reason="backend")  # TEI: 424 Backend, "score is NaN" likewise
 
 
 def check_characters(sequences: list, limit: int) -> None:
@@ -237,7 +243,7 @@ def check_characters(sequences: list, limit: int) -> None:
         chars = len(text) + len(pair or "")
         if chars > limit:
             raise ServiceError(
-                errors.VALIDATION,
+                tei_errors.VALIDATION,
                 f"an input of {chars} characters is more than MAX_CHUNKS windows can hold (at most {limit})",
                 status=413,
                 reason="too_many_windows",
@@ -259,7 +265,9 @@ def limit_characters(sequences: list, limit: int, truncate: bool, left: bool) ->
         if chars <= limit:
             out.append((text, pair))
         elif not truncate:
-            raise ServiceError(errors.VALIDATION, f"`inputs` must have less than {limit} characters. Given: {chars}")
+            raise ServiceError(
+                tei_errors.VALIDATION, f"`inputs` must have less than {limit} characters. Given: {chars}"
+            )
         else:
             side = limit // 2 if pair is not None else limit
             out.append((keep(text, side), keep(pair, side) if pair is not None else None))
@@ -392,7 +400,7 @@ async def ready(request: Request) -> dict:
     state = service(request)
     live_view(state)
     if why := await state.link.why_not_ready():
-        raise errors.ServiceError(errors.UNHEALTHY, why)
+        raise tei_errors.ServiceError(tei_errors.UNHEALTHY, why)
     return {"status": "ready"}
 
 

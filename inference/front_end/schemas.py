@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from pydantic_core import to_json
 
 from inference.answers import Sequence
-from inference.errors import INPUTS_HELP
+from inference.tei_errors import INPUTS_HELP
 
 
 class Json(JSONResponse):

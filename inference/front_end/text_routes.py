@@ -8,9 +8,8 @@ from fastapi import Request, Response
 from pydantic_core import from_json
 from starlette.routing import Route
 
-from inference import errors
+from inference import tei_errors
 from inference.answers import Answer, ModelView
-from inference.errors import ServiceError
 from inference.front_end import routes
 from inference.front_end.link import AppState
 from inference.front_end.routes import (
@@ -20,16 +19,17 @@ from inference.front_end.routes import (
     check_api_key,
     count_answer,
     failures_counted,
+    guarded,
     live_view,
     parse,
     predict,
     queue_sequences,
     require_json,
-    router,
     service,
     tei_headers,
 )
 from inference.front_end.schemas import Json, Rank, RerankRequest
+from inference.tei_errors import ServiceError
 
 NOT_A_RERANKER = "Backend error: model is not a re-ranker model"  # TEI: BackendError::Inference, in a Backend error
 
@@ -37,6 +37,9 @@ NOT_A_RERANKER = "Backend error: model is not a re-ranker model"  # TEI: Backend
 def is_reranker(view: ModelView) -> bool:
     """TEI's rule: one label makes a reranker."""
     return len(view.labels) == 1
+
+
+router = guarded()
 
 
 @router.post("/rerank", response_model=list[Rank], responses=ERROR_RESPONSES, summary="Rank texts by a query (TEI)")
@@ -59,9 +62,9 @@ async def rerank(request: Request) -> Json:
 async def _scored_pairs(request: Request, state: AppState, body: RerankRequest) -> Answer:
     """TEI's order: empty texts, model type, batch size."""
     if not body.texts:
-        raise ServiceError(errors.EMPTY, "`texts` cannot be empty", reason="validation")
+        raise ServiceError(tei_errors.EMPTY, "`texts` cannot be empty", reason="validation")
     if not is_reranker(live_view(state)):
-        raise ServiceError(errors.BACKEND, NOT_A_RERANKER, reason="model_type")
+        raise ServiceError(tei_errors.BACKEND, NOT_A_RERANKER, reason="model_type")
     state.metrics.request_count.labels("batch").inc()
     pairs = [(body.query, text) for text in body.texts]
     job = queue_sequences(state, pairs, True, body.truncate, body.left, "none" if body.raw_scores else "sigmoid")

@@ -14,22 +14,22 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic_core import to_json
 from tokenizers import Tokenizer
 
-from inference import errors, memory
+from inference import memory, tei_errors
 from inference.answers import Overloaded
-from inference.errors import ServiceError
 from inference.front_end.link import AppState
 from inference.front_end.routes import (
     CHARS_PER_TOKEN_LIMIT,
     ERROR_RESPONSES,
     check_batch_size,
+    guarded,
     live_view,
     parse,
     require_json,
-    router,
     service,
     unless_gone,
 )
 from inference.front_end.schemas import DecodeRequest, Json, SimpleToken, TokenizeRequest
+from inference.tei_errors import ServiceError
 
 CHUNK_TOKENS = 4096  # tokens formatted per piece of a streamed answer
 TOKENIZE_PAYLOADS = 8  # /tokenize answers at most this many full request bodies of text at once; past it 429
@@ -45,6 +45,9 @@ def spare_copy(serialized: str) -> Tokenizer:
     return copy
 
 
+router = guarded()
+
+
 @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERROR_RESPONSES, summary="Tokens (TEI)")
 async def tokenize(request: Request) -> Response:
     state = service(request)
@@ -54,7 +57,7 @@ async def tokenize(request: Request) -> Response:
     _check_batch(state, texts, "inputs", batch=not isinstance(body.inputs, str))
     if body.prompt_name is not None:  # TEI (core/src/tokenization.rs prepare_pre_prompt), for a model without them
         raise ServiceError(
-            errors.VALIDATION,
+            tei_errors.VALIDATION,
             f"Input validation error: `default-prompt-name` is set to `{body.prompt_name}` but no prompts were "
             "found in the Sentence Transformers configuration",
         )
@@ -62,7 +65,7 @@ async def tokenize(request: Request) -> Response:
     for text in texts:
         if len(text) > limit:
             raise ServiceError(
-                errors.VALIDATION, f"`inputs` must have less than {limit} characters. Given: {len(text)}"
+                tei_errors.VALIDATION, f"`inputs` must have less than {limit} characters. Given: {len(text)}"
             )
     tokenizer = await state.link.tokenizer()
     release = await admit(state, texts)
@@ -84,7 +87,7 @@ async def admit(state: AppState, texts: list[str]) -> Callable[[], None]:
         await state.link.admit(len(texts))
     except Overloaded as exc:
         in_flight.give(size)
-        raise ServiceError(errors.OVERLOADED, str(exc)) from None
+        raise ServiceError(tei_errors.OVERLOADED, str(exc)) from None
     except BaseException:
         in_flight.give(size)
         raise
@@ -112,7 +115,7 @@ class TextInFlight:
         with self._lock:
             if self.used + size > limit:
                 raise ServiceError(
-                    errors.OVERLOADED,
+                    tei_errors.OVERLOADED,
                     f"/tokenize is answering {self.used} bytes of text (limit {TOKENIZE_PAYLOADS} x PAYLOAD_LIMIT = "
                     f"{limit}); retry later",
                 )
@@ -232,7 +235,7 @@ def _decoded(tokenizer: Tokenizer, sequences: list[list[int]], skip_special_toke
     for ids in sequences:
         unknown = [i for i in ids if i >= size]
         if unknown:  # TEI: the tokenizer's own error, as a Tokenizer error (422)
-            raise ServiceError(errors.TOKENIZER, f"tokenizer error id {unknown[0]} is out of the vocabulary")
+            raise ServiceError(tei_errors.TOKENIZER, f"tokenizer error id {unknown[0]} is out of the vocabulary")
     return tokenizer.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
 
 
@@ -242,7 +245,7 @@ def _check_batch(state: AppState, items: list, field: str, batch: bool) -> None:
         return
     try:
         if not items:
-            raise ServiceError(errors.EMPTY, f"`{field}` cannot be empty", reason="validation")
+            raise ServiceError(tei_errors.EMPTY, f"`{field}` cannot be empty", reason="validation")
         check_batch_size(state.settings, len(items))
     except ServiceError as exc:
         state.metrics.request_failure.labels(exc.reason).inc()

@@ -17,6 +17,7 @@ from filelock import FileLock
 
 from contract import files
 from contract.loading import file_sha256
+from inference.runtimes.report import Report
 from inference.settings import SettingsError
 
 logger = logging.getLogger(__name__)
@@ -72,8 +73,9 @@ class Cache:
         recorded = self._contents().get("files", {})
         return recorded if isinstance(recorded, dict) else {}
 
-    def report_for(self, key: dict) -> dict | None:
-        return next((r for r in self.reports() if r.get("key") == key), None)
+    def report_for(self, key: dict) -> Report | None:
+        """The recorded report for `key`, or None."""
+        return next((Report.from_json(r) for r in self.reports() if r.get("key") == key), None)
 
     def damage(self, model_folder: str) -> str | None:
         """Why a converted model cannot be served, or None when its digests match."""
@@ -95,10 +97,11 @@ class Cache:
         extra = sorted(present - set(recorded))
         return f"{self.folder / extra[0]}: not recorded in runtime.json" if extra else None
 
-    def save(self, report: dict, model_folders: list[str]) -> None:
+    def save(self, report: Report) -> None:
         """Record `report` and its files' digests, atomically. Call under `lock()`."""
-        options = report["key"]["options"]
-        reports = [r for r in self.reports() if r.get("key", {}).get("options") != options] + [report]
+        model_folders = report.folders()
+        options = report.key["options"]
+        reports = [r for r in self.reports() if r.get("key", {}).get("options") != options] + [report.as_json()]
         used = {m for r in reports for m in _model_folders(r)}
         recorded = {name: d for name, d in self.digests().items() if name.split("/")[0] in used - set(model_folders)}
         for model_folder in model_folders:

@@ -19,6 +19,7 @@ from inference.runtimes import cache as runtime_cache
 from inference.runtimes.cache import Cache
 from inference.runtimes.conversion import AUTO, OPTIMIZED, TORCH, Candidate
 from inference.runtimes.measuring import cache_key, measure, percent
+from inference.runtimes.report import Measured, Report
 from inference.runtimes.texts import calibration_texts
 from inference.settings import SettingsError, from_env
 
@@ -94,6 +95,36 @@ def races(backend: str, dtype: str) -> bool:
     return dtype == precision.AUTO or (backend == AUTO and dtype != precision.INT8)
 
 
+@dataclass
+class Recorded:
+    """What the caches hold for one model and its settings: the key, the places looked in, a verified report."""
+
+    key: dict
+    texts: list[str]
+    source: str  # where the texts came from
+    places: list[Cache]
+    verified: tuple[Cache, Report] | None = None
+    damaged: list[tuple[Cache, Report, str]] = field(default_factory=list)  # with why each is not served
+
+
+def recorded(loaded: LoadedModel, settings, options: list[Candidate]) -> Recorded:
+    """The one lookup of choose_runtime and needs_measuring: the first verified report for these options."""
+    texts, source = calibration_texts(loaded.folder, settings.calibration_file)
+    key = cache_key(loaded, texts, options, settings.torch_threads)
+    places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
+    found = Recorded(key, texts, source, places)
+    for cache in places:  # a verified conversion is read in place
+        report = cache.report_for(key)
+        if report is None:
+            continue
+        problem = _damage(cache, report, report.chosen)
+        if problem is None:
+            found.verified = (cache, report)
+            return found
+        found.damaged.append((cache, report, problem))
+    return found
+
+
 def choose_runtime(loaded: LoadedModel, settings) -> ServedModel:
     """`loaded` in its chosen runtime and precision."""
     options, why = candidates(settings.backend, settings.dtype, loaded.device.type)
@@ -103,42 +134,40 @@ def choose_runtime(loaded: LoadedModel, settings) -> ServedModel:
             chosen, why = precision.FP32, f"{why}; DTYPE=auto keeps a regression model's raw values in fp32"
         logger.info("Runtime: torch %s (%s)", chosen, why)
         return _as_torch(loaded, chosen, None)
-    texts, source = calibration_texts(loaded.folder, settings.calibration_file)
     torch.set_num_threads(settings.torch_threads)
-    key = cache_key(loaded, texts, options, settings.torch_threads)
-    places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
-    damaged = []
-    for cache in places:  # a verified conversion is read in place
-        report = cache.report_for(key)
-        if report is None:
-            continue
-        problem = _damage(cache, report, report["chosen"])
-        if problem is None:
-            _tidy(cache)
-            return _build(loaded, report, report["chosen"], cache, settings.torch_threads)
+    found = recorded(loaded, settings, options)
+    if found.verified is not None:
+        cache, report = found.verified
+        _tidy(cache)
+        return _build(loaded, report, report.chosen, cache, settings.torch_threads)
+    for _, _, problem in found.damaged:
         logger.warning("Runtime: %s; not served", problem)
-        damaged.append((cache, report))
     try:
-        cache = runtime_cache.writable(places, why)
+        cache = runtime_cache.writable(found.places, why)
     except SettingsError:
-        if not damaged:
+        if not found.damaged:
             raise
-        return _next_best(loaded, *damaged[0], settings.torch_threads)
+        return _next_best(loaded, *found.damaged[0][:2], settings.torch_threads)
     with cache.lock():  # --workers N: one converts, the others then read
-        cache.remove_leftovers()
-        report = cache.report_for(key)
-        if report is not None and _damage(cache, report, report["chosen"]):
-            cache.discard(next(m.get("ir") for m in report["candidates"] if m["name"] == report["chosen"]))
-            report = None  # named above; converted and measured again
-        if report is None:
-            logger.info("Runtime: measuring %s (%s; texts: %s)", ", ".join(c.name for c in options), why, source)
-            report = measure(loaded, options, texts, cache, settings.torch_threads)
-            report.update(chosen=pick_candidate(report["candidates"], races(settings.backend, settings.dtype)), key=key)
-            report["texts"] = source
-            cache.save(report, sorted({c["ir"] for c in report["candidates"] if c.get("ir")}))
-        served = _build(loaded, report, report["chosen"], cache, settings.torch_threads)
+        served = _measured_and_built(loaded, settings, options, why, found, cache)
     runtime_cache.prune_siblings(cache, loaded.folder)
     return served
+
+
+def _measured_and_built(loaded, settings, options: list[Candidate], why: str, found: Recorded, cache: Cache):
+    """Under the cache's lock: another process's report if it just wrote one, else measured here; then built."""
+    cache.remove_leftovers()
+    report = cache.report_for(found.key)
+    if report is not None and _damage(cache, report, report.chosen):
+        cache.discard(report.candidate(report.chosen).ir)
+        report = None  # named above; converted and measured again
+    if report is None:
+        logger.info("Runtime: measuring %s (%s; texts: %s)", ", ".join(c.name for c in options), why, found.source)
+        report = measure(loaded, options, found.texts, cache, settings.torch_threads)
+        report.chosen = pick_candidate(report.candidates, races(settings.backend, settings.dtype))
+        report.key, report.texts = found.key, found.source
+        cache.save(report)
+    return _build(loaded, report, report.chosen, cache, settings.torch_threads)
 
 
 def with_adapters(loaded: LoadedModel, adapters: dict[str, LoadedModel], settings) -> ServedModel:
@@ -154,15 +183,11 @@ def needs_measuring(loaded: LoadedModel, settings) -> bool:
     options, _ = candidates(settings.backend, settings.dtype, loaded.device.type)
     if len(options) == 1 and options[0].runtime == TORCH:
         return False
-    texts, _ = calibration_texts(loaded.folder, settings.calibration_file)
-    key = cache_key(loaded, texts, options, settings.torch_threads)
-    places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
-    for cache in places:
-        report = cache.report_for(key)
-        if report is not None and _damage(cache, report, report["chosen"]) is None:
-            return False
+    found = recorded(loaded, settings, options)
+    if found.verified is not None:
+        return False
     try:
-        runtime_cache.writable(places, "")
+        runtime_cache.writable(found.places, "")
     except SettingsError:
         return False  # choose_runtime says so at start
     return True
@@ -175,12 +200,12 @@ def provisional(loaded: LoadedModel) -> ServedModel:
     return _as_torch(loaded, precision.FP32, summary)
 
 
-def _damage(cache: Cache, report: dict, name: str) -> str | None:
+def _damage(cache: Cache, report: Report, name: str) -> str | None:
     """Why a candidate's files fail their digests, or None."""
-    measured = next((m for m in report.get("candidates", []) if m.get("name") == name), None)
+    measured = report.candidate(name)
     if measured is None:
         return f"{cache.report_file}: no candidate {name!r}"
-    return cache.damage(measured["ir"]) if measured.get("ir") else None
+    return cache.damage(measured.ir) if measured.ir else None
 
 
 def _tidy(cache: Cache) -> None:
@@ -189,13 +214,13 @@ def _tidy(cache: Cache) -> None:
         cache.remove_leftovers()
 
 
-def _next_best(loaded: LoadedModel, cache: Cache, report: dict, threads: int) -> ServedModel:
+def _next_best(loaded: LoadedModel, cache: Cache, report: Report, threads: int) -> ServedModel:
     """Nothing writable: the fastest other verified candidate, else fp32."""
-    others = [m for m in report["candidates"] if m["refused"] is None and m["name"] != report["chosen"]]
-    for measured in sorted(others, key=lambda m: -m["texts_per_s"]):
-        if _damage(cache, report, measured["name"]) is None:
-            logger.warning("Runtime: nothing can be written to convert again; serving %s instead", measured["name"])
-            return _build(loaded, report, measured["name"], cache, threads)
+    others = [m for m in report.candidates if m.refused is None and m.name != report.chosen]
+    for measured in sorted(others, key=lambda m: -m.texts_per_s):
+        if _damage(cache, report, measured.name) is None:
+            logger.warning("Runtime: nothing can be written to convert again; serving %s instead", measured.name)
+            return _build(loaded, report, measured.name, cache, threads)
     logger.warning("Runtime: nothing can be written to convert again; serving torch fp32 instead")
     return _as_torch(loaded, precision.FP32, None)
 
@@ -210,43 +235,43 @@ def export(folder: Path, runtime: str) -> ServedModel:
     return choose_runtime(load_model(str(folder), device="cpu", dtype=precision.FP32), settings)
 
 
-def pick_candidate(measured: list[dict], race: bool) -> str:
+def pick_candidate(measured: list[Measured], race: bool) -> str:
     """The fastest agreeing candidate when racing, else the first."""
-    agreeing = [m for m in measured if m["refused"] is None]
+    agreeing = [m for m in measured if m.refused is None]
     if not agreeing:
         raise RuntimeError("no runtime candidate agrees with fp32")  # fp32 ones are never refused: a bug
-    chosen = max(agreeing, key=lambda m: m["texts_per_s"]) if race else agreeing[0]
+    chosen = max(agreeing, key=lambda m: m.texts_per_s) if race else agreeing[0]
     for m in measured:
         mark = "*" if m is chosen else " "
-        ties = f" ({m['ties']} ties left out)" if m.get("ties") else ""
-        detail = f"agreement {percent(m['agreement'])}{ties}, {m['texts_per_s']:.1f} texts/s"
-        detail = f"{m['refused']} ({m['texts_per_s']:.1f} texts/s)" if m["refused"] else detail
-        logger.info("Runtime %s %-14s %s", mark, m["name"], detail)
-    return chosen["name"]
+        ties = f" ({m.ties} ties left out)" if m.ties else ""
+        detail = f"agreement {percent(m.agreement)}{ties}, {m.texts_per_s:.1f} texts/s"
+        detail = f"{m.refused} ({m.texts_per_s:.1f} texts/s)" if m.refused else detail
+        logger.info("Runtime %s %-14s %s", mark, m.name, detail)
+    return chosen.name
 
 
-def _build(loaded: LoadedModel, report: dict, name: str, cache: Cache, threads: int) -> ServedModel:
-    """Candidate `name` ready to serve."""
-    chosen = next(m for m in report["candidates"] if m["name"] == name)
-    runtime, chosen_precision = chosen["name"].split()
+def _build(loaded: LoadedModel, report: Report, name: str, cache: Cache, threads: int) -> ServedModel:
+    """Candidate `name` ready to serve; its summary is what /info says of the runtime."""
+    chosen = report.candidate(name)
+    runtime, chosen_precision = chosen.runtime, chosen.precision
     summary = {
         "name": runtime,
         "precision": chosen_precision,
-        "agreement": chosen["agreement"],
-        "held_out_texts": report["held_out_texts"],
-        "texts": report.get("texts"),  # what the agreement was measured on
-        "candidates": report["candidates"],
+        "agreement": chosen.agreement,
+        "held_out_texts": report.held_out_texts,
+        "texts": report.texts,  # what the agreement was measured on
+        "candidates": report.as_json()["candidates"],
     }
     if runtime == TORCH:
         return _as_torch(loaded, chosen_precision, summary)
-    xml = cache.folder / chosen["ir"] / RUNTIMES[runtime].model_file
+    xml = cache.folder / chosen.ir / RUNTIMES[runtime].model_file
     runner = RUNTIMES[runtime].load().Runner(xml, chosen_precision, threads)
     logger.info(
         "Runtime: serving %s from %s (agreement with fp32 %s, %.1f texts/s when measured)",
-        chosen["name"],
+        chosen.name,
         xml.parent,
-        percent(chosen["agreement"]),
-        chosen["texts_per_s"],
+        percent(chosen.agreement),
+        chosen.texts_per_s,
     )
     return served(loaded, summary, model=None, runner=runner, runtime=runtime, precision=chosen_precision)
 

@@ -19,10 +19,11 @@ from contract import precision
 from contract.loading import LoadedModel
 from contract.model_call import collate
 from contract.runtimes import RUNTIMES, Runtime
+from inference.encoding import encode
 from inference.runtimes import cache as runtime_cache
 from inference.runtimes.cache import Cache
+from inference.runtimes.report import ConversionFailed
 from inference.settings import BACKENDS
-from inference.tokenizing import encode
 
 logger = logging.getLogger("inference.runtimes.choice")  # one channel for the runtime choice, whichever part logs
 
@@ -52,7 +53,7 @@ def digest(texts: list[str]) -> str:
 
 
 def runner_for(loaded: LoadedModel, candidate: Candidate, cache: Cache, threads: int, calibration: list[str]):
-    """The candidate's runner, or why it failed."""
+    """The candidate's runner; ConversionFailed says why there is none."""
     if candidate.runtime == TORCH:
         return torch_runner(copy.deepcopy(loaded.model).to(precision.torch_dtype(candidate.precision)))
     try:
@@ -61,7 +62,7 @@ def runner_for(loaded: LoadedModel, candidate: Candidate, cache: Cache, threads:
     except Exception as exc:  # noqa: BLE001 - any failure of a third-party converter refuses this candidate alone
         cache.discard(conversion_name(candidate, calibration))
         logger.warning("Runtime: %s cannot be built: %s: %s", candidate.name, type(exc).__name__, _short(exc))
-        return f"refused: conversion failed ({type(exc).__name__}: {_short(exc)})"
+        raise ConversionFailed(f"refused: conversion failed ({type(exc).__name__}: {_short(exc)})") from exc
 
 
 def _short(exc: BaseException) -> str:

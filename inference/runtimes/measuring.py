@@ -16,10 +16,11 @@ from contract.loading import LoadedModel
 from contract.model_call import collate
 from contract.problem_types import ProblemType
 from contract.runtimes import AGREEMENT_BOUND, RUNTIMES
+from inference.encoding import encode
 from inference.runtimes.cache import Cache
 from inference.runtimes.conversion import TORCH, Candidate, conversion_name, digest, runner_for, torch_runner
+from inference.runtimes.report import ConversionFailed, Measured, Report
 from inference.runtimes.texts import HELD_OUT_EVERY, split
-from inference.tokenizing import encode
 
 logger = logging.getLogger("inference.runtimes.choice")  # one channel for the runtime choice, whichever part logs
 
@@ -51,8 +52,8 @@ def cache_key(loaded: LoadedModel, texts: list[str], options: list[Candidate], t
     }
 
 
-def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cache: Cache, threads: int) -> dict:
-    """Each candidate's agreement with fp32 and texts/s."""
+def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cache: Cache, threads: int) -> Report:
+    """Each candidate's agreement with fp32 and texts/s; nothing chosen yet."""
     calibration, held = split(texts)
     real = len(held) >= MIN_HELD_OUT
     batches = _batches(loaded, held) if real else _synthetic_batches(loaded)
@@ -62,12 +63,13 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
     for candidate in options:
         refused = _cannot_check(candidate, held, calibration)
         if refused:
-            results[candidate] = {"name": candidate.name, "refused": refused, "agreement": None, "texts_per_s": 0.0}
+            results[candidate] = Measured(candidate.name, refused)
             continue
-        is_fp32 = candidate == Candidate(TORCH, precision.FP32)
-        runner = fp32 if is_fp32 else runner_for(loaded, candidate, cache, threads, calibration)
-        if isinstance(runner, str):  # the conversion failed: the other candidates are still measured
-            results[candidate] = {"name": candidate.name, "refused": runner, "agreement": None, "texts_per_s": 0.0}
+        try:
+            is_fp32 = candidate == Candidate(TORCH, precision.FP32)
+            runner = fp32 if is_fp32 else runner_for(loaded, candidate, cache, threads, calibration)
+        except ConversionFailed as exc:  # this candidate refused; the others are still measured
+            results[candidate] = Measured(candidate.name, str(exc))
             continue
         # every shape once, untimed; fp32 answered already
         outputs = reference if runner is fp32 else [runner(b) for b in batches]
@@ -75,11 +77,11 @@ def measure(loaded: LoadedModel, options: list[Candidate], texts: list[str], cac
             candidate, *(agreement(outputs, reference, loaded.problem) if real else (None, 0))
         )
         if candidate.runtime != TORCH:
-            results[candidate]["ir"] = conversion_name(candidate, calibration)
+            results[candidate].ir = conversion_name(candidate, calibration)
         runners[candidate] = runner
     for candidate, speed in _speeds(runners, batches[:TIMED_BATCHES]).items():
-        results[candidate]["texts_per_s"] = speed
-    return {"candidates": list(results.values()), "held_out_texts": len(held), "calibration_texts": len(calibration)}
+        results[candidate].texts_per_s = speed
+    return Report(list(results.values()), held_out_texts=len(held), calibration_texts=len(calibration))
 
 
 def _speeds(runners: dict, batches: list[dict], rounds: int = 2) -> dict:
@@ -120,14 +122,14 @@ def guard_description(problem: ProblemType) -> str:
     return problem.agreement_rule()
 
 
-def _verdict(candidate: Candidate, share: float | None, ties: int) -> dict:
+def _verdict(candidate: Candidate, share: float | None, ties: int) -> Measured:
     refused = None  # the reference: reported, never refused
     if candidate.precision != precision.FP32:
         if share is None:
             refused = f"refused: only {MIN_HELD_OUT - 1} or fewer held-out texts decided by fp32 ({ties} ties)"
         elif share < AGREEMENT_BOUND:
             refused = f"refused: agreement {percent(share)} < {percent(AGREEMENT_BOUND)} with fp32"
-    return {"name": candidate.name, "refused": refused, "agreement": share, "ties": ties, "texts_per_s": 0.0}
+    return Measured(candidate.name, refused, share, ties)
 
 
 def _batches(loaded: LoadedModel, texts: list[str]) -> list[dict]:

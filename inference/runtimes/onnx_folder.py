@@ -15,8 +15,8 @@ from contract import files, precision
 from contract.errors import UserError
 from contract.loading import load_model
 from contract.model_call import collate
+from inference.encoding import encode
 from inference.runtimes import onnx
-from inference.tokenizing import encode
 
 logger = logging.getLogger("inference")
 FOLDER = "onnx"

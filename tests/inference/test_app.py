@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from contract import files, shapes
 from contract.loading import CheckpointError, load_model
 from inference.app import create_app
-from inference.engine.graphs import CapturedForward
+from inference.engine.captured import CapturedForward
 from inference.engine.passes import static_passes
 from inference.settings import Settings, SettingsError, from_env
 from tests.helpers.cuda_graphs.stand_in import install_serving
@@ -184,7 +184,7 @@ def test_micro_batches_are_bounded_by_tokens_and_inputs(smoke_checkpoint, refere
 @pytest.fixture(scope="module")
 def static_client(smoke_checkpoint):
     """The service as on CUDA (the torch runtime, STATIC_SHAPES and TOKENIZER_THREAD on, every forward pass a
-    replayed CUDA graph: inference/engine/graphs.py's CapturedForward over the CPU stand-in of
+    replayed CUDA graph: inference/engine/captured.py's CapturedForward over the CPU stand-in of
     tests/helpers/cuda_graphs) on the CPU, recording every forward pass's shape."""
     with pytest.MonkeyPatch.context() as patch:
         install_serving(patch)

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from inference.engine.graphs import CapturedForward
+from inference.engine.captured import CapturedForward
 from inference.engine.scheduler import graph_shapes
 from tests.helpers.cuda_graphs.stand_in import CpuGraphs, install_serving
 from tests.helpers.service import assert_matches, wait_for

@@ -10,9 +10,9 @@ import torch
 from transformers import AutoTokenizer
 
 from contract.loading import LoadedModel
-from inference.errors import ServiceError
+from inference.encoding import KEPT_CHARS_PER_TOKEN, encode_unchecked, kept_part
 from inference.front_end.routes import CHARS_PER_TOKEN_LIMIT, limit_characters
-from inference.tokenizing import KEPT_CHARS_PER_TOKEN, encode_unchecked, kept_part
+from inference.tei_errors import ServiceError
 
 WORDS = (
     "officials said on monday that the markets rallied after reuters reported unbelievable earnings , 1234 .".split()

@@ -14,8 +14,8 @@ SCRIPT = """
 import random, sys, psutil
 from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification
 from contract.model_call import forward
-from inference.tokenizing import encode
-from inference.metrics import Metrics
+from inference.encoding import encode
+from inference.prometheus import Metrics
 from inference.engine.service import load_configured, ready_engine
 from inference.settings import from_env
 smoke, folder = sys.argv[1], sys.argv[2]

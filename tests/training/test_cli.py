@@ -110,7 +110,7 @@ accelerator.end_training()
 
 def test_each_hint_names_what_works_for_the_command_that_failed(monkeypatch, tmp_path):
     """Offline evaluation was told to run training commands; a typo in a local folder read as a Hub cache miss."""
-    from training import hub
+    from contract import hub
 
     missing = OSError("We couldn't connect to 'https://huggingface.co'")
     monkeypatch.setattr(hub, "is_offline", lambda: True)

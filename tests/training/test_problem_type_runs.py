@@ -259,11 +259,11 @@ def test_an_int8_runtime_is_guarded_by_what_a_one_output_model_decides(runs, tmp
     """The argmax of one output is always 0; the guard compares the value (regression) or the thresholded sigmoid
     (one-logit pair model) with PyTorch fp32, and its figure is what those rules give on the held-out texts."""
     from contract.model_call import forward
+    from inference.encoding import encode
     from inference.engine.service import load_configured
     from inference.runtimes import measuring
     from inference.runtimes import texts as runtime_texts
     from inference.settings import from_env
-    from inference.tokenizing import encode
 
     folder = one_output_folder(runs, tmp_path, variant)
     settings = from_env(model_id=str(folder), device="cpu", reload_interval_s=0, backend="onnxruntime", dtype="int8")

@@ -117,14 +117,14 @@ def lists_joined(table: pa.Table) -> pa.Table:
 class Writer:
     """Appends tables to a csv, jsonl or parquet file."""
 
-    def __init__(self, path: Path, kind: str):
-        self.path, self.kind, self.sink = path, kind.lower(), None
+    def __init__(self, path: Path, suffix: str):
+        self.path, self.suffix, self.sink = path, suffix.lower(), None
 
     def write(self, table: pa.Table) -> None:
-        if self.kind == ".parquet":
+        if self.suffix == ".parquet":
             self.sink = self.sink or pyarrow.parquet.ParquetWriter(self.path, table.schema)
             self.sink.write_table(table)
-        elif self.kind == ".csv":
+        elif self.suffix == ".csv":
             table = lists_joined(table)
             self.sink = self.sink or pyarrow.csv.CSVWriter(self.path, table.schema)
             self.sink.write_table(table)

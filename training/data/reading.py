@@ -12,10 +12,10 @@ import datasets
 import pyarrow
 import pyarrow.parquet
 
+from contract.hub import explain_missing
 from training.config import TrainConfig
 from training.data.errors import DataError
 from training.data.labels import LabelSpace
-from training.hub import explain_missing
 
 _LOADERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 

@@ -14,7 +14,7 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name, path=None, target=None):
         if (
-            name not in ("inference.engine.graphs", "training.speed.capture", "training.speed.step_graph")
+            name not in ("inference.engine.captured", "training.speed.capture", "training.speed.step_graph")
             or name in self.done
         ):
             return None
@@ -31,7 +31,7 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
                     lambda: sys.stderr.write(f"{stand_in.REPORT}: {pool.held} ({pool.overwritten} overwritten)\n")
                 )
             exec_module(module)
-            if name == "inference.engine.graphs":
+            if name == "inference.engine.captured":
                 stand_in.install_serving()
             if name == "training.speed.step_graph":
                 stand_in.install_step_graphs()

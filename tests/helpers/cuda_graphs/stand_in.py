@@ -3,7 +3,7 @@ only a GPU would otherwise run (and a rare GPU lease measures instead of debuggi
 this module: tests install it in-process (`install_serving`, `install_training`) or through this folder's
 sitecustomize.py for every process of a real run (tests/conftest.py: `graphs_env`).
 
-Serving (inference/engine/graphs.py): `CpuGraphs` stands in for `CudaGraphs`, the CUDA primitive under
+Serving (inference/engine/captured.py): `CpuGraphs` stands in for `CudaGraphs`, the CUDA primitive under
 `CapturedForward`.
 A capture runs the warm-up passes, then records the forward pass on its static input tensors; a replay re-runs it
 on the same tensors and writes into the same output tensor, as a replayed graph does. Everything above it is the
@@ -41,7 +41,7 @@ STEP_REPORT = "cuda-graphs stand-in: whole steps captured"  # likewise
 
 
 class CpuGraphs:
-    """`inference.engine.graphs.CudaGraphs` on the CPU: capture records on static tensors, replay re-runs into them."""
+    """`inference.engine.captured.CudaGraphs` on the CPU: capture records on static tensors, replay re-runs them."""
 
     captures = 0  # across instances: how many forward passes were captured (tests read it)
 
@@ -110,7 +110,7 @@ def install_step_graphs(patch=None) -> None:
 
 def install_serving(patch=None) -> None:
     """Serve through CUDA graphs on the CPU: `patch` a pytest monkeypatch (undone after the test), else for good."""
-    module = importlib.import_module("inference.engine.graphs")  # also while it is being imported (sitecustomize.py)
+    module = importlib.import_module("inference.engine.captured")  # also while it is being imported (sitecustomize.py)
     setter = patch.setattr if patch is not None else setattr
     setter(module, "CudaGraphs", CpuGraphs)
     setter(module, "available", lambda device: True)

@@ -17,12 +17,12 @@ import torch
 from contract import files, precision
 from contract.model_call import forward
 from contract.problem_types import MULTI, REGRESSION, SINGLE, TIE_MARGIN, ProblemType
+from inference.encoding import encode
 from inference.engine.service import load_configured
 from inference.runtimes import choice as runtimes
 from inference.runtimes import measuring
 from inference.runtimes import texts as runtime_texts
 from inference.settings import SettingsError, from_env
-from inference.tokenizing import encode
 from tests.helpers.files import save_new_weights
 from tests.helpers.processes import ROOT, describe
 from tests.helpers.service import Reference, ag_news_texts

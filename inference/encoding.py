@@ -46,7 +46,7 @@ def encode_unchecked(loaded: LoadedModel, sequences: list[Sequence], truncate: b
     tokenizer = loaded.tokenizer
     tokenizer.truncation_side = "left" if left else "right"  # under Engine._tokenizing (and at warm-up)
     features: list[dict | None] = [None] * len(sequences)
-    for where, texts, pairs in by_kind(sequences):
+    for where, texts, pairs in singles_then_pairs(sequences):
         if not truncate:
             found = _features(tokenizer(texts, pairs, truncation=False, return_attention_mask=False))
         elif pairs is None:
@@ -142,7 +142,7 @@ def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> 
     loaded.tokenizer.truncation_side = "right"  # under Engine._tokenizing
     chunking.refuse_too_long(loaded.tokenizer, sequences, window_length(loaded), max_chunks)
     per_input: list[list[dict]] = [[] for _ in sequences]
-    for where, texts, pairs in by_kind(sequences):
+    for where, texts, pairs in singles_then_pairs(sequences):
         try:
             found = chunking.encode(loaded.tokenizer, texts, pairs, window_length(loaded), max_chunks)
         except PairLeavesNoRoom as exc:  # its index is among the pairs: name the request's input
@@ -152,7 +152,7 @@ def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> 
     return [f for found in per_input for f in found], [i for i, found in enumerate(per_input) for _ in found]
 
 
-def by_kind(sequences: list[Sequence]):
+def singles_then_pairs(sequences: list[Sequence]):
     """(indices, texts, pairs) per tokenizer call."""
     for is_pair in (False, True):
         where = [i for i, (_, pair) in enumerate(sequences) if (pair is not None) == is_pair]
