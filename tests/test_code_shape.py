@@ -232,7 +232,6 @@ TRAINING_TOP = {
         "borrowed_flags",
         "config_docs",
         "smoke",
-        "hub",
         "model",
         "fit_batch",
         "lora",

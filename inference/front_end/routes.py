@@ -72,7 +72,7 @@ def guarded() -> APIRouter:
 
 router = guarded()
 public = APIRouter()  # ... and not these
-described = APIRouter()  # POST /predict for the schema only: served by the Starlette route of fast_routes
+described = guarded()  # POST /predict for the schema only (with its key): served by the Starlette route of fast_routes
 metrics_router = APIRouter()  # PROMETHEUS_PORT serves it when API_METRICS=false
 ERROR_RESPONSES = {code: {"model": ErrorBody} for code in (400, 401, 413, 415, 422, 424, 429, 503)}
 
