@@ -1,5 +1,5 @@
 """Calibrated scores carried in the weights (--calibration): temperatures fitted on validation after the best model is
-chosen, folded into the output layer, decisions unchanged. Called by train.py; docs/checkpoints.md tells more.
+chosen, folded into the output layer, decisions unchanged. Called by finish.py; docs/checkpoints.md tells more.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Starting and stopping safely: a launch whose processes form no group is refused; preemption and divergence are
-decided by all ranks together. Called by train.py and the loop.
+decided by all ranks together. Called by train.py, set_up.py and the loop.
 """
 
 from __future__ import annotations

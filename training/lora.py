@@ -1,5 +1,5 @@
 """LoRA fine-tuning through peft: adapters on the attention projections, the head trained whole, and what a run keeps
-(the merged model, adapter/). Called by train.py and the checkpoint writer.
+(the merged model, adapter/). Called by model.py and the best model's writer.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The model's weights out and back in: the one path every edit of a trained model takes, whatever wraps it (one
-process, DDP, FSDP2). Called by checkpoint.py and calibration.py.
+process, DDP, FSDP2). Called by output/folder.py and finish.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Batches: length-grouped for training, length-sorted for evaluation, padded to fixed or dynamic widths; the loaders.
-Called by train.py.
+Called by set_up.py.
 """
 
 from __future__ import annotations

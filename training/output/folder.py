@@ -1,5 +1,5 @@
 """The run's output folder (docs/checkpoints.md): its paths, the best model and resumable states written by every
-rank together, and the final reports. Called by train.py and loop.py."""
+rank together, and the final reports. Called by set_up.py, loop.py and finish.py."""
 
 from __future__ import annotations
 

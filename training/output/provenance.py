@@ -1,5 +1,5 @@
 """What a run's result depends on (settings, data, labels, versions), recorded in every state and compared when a run
-resumes. Called by train.py and checkpoint.py.
+resumes. Called by set_up.py and resume.py.
 """
 
 from __future__ import annotations

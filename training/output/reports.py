@@ -1,4 +1,4 @@
-"""What people read after a run or an evaluation: per-class tables, PNGs and error tables. Called by train.py and
+"""What people read after a run or an evaluation: per-class tables, PNGs and error tables. Called by finish.py and
 evaluate.
 """
 

@@ -1,5 +1,5 @@
 """Which saved state a run may resume from, and why not: complete, undamaged, safe to unpickle, the same layout and
-run. Called by folder.py (OutputDir.resume) and by tests reading states."""
+run. Called by folder.py (OutputDir.resume)."""
 
 from __future__ import annotations
 

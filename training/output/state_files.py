@@ -1,5 +1,5 @@
 """Reading a resumable state folder that someone else may have written: nothing in it runs code, no link leads out.
-Called by checkpoint.py (the check before a resume, and the reader the resume loads sharded states through).
+Called by resume.py (the check before a resume) and folder.py (the reader a resume loads sharded states through).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A training step the GPU does not wait for (--torch_compile): no host syncs, static shapes, compiled or captured.
-Called by train.py and the loop; docs/launching.md tells the modes.
+Called by set_up.py, train.py and the loop; docs/launching.md tells the modes.
 """
 
 from __future__ import annotations
