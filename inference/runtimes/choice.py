@@ -117,6 +117,8 @@ def recorded(loaded: LoadedModel, settings, options: list[Candidate]) -> Recorde
         report = cache.report_for(key)
         if report is None:
             continue
+        # the measurements hold for any rule; the choice is this start's (a race, or the first that agrees)
+        report.chosen = chosen_by(report.candidates, races(settings.backend, settings.dtype)).name
         problem = _damage(cache, report, report.chosen)
         if problem is None:
             found.verified = (cache, report)
@@ -158,6 +160,8 @@ def _measured_and_built(loaded, settings, options: list[Candidate], why: str, fo
     """Under the cache's lock: another process's report if it just wrote one, else measured here; then built."""
     cache.remove_leftovers()
     report = cache.report_for(found.key)
+    if report is not None:  # another process measured meanwhile: chosen by this start's rule
+        report.chosen = chosen_by(report.candidates, races(settings.backend, settings.dtype)).name
     if report is not None and _damage(cache, report, report.chosen):
         cache.discard(report.candidate(report.chosen).ir)
         report = None  # named above; converted and measured again
@@ -235,12 +239,17 @@ def export(folder: Path, runtime: str) -> ServedModel:
     return choose_runtime(load_model(str(folder), device="cpu", dtype=precision.FP32), settings)
 
 
-def pick_candidate(measured: list[Measured], race: bool) -> str:
+def chosen_by(measured: list[Measured], race: bool) -> Measured:
     """The fastest agreeing candidate when racing, else the first."""
     agreeing = [m for m in measured if m.refused is None]
     if not agreeing:
         raise RuntimeError("no runtime candidate agrees with fp32")  # fp32 ones are never refused: a bug
-    chosen = max(agreeing, key=lambda m: m.texts_per_s) if race else agreeing[0]
+    return max(agreeing, key=lambda m: m.texts_per_s) if race else agreeing[0]
+
+
+def pick_candidate(measured: list[Measured], race: bool) -> str:
+    """chosen_by, with the measurements logged."""
+    chosen = chosen_by(measured, race)
     for m in measured:
         mark = "*" if m is chosen else " "
         ties = f" ({m.ties} ties left out)" if m.ties else ""

@@ -139,14 +139,15 @@ def test_replicas_that_would_take_every_cpu_are_refused_before_ray_waits_forever
     check_room(argparse.Namespace(num_replicas=2, replica_cpus=0.5), 2.0)
 
 
-def test_the_service_scores_the_shards_with_the_runtime_it_chooses(smoke_model, inputs, labelled, tmp_path):
+def test_the_service_scores_the_shards_with_the_runtime_it_chooses(checkpoint_copy, inputs, labelled, tmp_path):
     """--runtime onnxruntime: `python -m inference` scores every shard (one process for the job), with the precision
-    its agreement guard keeps; the decisions are PyTorch fp32's on at least that share of the rows."""
+    its agreement guard keeps; the decisions are PyTorch fp32's on at least that share of the rows. On a copy: the
+    service records its choice beside the checkpoint."""
     pytest.importorskip("onnxruntime", reason="pip install 'distilbert-agnews[onnxruntime]' (in the dev extra)")
     folder, _ = inputs
     shards_dir, _ = labelled
     result = predict(
-        smoke_model, str(folder / "day*.csv"), f"--output_dir {tmp_path / 'rt'}", "--runtime", "onnxruntime"
+        checkpoint_copy, str(folder / "day*.csv"), f"--output_dir {tmp_path / 'rt'}", "--runtime", "onnxruntime"
     )
     assert result.returncode == 0, describe(result)
     assert "Scoring with the service's runtime: onnxruntime" in result.stdout + result.stderr
@@ -155,7 +156,7 @@ def test_the_service_scores_the_shards_with_the_runtime_it_chooses(smoke_model, 
     assert list(got.columns) == list(torch.columns) and (got["text"] == torch["text"]).all()
     assert (got["predicted_label"] == torch["predicted_label"]).mean() >= 0.995
     refused = predict(
-        smoke_model, str(folder), f"--output_dir {tmp_path / 'x'}", "--runtime", "auto", "--max_length", "32"
+        checkpoint_copy, str(folder), f"--output_dir {tmp_path / 'x'}", "--runtime", "auto", "--max_length", "32"
     )
     assert refused.returncode == 2 and "--runtime: the service scores in one process" in refused.stderr, describe(
         refused

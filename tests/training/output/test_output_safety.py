@@ -15,7 +15,7 @@ from accelerate.utils import load as accelerate_load
 from safetensors.torch import load_file
 
 from contract import files
-from tests.conftest import SMOKE_MODEL_ARGS
+from tests.conftest import SMOKE_TRAINING
 from tests.helpers.files import read_only
 from tests.helpers.processes import ROOT, cli_env, describe, fault_env, launch_command, run_train
 from training.config import TrainConfig
@@ -23,7 +23,7 @@ from training.output import provenance
 from training.output.resume import ResumeError, complete_states, damaged_file, pick_state
 
 pytestmark = pytest.mark.slow
-SMOKE = SMOKE_MODEL_ARGS  # 1 process: 168 steps, states at 84 and 168
+SMOKE = SMOKE_TRAINING  # 1 process: 168 steps, states at 84 and 168; no runtime export
 
 
 def errors(result: subprocess.CompletedProcess) -> list[str]:
