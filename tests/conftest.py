@@ -31,41 +31,6 @@ def pytest_configure(config):
         )
 
 
-# The files that took the most test time (docs/benchmarks-log.md, "The test suite's duration"), started first so
-# that no worker is left alone with a long one at the end; the others follow in their usual order.
-LONGEST_FIRST = (
-    "tests/training/output/test_output_safety.py",
-    "tests/training/test_problem_type_runs.py",
-    "tests/training/test_equivalence.py",
-    "tests/training/test_train_e2e.py",
-    "tests/test_docs.py",
-    "tests/training/test_predict.py",
-    "tests/training/test_long_text.py",
-    "tests/training/test_faults.py",
-    "tests/training/test_fsdp.py",
-    "tests/training/speed/test_captured_step.py",
-    "tests/training/test_batch_prediction.py",
-    "tests/inference/test_workers.py",
-    "tests/test_gpu_lease.py",
-    "tests/training/test_tune.py",
-    "tests/inference/test_server.py",
-    "tests/training/output/test_kill_resume.py",
-    "tests/test_commands.py",
-    "tests/training/test_own_data.py",
-    "tests/training/test_reranking.py",
-    "tests/training/test_multi_node.py",
-    "tests/inference/test_first_answer.py",
-    "tests/training/test_evaluate.py",
-    "tests/test_notebook.py",
-)
-
-
-def pytest_collection_modifyitems(items):
-    """Longest files first (pyproject.toml turns xdist's reordering by test count off); a stable sort."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.location[0], len(rank)))
-
-
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
     """The folder `name`, built once per session under a file lock across xdist workers."""
     from filelock import FileLock
