@@ -67,7 +67,7 @@ def finish(run: Run, started: float) -> dict:
 
 def score_best_model(run: Run) -> tuple[dict | None, dict, dict]:
     """The best model back, scored on validation, calibrated when asked, then on test: (test metrics, calibration,
-    thresholds)."""
+    one-sided labels)."""
     run.out.restore_best(run.model)
     model, long_text = eager(run.model), run.cfg.long_text_rule()
     validation, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, long_text=long_text)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from inference import tei_errors
@@ -16,7 +16,7 @@ from inference.front_end.schemas import Json
 from inference.front_end.text_routes import NOT_A_RERANKER, is_reranker
 from inference.tei_errors import ServiceError
 
-router = APIRouter(dependencies=[Depends(routes.require_api_key)])
+router = routes.guarded()
 
 
 class Document(BaseModel):

@@ -8,7 +8,7 @@ import struct
 import time
 
 import numpy as np
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
@@ -19,9 +19,9 @@ from inference.front_end.routes import (
     answered,
     count_answer,
     failures_counted,
+    guarded,
     live_view,
     queue_sequences,
-    require_api_key,
     service,
 )
 from inference.front_end.schemas import Json
@@ -30,7 +30,7 @@ from inference.tei_errors import ServiceError
 # {name:path}: a Hub id (org/model) is a model name too. So the longest paths are registered first: the lowest
 # decorator first, /ready's function before the bare name's
 
-router = APIRouter(dependencies=[Depends(require_api_key)])
+router = guarded()
 public = APIRouter()  # the probes, as /health and /ready
 HEADER_LENGTH = "inference-header-content-length"  # Triton's binary tensor extension
 INPUTS = ("text", "text_pair")

@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from inference import tei_errors
@@ -19,17 +19,17 @@ from inference.front_end.routes import (
     answered,
     count_answer,
     failures_counted,
+    guarded,
     live_view,
     parse,
     queue_sequences,
-    require_api_key,
     require_json,
     service,
 )
 from inference.front_end.schemas import Json
 from inference.tei_errors import ServiceError
 
-router = APIRouter(dependencies=[Depends(require_api_key)])
+router = guarded()
 OWNER = "distilbert-agnews"
 
 

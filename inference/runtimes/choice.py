@@ -114,17 +114,24 @@ def recorded(loaded: LoadedModel, settings, options: list[Candidate]) -> Recorde
     places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
     found = Recorded(key, texts, source, places)
     for cache in places:  # a verified conversion is read in place
-        report = cache.report_for(key)
+        report = _report_for(cache, key, settings)
         if report is None:
             continue
-        # the measurements hold for any rule; the choice is this start's (a race, or the first that agrees)
-        report.chosen = chosen_by(report.candidates, races(settings.backend, settings.dtype)).name
         problem = _damage(cache, report, report.chosen)
         if problem is None:
             found.verified = (cache, report)
             return found
         found.damaged.append((cache, report, problem))
     return found
+
+
+def _report_for(cache: Cache, key: dict, settings) -> Report | None:
+    """The recorded report for `key`, its choice made by this start's rule (a race, or the first that agrees): the
+    measurements hold for any rule, the recorded choice only for the rule that made it."""
+    report = cache.report_for(key)
+    if report is not None:
+        report.chosen = chosen_by(report.candidates, races(settings.backend, settings.dtype)).name
+    return report
 
 
 def choose_runtime(loaded: LoadedModel, settings) -> ServedModel:
@@ -159,9 +166,7 @@ def choose_runtime(loaded: LoadedModel, settings) -> ServedModel:
 def _measured_and_built(loaded, settings, options: list[Candidate], why: str, found: Recorded, cache: Cache):
     """Under the cache's lock: another process's report if it just wrote one, else measured here; then built."""
     cache.remove_leftovers()
-    report = cache.report_for(found.key)
-    if report is not None:  # another process measured meanwhile: chosen by this start's rule
-        report.chosen = chosen_by(report.candidates, races(settings.backend, settings.dtype)).name
+    report = _report_for(cache, found.key, settings)  # another process may have measured meanwhile
     if report is not None and _damage(cache, report, report.chosen):
         cache.discard(report.candidate(report.chosen).ir)
         report = None  # named above; converted and measured again
