@@ -16,6 +16,7 @@ from contract import files
 from contract.loading import load_model
 from tests.helpers.processes import ROOT, describe, launch, run_train
 from training.output.best_model import load_weights
+from training.train import cli
 
 pytestmark = pytest.mark.slow
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "train_subset.csv"
@@ -157,17 +158,23 @@ def test_gradient_checkpointing_trains_the_same_weights(smoke_dir, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "args, code, message",
+    "args, message",
     [
-        (["--chunk_stride", "48"], 2, "chunk_stride: must be smaller than max_length (48) (got 48)"),
-        (["--chunk_pooling", "median"], 2, "chunk_pooling: must be one of 'mean' or 'max' (got 'median')"),
-        (["--long_text", "split"], 2, "long_text: must be one of 'truncate' or 'chunk' (got 'split')"),
-        (["--chunk_stride", "46"], 1, "chunk_stride: must be smaller than a window's 46 text tokens"),
+        (["--chunk_stride", "48"], "chunk_stride: must be smaller than max_length (48) (got 48)"),
+        (["--chunk_pooling", "median"], "chunk_pooling: must be one of 'mean' or 'max' (got 'median')"),
+        (["--long_text", "split"], "long_text: must be one of 'truncate' or 'chunk' (got 'split')"),
     ],
 )
-def test_bad_chunk_settings_are_one_line(smoke_dir, tmp_path, args, code, message):
-    out = tmp_path / "out"
-    result, _ = run_train(["--preset", "smoke-long", "--output_dir", str(out), *args])
-    assert result.returncode == code, describe(result)
+def test_bad_chunk_settings_are_one_line(tmp_path, args, message, capsys):
+    """Checked with the flags, in train.py's entry point (the real script's exit 2: tests/training/test_config.py)."""
+    assert cli(["--preset", "smoke-long", "--output_dir", str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_a_stride_past_the_window_stops_in_one_line_once_the_tokenizer_is_read(smoke_dir, tmp_path):
+    result, _ = run_train(["--preset", "smoke-long", "--output_dir", str(tmp_path / "out"), "--chunk_stride", "46"])
+    assert result.returncode == 1, describe(result)
     lines = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    message = "chunk_stride: must be smaller than a window's 46 text tokens"
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr, result.stderr[-2000:]

@@ -21,6 +21,7 @@ from training.data.reading import load_splits
 from training.data.tokenizing import tokenize_splits
 from training.model import load_tokenizer
 from training.speed import capture
+from training.train import cli
 
 STEPS = 50
 FOUR_WIDTHS = ("--pad_buckets", "4")  # the GPU's default: four graphs to compile, not the CPU's sixteen
@@ -141,11 +142,11 @@ def test_the_collator_stacks_labels_as_the_loss_expects():
     assert left["input_ids"].tolist() == [[1, 5, 2], [0, 1, 2]]
 
 
-def test_compiling_without_fixed_widths_is_refused_before_anything_loads(tmp_path):
+def test_compiling_without_fixed_widths_is_refused_before_anything_loads(tmp_path, capsys):
+    """train.py's entry point in this process: a usage error before any accelerator, data or model."""
     args = ["--preset", "smoke", "--output_dir", str(tmp_path), "--torch_compile", "default", "--pad_buckets", "0"]
-    result, _ = run_train(args)
-    assert result.returncode == 2
-    assert "pad_buckets: must be at least 1 with --torch_compile" in result.stderr
+    assert cli(args) == 2
+    assert "pad_buckets: must be at least 1 with --torch_compile" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------- compiled
