@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.helpers import warm
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 CPU_2PROC = ROOT / "accelerate_configs" / "cpu_2proc.yaml"
 FSDP = ROOT / "accelerate_configs" / "fsdp.yaml"  # with fsdp_env: FSDP2 on gloo (tests/helpers/fsdp)
@@ -83,9 +85,12 @@ def launch_command(target: list[str], processes: int = 2, config: Path = CPU_2PR
 def launch(
     target: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300, config: Path = CPU_2PROC
 ) -> tuple[subprocess.CompletedProcess, float]:
-    """Run launch_command(target, processes, config) to completion; (result, seconds)."""
+    """Run launch_command(target, processes, config) to completion; (result, seconds). One process in the plain
+    test environment forks from a warm interpreter (tests/helpers/warm.py); any other run starts cold."""
     cmd = launch_command(target, processes, config)
     started = time.time()
+    if processes == 1 and env is None:
+        return warm.run(cmd, target, cli_env(), ROOT, timeout), time.time() - started
     result = subprocess.run(cmd, cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=timeout)
     return result, time.time() - started
 
