@@ -89,7 +89,7 @@ def launch(
     test environment forks from a warm interpreter (tests/helpers/warm.py); any other run starts cold."""
     cmd = launch_command(target, processes, config)
     started = time.time()
-    if processes == 1 and env is None:
+    if processes == 1 and env is None and sys.platform == "linux":  # macOS forks badly after its frameworks load
         return warm.run(cmd, target, cli_env(), ROOT, timeout), time.time() - started
     result = subprocess.run(cmd, cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=timeout)
     return result, time.time() - started
