@@ -11,8 +11,10 @@ The warm interpreter is started with that same environment, so what libraries re
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import runpy
 import select
 import signal
 import subprocess
@@ -41,13 +43,13 @@ class Warm:
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            text=True,
+            bufsize=0,  # unbuffered: a read takes one answer, never the next one select() would then wait for
         )
         self.lock = threading.Lock()
 
     def _answer(self, timeout: float | None) -> dict | None:
         ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        line = self.process.stdout.readline() if ready else ""
+        line = self.process.stdout.readline() if ready else b""
         if ready and not line:
             raise RuntimeError(f"the warm interpreter ended (exit {self.process.wait()})")
         return json.loads(line) if line else None
@@ -56,12 +58,12 @@ class Warm:
         with self.lock, tempfile.TemporaryDirectory() as folder:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
             request = {"target": target, "env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
             pid = self._answer(30)["pid"]
             done = self._answer(timeout)
             if done is None:
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it may have ended since
+                    os.kill(pid, signal.SIGKILL)
                 self._answer(30)
                 raise subprocess.TimeoutExpired(command, timeout, out.read_text(), err.read_text())
             return subprocess.CompletedProcess(command, done["code"], out.read_text(), err.read_text())
@@ -74,14 +76,18 @@ class Warm:
 _current: Warm | None = None
 
 
+@atexit.register
+def _stop() -> None:
+    if _current is not None:
+        _current.stop()
+
+
 def run(command: list[str], target: list[str], env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     """`command` (python and `target`) run in a process forked from the warm interpreter of `env`."""
     global _current
     if _current is None or _current.key != _same(env):
-        if _current is not None:
-            _current.stop()
+        _stop()
         _current = Warm(env, cwd)
-        atexit.register(_current.stop)
     return _current.run(command, target, env, cwd, timeout)
 
 
@@ -106,13 +112,9 @@ def _child(request: dict) -> None:
         sys.stdin = open(os.devnull)  # noqa: SIM115 - the process's own stdin until it exits
         target = request["target"]
         if target[0] == "-m":
-            import runpy
-
             sys.argv = [target[1], *target[2:]]
             runpy.run_module(target[1], run_name="__main__", alter_sys=True)
         else:
-            import runpy
-
             sys.argv = list(target)
             sys.path[0] = str(Path(target[0]).resolve().parent)  # as `python SCRIPT` puts it
             runpy.run_path(target[0], run_name="__main__")
