@@ -246,7 +246,7 @@ def test_every_command_reading_a_folder_says_a_bad_field_in_one_line(checkpoint_
     texts = checkpoint_copy.parent / "texts.csv"
     texts.write_text("text\nStocks rallied\n")
     args = {
-        "inference": ["--model_id", str(checkpoint_copy), "--reload_interval_s", "0"],
+        "inference": ["--model_id", str(checkpoint_copy), "--reload_interval_s", "0", "--port", str(free_port())],
         "inference.export": [str(checkpoint_copy), "--runtime", "openvino"],
         "training.evaluate": ["--checkpoint_dir", str(checkpoint_copy), "--preset", "smoke"],
         "training.predict": ["--checkpoint_dir", str(checkpoint_copy), "--input_file", str(texts)]
