@@ -25,7 +25,15 @@ import traceback
 from pathlib import Path
 
 IGNORED = ("PYTEST_CURRENT_TEST",)  # changes with every test; set in each run's environment all the same
-PRELOADED = ("training.train", "training.scoring.split", "contract.loading")  # never a module a run executes as main
+# Never a module a run executes as main. The last three are imported lazily by most runs (the curves, LoRA's check).
+PRELOADED = (
+    "training.train",
+    "training.scoring.split",
+    "contract.loading",
+    "matplotlib.figure",
+    "peft",
+    "transformers.trainer_utils",
+)
 
 
 def _same(env: dict[str, str]) -> tuple:
