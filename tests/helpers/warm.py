@@ -25,14 +25,14 @@ import traceback
 from pathlib import Path
 
 IGNORED = ("PYTEST_CURRENT_TEST",)  # changes with every test; set in each run's environment all the same
-# Never a module a run executes as main. The last three are imported lazily by most runs (the curves, LoRA's check).
+# Never a module a run executes as main. The last two every training run imports lazily: transformers.get_scheduler's
+# module (it imports peft through trainer_utils) and the curves' figure.
 PRELOADED = (
     "training.train",
     "training.scoring.split",
     "contract.loading",
+    "transformers.optimization",
     "matplotlib.figure",
-    "peft",
-    "transformers.trainer_utils",
 )
 
 
