@@ -373,8 +373,7 @@ def test_a_megabyte_rerank_batch_or_pair_batch_costs_the_model_thread_what_is_ke
     loaded = load_model(str(runs["regression"]), device="cpu", dtype="fp32")
     kept_chars = loaded.max_length * KEPT_CHARS_PER_TOKEN
 
-    def spent_on(client, route: str, body: dict) -> int:
-        answer = client.post(route, json=body)
+    def spent_ms(answer) -> int:
         assert answer.status_code == 200, answer.text[:300]
         return int(answer.headers["x-tokenization-time"]) + int(answer.headers["x-inference-time"])
 
@@ -382,7 +381,7 @@ def test_a_megabyte_rerank_batch_or_pair_batch_costs_the_model_thread_what_is_ke
         client.post("/predict", json=short)  # warm
         for name, body in bodies.items():
             # The peer: the same request already cut to what the service keeps, timed by the same service now.
-            kept = spent_on(client, name.split()[0], cut_strings(body, kept_chars))
+            kept = spent_ms(client.post(name.split()[0], json=cut_strings(body, kept_chars)))
             with ThreadPoolExecutor(2) as pool:
                 started = time.perf_counter()
                 big = pool.submit(client.post, name.split()[0], json=body)
@@ -391,7 +390,7 @@ def test_a_megabyte_rerank_batch_or_pair_batch_costs_the_model_thread_what_is_ke
                 answer, (quick, answered_at) = big.result(), small.result()
             assert answer.status_code == 200 and quick.status_code == 200, answer.text[:300]
             assert answered_at - started < 1.0, f"{name}: a short request waited {answered_at - started:.2f} s"
-            spent = int(answer.headers["x-tokenization-time"]) + int(answer.headers["x-inference-time"])
+            spent = spent_ms(answer)
             assert spent < 2 * kept + 50, f"{name}: {spent} ms of tokenizing and inference, {kept} ms for what is kept"
             got = (
                 [rank["score"] for rank in sorted(answer.json(), key=lambda r: r["index"])]
