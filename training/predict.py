@@ -141,20 +141,16 @@ def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, sta
 
 def check_paths(args: argparse.Namespace) -> None:
     """The output is not the input, and its folder exists."""
-    output, given = Path(args.output_file), Path(args.input_file)
-    if output.resolve() == given.resolve() or (output.exists() and given.exists() and output.samefile(given)):
-        raise DataError(f"--output_file {output} is the input file: it would be overwritten; write to another file")
+    output = Path(args.output_file)
+    shards.check_outputs_apart([output], [Path(args.input_file)], "--output_file")
     if not output.parent.is_dir():
         raise DataError(f"{output.parent}: output folder not found")
 
 
 def check_columns(reader: Reader, loaded: LoadedModel, overwrite: bool) -> None:
-    present = [name for name in prediction_names(loaded, reader.long_text) if name in reader.ds.column_names]
-    if present and not overwrite:
-        raise DataError(
-            f"{reader.source}: already has prediction columns ({', '.join(present)}); pass "
-            "--overwrite_prediction_columns to replace them, or rename them in the input"
-        )
+    taken = [] if overwrite else prediction_names(loaded, reader.long_text)
+    if why := shards.columns_taken(reader.ds.column_names, taken):
+        raise DataError(f"{reader.source}: {why}")
 
 
 def on_main(accelerator: Accelerator, action: Callable[[], None], what: str) -> None:
@@ -181,7 +177,8 @@ def predict_file(args: argparse.Namespace, accelerator: Accelerator, loaded: Loa
     output = Path(args.output_file)
     trained_with = (loaded.metrics or {}).get("config", {})
     reader = main_first(  # the main process converts to Arrow; the others reuse it
-        accelerator, lambda: Reader(load_file(args.input_file), args, trained_with, long_text_for(loaded, args))
+        accelerator,
+        lambda: Reader(load_file(args.input_file, as_read=True), args, trained_with, long_text_for(loaded, args)),
     )
     check_columns(reader, loaded, args.overwrite_prediction_columns)
     max_length = max_length_for(args, loaded)
@@ -256,23 +253,28 @@ def predict_many(args: argparse.Namespace, accelerator: Accelerator) -> None:
     on_main(accelerator, lambda: Path(args.output_dir).mkdir(parents=True, exist_ok=True), args.output_dir)
     loaded = load_for(args, accelerator)
     found = decided_on_main(accelerator, lambda: shards.shards(args, loaded.sha256, settings_of(args, loaded)))
-    todo = shards.pending(accelerator, found)
+    pending = shards.pending(accelerator, found)
+    columns, _, pair = text_columns(args, (loaded.metrics or {}).get("config", {}))
+    needed = [*columns, *([pair] if pair else [])]
+    taken = [] if args.overwrite_prediction_columns else prediction_names(loaded, long_text_for(loaded, args))
+    todo, failed, headers = decided_on_main(accelerator, lambda: shards.refused(pending, needed, taken))
     if args.ray:
         from training.batch import ray_data  # only with --ray: importing ray costs seconds
 
         if accelerator.num_processes > 1:
             raise UsageError("--ray: Ray places the replicas; run it in one process, not under accelerate launch")
-        ray_data.label(args, loaded, todo)
-        return
+        ray_data.label(args, loaded, todo, headers)
+    else:
+        with scoring(args, accelerator, loaded) as scorer:
 
-    with scoring(args, accelerator, loaded) as scorer:
+            def label_file(path: str, output: Path) -> None:
+                named = argparse.Namespace(**{**vars(args), "input_file": path, "output_file": str(output)})
+                predict_file(named, accelerator, loaded, scorer)
 
-        def label_file(path: str, output: Path) -> None:
-            named = argparse.Namespace(**{**vars(args), "input_file": path, "output_file": str(output)})
-            predict_file(named, accelerator, loaded, scorer)
-
-        shards.label_shards(accelerator, label_file, todo)
-    logger.info("%d shards labelled into %s", len(todo), args.output_dir, main_process_only=True)
+            failed += shards.label_shards(accelerator, label_file, todo)
+    shards.not_labelled(failed, len(pending))
+    how = f"with Ray Data ({args.num_replicas} replicas) " if args.ray else ""
+    logger.info("%d shards labelled %sinto %s", len(todo), how, args.output_dir, main_process_only=True)
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import os
 import shlex
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -161,3 +164,92 @@ def test_the_service_scores_the_shards_with_the_runtime_it_chooses(checkpoint_co
     assert refused.returncode == 2 and "--runtime: the service scores in one process" in refused.stderr, describe(
         refused
     )
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> Path:
+    """A user's lake: ids and ZIP codes with leading zeros, 1e5, flags, NA, empty cells; a shard with a label column
+    in another order; one without rows."""
+    folder = tmp_path_factory.mktemp("lake_as_written")
+    (folder / "monday.csv").write_text(
+        "id,text,zip,flag,note\n000123,Stocks fell sharply,02134,TRUE,NA\n1e5,The team won the final,00501,false,\n"
+    )
+    (folder / "tuesday.csv").write_text("text,id,label,zip\nNew chip doubles speed,007,Sci/Tech,02134\n")
+    (folder / "wednesday.csv").write_text("id,text\n")
+    return folder
+
+
+def cells(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_columns_pass_through_as_written_and_every_path_writes_the_same_files(smoke_model, lake, tmp_path):
+    """Three paths, the same files: cells as written, each shard's own columns, the empty shard refused alike (at
+    53a86bc: 123, 2134, true, an extra label column and exit 0 under Ray)."""
+    pytest.importorskip("ray", reason="pip install 'distilbert-agnews[ray]' (in the dev extra)")
+    ray_flags = ["--ray", "--num_replicas", "1", "--replica_cpus", "0.5"]
+    runs = {"local": predict(smoke_model, str(lake), f"--output_dir {tmp_path / 'local'}")}
+    runs["ray"] = predict(smoke_model, str(lake / "*.csv"), f"--output_dir {tmp_path / 'ray'}", *ray_flags)
+    for name, result in runs.items():
+        assert result.returncode == 1, describe(result)
+        assert "1 of 3 shards not labelled (the others are written); first:" in result.stderr, name
+        assert "wednesday.csv: no rows" in result.stderr, name
+    ray_output = runs["ray"].stdout + runs["ray"].stderr
+    assert "core_worker.cc" not in ray_output and "deprecated" not in ray_output.lower(), ray_output
+    for shard in ("monday", "tuesday"):
+        one = predict(smoke_model, str(lake / f"{shard}.csv"), f"--output_file {tmp_path / f'{shard}.csv'}")
+        assert one.returncode == 0, describe(one)
+        given, got = cells(lake / f"{shard}.csv"), cells(tmp_path / f"{shard}.csv")
+        header = list(given[0])
+        assert list(got[0])[: len(header)] == header and "label" not in list(got[0])[len(header) :]
+        assert [{c: row[c] for c in header} for row in got] == given
+        for path in ("local", "ray"):  # the same file: scores to fp32's last digits (a replica runs one thread)
+            other = cells(tmp_path / path / f"{shard}.csv")
+            assert [list(row) for row in other] == [list(row) for row in got]
+            for mine, theirs in zip(got, other, strict=True):
+                scored = [c for c in mine if c.startswith("score_") or c == "predicted_score"]
+                assert {c: v for c, v in mine.items() if c not in scored} == {
+                    c: v for c, v in theirs.items() if c not in scored
+                }
+                assert all(abs(float(mine[c]) - float(theirs[c])) <= 1e-6 for c in scored)
+    assert cells(tmp_path / "monday.csv")[0]["id"] == "000123" and cells(tmp_path / "monday.csv")[1]["id"] == "1e5"
+    assert not (tmp_path / "ray" / "wednesday.csv").exists() and not (tmp_path / "local" / "wednesday.csv").exists()
+
+
+@pytest.mark.parametrize("output_format", ["jsonl", "parquet"])
+def test_a_csv_shard_passes_through_as_text_in_every_output_format(smoke_model, lake, tmp_path, output_format):
+    result = predict(smoke_model, str(lake / "monday.csv"), f"--output_file {tmp_path / f'out.{output_format}'}")
+    assert result.returncode == 0, describe(result)
+    got = pd.read_json(tmp_path / "out.jsonl", lines=True, dtype=False) if output_format == "jsonl" else None
+    got = pd.read_parquet(tmp_path / "out.parquet") if got is None else got
+    assert got[["id", "zip", "flag", "note"]].to_dict("records") == [
+        {"id": "000123", "zip": "02134", "flag": "TRUE", "note": "NA"},
+        {"id": "1e5", "zip": "00501", "flag": "false", "note": ""},
+    ]
+
+
+@pytest.mark.parametrize("how", ["the folder itself", "a link to it", "a hard link to an input"])
+@pytest.mark.parametrize("ray", [False, True], ids=["local", "ray"])
+def test_outputs_that_would_replace_an_input_are_refused_before_anything_is_written(
+    smoke_model, lake, tmp_path, how, ray
+):
+    """Outputs onto the inputs (by path, a link, a hard link): one line, exit 1, nothing written, on both paths (at
+    53a86bc Ray replaced the inputs, exit 0)."""
+    inputs = tmp_path / "lake"
+    shutil.copytree(lake, inputs)
+    before = {p.name: p.read_bytes() for p in inputs.iterdir()}
+    out = inputs
+    if how == "a link to it":
+        out = tmp_path / "linked"
+        out.symlink_to(inputs)
+    elif how == "a hard link to an input":
+        out = tmp_path / "out"
+        out.mkdir()
+        os.link(inputs / "tuesday.csv", out / "tuesday.csv")
+    flags = ["--ray", "--num_replicas", "1", "--replica_cpus", "0.5"] if ray else []
+    result = predict(smoke_model, str(inputs / "*.csv"), f"--output_dir {out}", *flags)
+    assert result.returncode == 1, describe(result)
+    assert "would replace the input" in result.stderr and "nothing was written" in result.stderr, describe(result)
+    assert {p.name: p.read_bytes() for p in inputs.iterdir()} == before
+    assert sorted(p.name for p in out.iterdir()) == (["tuesday.csv"] if out.name == "out" else sorted(before))

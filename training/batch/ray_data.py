@@ -6,14 +6,15 @@ written one output per input shard. Called by training/predict.py.
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import os
+import warnings
 from itertools import groupby
 from pathlib import Path
 
 import fsspec
 import pyarrow as pa
-import pyarrow.parquet
+import pyarrow.csv
 import torch
 from accelerate.logging import get_logger
 
@@ -31,7 +32,7 @@ from training.batch.rows import (
     scored_table,
     text_columns,
 )
-from training.batch.shards import Shard, mark_done, not_labelled
+from training.batch.shards import Shard, mark_done
 
 logger = get_logger(__name__)
 READERS = {".csv": "read_csv", ".jsonl": "read_json", ".json": "read_json", ".parquet": "read_parquet"}
@@ -73,6 +74,7 @@ def reading_of(args: argparse.Namespace, loaded: LoadedModel) -> dict:
         "batch_size": args.per_device_batch_size,
         "threads": args.replica_cpus,
         "replaced": prediction_names(loaded, long_text) if args.overwrite_prediction_columns else [],
+        "added": prediction_names(loaded, long_text),
     }
 
 
@@ -90,42 +92,51 @@ def check_room(args: argparse.Namespace, cpus: float) -> None:
         )
 
 
-def readable(shard: Shard, needed: list[str]) -> str | None:
-    """Why a shard cannot be labelled, from its schema or first line; None when it can."""
-    suffix = Path(shard.url).suffix.lower()
-    try:
-        with fsspec.open(shard.url, "rb") as fh:
-            if suffix == ".parquet":
-                names = pyarrow.parquet.read_schema(fh).names
-            elif suffix == ".csv":
-                names = [n.strip().strip('"') for n in fh.readline().decode("utf-8").split(",")]
-            else:
-                names = list(json.loads(fh.readline() or b"{}"))
-    except (OSError, ValueError, pa.ArrowException) as exc:
-        return f"cannot be read ({' '.join(str(exc).split())[:160]})"
-    missing = [c for c in needed if c not in names]
-    return f"missing column(s) {', '.join(missing)} (found: {', '.join(names)})" if missing else None
-
-
-def label(args: argparse.Namespace, loaded: LoadedModel, todo: list[Shard]) -> None:
-    """Every shard of `todo` through one Ray Data pipeline per file format; outputs written as their rows arrive."""
+def label(args: argparse.Namespace, loaded: LoadedModel, todo: list[Shard], headers: dict[str, list[str]]) -> None:
+    """Every shard of `todo` (checked by shards.refused, which read `headers`) through one Ray Data pipeline per file
+    format; outputs written as their rows arrive, each with its own columns in its own order."""
     import ray
 
     reading = reading_of(args, loaded)
-    needed = [*reading["columns"], *([reading["pair"]] if reading["pair"] else [])]
-    failed = {shard.url: why for shard in todo if (why := readable(shard, needed))}
-    for url, why in failed.items():
-        logger.warning("%s: not labelled: %s", url, why)
-    ready = [shard for shard in todo if shard.url not in failed]
-    ray.init(address=args.ray_address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+    if clash := next((shard.url for shard in todo if PATH_COLUMN in headers[shard.url]), None):
+        raise UsageError(
+            f"{clash} has a column named {PATH_COLUMN!r}, the name Ray Data gives each row's file: rename it, or run "
+            "without --ray"
+        )
+    ray.init(
+        address=args.ray_address,
+        ignore_reinit_error=True,
+        log_to_driver=False,
+        include_dashboard=False,
+        logging_level=logging.ERROR,
+    )
     ray.data.DataContext.get_current().execution_options.preserve_order = True  # rows keep their order
+    for handler in logging.getLogger("ray.data").handlers:  # its INFO lines stay in the session's log file
+        if handler.name == "console":
+            handler.setLevel(logging.WARNING)
     check_room(args, ray.cluster_resources().get("CPU", 0.0))
     device = "cuda" if args.replica_gpus > 0 else "cpu"
-    for suffix, group in groupby(ready, key=lambda shard: READERS[Path(shard.url).suffix.lower()]):
-        shards = list(group)
-        read = getattr(ray.data, suffix)
-        ds = read([shard.url for shard in shards], include_paths=True, partitioning=None, num_cpus=READ_CPUS)
-        scored = ds.map_batches(
+    try:
+        for suffix, group in groupby(todo, key=lambda shard: Path(shard.url).suffix.lower()):
+            shards = list(group)
+            ds = read(suffix, [shard.url for shard in shards], {n for s in shards for n in headers[s.url]})
+            scored = map_replicas(ds, args, device, reading)
+            write_in_order(scored, shards, {s.url: kept_columns(headers[s.url], reading) for s in shards})
+    finally:
+        ray.shutdown()  # the workers end here, not in the interpreter's exit after the success line
+
+
+PATH_COLUMN = "path"  # include_paths: each row's file
+
+
+def map_replicas(ds, args: argparse.Namespace, device: str, reading: dict):
+    """`ds` through an actor pool of replicas. Not restarted when one dies (the run stops; a rerun skips the shards
+    done): Ray cannot restart an actor whose arguments live in the object store, and says so on stderr otherwise."""
+    import ray
+
+    with warnings.catch_warnings():  # max_restarts is passed the one way Ray Data takes it before 2.64
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        return ds.map_batches(
             Replica,
             fn_constructor_kwargs={
                 "checkpoint": str(Path(args.checkpoint_dir).resolve()),
@@ -135,18 +146,35 @@ def label(args: argparse.Namespace, loaded: LoadedModel, todo: list[Shard]) -> N
             },
             batch_size=args.chunk_size,
             batch_format="pyarrow",
-            concurrency=args.num_replicas,
+            compute=ray.data.ActorPoolStrategy(size=args.num_replicas),
             num_gpus=args.replica_gpus,
             num_cpus=args.replica_cpus,
+            max_restarts=0,
         )
-        write_in_order(scored, shards)
-    not_labelled([f"{url}: {why}" for url, why in failed.items()], len(todo))
-    logger.info(
-        "%d shards labelled with Ray Data (%d replicas) into %s", len(ready), args.num_replicas, args.output_dir
-    )
 
 
-def write_in_order(scored, shards: list[Shard]) -> None:
+def read(suffix: str, urls: list[str], names: set[str]):
+    """Ray Data's reader for one format; a csv's every column as text, as predict.py reads it."""
+    import ray
+
+    if suffix == ".csv":
+        text = {name: pa.string() for name in names}
+        options = pyarrow.csv.ConvertOptions(
+            column_types=text, strings_can_be_null=False, quoted_strings_can_be_null=False
+        )
+        return ray.data.read_csv(urls, include_paths=True, partitioning=None, num_cpus=READ_CPUS,
+                                 convert_options=options)  # fmt: skip
+    reader = getattr(ray.data, READERS[suffix])
+    return reader(urls, include_paths=True, partitioning=None, num_cpus=READ_CPUS)
+
+
+def kept_columns(names: list[str], reading: dict) -> list[str]:
+    """A shard's output columns: its own, in its order (Ray's one table for many files holds every file's), then the
+    predictions."""
+    return [*(n for n in names if n not in reading["replaced"]), *reading["added"]]
+
+
+def write_in_order(scored, shards: list[Shard], columns: dict[str, list[str]]) -> None:
     """Batches arrive in input order: each shard's rows are contiguous, so a shard is complete when the next starts."""
     by_path = {by_path_key(shard): shard for shard in shards}
     current, writer, staged = None, None, None
@@ -159,7 +187,7 @@ def write_in_order(scored, shards: list[Shard]) -> None:
                     current = by_path[path]
                     staged = current.output.with_name(f".{current.output.name}.tmp.{os.getpid()}")
                     writer = Writer(staged, current.output.suffix)
-                writer.write(rows.drop_columns(["path"]))
+                writer.write(rows.select(columns[current.url]))
         if writer is not None:
             _finish(writer, staged, current)
             writer = None
