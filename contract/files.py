@@ -6,6 +6,7 @@ Nothing else spells a file name of the folder; docs/checkpoints.md describes eac
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,8 @@ RUNTIME_DIR = "runtime"
 RUNTIME_CHOICE = "runtime.json"
 RUNTIME_MODEL = "model.xml"  # OpenVINO IR; its weights in model.bin beside it
 RUNTIME_ONNX = "model.onnx"  # ONNX Runtime
+ONNX_DIR = "onnx"  # onnx/model.onnx for other servers (inference/runtimes/onnx_folder.py): gone with its weights
+ONNX_SOURCE = "source.json"  # onnx/source.json: config.json's WEIGHTS_SHA256 the export was made from
 
 # what a run writes at the top of its folder, beside TOKENIZER_DIR, ADAPTER_DIR and its states: another run's (or
 # model's) files of these names are what a new run would replace (training/output/claim.py)
@@ -84,3 +87,26 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
     return digest.hexdigest()
+
+
+def recorded_weights(folder: Path) -> dict | None:
+    """config.json's WEIGHTS_SHA256 (the weights it was saved with), or None."""
+    try:
+        config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config.get(WEIGHTS_SHA256) if isinstance(config, dict) else None
+
+
+def stale_export(folder: Path) -> str | None:
+    """Why onnx/ does not hold the folder's current weights, or None (also when there is no onnx/)."""
+    onnx = folder / ONNX_DIR
+    if not onnx.exists() and not onnx.is_symlink():
+        return None
+    try:
+        source = json.loads((onnx / ONNX_SOURCE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        source = None
+    if not isinstance(source, dict) or source.get(WEIGHTS_SHA256) != recorded_weights(folder):
+        return f"{onnx} was exported from other weights than {folder / CONFIG} names"
+    return None

@@ -70,6 +70,11 @@ def push_folder(folder: Path, repo_id: str, private: bool) -> None:
     """Push a checked output folder."""
     if not (folder / files.CONFIG).is_file():
         raise UserError(f"{folder / files.CONFIG}: missing; is {folder} a training output dir?")
+    if why := files.stale_export(folder):
+        raise UserError(
+            f"{why}: it would be published beside weights it does not hold. Export it again (agnews export {folder} "
+            f"--runtime onnxruntime) or remove {folder / files.ONNX_DIR}"
+        )
     check_can_push(repo_id, training_run=False)
     push(folder, repo_id, private)
 

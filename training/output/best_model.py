@@ -26,7 +26,8 @@ def write_weights(fh, weights: dict[str, torch.Tensor]) -> None:
 
 def write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf: bool) -> None:
     """Main process: state_dict, config.json, export and tokenizer, each swapped in whole; config.json last, with the
-    weights' sha256."""
+    weights' sha256. What was derived from the weights before (onnx/) goes first: it never sits beside others."""
+    remove_derived(out)
     atomic_write(out / files.WEIGHTS, lambda fh: write_weights(fh, weights))
     digests = {files.WEIGHTS: files.tensors_sha256(weights)}  # before save_pretrained, which empties `weights`
     staging = staging_dir(".hf.", out)
@@ -48,6 +49,16 @@ def write_model_files(out: Path, unwrapped, weights: dict, tokenizer, export_hf:
     tok_staging = staging_dir(f".{files.TOKENIZER_DIR}.", out)
     tokenizer.save_pretrained(tok_staging)
     replace_dir(as_plain_files(tok_staging), out / files.TOKENIZER_DIR)
+
+
+def remove_derived(out: Path) -> None:
+    """onnx/ (agnews export's, for other servers): made from the weights about to be replaced. A link there goes, not
+    what it points to."""
+    derived = out / files.ONNX_DIR
+    if derived.is_symlink() or derived.is_file():
+        derived.unlink()
+    elif derived.is_dir():
+        shutil.rmtree(derived)
 
 
 def write_adapter(out: Path, model, config, tokenizer) -> None:

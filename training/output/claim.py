@@ -167,12 +167,7 @@ def _remove(path: Path, ident: tuple[int, int]) -> bool:
 
 def own_states(root: Path) -> list[Path]:
     """The run's states in `root`/state: `step_N` folders; a link there is refused, anything else left alone."""
-    folder = root / files.STATE_DIR
-    if folder.is_symlink():
-        raise UserError(
-            f"{folder} is a symbolic link: a run keeps its states in a folder of its own. Remove the link, or pick "
-            "another --output_dir."
-        )
+    folder = state_folder(root)
     if not folder.is_dir():
         return []
     found = sorted(p for p in folder.iterdir() if STATE_NAME.fullmatch(p.name))
@@ -185,8 +180,8 @@ def own_states(root: Path) -> list[Path]:
 
 
 def run_entries(root: Path) -> list[Path]:
-    """What a run writes that `root` holds: its files, tokenizer and adapter folders (not its states)."""
-    names = (*files.RUN_FILES, *files.TOKENIZER_FILES, files.TOKENIZER_DIR, files.ADAPTER_DIR)
+    """What a run writes that `root` holds: its files, tokenizer, adapter and export folders (not its states)."""
+    names = (*files.RUN_FILES, *files.TOKENIZER_FILES, files.TOKENIZER_DIR, files.ADAPTER_DIR, files.ONNX_DIR)
     found = [root / name for name in names if (root / name).exists() or (root / name).is_symlink()]
     return found + sorted(root.glob(files.HF_WEIGHT_SHARD))
 
@@ -230,9 +225,24 @@ def previous_run(root: Path, overwrite: bool) -> Previous | None:
     )
 
 
+def state_folder(root: Path) -> Path:
+    """`root`/state, or UserError when it is a link: what a run removes there must be its own."""
+    folder = root / files.STATE_DIR
+    if folder.is_symlink():
+        raise UserError(
+            f"{folder} is a symbolic link: a run keeps its states in a folder of its own. Remove the link, or pick "
+            "another --output_dir."
+        )
+    return folder
+
+
 def remove_stale_staging(root: Path) -> None:
-    """Half-written states of dead runs."""
-    state = root / files.STATE_DIR
-    if state.is_dir():
-        for stale in state.glob(f"{files.STAGING_PREFIX}*"):
-            shutil.rmtree(stale, ignore_errors=True)
+    """Half-written states of dead runs; nothing is removed through a link (a linked state/ is refused first)."""
+    state = state_folder(root)
+    if not state.is_dir():
+        return
+    for stale in state.glob(f"{files.STAGING_PREFIX}*"):
+        if stale.is_symlink() or not stale.is_dir():
+            stale.unlink(missing_ok=True)  # the link itself, never what it points to
+        else:
+            shutil.rmtree(stale, ignore_errors=True)  # rmtree removes links inside without following them

@@ -138,14 +138,31 @@ def test_a_finished_run_is_replaced_with_one_line_and_kept_until_the_new_run_sav
 
 def test_a_state_folder_that_is_a_link_is_refused_and_nothing_is_removed_or_said_removed(copy_of, tmp_path):
     """Before, --overwrite_output_dir with state/ a link logged "removed the 2 resumable states", removed nothing, and
-    `latest` then picked the previous run's state."""
+    `latest` then picked the previous run's state; at 53a86bc the refusal came after the folders behind the link
+    named like staging (.tmp_*) were deleted."""
     elsewhere = Path(shutil.move(copy_of / files.STATE_DIR, tmp_path / "elsewhere"))
+    (elsewhere / ".tmp_thesis").mkdir()
+    (elsewhere / ".tmp_thesis" / "chapter1.txt").write_text("a user's own")
     (copy_of / files.STATE_DIR).symlink_to(elsewhere)
-    result, _ = run_train([*SMOKE, "--output_dir", str(copy_of), *SHORT, "--overwrite_output_dir"])
-    assert result.returncode == 1, describe(result)
-    [line] = errors(result)
-    assert f"{copy_of / files.STATE_DIR} is a symbolic link" in line and "removed" not in result.stderr.lower()
-    assert sorted(p.name for p in elsewhere.iterdir()) == ["step_168", "step_84"]
+    for extra in (["--overwrite_output_dir"], []):
+        result, _ = run_train([*SMOKE, "--output_dir", str(copy_of), *SHORT, *extra])
+        assert result.returncode == 1, describe(result)
+        [line] = errors(result)
+        assert f"{copy_of / files.STATE_DIR} is a symbolic link" in line and "removed" not in result.stderr.lower()
+        assert sorted(p.name for p in elsewhere.iterdir()) == [".tmp_thesis", "step_168", "step_84"]
+        assert (elsewhere / ".tmp_thesis" / "chapter1.txt").read_text() == "a user's own"
+
+
+def test_a_staging_entry_that_is_a_link_is_removed_itself_never_what_it_points_to(copy_of, tmp_path):
+    """A dead run's staging names are cleaned up at the next claim: a link among them goes, its target stays."""
+    target = tmp_path / "thesis"
+    target.mkdir()
+    (target / "chapter1.txt").write_text("a user's own")
+    (copy_of / files.STATE_DIR / f"{files.STAGING_PREFIX}step_9.dead").symlink_to(target)
+    result, _ = run_train([*SMOKE, "--output_dir", str(copy_of), *SHORT])
+    assert result.returncode == 0, describe(result)
+    assert (target / "chapter1.txt").read_text() == "a user's own"
+    assert not list((copy_of / files.STATE_DIR).glob(f"{files.STAGING_PREFIX}*"))
 
 
 def test_another_models_folder_is_refused_and_replaced_only_when_asked(smoke_dir, tmp_path):
