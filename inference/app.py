@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     """The service; with `engine`, the caller drives its worker, else the lifespan starts one. A front-end of
     `python -m inference` with WORKERS > 1 (ENGINE_ENV set) links to the engine's process instead: no torch here."""
     settings = settings or from_env()
-    connections.configure(settings.read_timeout_s)
+    connections.configure(settings.read_timeout_s, settings.write_timeout_s)
     address = os.environ.get(ENGINE_ENV)
     if address and engine is None:
         state, lifespan = AppState(settings, Metrics(), RemoteLink(address)), front_end_lifespan

@@ -183,6 +183,10 @@ class Settings(BaseSettings):
     next request's first byte); past it the connection is closed, so slow clients cannot hold connections
     [READ_TIMEOUT_S]
     """
+    write_timeout_s: float = Field(30.0, gt=0)
+    """Seconds an answer may wait for a client that does not read it (the connection's send buffer full); past it
+    the connection is closed and what the request held (its inputs in flight) is given back [WRITE_TIMEOUT_S]
+    """
     keep_alive_timeout_s: float = Field(5.0, gt=0)
     """Seconds an idle keep-alive connection stays open [KEEP_ALIVE_TIMEOUT_S]"""
     graceful_shutdown_s: float = Field(30.0, gt=0)

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import logging
 import os
+import secrets
 from contextlib import asynccontextmanager
 from typing import Protocol
 
@@ -36,6 +37,17 @@ def spare_copy(serialized: str) -> Tokenizer:
     copy.no_truncation()
     copy.no_padding()
     return copy
+
+
+def identity() -> bytes:
+    """This front-end's name on the link: its pid (the engine watches it end) and a nonce (a reused pid is another)."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}".encode()
+
+
+def identity_pid(sender: bytes) -> int | None:
+    """The pid in an identity() name; None for another name."""
+    pid, _, nonce = sender.partition(b"-")
+    return int(pid) if pid.isdigit() and nonce else None
 
 
 class Link(Protocol):
@@ -86,6 +98,7 @@ class RemoteLink:
         """Connect, learn what is served; then keep watching the engine and this process's parent."""
         self._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.IDENTITY, identity())  # the engine knows this process by it (and its end)
         self._socket.connect(self.address)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]
         await self._refresh()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from contextlib import ExitStack
 
 import httpx
@@ -90,5 +91,33 @@ def test_the_text_and_inputs_being_answered_are_bounded_and_given_back_when_clie
         # the clients closed: what they held comes back
         wait_for(lambda: post(server.url, {"inputs": texts}).status_code, lambda code: code == 200, timeout=30)
         assert httpx.post(f"{server.url}/predict", json={"inputs": [["a"]] * 30}).status_code == 200
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_answer_nobody_reads_ends_after_the_write_timeout(folder, workers):
+    """An answer nobody reads holds 3 of 8 inputs until WRITE_TIMEOUT_S closes its connection (at 53a86bc: for as
+    long as its client stayed connected)."""
+    limits = {"MAX_CONCURRENT_REQUESTS": "8", "MAX_CLIENT_BATCH_SIZE": "8", "WRITE_TIMEOUT_S": "2", "WORKERS": workers}
+    server = Server(folder, "--backend", "torch", env=cli_env(**limits)).wait_ready()
+    data = json.dumps({"inputs": ["stocks fell " * 10_000] * 3}).encode()
+    six = {"inputs": [["stocks fell"]] * 6}
+    try:
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream(
+                "POST", f"{server.url}/tokenize", content=data, headers={"content-type": "application/json"}
+            ) as unread,
+        ):
+            assert unread.status_code == 200
+            busy = httpx.post(f"{server.url}/predict", json=six)
+            assert busy.status_code == 429 and "3 inputs are in flight" in busy.json()["error"], busy.text
+            started = time.monotonic()
+            wait_for(lambda: httpx.post(f"{server.url}/predict", json=six).status_code, lambda code: code == 200)
+            print(f"given back {time.monotonic() - started:.1f} s after the refusal")
+            with pytest.raises(httpx.HTTPError):  # the connection was closed under it: the answer is cut short
+                b"".join(unread.iter_bytes())
+        assert "read none of its answer for 2s" in server.output()
     finally:
         server.stop()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -15,7 +18,14 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from contract import files
-from inference.front_end.link import HEARTBEAT_S
+from contract.loading import load_model
+from inference.answers import Overloaded
+from inference.engine.link_server import LinkServer
+from inference.engine.scheduler import Engine, Limits
+from inference.engine.service import Service
+from inference.front_end.link import HEARTBEAT_S, RemoteLink
+from inference.prometheus import Metrics
+from inference.settings import Settings
 from tests.helpers.files import save_new_weights
 from tests.helpers.processes import free_port, graphs_env
 from tests.helpers.service import Server, wait_for
@@ -240,3 +250,71 @@ def test_sigterm_drains_the_front_ends_then_the_engine_and_exits_0(smoke_checkpo
         assert all(a.result().status_code == 200 for a in answers)
     assert server.exit_code(60) == 0, server.output()
     assert "Task was destroyed" not in server.output()
+
+
+def hold_unread_tokenize(client: httpx.Client, url: str, inputs: int):
+    """A /tokenize of `inputs` long texts whose answer (tens of MB) its client never reads: it holds `inputs` of the
+    shared limit while it stays unread."""
+    body = json.dumps({"inputs": ["stocks fell " * 10_000] * inputs}).encode()
+    return client.stream("POST", f"{url}/tokenize", content=body, headers={"content-type": "application/json"})
+
+
+def test_a_killed_front_end_gives_back_what_its_clients_held(smoke_checkpoint):
+    """An unread answer holds 3 of 8 inputs; its front-end SIGKILLed (an OOM kill), the engine takes them back in
+    seconds (at 53a86bc: 429 for good, /ready 200)."""
+    limits = ("--max_concurrent_requests", "8", "--max_client_batch_size", "8", "--write_timeout_s", "600")
+    server = Server(smoke_checkpoint, "--workers", "2", "--backend", "torch", "--reload_interval_s", "0", *limits)
+    server.wait_ready()
+    front_ends = front_ends_of(server, 2)
+    six = {"input": texts(6)}
+    try:
+        with ExitStack() as held:
+            client = held.enter_context(httpx.Client(timeout=60))
+            assert held.enter_context(hold_unread_tokenize(client, server.url, 3)).status_code == 200
+            refused = httpx.post(f"{server.url}/v1/classify", json=six)
+            assert refused.status_code == 429 and "3 inputs are in flight" in refused.json()["error"], refused.text
+            for pid in front_ends:
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: server.output().count("Front-end ready"), lambda n: n >= 4, timeout=60)
+            answered = wait_for(
+                lambda: httpx.post(f"{server.url}/v1/classify", json=six), lambda r: r.status_code == 200
+            )
+            assert len(answered.json()["data"]) == 6
+        assert "is gone: 3 admitted inputs given back" in server.output()
+        assert httpx.get(f"{server.url}/ready").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_admissions_a_restarted_engine_never_granted_are_not_given_back_twice(smoke_checkpoint, tmp_path):
+    """A leave of 6 inputs the previous engine admitted frees nothing in its successor: 8 admitted, a 9th refused
+    (at 53a86bc the count went to -6 and 14 were admitted)."""
+    settings = Settings(model_id=str(smoke_checkpoint), max_concurrent_requests=8, max_client_batch_size=8)
+    address = f"ipc://{tmp_path}/engine"
+
+    def engine_server() -> LinkServer:
+        loaded = load_model(str(smoke_checkpoint), device="cpu", dtype="fp32")
+        service = Service(settings, Engine(loaded, Limits(max_concurrent_requests=8), Metrics()))
+        return LinkServer(service, address).start()
+
+    async def scenario() -> None:
+        first = engine_server()
+        link = RemoteLink(address)
+        await link.start()
+        await link.admit(6)
+        first.stop()
+        second = engine_server()
+        try:
+            link.leave(6)  # what a request of the old engine's days gives back when it ends
+            await asyncio.sleep(0.5)
+            await link.admit(8)
+            with pytest.raises(Overloaded, match="8 inputs are in flight"):
+                await link.admit(1)
+            link.leave(8)
+            await asyncio.sleep(0.5)
+            await link.admit(8)  # its own admissions come back whole
+        finally:
+            await link.stop()
+            second.stop()
+
+    asyncio.run(scenario())
