@@ -75,7 +75,7 @@ async def rerank(request: Request, api_version: str) -> Json:
     state, started = routes.service(request), time.perf_counter()
     routes.require_json(request)
     with routes.failures_counted(state):
-        body = routes.parse(await request.body(), CohereRerankRequest)
+        body = routes.parse(state, await request.body(), CohereRerankRequest)
         name, adapter = check_name(state, body.model)
         texts = body.texts()
         if not texts:

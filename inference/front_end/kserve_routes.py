@@ -4,6 +4,7 @@ Tensors as JSON or in Triton's binary extension (what tritonclient.http sends by
 
 from __future__ import annotations
 
+import math
 import struct
 import time
 
@@ -13,10 +14,12 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from inference import tei_errors
+from inference.front_end import json_bounds
 from inference.front_end.named_model import check_name, scores_in_label_order
 from inference.front_end.routes import (
     VERSION,
     answered,
+    check_batch_size,
     count_answer,
     failures_counted,
     guarded,
@@ -25,6 +28,7 @@ from inference.front_end.routes import (
     service,
 )
 from inference.front_end.schemas import Json
+from inference.settings import Settings
 from inference.tei_errors import ServiceError
 
 # {name:path}: a Hub id (org/model) is a model name too. So the longest paths are registered first: the lowest
@@ -118,8 +122,8 @@ async def infer(request: Request, name: str) -> Response:
     state, started = service(request), time.perf_counter()
     with failures_counted(state):
         _, adapter = check_name(state, name, openai_body=False)
-        body, blobs = read_request(await request.body(), request.headers.get(HEADER_LENGTH))
-        texts, pairs = input_texts(body, blobs)
+        body, blobs = read_request(await request.body(), request.headers.get(HEADER_LENGTH), state.settings)
+        texts, pairs = input_texts(body, blobs, state.settings)
         wanted = requested_outputs(body)  # before the model runs: an unknown output costs it nothing
         state.metrics.request_count.labels("batch").inc()
         view = live_view(state).named(adapter)
@@ -138,13 +142,16 @@ def bad(message: str) -> ServiceError:
     return ServiceError(tei_errors.VALIDATION, message, status=400, reason="validation")
 
 
-def read_request(raw: bytes, header_length: str | None) -> tuple[InferRequest, bytes]:
-    """The JSON header and the binary tensors after it (none without the extension's header)."""
+def read_request(raw: bytes, header_length: str | None, settings: Settings) -> tuple[InferRequest, bytes]:
+    """The JSON header and the binary tensors after it (none without the extension's header); a header holding more
+    than a request of MAX_CLIENT_BATCH_SIZE inputs is refused before it is parsed."""
     split = len(raw)
     if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(raw):
-            raise bad(f"Inference-Header-Content-Length {header_length!r} is not a length within the body")
+        if not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(raw):
+            sent = header_length.encode("latin-1", "replace").decode("utf-8", "replace")  # as the client wrote it
+            raise bad(f"Inference-Header-Content-Length {sent!r} is not a length within the body")
         split = int(header_length)
+    json_bounds.check(raw[:split], settings.max_client_batch_size)
     try:
         return InferRequest.model_validate_json(raw[:split]), raw[split:]
     except ValidationError as exc:
@@ -153,12 +160,15 @@ def read_request(raw: bytes, header_length: str | None) -> tuple[InferRequest, b
         ) from None
 
 
-def input_texts(body: InferRequest, blobs: bytes) -> tuple[list[str], list[str | None]]:
-    """`text` (or the only input, whatever its name) and `text_pair`: BYTES, one element per input."""
+def input_texts(body: InferRequest, blobs: bytes, settings: Settings) -> tuple[list[str], list[str | None]]:
+    """`text` (or the only input, whatever its name) and `text_pair`: BYTES, one element per input; a shape declaring
+    more than MAX_CLIENT_BATCH_SIZE is refused before any element is read."""
     names = [tensor.name for tensor in body.inputs] if len(body.inputs) > 1 else ["text"] * len(body.inputs)
     if "text" not in names or set(names) - set(INPUTS) or len(set(names)) != len(names):
         raise bad(f"inputs: expected `text` and optionally `text_pair` (BYTES), got {names}")
     offset, columns = 0, {}
+    for tensor in body.inputs:
+        check_batch_size(settings, declared(tensor))
     for name, tensor in zip(names, body.inputs, strict=True):  # binary tensors follow the header in this order
         columns[name], offset = tensor_strings(tensor, blobs, offset)
     texts = columns["text"]
@@ -174,12 +184,12 @@ def tensor_strings(tensor: Tensor, blobs: bytes, offset: int) -> tuple[list[str]
     """A BYTES tensor's elements as text, from its JSON data or its binary data at `offset`."""
     if tensor.datatype != "BYTES":
         raise bad(f"input {tensor.name}: datatype {tensor.datatype}; texts are BYTES")
-    count = int(np.prod(tensor.shape)) if all(n >= 0 for n in tensor.shape) else -1
+    count = declared(tensor)
     size = tensor.parameters.get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or size < 0 or offset + size > len(blobs):
             raise bad(f"input {tensor.name}: binary_data_size {size!r} is past the body's end")
-        elements, offset = unpack_bytes(blobs[offset : offset + size], tensor.name), offset + size
+        elements, offset = unpack_bytes(blobs[offset : offset + size], tensor.name, count), offset + size
     elif tensor.data is not None:
         elements = list(flatten(tensor.data))
     else:
@@ -191,6 +201,11 @@ def tensor_strings(tensor: Tensor, blobs: bytes, offset: int) -> tuple[list[str]
     return elements, offset
 
 
+def declared(tensor: Tensor) -> int:
+    """The elements its shape declares; -1 for a shape that declares none (a negative dimension)."""
+    return math.prod(tensor.shape) if all(n >= 0 for n in tensor.shape) else -1
+
+
 def flatten(data: list):
     for item in data:
         if isinstance(item, list):
@@ -199,10 +214,13 @@ def flatten(data: list):
             yield item
 
 
-def unpack_bytes(blob: bytes, name: str) -> list[str]:
-    """Triton's BYTES serialization: each element a 4-byte little-endian length, then its bytes (UTF-8 here)."""
+def unpack_bytes(blob: bytes, name: str, count: int) -> list[str]:
+    """Triton's BYTES serialization: each element a 4-byte little-endian length, then its bytes (UTF-8 here); past
+    the `count` elements the shape declared is refused before they are read."""
     elements, at = [], 0
     while at < len(blob):
+        if len(elements) == count:
+            raise bad(f"input {name}: more elements than its shape declares ({count})")
         if at + 4 > len(blob):
             raise bad(f"input {name}: a torn element length")
         (length,) = struct.unpack_from("<I", blob, at)

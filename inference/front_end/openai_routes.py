@@ -78,7 +78,7 @@ async def classify(request: Request) -> Json:
     state, started = service(request), time.perf_counter()
     require_json(request)
     with failures_counted(state):
-        body = parse(await request.body(), ClassifyRequest)
+        body = parse(state, await request.body(), ClassifyRequest)
         name, adapter = check_name(state, body.model)
         view = live_view(state).named(adapter)
         texts = [body.input] if isinstance(body.input, str) else body.input

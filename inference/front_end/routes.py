@@ -21,6 +21,7 @@ from contract import precision
 from contract.long_text import CHUNK, TRUNCATE
 from inference import tei_errors
 from inference.answers import Answer, ModelView, Overloaded, failure
+from inference.front_end import json_bounds
 from inference.front_end.link import AppState
 from inference.front_end.schemas import ErrorBody, Info, Json, PredictRequest, PredictResponse
 from inference.tei_errors import ServiceError
@@ -96,7 +97,7 @@ async def predict(request: Request) -> Response:
     state, started = service(request), time.perf_counter()
     require_json(request)
     with failures_counted(state):
-        body = parse(await request.body())
+        body = parse(state, await request.body())
         state.metrics.request_count.labels("batch" if body.is_batch else "single").inc()
         answer = await answered(request, classify(state, body))
     count_answer(state, answer, started, "batch" if body.is_batch else "single")
@@ -159,8 +160,10 @@ def require_json(request: Request) -> None:
         raise ServiceError(tei_errors.MEDIA_TYPE, "Expected request with `Content-Type: application/json`", status=415)
 
 
-def parse(raw: bytes, model: type[M] = PredictRequest) -> M:
-    """The body as TEI's request `model`: not JSON is 400, the wrong shape 422."""
+def parse(state: AppState, raw: bytes, model: type[M] = PredictRequest) -> M:
+    """The body as TEI's request `model`: not JSON is 400, the wrong shape 422, more values than a request of
+    MAX_CLIENT_BATCH_SIZE inputs carries 422 before any is built."""
+    json_bounds.check(raw, state.settings.max_client_batch_size, getattr(model, "token_ids", False))
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:

@@ -152,6 +152,7 @@ class SimpleToken(BaseModel):
 class DecodeRequest(BaseModel):
     """TEI's DecodeRequest: ids, or a batch of them."""
 
+    token_ids: ClassVar[bool] = True  # as many values as the texts had tokens (json_bounds.check)
     model_config = ConfigDict(extra="ignore")
     ids: list[StrictInt] | list[list[StrictInt]]
     skip_special_tokens: StrictBool = True

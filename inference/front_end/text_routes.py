@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from inference import tei_errors
 from inference.answers import Answer, ModelView
-from inference.front_end import routes
+from inference.front_end import json_bounds, routes
 from inference.front_end.link import AppState
 from inference.front_end.routes import (
     ERROR_RESPONSES,
@@ -47,7 +47,7 @@ async def rerank(request: Request) -> Json:
     state, started = service(request), time.perf_counter()
     require_json(request)
     with failures_counted(state):
-        body = parse(await request.body(), RerankRequest)
+        body = parse(state, await request.body(), RerankRequest)
         answer = await _scored_pairs(request, state, body)
         ranks = [
             {"index": i, **({"text": body.texts[i]} if body.return_text else {}), "score": row[0]["score"]}
@@ -76,14 +76,16 @@ async def root_fast(request: Request) -> Response:
     `query` (docs/serving.md). TEI's order: the key (401), the media type (415), then the body."""
     check_api_key(request, bearer_token(request))
     require_json(request)
-    if is_reranker(live_view(service(request))) and asks_to_rerank(await request.body()):
+    state = service(request)
+    if is_reranker(live_view(state)) and asks_to_rerank(state, await request.body()):
         return await rerank(request)
     return await predict(request)
 
 
-def asks_to_rerank(raw: bytes) -> bool:
+def asks_to_rerank(state: AppState, raw: bytes) -> bool:
     """A JSON object with a top-level `query`; anything unreadable (not JSON, nested past the parser's depth) goes
-    to predict, which answers it as TEI does."""
+    to predict, which answers it as TEI does. A body past the bounds is refused before it is read."""
+    json_bounds.check(raw, state.settings.max_client_batch_size)
     try:
         body = from_json(raw)
     except ValueError:

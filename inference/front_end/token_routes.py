@@ -52,7 +52,7 @@ router = guarded()
 async def tokenize(request: Request) -> Response:
     state = service(request)
     require_json(request)
-    body = parse(await request.body(), TokenizeRequest)
+    body = parse(state, await request.body(), TokenizeRequest)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     _check_batch(state, texts, "inputs", batch=not isinstance(body.inputs, str))
     if body.prompt_name is not None:  # TEI (core/src/tokenization.rs prepare_pre_prompt), for a model without them
@@ -222,7 +222,7 @@ def utf8_offsets(text: str) -> np.ndarray | None:
 async def decode(request: Request) -> Json:
     state = service(request)
     require_json(request)
-    body = parse(await request.body(), DecodeRequest)
+    body = parse(state, await request.body(), DecodeRequest)
     sequences = body.sequences()
     _check_batch(state, sequences, "ids", batch=body.is_batch)
     live_view(state)

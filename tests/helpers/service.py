@@ -94,6 +94,7 @@ class Server:
         env: dict | None = None,
         port: int | None = None,
         python: str = sys.executable,
+        cwd: Path = ROOT,  # another checkout's folder: its service (bench/refusal_cost.py --before)
     ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -103,7 +104,7 @@ class Server:
         weakref.finalize(self, self.log.close)  # closed with this object, not left to the file's own (warning) GC
         self.process = subprocess.Popen(
             [python, "-m", "inference", *flags, *args],
-            cwd=ROOT,
+            cwd=cwd,
             # MEASURE_IN_BACKGROUND off unless a test asks: a runtime race on a thread during every module's tests
             # would change what serves mid-test (tests/inference/test_first_answer.py tests the default)
             env={"MEASURE_IN_BACKGROUND": "false", **(env or cli_env()), "PYTHONFAULTHANDLER": "1"},  # see exit_code
