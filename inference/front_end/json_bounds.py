@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import re
 
+from pydantic_core import from_json
+
 from inference import tei_errors
 from inference.tei_errors import ServiceError
 
+PREFIX_BYTES = 65536  # of a body past the bounds, parsed to tell a malformed one (400) from a large one (422)
 SPARE_VALUES = 1024  # beyond the inputs: fields, parameters, and unknown fields clients add (TEI ignores those)
 _STRING_REST = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string after its opening quote
 
@@ -50,6 +53,12 @@ def check(raw: bytes, max_client_batch_size: int, token_ids: bool = False) -> No
     max_strings = SPARE_VALUES if token_ids else 2 * max_values  # keys and texts
     if within(raw, max_values, max_containers, max_strings):
         return
+    try:  # a body that is not JSON is 400, as TEI's parser answers it: a prefix shows most (depth, syntax)
+        from_json(raw[:PREFIX_BYTES], allow_partial=True)
+    except ValueError as exc:
+        raise ServiceError(
+            tei_errors.VALIDATION, f"the body is not valid JSON ({exc})", status=400, reason="json"
+        ) from None
     what = f"{max_containers} lists and objects" if token_ids else f"{max_values} values"
     raise ServiceError(
         tei_errors.VALIDATION,

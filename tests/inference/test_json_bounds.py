@@ -88,6 +88,12 @@ def test_every_json_route_refuses_a_body_past_the_bounds_before_parsing_it(clien
     assert "more than a request of at most 8 inputs" in answer.json()["error"]
 
 
+def test_a_body_past_the_bounds_that_is_not_json_is_400_as_teis_parser_answers(client):
+    for body in (b"[" * 3000, b'{"inputs": [' + b'[""],' * 500 + b"}]"):
+        answer = client.post("/predict", content=body, headers=JSON)
+        assert answer.status_code == 400 and "not valid JSON" in answer.json()["error"], answer.text
+
+
 def test_within_the_bounds_unknown_fields_and_long_ids_are_still_taken(client):
     extra = {f"field{i}": [i, {"note": "x"}] for i in range(100)}
     assert client.post("/predict", json={"inputs": [["a"]] * 8, **extra}).status_code == 200

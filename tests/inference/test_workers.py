@@ -245,7 +245,9 @@ def test_sigterm_drains_the_front_ends_then_the_engine_and_exits_0(smoke_checkpo
     with ThreadPoolExecutor(8) as pool:
         body = {"inputs": [[t] for t in texts(32)]}
         answers = [pool.submit(httpx.post, f"{server.url}/predict", json=body, timeout=60) for _ in range(8)]
-        time.sleep(0.2)
+        # every request accepted and queued first: one still in the listen backlog would be reset, as uvicorn
+        # closes its socket on SIGTERM (the drain is for requests in flight)
+        wait_for(lambda: metric(server, "te_predict_count"), lambda n: n >= 8 * 32, timeout=60)
         server.process.terminate()
         assert all(a.result().status_code == 200 for a in answers)
     assert server.exit_code(60) == 0, server.output()
