@@ -19,6 +19,7 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import CliApp, CliSettingsSource
 
+from contract.cpu import available_cores, busy_share, free_cores
 from contract.errors import UsageError, UserError
 from contract.help import HelpFormatter, prog
 from inference import logs, metrics_port
@@ -26,10 +27,14 @@ from inference.front_end import connections, tracing
 from inference.settings import Settings, describe_error
 
 logger = logging.getLogger("inference")
+LOAD_SAMPLE_S = 0.1  # how long start-up samples the cores' load (training takes longer: its runs last longer)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's (inference/prometheus.py), read as it loads
 
 
 def main(argv: list[str] | None = None) -> int:
+    # OpenMP threads spinning after each parallel region took the cores from the engine's host work and from other
+    # programs (4.7x the CPU per answer beside two busy processes): they sleep instead. libgomp reads it as torch loads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         command_line = CliSettingsSource(Settings, cli_prog_name=prog("inference"), formatter_class=HelpFormatter)
         settings = CliApp.run(Settings, cli_args=argv, cli_settings_source=command_line)
@@ -37,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"inference: error: {describe_error(exc)}\n")
         return 2
     logs.configure(settings.json_output)
+    threads = choose_threads(settings)  # said once the model is ready: a refusal before stays one line
     # front-end processes read settings from the environment: flags travel there too
     os.environ.update(settings.environment())
     shared = share_metrics() if settings.workers > 1 else None  # before prometheus-client loads: this process counts
@@ -54,9 +60,24 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:  # unservable model (1), bad setting (2)
         sys.stderr.write(f"inference: error: {exc}\n")
         return exc.exit_code
+    if threads:
+        logger.info("%s", threads)
     if shared is not None:
         return serve_front_ends(settings, engine, shared)
     return serve_on_main_thread(settings, engine)
+
+
+def choose_threads(settings: Settings) -> str | None:
+    """TORCH_THREADS unless given: the cores others leave free now, as training chooses (OpenMP threads spinning on
+    cores other programs hold made a two-core service 7x slower); the line that says so."""
+    if settings.torch_threads is not None:
+        return None
+    cores, busy = available_cores(), busy_share(LOAD_SAMPLE_S)
+    settings.use_free_cores(free_cores(cores, busy))
+    return (
+        f"CPU threads: {settings.threads} of {cores} ({100 * busy:.0f} % of the cores busy with other programs; "
+        "TORCH_THREADS sets it)"
+    )
 
 
 def share_metrics() -> tuple[str, bool]:

@@ -4,13 +4,13 @@ the same names. TEI's names are accepted as they are.
 
 from __future__ import annotations
 
-import os
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contract import precision
+from contract.cpu import available_cores
 from contract.errors import UsageError
 from contract.runtimes import AGREEMENT_BOUND, RUNTIMES
 
@@ -19,15 +19,6 @@ BACKENDS = (
     "torch",
     *RUNTIMES,
 )  # what serves the model: inference/runtimes/choice.py chooses, contract/runtimes.py declares
-
-
-def available_cores() -> int:
-    """Cores this process may use."""
-    if hasattr(os, "process_cpu_count"):  # Python 3.13+
-        return os.process_cpu_count() or 1
-    if hasattr(os, "sched_getaffinity"):  # Linux
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _names(*names: str) -> AliasChoices:
@@ -171,7 +162,10 @@ class Settings(BaseSettings):
     compete with the forward pass for the cores [TOKENIZER_THREAD]
     """
     torch_threads: int | None = Field(None, ge=1)
-    """Torch intra-op threads (default: the cores available) [TORCH_THREADS]"""
+    """Torch intra-op threads (default: `python -m inference` takes the cores other programs leave free at start-up,
+    else every core available) [TORCH_THREADS]
+    """
+    _free_cores: int | None = PrivateAttr(None)  # what `python -m inference` found free at start-up
     reload_interval_s: float = Field(2.0, ge=0)
     """How often to look for a new checkpoint in a local MODEL_ID folder; 0 never [RELOAD_INTERVAL_S]"""
     max_connections: int = Field(2048, ge=1)
@@ -265,9 +259,21 @@ class Settings(BaseSettings):
                 f"BACKEND: {self.backend} cannot serve LORA_ADAPTERS: adapters share the base's torch weights, which a "
                 "converted model does not hold; use BACKEND=torch (or auto)"
             )
-        if self.torch_threads is None:
-            self.torch_threads = available_cores()
         return self
+
+    @property
+    def threads(self) -> int:
+        """The intra-op threads to serve with: TORCH_THREADS, else the cores found free, else every core."""
+        return self.torch_threads or self._free_cores or available_cores()
+
+    @property
+    def measured_threads(self) -> int:
+        """The threads a runtime's recorded speed is keyed by: TORCH_THREADS, else the machine's cores (how busy the
+        cores were at a start does not make a conversion another)."""
+        return self.torch_threads or available_cores()
+
+    def use_free_cores(self, cores: int) -> None:
+        self._free_cores = cores
 
     def adapters(self) -> dict[str, str]:
         """LORA_ADAPTERS as {name: folder}."""

@@ -110,7 +110,7 @@ class Recorded:
 def recorded(loaded: LoadedModel, settings, options: list[Candidate]) -> Recorded:
     """The one lookup of choose_runtime and needs_measuring: the first verified report for these options."""
     texts, source = calibration_texts(loaded.folder, settings.calibration_file)
-    key = cache_key(loaded, texts, options, settings.torch_threads)
+    key = cache_key(loaded, texts, options, settings.measured_threads)
     places = runtime_cache.locations(loaded.folder, loaded.sha256, loaded.model_sha is not None, settings.runtime_cache)
     found = Recorded(key, texts, source, places)
     for cache in places:  # a verified conversion is read in place
@@ -143,12 +143,12 @@ def choose_runtime(loaded: LoadedModel, settings) -> ServedModel:
             chosen, why = precision.FP32, f"{why}; DTYPE=auto keeps a regression model's raw values in fp32"
         logger.info("Runtime: torch %s (%s)", chosen, why)
         return _as_torch(loaded, chosen, None)
-    torch.set_num_threads(settings.torch_threads)
+    torch.set_num_threads(settings.threads)
     found = recorded(loaded, settings, options)
     if found.verified is not None:
         cache, report = found.verified
         _tidy(cache)
-        return _build(loaded, report, report.chosen, cache, settings.torch_threads)
+        return _build(loaded, report, report.chosen, cache, settings.threads)
     for _, _, problem in found.damaged:
         logger.warning("Runtime: %s; not served", problem)
     try:
@@ -156,7 +156,7 @@ def choose_runtime(loaded: LoadedModel, settings) -> ServedModel:
     except SettingsError:
         if not found.damaged:
             raise
-        return _next_best(loaded, *found.damaged[0][:2], settings.torch_threads)
+        return _next_best(loaded, *found.damaged[0][:2], settings.threads)
     with cache.lock():  # --workers N: one converts, the others then read
         served = _measured_and_built(loaded, settings, options, why, found, cache)
     runtime_cache.prune_siblings(cache, loaded.folder)
@@ -172,11 +172,11 @@ def _measured_and_built(loaded, settings, options: list[Candidate], why: str, fo
         report = None  # named above; converted and measured again
     if report is None:
         logger.info("Runtime: measuring %s (%s; texts: %s)", ", ".join(c.name for c in options), why, found.source)
-        report = measure(loaded, options, found.texts, cache, settings.torch_threads)
+        report = measure(loaded, options, found.texts, cache, settings.threads)
         report.chosen = pick_candidate(report.candidates, races(settings.backend, settings.dtype))
         report.key, report.texts = found.key, found.source
         cache.save(report)
-    return _build(loaded, report, report.chosen, cache, settings.torch_threads)
+    return _build(loaded, report, report.chosen, cache, settings.threads)
 
 
 def with_adapters(loaded: LoadedModel, adapters: dict[str, LoadedModel], settings) -> ServedModel:

@@ -146,7 +146,7 @@ def test_no_linux_only_call_at_import():
     """macOS and Windows have no os.sched_getaffinity: the settings (and the app) import and resolve without it."""
     code = (
         "import os\nfor name in ('sched_getaffinity', 'process_cpu_count'):\n    os.__dict__.pop(name, None)\n"
-        "from inference.settings import Settings\nassert Settings().torch_threads == (os.cpu_count() or 1)\n"
+        "from inference.settings import Settings\nassert Settings().threads == (os.cpu_count() or 1)\n"
         "import inference.app\nprint('ok')"
     )
     result = subprocess.run(

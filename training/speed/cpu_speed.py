@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 from contract.attention import sync_free_sdpa
+from contract.cpu import busy_share, free_cores
 
 CPU_TRAINING_ATTENTION = "eager_fast_dropout"
-LOAD_SAMPLE_S = 0.25  # sampling others' core use before choosing threads
 logger = logging.getLogger(__name__)
 
 
@@ -26,7 +25,7 @@ def choose_threads(local_processes: int) -> None:
         return
     default = torch.get_num_threads()
     busy = busy_share()
-    threads = max(1, min(default // max(local_processes, 1), round(default * (1 - busy))))
+    threads = min(default // max(local_processes, 1), free_cores(default, busy)) or 1
     if threads != default:
         torch.set_num_threads(threads)
     logger.info(
@@ -49,33 +48,6 @@ def keep_saved_threads(saved: dict, current: dict) -> None:
     torch.set_num_threads(threads)
     current["cpu_threads"] = threads
     logger.info("CPU threads: %d, as the resumed state was saved with (a bitwise resume)", threads)
-
-
-def busy_share() -> float:
-    """The share of our cores others kept busy (Linux); 0 if unknown."""
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    before = _cpu_times(allowed)
-    time.sleep(LOAD_SAMPLE_S)
-    after = _cpu_times(allowed)
-    if not before or not after:
-        return 0.0
-    busy = [1 - (a[0] - b[0]) / max(a[1] - b[1], 1) for (a, b) in zip(after.values(), before.values())]
-    return min(max(sum(busy) / len(busy), 0.0), 1.0)
-
-
-def _cpu_times(allowed: set[int] | None) -> dict[int, tuple[int, int]]:
-    """{cpu: (idle, all ticks)} from /proc/stat."""
-    try:
-        with open("/proc/stat", encoding="ascii") as fh:
-            lines = [line.split() for line in fh if line.startswith("cpu") and line[3].isdigit()]
-    except OSError:
-        return {}
-    times = {}
-    for fields in lines:
-        cpu, ticks = int(fields[0][3:]), [int(v) for v in fields[1:]]
-        if allowed is None or cpu in allowed:
-            times[cpu] = (ticks[3] + (ticks[4] if len(ticks) > 4 else 0), sum(ticks[:8]))  # idle + iowait; all
-    return times
 
 
 def fast_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
