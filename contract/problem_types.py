@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 import torch.nn.functional as F
 
+from contract import scoring
 from contract.errors import UserError
 
 SINGLE = "single_label_classification"
@@ -20,7 +21,7 @@ MULTI = "multi_label_classification"
 REGRESSION = "regression"
 RERANKING = "reranking"  # ours: config.json leaves problem_type out, as cross-encoders on the Hub do, and lists GRADES
 
-SOFTMAX, SIGMOID, NONE = "softmax", "sigmoid", "none"
+SOFTMAX, SIGMOID, NONE = scoring.SOFTMAX, scoring.SIGMOID, scoring.NONE
 FUNCTIONS = (SOFTMAX, SIGMOID, NONE)
 
 TIE_MARGIN = 0.02  # fp32's own near-ties are left out
@@ -54,8 +55,9 @@ class LabelReader(Protocol):
 
 
 def scored(logits: torch.Tensor, function: str) -> torch.Tensor:
-    """Scores from fp32 logits; a one-output softmax is a sigmoid, as in TEI."""
-    if function == SIGMOID or (function == SOFTMAX and logits.shape[-1] == 1):
+    """Scores from fp32 logits (contract/scoring.py: the same on NumPy arrays, for the service)."""
+    function = scoring.applied(function, logits.shape[-1])
+    if function == SIGMOID:
         return logits.sigmoid()
     if function == SOFTMAX:
         return logits.softmax(dim=-1)

@@ -15,6 +15,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 DURATION_BUCKETS = tuple(0.00001 * 1.5**i for i in range(1, 36))  # TEI: 35 geometric buckets from 15 µs
 BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(13))
 BATCH_TOKENS_BUCKETS = tuple(float(2**i) for i in range(21))
+HOST_BUCKETS = tuple(0.00001 * 2**i for i in range(16))  # 20 us to 0.33 s
 
 
 def multiprocess_dir() -> str | None:
@@ -73,6 +74,27 @@ class Metrics:
             "te_process_cpu_seconds", "CPU time of each worker process.", multiprocess_mode="liveall", **reg
         )
         self._process_read_at = 0.0
+        self._engine_metrics(reg)
+
+    def _engine_metrics(self, reg: dict) -> None:
+        """What the engine's model thread does with its time: is the engine, not the model, the ceiling?"""
+        self.engine_busy = Counter(
+            "te_engine_busy_seconds",
+            "Seconds the engine's model thread spent on micro-batches (rate: busy share).",
+            **reg,
+        )
+        self.engine_busy_share = Gauge(
+            "te_engine_busy_ratio",
+            "Share of the last seconds the engine's model thread was busy; near 1 the engine is the ceiling.",
+            multiprocess_mode="liveall",
+            **reg,
+        )
+        self.engine_host = Histogram(
+            "te_engine_host_duration",
+            "Host time per micro-batch outside the forward passes: gathering, scoring, answering (s).",
+            buckets=HOST_BUCKETS,
+            **reg,
+        )
 
     def _duration(self, name: str, text: str) -> Histogram:
         return Histogram(name, text, buckets=DURATION_BUCKETS, registry=self.registry)

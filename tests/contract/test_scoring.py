@@ -1,0 +1,40 @@
+"""The service's NumPy scoring (contract/scoring.py) against the torch functions training and evaluation use."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from contract import scoring
+from contract.long_text import LongText
+from contract.problem_types import scored
+
+
+@pytest.mark.parametrize("function", ["softmax", "sigmoid", "none"])
+@pytest.mark.parametrize("outputs", [1, 4])
+def test_numpy_scores_equal_torchs(function, outputs):
+    logits = torch.randn(64, outputs, generator=torch.Generator().manual_seed(outputs)) * 30  # both tails of exp
+    expected = scored(logits, function).numpy()
+    got = scoring.scored(logits.numpy(), function)
+    assert got.dtype == np.float32 and np.abs(got - expected).max() <= 1e-6
+    assert np.isfinite(got).all()
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max"])
+def test_numpy_pooling_equals_the_long_text_pool(pooling):
+    rng = np.random.default_rng(0)
+    owner = rng.permutation(np.repeat(np.arange(7), rng.integers(1, 4, 7)))  # windows in any order
+    rows = rng.standard_normal((len(owner), 4)).astype(np.float32)
+    expected = LongText(pooling=pooling).pool(torch.from_numpy(rows), owner.tolist(), 7).numpy()
+    assert np.abs(scoring.pooled(rows, owner, 7, pooling) - expected).max() <= 1e-6
+    one_each = rows[:7]
+    assert scoring.pooled(one_each, np.arange(7), 7, pooling) is one_each  # one window each: untouched
+
+
+def test_ranking_is_best_first_and_ties_keep_the_labels_order():
+    labels = ["World", "Sports", "Business", "Sci/Tech"]
+    rows = scoring.ranked(np.array([[0.1, 0.4, 0.4, 0.1], [0.7, 0.1, 0.1, 0.1]], dtype=np.float32), labels)
+    assert [entry["label"] for entry in rows[0]] == ["Sports", "Business", "World", "Sci/Tech"]
+    assert [entry["label"] for entry in rows[1]] == labels
+    assert rows[1][0] == {"score": pytest.approx(0.7), "label": "World"}
