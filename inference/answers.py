@@ -6,7 +6,11 @@ and the link between them (link.py).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
+import numpy as np
+
+from contract import scoring
 from contract.long_text import LongTextError, TooManyWindows
 
 Sequence = tuple[str, str | None]  # an input: (text, text_pair or None)
@@ -56,9 +60,11 @@ class ModelView:
 
 @dataclass
 class Answer:
-    """One job's answer: each input's labels, best first, with their scores; the model's version and timings."""
+    """One job's answer: each input's scores in the label order of the model that computed it, its labels and
+    version, and timings. The route that asked builds its client's shape from it (`ranked`: best first)."""
 
-    ranked: list[list[dict]]
+    scores: list[list[float]]
+    labels: list[str]
     compute: str  # "cpu" or "gpu"
     version: int
     tokens: int
@@ -66,8 +72,42 @@ class Answer:
     queue_s: float
     inference_s: float
 
+    @cached_property
+    def ranked(self) -> list[list[dict]]:
+        """Each input's labels, best first, with their scores: TEI's shape."""
+        return scoring.ranked(np.asarray(self.scores, dtype=np.float32), self.labels)
+
     def wire(self) -> dict:
-        return asdict(self)
+        """The fields as they travel (no deep copy: dataclasses.asdict cost 18 us an answer)."""
+        return {name: getattr(self, name) for name in WIRE_FIELDS}
+
+
+WIRE_FIELDS = ("scores", "labels", "compute", "version", "tokens", "tokenization_s", "queue_s", "inference_s")
+
+
+@dataclass
+class Encoded:
+    """A request's inputs as a front-end tokenized them for one model version: one id list per window (one per input
+    unless long texts are windowed), the input each window belongs to. What the engine batches; it never sees text."""
+
+    ids: list[list[int]]
+    type_ids: list[list[int]] | None  # token_type_ids, for models that take them
+    owner: list[int]
+    inputs: int
+    version: int  # the model version whose tokenizer and limits made them
+    seconds: float = 0.0  # the front-end's tokenizing time
+
+    def features(self) -> list[dict]:
+        if self.type_ids is None:
+            return [{"input_ids": ids} for ids in self.ids]
+        return [{"input_ids": ids, "token_type_ids": types} for ids, types in zip(self.ids, self.type_ids)]
+
+    def wire(self) -> dict:
+        return {name: getattr(self, name) for name in ("ids", "type_ids", "owner", "inputs", "version")}
+
+
+class Stale(RuntimeError):
+    """Encoded for a model version whose tokenizer or limits are no longer served: encode again."""
 
 
 class NonFinite(ArithmeticError):
@@ -103,6 +143,7 @@ class Refused(Exception):
 
 # a job's failure as the link carries it: kind -> the class the routes answer it by
 FAILURES = {
+    "stale": Stale,
     "overloaded": Overloaded,
     "non_finite": NonFinite,
     "no_tokens": NoTokens,

@@ -1,14 +1,45 @@
-"""Requests' inputs to model features: tokenized, truncated or refused, or windowed as config.json asks. Called by the
-engine, and by the runtimes to convert and check a model on the same features.
+"""Requests' inputs to model features: tokenized, truncated or refused, or windowed as config.json asks. Called by
+the front-ends (front_end/encoder.py) for every request, and by the engine's runtimes to convert and check a model on
+the same features. Imports no torch: `model` is anything with a tokenizer, a max_length and long-text settings (a
+LoadedModel, or a front-end's Tokenizing).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import hashlib
+import json
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
-from contract.loading import LoadedModel
-from contract.long_text import CHUNK, LongTextError, PairLeavesNoRoom, TooManyWindows, cut_long_pairs
+from contract.long_text import CHUNK, LongText, LongTextError, PairLeavesNoRoom, TooManyWindows, cut_long_pairs
 from inference.answers import InputTooLong, NoTokens, Sequence
+
+
+@dataclass(frozen=True)
+class Tokenizing:
+    """What encoding needs of a model, as a front-end holds it (a LoadedModel has the same attributes)."""
+
+    tokenizer: Any  # a transformers fast tokenizer (no torch: its tensors are never asked for)
+    max_length: int
+    long_text: LongText
+
+
+Model = Any  # a LoadedModel or a Tokenizing: the attributes above
+
+
+def encode_request(
+    model: Model, sequences: list[Sequence], truncate: bool, left: bool, chunk: bool, max_chunks: int
+) -> tuple[list[dict], list[int]]:
+    """(features, the input of each) for one request, or its refusal (REFUSALS): windows where it chunks, else one
+    truncated (or refused as too long) per input; every input must have a token."""
+    if chunk:
+        features, owner = windows(model, sequences, max_chunks)
+    else:
+        features = encode_unchecked(model, sequences, truncate, left)
+        check_length(model, features)
+        owner = list(range(len(features)))
+    check_tokens(features, owner, len(sequences))
+    return features, owner
 
 
 def check_tokens(features: list[dict], owner: list[int], inputs: int) -> None:
@@ -27,24 +58,24 @@ WORD_BOUNDARY_SEARCH = 256  # so no word is split
 REFUSALS = (InputTooLong, TooManyWindows, LongTextError, NoTokens)
 
 
-def encode(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
+def encode(loaded: Model, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
     """Ids of each input, truncated at either end, or InputTooLong."""
     features = encode_unchecked(loaded, sequences, truncate, left)
     check_length(loaded, features)
     return features
 
 
-def check_length(loaded: LoadedModel, features: list[dict]) -> None:
+def check_length(loaded: Model, features: list[dict]) -> None:
     """InputTooLong when an input is longer than the model takes."""
     longest = max(len(f["input_ids"]) for f in features)
     if longest > loaded.max_length:
         raise InputTooLong(longest, loaded.max_length)
 
 
-def encode_unchecked(loaded: LoadedModel, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
+def encode_unchecked(loaded: Model, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
     """encode without the length check; only the kept part is tokenized."""
     tokenizer = loaded.tokenizer
-    tokenizer.truncation_side = "left" if left else "right"  # under Engine._tokenizing (and at warm-up)
+    tokenizer.truncation_side = "left" if left else "right"  # one encoding at a time per tokenizer (encoder.py)
     features: list[dict | None] = [None] * len(sequences)
     for where, texts, pairs in singles_then_pairs(sequences):
         if not truncate:
@@ -63,12 +94,12 @@ def _features(encoded) -> list[dict]:
     return [{name: encoded[name][k] for name in names} for k in range(len(encoded["input_ids"]))]
 
 
-def _truncated(loaded: LoadedModel, texts: list[str], pairs: list[str] | None) -> list[dict]:
+def _truncated(loaded: Model, texts: list[str], pairs: list[str] | None) -> list[dict]:
     options = {"truncation": True, "max_length": loaded.max_length, "return_attention_mask": False}
     return _features(loaded.tokenizer(texts, pairs, **options))
 
 
-def _truncated_texts(loaded: LoadedModel, texts: list[str], left: bool) -> list[dict]:
+def _truncated_texts(loaded: Model, texts: list[str], left: bool) -> list[dict]:
     """Each text tokenized from its kept part, else whole."""
     kept = _kept_parts(texts, loaded.max_length * KEPT_CHARS_PER_TOKEN, left)
     found = _truncated(loaded, kept, None)
@@ -78,7 +109,7 @@ def _truncated_texts(loaded: LoadedModel, texts: list[str], left: bool) -> list[
     return found
 
 
-def _truncated_pairs(loaded: LoadedModel, texts: list[str], pairs: list[str], left: bool) -> list[dict]:
+def _truncated_pairs(loaded: Model, texts: list[str], pairs: list[str], left: bool) -> list[dict]:
     """Each pair tokenized from its sides' kept parts, cut longest first."""
     chars, max_length = loaded.max_length * KEPT_CHARS_PER_TOKEN, loaded.max_length
     kept_texts, kept_pairs = _kept_parts(texts, chars, left), _kept_parts(pairs, chars, left)
@@ -136,10 +167,10 @@ def kept_part(text: str, chars: int, left: bool) -> str:
     return part
 
 
-def windows(loaded: LoadedModel, sequences: list[Sequence], max_chunks: int) -> tuple[list[dict], list[int]]:
+def windows(loaded: Model, sequences: list[Sequence], max_chunks: int) -> tuple[list[dict], list[int]]:
     """(windows, their inputs), as config.json windows; TooManyWindows past `max_chunks`."""
     chunking = replace(loaded.long_text, mode=CHUNK)
-    loaded.tokenizer.truncation_side = "right"  # under Engine._tokenizing
+    loaded.tokenizer.truncation_side = "right"  # one encoding at a time per tokenizer (front_end/encoder.py)
     chunking.refuse_too_long(loaded.tokenizer, sequences, window_length(loaded), max_chunks)
     per_input: list[list[dict]] = [[] for _ in sequences]
     for where, texts, pairs in singles_then_pairs(sequences):
@@ -160,6 +191,23 @@ def singles_then_pairs(sequences: list[Sequence]):
             yield where, [sequences[i][0] for i in where], [sequences[i][1] for i in where] if is_pair else None
 
 
-def window_length(loaded: LoadedModel) -> int:
+def window_length(loaded: Model) -> int:
     """Tokens per window: training's, within the model's maximum."""
     return min(loaded.long_text.window or loaded.max_length, loaded.max_length)
+
+
+def spec_of(model: Model) -> dict:
+    """How `model` encodes, as a front-end rebuilds it (front_end/encoder.py), with a digest naming it; computed once
+    per model (a reload is another model)."""
+    found = getattr(model, "_encoding_spec", None)
+    if found is None:
+        tokenizer = model.tokenizer
+        found = {
+            "tokenizer": tokenizer.backend_tokenizer.to_str(),
+            "input_names": list(tokenizer.model_input_names),
+            "max_length": model.max_length,
+            "long_text": asdict(model.long_text),
+        }
+        found["digest"] = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()
+        model._encoding_spec = found
+    return found

@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 from pydantic_core import from_json, to_json
 
-from inference.answers import Overloaded, failure
+from inference.answers import Encoded, Overloaded, failure
 from inference.engine.service import Service
 from inference.front_end.link import HEARTBEAT_S, identity_pid
 
@@ -35,6 +35,8 @@ class LinkServer:
         self._jobs: dict[tuple[bytes, int], asyncio.Future] = {}
         self._admitted: dict[bytes, int] = {}  # inputs each front-end holds through admit, until it leaves
         self._heard: dict[bytes, float] = {}  # when each front-end last sent anything (it asks every HEARTBEAT_S)
+        self._outbox: dict[bytes, list[dict]] = {}  # replies of this loop turn, per front-end
+        self._flushing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task | None = None
@@ -76,26 +78,23 @@ class LinkServer:
         while True:
             sender, raw = await socket.recv_multipart()
             self._heard[sender] = time.monotonic()
-            message = from_json(raw)
-            try:
-                self._handle(socket, sender, message)
-            except Exception as exc:  # noqa: BLE001 - one bad message answers its sender; the link serves on
-                logger.exception("link: a %s request failed", message.get("op"))
-                self._reply(socket, sender, message["id"], {"error": list(failure(exc))})
+            for message in from_json(raw):  # what the front-end had ready in one of its loop turns
+                try:
+                    self._handle(sender, message)
+                except Exception as exc:  # noqa: BLE001 - one bad message answers its sender; the link serves on
+                    logger.exception("link: a %s request failed", message.get("op"))
+                    self._reply(sender, message["id"], {"error": list(failure(exc))})
 
-    def _handle(self, socket: zmq.asyncio.Socket, sender: bytes, message: dict) -> None:
+    def _handle(self, sender: bytes, message: dict) -> None:
         op, number, service = message["op"], message["id"], self.service
         if op == "submit":
-            sequences = [(text, pair) for text, pair in message["sequences"]]
+            encoded = Encoded(**message["encoded"])
             try:
-                job = service.engine.submit(
-                    sequences, message["truncate"], message["left"], message["chunk"], message["scoring"],
-                    message["adapter"],
-                )  # fmt: skip
+                job = service.engine.submit(encoded, message["scoring"], message["adapter"])
             except Overloaded as exc:
-                return self._reply(socket, sender, number, {"error": list(failure(exc))})
+                return self._reply(sender, number, {"error": list(failure(exc))})
             self._jobs[sender, number] = job
-            job.add_done_callback(lambda done: self._answer(socket, sender, number, done))
+            job.add_done_callback(lambda done: self._answer(sender, number, done))
         elif op == "cancel":
             job = self._jobs.pop((sender, message["of"]), None)
             if job is not None:
@@ -103,18 +102,20 @@ class LinkServer:
         elif op == "admit":
             service.engine.admit(message["inputs"])
             self._admitted[sender] = self._admitted.get(sender, 0) + message["inputs"]
-            self._reply(socket, sender, number, {})
+            self._reply(sender, number, {})
         elif op == "leave":
             self._give_back(sender, message["inputs"])
         elif op == "view":
             view, why = service.view(), service.why_not_serving()
-            self._reply(socket, sender, number, {"view": view.wire() if view else None, "why": why})
+            self._reply(sender, number, {"view": view.wire() if view else None, "why": why})
         elif op == "status":
-            self._reply(socket, sender, number, {"why": service.why_not_ready()})
+            self._reply(sender, number, {"why": service.why_not_ready()})
+        elif op == "encoding":
+            self._reply(sender, number, service.encoding(message["adapter"]))
         elif op == "tokenizer":
             view = service.view()
             said = {"version": view.version if view else 0, "tokenizer": service.serialized_tokenizer()}
-            self._reply(socket, sender, number, said)
+            self._reply(sender, number, said)
 
     def _give_back(self, sender: bytes, inputs: int) -> None:
         """What `sender` admitted, up to what it holds: a leave after its admissions were taken back (it was
@@ -148,18 +149,28 @@ class LinkServer:
             self._jobs.pop(key).cancel()
             # a wedged front-end that wakes up gets an answer, not a wait; a dead one's is dropped by ZeroMQ
             refused = Overloaded(f"this front-end was silent for {GONE_AFTER_S:g}s and its work was dropped; retry")
-            self._reply(self._socket, sender, key[1], {"error": list(failure(refused))})
+            self._reply(sender, key[1], {"error": list(failure(refused))})
 
-    def _answer(self, socket: zmq.asyncio.Socket, sender: bytes, number: int, job: asyncio.Future) -> None:
+    def _answer(self, sender: bytes, number: int, job: asyncio.Future) -> None:
         self._jobs.pop((sender, number), None)
         if job.cancelled():
             return
         exc = job.exception()
-        self._reply(socket, sender, number, {"error": list(failure(exc))} if exc else {"answer": job.result().wire()})
+        self._reply(sender, number, {"error": list(failure(exc))} if exc else {"answer": job.result().wire()})
 
-    @staticmethod
-    def _reply(socket: zmq.asyncio.Socket, sender: bytes, number: int, fields: dict) -> None:
-        socket.send_multipart([sender, to_json({"id": number, **fields})])
+    def _reply(self, sender: bytes, number: int, fields: dict) -> None:
+        """Queued for `sender`: one loop turn's replies (a micro-batch settles together) go as one message."""
+        outbox = self._outbox.setdefault(sender, [])
+        outbox.append({"id": number, **fields})
+        if not self._flushing:
+            self._flushing = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        outboxes, self._outbox = self._outbox, {}
+        for sender, replies in outboxes.items():
+            self._socket.send_multipart([sender, to_json(replies)])
 
 
 def ended(sender: bytes) -> bool:

@@ -13,13 +13,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from contract import shapes
+from contract import scoring, shapes
 from contract.loading import LoadedModel
 from contract.model_call import forward
-from inference.answers import Answer, NonFinite, Overloaded, Sequence
-from inference.encoding import REFUSALS, check_length, check_tokens, encode, encode_unchecked, windows
+from inference.answers import Answer, Encoded, NonFinite, Overloaded, Stale
+from inference.encoding import encode, spec_of
 from inference.engine import captured
 from inference.engine.captured import CapturedForward, GraphsUnsupported
 from inference.engine.passes import forward_buckets, static_passes
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 # Idle wake-ups let the main thread run SIGTERM's handler: a wait without timeout would hold it until the next request.
 IDLE_WAKE_S = 0.25
 READY_BATCHES = 2  # enough to overlap, few enough to hold memory
+BUSY_WINDOW_S = 1.0  # te_engine_busy_ratio's window
 
 
 @dataclass(frozen=True)
@@ -44,24 +46,26 @@ class Limits:
 
 @dataclass(eq=False)
 class _Job:
-    sequences: list[Sequence]
-    truncate: bool
-    left: bool
-    chunk: bool
+    encoded: Encoded  # the inputs as a front-end tokenized them
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     scoring: str | None = None  # softmax, sigmoid, none; None: the model's problem type decides
     adapter: str | None = None  # the served model's adapter of this name (LORA_ADAPTERS); None: the model itself
     enqueued: float = field(default_factory=time.perf_counter)
     features: list[dict] = field(default_factory=list)  # one tokenized window each: input_ids (+ token_type_ids)
-    owner: list[int] = field(default_factory=list)  # the input of each window
-    tokenized_by: LoadedModel | None = None
-    tokenization_s: float = 0.0
     queued: bool = True  # queued until the model thread takes it
 
     @property
+    def inputs(self) -> int:
+        return self.encoded.inputs
+
+    @property
+    def owner(self) -> list[int]:
+        return self.encoded.owner
+
+    @property
     def tokens(self) -> int:
-        return sum(len(f["input_ids"]) for f in self.features)
+        return sum(len(ids) for ids in self.encoded.ids)
 
     @property
     def abandoned(self) -> bool:
@@ -79,12 +83,13 @@ class Engine:
         self.limits = limits
         self.metrics = metrics
         self._queue: queue.Queue = queue.Queue()  # jobs, waiting to be gathered
-        self._ready: queue.Queue = queue.Queue(maxsize=READY_BATCHES)  # from the tokenizer thread, for the model
+        self._ready: queue.Queue = queue.Queue(maxsize=READY_BATCHES)  # from the gathering thread, for the model
         self._in_flight = 0
         self._lock = threading.Lock()
         self._carry = None
-        self._tokenizing = threading.Lock()  # both threads may tokenize after a reload
         self._last_jobs = self._last_inputs = 0  # the last micro-batch's requests and inputs
+        self._encodings: dict[tuple[int, str | None], str] = {}  # (version, adapter): the encoding's digest
+        self.busy = BusyShare(metrics)
         self._running = threading.Event()
         self._finished = threading.Event()
 
@@ -112,28 +117,33 @@ class Engine:
         """The version the routes know a model by (answers.ModelView): one per model swapped in."""
         return self._versions.get(id(loaded), self.version)
 
-    def submit(
-        self,
-        sequences: list[Sequence],
-        truncate: bool,
-        left: bool = False,
-        chunk: bool = False,
-        scoring: str | None = None,
-        adapter: str | None = None,
-    ) -> asyncio.Future:
-        """Queue the inputs for the model or its adapter of that name; the future gets their Answer or the refusal.
-        Cancelling drops an unstarted job. Raises Overloaded at once. Call from the event loop."""
+    def submit(self, encoded: Encoded, scoring: str | None = None, adapter: str | None = None) -> asyncio.Future:
+        """Queue a front-end's encoded inputs for the model or its adapter of that name; the future gets their Answer
+        or the refusal (Stale: encoded for a tokenizer no longer served). Cancelling drops an unstarted job. Raises
+        Overloaded at once. Call from the event loop."""
         loop = asyncio.get_running_loop()
         if adapter is not None and adapter not in self.current.adapters:  # the routes check names first
             refused = loop.create_future()
             refused.set_exception(LookupError(f"no adapter named {adapter!r} is served"))
             return refused
-        self.admit(len(sequences))
-        job = _Job(sequences, truncate, left, chunk, loop, loop.create_future(), scoring, adapter)
-        job.future.add_done_callback(lambda _: self.leave(len(sequences)))
-        self.metrics.queue_size.inc(len(sequences))
+        self.admit(encoded.inputs)
+        job = _Job(encoded, loop, loop.create_future(), scoring, adapter)
+        job.future.add_done_callback(lambda _: self.leave(encoded.inputs))
+        self.metrics.queue_size.inc(encoded.inputs)
         self._queue.put(job)
         return job.future
+
+    def know_encoding(self, version: int, adapter: str | None, digest: str) -> None:
+        """The encoding a front-end was given for `version` (Service.encoding): jobs encoded by it stay good for a
+        later version that encodes the same (a reload of new weights, same tokenizer and limits)."""
+        self._encodings[version, adapter] = digest
+
+    def _stale(self, job: _Job, loaded: LoadedModel) -> bool:
+        """Encoded for another version whose encoding differs from the served one's (or is unknown)."""
+        if job.encoded.version == self.version_of(loaded):
+            return False
+        theirs = self._encodings.get((job.encoded.version, job.adapter))
+        return theirs != spec_of(loaded.named(job.adapter))["digest"]  # computed once per model
 
     def admit(self, inputs: int) -> None:
         """Count `inputs` in flight, or raise Overloaded past max_concurrent_requests; leave() when answered."""
@@ -152,40 +162,45 @@ class Engine:
     # ---------------------------------------------------------------------------------- worker side
 
     def serve_forever(self) -> None:
-        """The model thread's loop until stop(); queued jobs answered first."""
+        """The model thread's loop until stop(); queued jobs answered first. Its busy share and host time per batch
+        are measured (/metrics: te_engine_busy_ratio, te_engine_host_duration)."""
         self._running.set()
         try:
             for jobs in self._batches():
-                self._answer_batch(jobs)
+                started = time.perf_counter()
+                forward_s = self._answer_batch(jobs)
+                busy_s = time.perf_counter() - started
+                self.metrics.engine_host.observe(max(0.0, busy_s - forward_s))
+                self.busy.add(busy_s)
         finally:
             self._finished.set()
 
     def _batches(self):
-        """Tokenized micro-batches until stop()."""
+        """Gathered micro-batches until stop(): on this thread, or (TOKENIZER_THREAD) on one of their own, ahead."""
         if not self.limits.tokenizer_thread:
-            yield from self._tokenized()
+            yield from self._gathered()
             return
-        threading.Thread(target=self._tokenize_loop, name="inference-tokenizer", daemon=True).start()
+        threading.Thread(target=self._gather_loop, name="inference-gather", daemon=True).start()
         while True:
             try:
                 jobs = self._ready.get(timeout=IDLE_WAKE_S)  # in slices: see IDLE_WAKE_S
             except queue.Empty:
+                self.busy.add(0.0)  # an idle engine's share falls too
                 continue
             if jobs is _STOP:
                 return
             yield jobs
 
-    def _tokenized(self):
-        """Gathered and tokenized micro-batches until stop() (the queue drained first)."""
+    def _gathered(self):
+        """Micro-batches of live jobs with their features until stop() (the queue drained first)."""
         while (jobs := self._gather()) is not None:
-            if tokenized := self._tokenize_or_fail(jobs, self.current):
-                yield tokenized
+            for job in jobs:
+                job.features = job.encoded.features()
+            yield jobs
 
-    # ------------------------------------------------------------------------------- tokenizer thread
-
-    def _tokenize_loop(self) -> None:
+    def _gather_loop(self) -> None:
         try:
-            for jobs in self._tokenized():
+            for jobs in self._gathered():
                 self._ready.put(jobs)
         finally:
             self._ready.put(_STOP)  # the model thread answers the last batch, then ends
@@ -198,6 +213,8 @@ class Engine:
                 job = self._queue.get(timeout=timeout)
             except queue.Empty:
                 if deadline is None:
+                    if not self.limits.tokenizer_thread:  # this is the model thread, idle
+                        self.busy.add(0.0)
                     continue
                 return None
             if job is _STOP:
@@ -209,14 +226,14 @@ class Engine:
     def _leave_queue(self, job: _Job) -> None:
         if job.queued:
             job.queued = False
-            self.metrics.queue_size.dec(len(job.sequences))
+            self.metrics.queue_size.dec(job.inputs)
 
     def _gather(self) -> list[_Job] | None:
         """One micro-batch, or None once stopped and drained."""
         first, self._carry = self._carry or self._next(None), None
         if first is _STOP:
             return None
-        jobs, inputs = [first], len(first.sequences)
+        jobs, inputs = [first], first.inputs
         # Wait for company only under concurrent load, and only up to the last batch's size: a lone client never pays
         # the window, and a few clients do not pay it every time.
         deadline = time.monotonic() + (self.limits.max_wait_ms / 1000 if self._last_jobs > 1 else 0.0)
@@ -224,72 +241,35 @@ class Engine:
             job = self._next(deadline if inputs < self._last_inputs else time.monotonic())
             if job is None:
                 break
-            if job is _STOP or inputs + len(job.sequences) > self.limits.max_batch_requests:
+            if job is _STOP or inputs + job.inputs > self.limits.max_batch_requests:
                 self._carry = job  # starts the next micro-batch
                 break
             jobs.append(job)
-            inputs += len(job.sequences)
+            inputs += job.inputs
         self._last_jobs, self._last_inputs = len(jobs), inputs
         return jobs
 
-    def _tokenize_or_fail(self, jobs: list[_Job], loaded: LoadedModel) -> list[_Job]:
-        """_tokenize; a tokenizer failure answers its jobs (424), and the thread lives on."""
-        try:
-            with self._tokenizing:  # one tokenizing caller at a time
-                return self._tokenize(jobs, loaded)
-        except Exception as exc:  # noqa: BLE001 - answered to its callers, like a failed forward pass
-            logger.exception("tokenizing failed for a micro-batch of %d requests", len(jobs))
-            for job in jobs:
-                self._leave_queue(job)
-                _resolve(job, exc=exc)
-            return []
-
-    def _tokenize(self, jobs: list[_Job], served: LoadedModel) -> list[_Job]:
-        """Tokenize for `served` (each job for its adapter); refused jobs are answered and left out."""
-        started, kept = time.perf_counter(), []
-        for (truncate, left, adapter), group in _by_settings(job for job in jobs if not job.chunk):
-            found = encode_unchecked(served.named(adapter), [s for job in group for s in job.sequences], truncate, left)
-            for job in group:
-                job.features, found = found[: len(job.sequences)], found[len(job.sequences) :]
-                job.owner = list(range(len(job.features)))
-        for job in jobs:
-            loaded = served.named(job.adapter)
-            try:
-                if job.chunk:
-                    job.features, job.owner = windows(loaded, job.sequences, self.limits.max_chunks)
-                else:
-                    check_length(loaded, job.features)
-                check_tokens(job.features, job.owner, len(job.sequences))  # its own request only, not its batch
-            except REFUSALS as exc:
-                self._leave_queue(job)
-                _resolve(job, exc=exc)
-                continue
-            job.tokenized_by = loaded
-            kept.append(job)
-            for feature in job.features:
-                self.metrics.input_length.observe(len(feature["input_ids"]))
-        for job in jobs:
-            job.tokenization_s += time.perf_counter() - started  # the call all of them waited for
-        return kept
-
     # ---------------------------------------------------------------------------------- model thread
 
-    def _answer_batch(self, jobs: list[_Job]) -> None:
+    def _answer_batch(self, jobs: list[_Job]) -> float:
+        """The micro-batch run and answered; the seconds its forward passes took."""
         for job in jobs:
             self._leave_queue(job)
         jobs = [job for job in jobs if not job.abandoned]  # clients that left while it waited: not run
         if not jobs:
-            return
+            return 0.0
         served = self.current
-        if any(job.tokenized_by is not served.named(job.adapter) for job in jobs):  # a reload swapped the model
-            if not (jobs := self._tokenize_or_fail(jobs, served)):
-                return
+        if stale := [job for job in jobs if self._stale(job, served)]:  # a reload swapped the tokenizer or limits
+            changed = Stale("the served model changed while this request waited; encode it again")
+            _settle([(job, changed) for job in stale])
+            if not (jobs := [job for job in jobs if job not in stale]):
+                return 0.0
         version = self.version_of(served)
-        for adapter in dict.fromkeys(job.adapter for job in jobs):  # an adapter's head is its own: a pass each
-            self._run([job for job in jobs if job.adapter == adapter], served.named(adapter), version)
+        adapters = dict.fromkeys(job.adapter for job in jobs)  # an adapter's head is its own: a pass each
+        return sum(self._run([job for job in jobs if job.adapter == a], served.named(a), version) for a in adapters)
 
-    def _run(self, jobs: list[_Job], loaded: LoadedModel, version: int) -> None:
-        """The jobs' passes through `loaded`, then their answers."""
+    def _run(self, jobs: list[_Job], loaded: LoadedModel, version: int) -> float:
+        """The jobs' passes through `loaded`, then their answers; the passes' seconds."""
         started = time.perf_counter()
         items = sorted(
             ((j, i, f) for j, job in enumerate(jobs) for i, f in enumerate(job.features)),
@@ -299,17 +279,19 @@ class Engine:
         self.metrics.batch_tokens.observe(sum(len(f["input_ids"]) for _, _, f in items))
         try:
             passes = self._passes(items, loaded)
-            logits = [forward(loaded, [f for _, _, f in part], rows, width) for part, rows, width in passes]
-            found = dict(zip(((j, i) for j, i, _ in items), torch.cat(logits).cpu()))  # left on the device until here
+            rows = host_rows([forward(loaded, [f for _, _, f in part], r, w) for part, r, w in passes])
         except Exception as exc:  # noqa: BLE001 - a failed forward answers its callers (424), the worker lives on
             logger.exception("inference failed for a micro-batch of %d requests", len(jobs))
             for job in jobs:
                 _resolve(job, exc=exc)
-            return
+            return time.perf_counter() - started
         finally:
             self.metrics.record_process()
         inference_s = time.perf_counter() - started
-        self._answer(jobs, loaded, found, (started, inference_s), version)
+        where = {(j, i): row for row, (j, i, _) in enumerate(items)}
+        per_job = [rows[[where[j, i] for i in range(len(job.features))]] for j, job in enumerate(jobs)]
+        self._answer(jobs, loaded, per_job, (started, inference_s), version)
+        return inference_s
 
     def _passes(self, items: list, loaded: LoadedModel) -> list[tuple[list, int | None, int | None]]:
         """(items, rows, width) per forward pass; None sizes: dynamic shapes."""
@@ -320,44 +302,60 @@ class Engine:
         passes = forward_buckets(items, limits.max_batch_requests, limits.max_batch_tokens)
         return [(part, None, None) for part in passes]
 
-    def _answer(self, jobs: list[_Job], loaded: LoadedModel, found: dict, timing: tuple, version: int) -> None:
-        """Each job's logits pooled, scored and ranked together, answered as `version`; one wake-up per loop.
+    def _answer(self, jobs: list[_Job], loaded: LoadedModel, logits: list[np.ndarray], timing: tuple, version: int):
+        """Each job's logits pooled and scored (NumPy, one thread), answered as `version`; one wake-up per loop.
         `timing`: (when the passes started, their seconds)."""
         started, inference_s = timing
-        pooled = [
-            loaded.long_text.pool(
-                torch.stack([found[j, i] for i in range(len(job.features))]), job.owner, len(job.sequences)
-            )
-            for j, job in enumerate(jobs)
-        ]
-        ranked = rank(loaded, pooled, [job.scoring for job in jobs])
-        compute = "gpu" if loaded.device.type == "cuda" else "cpu"
+        pooling = loaded.long_text.pooling
+        pooled = [scoring.pooled(rows, np.asarray(job.owner), job.inputs, pooling) for job, rows in zip(jobs, logits)]
+        scores = scored_rows(pooled, [job.scoring or loaded.problem.function for job in jobs])
+        compute, labels = "gpu" if loaded.device.type == "cuda" else "cpu", list(loaded.labels)
         answers: list[tuple[_Job, object]] = []
-        for job, job_ranked, logits in zip(jobs, ranked, pooled):
-            if not torch.isfinite(logits).all():  # no score to rank: every route refuses it alike (424)
+        for job, job_scores, rows in zip(jobs, scores, pooled):
+            if not np.isfinite(rows).all():  # no score to rank: every route refuses it alike (424)
                 answers.append((job, NonFinite("the model's output is not finite (NaN or infinity) for this input")))
                 continue
-            queue_s = max(0.0, started - job.enqueued - job.tokenization_s)
-            timings = (job.tokenization_s, queue_s, inference_s)
-            answers.append((job, Answer(job_ranked, compute, version, job.tokens, *timings)))
+            queue_s = max(0.0, started - job.enqueued)
+            timings = (job.encoded.seconds, queue_s, inference_s)
+            answers.append((job, Answer(job_scores, labels, compute, version, job.tokens, *timings)))
         _settle(answers)
 
 
-def rank(loaded: LoadedModel, pooled: list[torch.Tensor], scorings: list[str | None]) -> list[list[list[dict]]]:
-    """Per job, each input's ranked labels: one scoring call and sort per function."""
-    ranked: list = [None] * len(pooled)
-    labels = loaded.labels
-    for scoring in dict.fromkeys(scorings):
-        which = [j for j, s in enumerate(scorings) if s == scoring]
-        scores = loaded.problem.scores(torch.cat([pooled[j] for j in which]), scoring)
-        values, order = scores.sort(dim=-1, descending=True, stable=True)  # ties keep the labels' order
-        rows = [
-            [{"score": v, "label": labels[i]} for v, i in zip(row_values, row_order)]
-            for row_values, row_order in zip(values.tolist(), order.tolist())
-        ]
+class BusyShare:
+    """The model thread's busy seconds (a counter) and their share of each BUSY_WINDOW_S (a gauge)."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+        self._since, self._busy = time.monotonic(), 0.0
+        self._lock = threading.Lock()  # the tokenizer thread's idle ticks too
+
+    def add(self, seconds: float) -> None:
+        if seconds:
+            self.metrics.engine_busy.inc(seconds)
+        with self._lock:
+            self._busy += seconds
+            elapsed = time.monotonic() - self._since
+            if elapsed >= BUSY_WINDOW_S:
+                self.metrics.engine_busy_share.set(min(1.0, self._busy / elapsed))
+                self._since, self._busy = time.monotonic(), 0.0
+
+
+def host_rows(logits: list[torch.Tensor]) -> np.ndarray:
+    """The passes' fp32 logits as one host array: one copy from a GPU, none on a CPU."""
+    if logits and logits[0].device.type != "cpu":
+        return torch.cat(logits).cpu().numpy()
+    return np.concatenate([rows.numpy() for rows in logits]) if len(logits) > 1 else logits[0].numpy()
+
+
+def scored_rows(pooled: list[np.ndarray], functions: list[str]) -> list[list[list[float]]]:
+    """Per job, each input's scores by its function: one NumPy call and one conversion per function."""
+    answers: list = [None] * len(pooled)
+    for function in dict.fromkeys(functions):
+        which = [j for j, f in enumerate(functions) if f == function]
+        rows = scoring.scored(np.concatenate([pooled[j] for j in which]), function).tolist()
         for j in which:
-            ranked[j], rows = rows[: len(pooled[j])], rows[len(pooled[j]) :]
-    return ranked
+            answers[j], rows = rows[: len(pooled[j])], rows[len(pooled[j]) :]
+    return answers
 
 
 def _by_settings(jobs):

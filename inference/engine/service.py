@@ -23,8 +23,8 @@ from contract.adapters import SharedBase
 from contract.loading import CheckpointError, LoadedModel, load_model
 from contract.long_text import CHUNK, LongTextError
 from inference import logs, memory, prometheus, tei_errors
-from inference.answers import ModelView
-from inference.encoding import window_length
+from inference.answers import Encoded, ModelView
+from inference.encoding import spec_of, window_length
 from inference.engine.reload import CheckpointWatcher, read_from
 from inference.engine.scheduler import Engine, Limits, warm_up
 from inference.front_end.link import AppState, spare_copy
@@ -73,6 +73,15 @@ class Service(AppState):
         if self._view is None or self._view.version != version:
             self._view = view_of(loaded, version, self.settings, self.reloads)
         return self._view
+
+    def encoding(self, adapter: str | None) -> dict:
+        """What a front-end tokenizes with for the served model (or its adapter) and the version it belongs to
+        (front_end/encoder.py): the engine then takes its ids as they come."""
+        loaded = self.engine.current
+        version = self.engine.version_of(loaded)
+        spec = spec_of(loaded.named(adapter))
+        self.engine.know_encoding(version, adapter, spec["digest"])
+        return {**spec, "version": version}
 
     def serialized_tokenizer(self) -> str:
         """The served tokenizer as JSON (link.spare_copy rebuilds it), or TEI's Tokenizer error without a fast one."""
@@ -126,10 +135,11 @@ class LocalLink:
     def view(self) -> ModelView | None:
         return self.service.view()
 
-    def submit(
-        self, sequences: list, truncate: bool, left: bool, chunk: bool, scoring: str | None, adapter: str | None = None
-    ) -> asyncio.Future:
-        return self.service.engine.submit(sequences, truncate, left, chunk, scoring, adapter)
+    def submit(self, encoded: Encoded, scoring: str | None, adapter: str | None = None) -> asyncio.Future:
+        return self.service.engine.submit(encoded, scoring, adapter)
+
+    async def encoding(self, adapter: str | None) -> dict:
+        return self.service.encoding(adapter)
 
     async def admit(self, inputs: int) -> None:
         self.service.engine.admit(inputs)
@@ -261,6 +271,11 @@ def check_chunking(settings: Settings, loaded: LoadedModel) -> None:
 def check_servable(settings: Settings, loaded: LoadedModel) -> None:
     """The settings can serve this model and its adapters (at start and reload)."""
     for one in loaded.all_served():
+        if getattr(one.tokenizer, "backend_tokenizer", None) is None:
+            raise SettingsError(
+                f"{one.folder}: its tokenizer has no fast (Rust) backend, which the front-ends tokenize with; save a "
+                "tokenizer.json beside it (AutoTokenizer.from_pretrained(...).save_pretrained(...) converts one)"
+            )
         if settings.max_batch_tokens < one.max_length:
             adapter = "" if one is loaded else f", adapter {one.folder}"
             raise SettingsError(
@@ -273,7 +288,7 @@ def check_servable(settings: Settings, loaded: LoadedModel) -> None:
 def ready_engine(settings: Settings, loaded: LoadedModel, service_metrics: Metrics) -> Engine:
     """Threads set, limits checked, the model warmed up: an Engine."""
     check_servable(settings, loaded)
-    torch.set_num_threads(settings.torch_threads)
+    torch.set_num_threads(settings.threads)
     memory.keep_large_blocks_off_the_heap()  # RSS stays flat under varied batch shapes (inference/memory.py)
     cuda = loaded.device.type == "cuda"
     limits = Limits(

@@ -21,7 +21,8 @@ from pydantic_core import from_json, to_json
 from tokenizers import Tokenizer
 
 from inference import logs, prometheus
-from inference.answers import Answer, ModelView, Overloaded, Refused
+from inference.answers import Answer, Encoded, ModelView, Overloaded, Refused
+from inference.front_end.encoder import Encoders
 from inference.prometheus import Metrics
 from inference.settings import Settings
 
@@ -55,11 +56,12 @@ class Link(Protocol):
 
     view: ModelView | None  # the served model; None while none serves
 
-    def submit(
-        self, sequences: list, truncate: bool, left: bool, chunk: bool, scoring: str | None, adapter: str | None = None
-    ) -> asyncio.Future:
-        """A job queued for the served model or its adapter of that name: the future's result is its Answer. May
-        raise Overloaded."""
+    def submit(self, encoded: Encoded, scoring: str | None, adapter: str | None = None) -> asyncio.Future:
+        """Encoded inputs queued for the served model or its adapter of that name: the future's result is its
+        Answer (or Stale: encode again). May raise Overloaded."""
+
+    async def encoding(self, adapter: str | None) -> dict:
+        """What the front-ends tokenize with for the served model or its adapter (Service.encoding)."""
 
     async def admit(self, inputs: int) -> None:
         """Count inputs in flight (Overloaded past MAX_CONCURRENT_REQUESTS); leave() gives them back."""
@@ -74,10 +76,11 @@ class Link(Protocol):
 
 
 class AppState:
-    """What the routes read: the settings, this process's metrics, and the link to the engine."""
+    """What the routes read: the settings, this process's metrics, the link to the engine and the tokenizers."""
 
     def __init__(self, settings: Settings, metrics: Metrics, link: Link):
         self.settings, self.metrics, self.link = settings, metrics, link
+        self.encoders = Encoders(lambda adapter: link.encoding(adapter))  # this process tokenizes its requests
 
 
 class RemoteLink:
@@ -91,6 +94,7 @@ class RemoteLink:
         self._pending: dict[int, asyncio.Future] = {}
         self._tokenizer: tuple[int, Tokenizer] | None = None
         self._socket: zmq.asyncio.Socket | None = None
+        self._outbox: list[dict] = []  # requests of this loop turn, sent together
         self._tasks: list[asyncio.Task] = []
         self._parent = os.getppid()
 
@@ -109,12 +113,8 @@ class RemoteLink:
         if self._socket is not None:
             self._socket.close()
 
-    def submit(
-        self, sequences: list, truncate: bool, left: bool, chunk: bool, scoring: str | None, adapter: str | None = None
-    ) -> asyncio.Future:
-        job = {"sequences": sequences, "truncate": truncate, "left": left, "chunk": chunk, "scoring": scoring}
-        job["adapter"] = adapter
-        number, future = self._send("submit", job)
+    def submit(self, encoded: Encoded, scoring: str | None, adapter: str | None = None) -> asyncio.Future:
+        number, future = self._send("submit", {"encoded": encoded.wire(), "scoring": scoring, "adapter": adapter})
         future.add_done_callback(lambda done: done.cancelled() and self._send("cancel", {"of": number}, reply=False))
         return future
 
@@ -138,6 +138,9 @@ class RemoteLink:
         except (TimeoutError, Refused) as exc:
             return f"the engine does not answer ({exc or 'timeout'})"
 
+    async def encoding(self, adapter: str | None) -> dict:
+        return await self._ask("encoding", {"adapter": adapter})
+
     async def tokenizer(self) -> Tokenizer:
         version = self.view.version if self.view else 0
         if self._tokenizer is None or self._tokenizer[0] != version:
@@ -147,11 +150,19 @@ class RemoteLink:
 
     def _send(self, op: str, fields: dict, reply: bool = True) -> tuple[int, asyncio.Future | None]:
         number = next(self._ids)
-        future = asyncio.get_running_loop().create_future() if reply else None
+        loop = asyncio.get_running_loop()
+        future = loop.create_future() if reply else None
         if future is not None:
             self._pending[number] = future
-        self._socket.send(to_json({"op": op, "id": number, **fields}))  # queued at once: no await on the hot path
+        self._outbox.append({"op": op, "id": number, **fields})
+        if len(self._outbox) == 1:  # what this loop turn has ready travels as one message
+            loop.call_soon(self._flush)
         return number, future
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        if self._socket is not None and not self._socket.closed:
+            self._socket.send(to_json(outbox))  # queued at once: no await on the hot path
 
     async def _ask(self, op: str, fields: dict, timeout: float = ASK_TIMEOUT_S) -> dict:
         _, future = self._send(op, fields)
@@ -159,19 +170,22 @@ class RemoteLink:
 
     async def _receive(self) -> None:
         while True:
-            message = from_json(await self._socket.recv())
-            future = self._pending.pop(message["id"], None)
-            if future is None or future.done():
-                continue
-            if "error" in message:
-                future.set_exception(Refused(*message["error"]))
-            elif "answer" in message:
-                answer = Answer(**message["answer"])
-                if self.view is None or answer.version != self.view.version:  # a reload: what /info says follows
-                    asyncio.create_task(self._refresh())
-                future.set_result(answer)
-            else:
-                future.set_result(message)
+            for message in from_json(await self._socket.recv()):  # the replies of one of the engine's loop turns
+                self._settle(message)
+
+    def _settle(self, message: dict) -> None:
+        future = self._pending.pop(message["id"], None)
+        if future is None or future.done():
+            return
+        if "error" in message:
+            future.set_exception(Refused(*message["error"]))
+        elif "answer" in message:
+            answer = Answer(**message["answer"])
+            if self.view is None or answer.version != self.view.version:  # a reload: what /info says follows
+                asyncio.create_task(self._refresh())
+            future.set_result(answer)
+        else:
+            future.set_result(message)
 
     async def _refresh(self, timeout: float = ASK_TIMEOUT_S) -> None:
         said = await self._ask("view", {}, timeout)

@@ -27,11 +27,10 @@ def check_name(state: AppState, requested: str | None, openai_body: bool = True)
 
 
 def scores_in_label_order(view: ModelView, answer: Answer) -> list[list[float]]:
-    """Each input's scores in the model's label order (the engine answers them best first)."""
-    rows = []
-    for ranked in answer.ranked:
-        scores = {entry["label"]: entry["score"] for entry in ranked}
-        if answer.version != view.version and set(scores) != set(view.labels):  # a reload renamed the labels
-            raise ServiceError(tei_errors.UNHEALTHY, "the model changed while answering; send the request again")
-        rows.append([scores[label] for label in view.labels])
-    return rows
+    """Each input's scores in `view`'s label order (the answer's are its model's: a reload may have reordered them)."""
+    if answer.labels == view.labels:
+        return answer.scores
+    if set(answer.labels) != set(view.labels):  # a reload renamed the labels
+        raise ServiceError(tei_errors.UNHEALTHY, "the model changed while answering; send the request again")
+    order = [answer.labels.index(label) for label in view.labels]
+    return [[row[i] for i in order] for row in answer.scores]

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from contract import precision
 from contract.long_text import CHUNK, TRUNCATE
 from inference import tei_errors
-from inference.answers import Answer, ModelView, Overloaded, failure
+from inference.answers import Answer, ModelView, Refused, Stale, failure
 from inference.front_end import json_bounds
 from inference.front_end.link import AppState
 from inference.front_end.schemas import ErrorBody, Info, Json, PredictRequest, PredictResponse
@@ -206,10 +206,35 @@ def queue_sequences(
     else:
         sequences = limit_characters(sequences, served.max_length * CHARS_PER_TOKEN_LIMIT, truncate, left)
     state.metrics.predict_count.inc(len(sequences))  # TEI: one per input handed to the model (core/src/infer.rs)
+    options = (truncate, left, chunk, settings.max_chunks)
+    return asyncio.ensure_future(encoded_and_answered(state, served, adapter, sequences, options, scoring))
+
+
+async def encoded_and_answered(
+    state: AppState, view: ModelView, adapter: str | None, sequences: list, options: tuple, scoring: str | None
+) -> Answer:
+    """The inputs tokenized here and their ids answered by the engine; encoded once more if a reload changed what
+    encodes them while they waited (the engine refused them as stale)."""
     try:
-        return state.link.submit(sequences, truncate, left, chunk, scoring, adapter)
-    except Overloaded as exc:
-        raise ServiceError(tei_errors.OVERLOADED, str(exc)) from None
+        return await _answered_once(state, view, adapter, sequences, options, scoring, fresh=False)
+    except (Stale, Refused) as exc:
+        if failure(exc)[0] != "stale":
+            raise
+    return await _answered_once(state, view, adapter, sequences, options, scoring, fresh=True)
+
+
+async def _answered_once(state, view, adapter, sequences, options, scoring, fresh: bool) -> Answer:
+    encoded = await state.encoders.encode(view, adapter, sequences, options, fresh)
+    for ids in encoded.ids:
+        state.metrics.input_length.observe(len(ids))
+    job = state.link.submit(encoded, scoring, adapter)
+    try:
+        answer = await job
+    except asyncio.CancelledError:  # the client left: its job is dropped too
+        job.cancel()
+        raise
+    answer.tokenization_s = encoded.seconds
+    return answer
 
 
 def check_batch_size(settings, size: int) -> None:
