@@ -37,22 +37,32 @@ POST = f"""wrk.method = "POST"
 wrk.body = '{{"inputs": "{TEXT}"}}'
 wrk.headers["Content-Type"] = "application/json"
 """
-# the checkout's own link client: `depth` jobs in flight for `seconds`, then the number answered
+# the checkout's own link client: `depth` jobs in flight for `seconds`, then the number answered; where front-ends
+# tokenize, the text is encoded once as a front-end does and its ids sent again and again: the engine's work alone
 SOCKET_CLIENT = """
 import asyncio, sys, time
 from inference.front_end.link import RemoteLink
-async def main(address, seconds, depth):
+try:
+    from inference.front_end.encoder import Encoders
+except ImportError:
+    Encoders = None
+async def main(address, seconds, depth, text):
     link = RemoteLink(address)
     await link.start()
+    if Encoders is None:
+        submit = lambda: link.submit([[text, None]], True, False, False, None)
+    else:
+        encoded = await Encoders(link.encoding).encode(link.view, None, [(text, None)], (True, False, False, 16))
+        submit = lambda: link.submit(encoded, None)
     done, deadline = 0, time.monotonic() + seconds
     async def one():
         nonlocal done
         while time.monotonic() < deadline:
-            await link.submit([[sys.argv[4], None]], True, False, False, None)
+            await submit()
             done += 1
     await asyncio.gather(*(one() for _ in range(depth)))
     print(done)
-asyncio.run(main(sys.argv[1], float(sys.argv[2]), int(sys.argv[3])))
+asyncio.run(main(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
 """
 
 

@@ -69,14 +69,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def choose_threads(settings: Settings) -> str | None:
     """TORCH_THREADS unless given: the cores others leave free now, as training chooses (OpenMP threads spinning on
-    cores other programs hold made a two-core service 7x slower); the line that says so."""
+    cores other programs hold made a two-core service 7x slower), less a core for every two front-ends, which
+    parse, tokenize and answer beside the engine; the line that says so."""
     if settings.torch_threads is not None:
         return None
     cores, busy = available_cores(), busy_share(LOAD_SAMPLE_S)
-    settings.use_free_cores(free_cores(cores, busy))
+    front_ends = settings.workers // 2 if settings.workers > 1 else 0
+    settings.use_free_cores(max(1, free_cores(cores, busy) - front_ends))
+    beside = f", {front_ends} left to {settings.workers} front-ends" if front_ends else ""
     return (
-        f"CPU threads: {settings.threads} of {cores} ({100 * busy:.0f} % of the cores busy with other programs; "
-        "TORCH_THREADS sets it)"
+        f"CPU threads: {settings.threads} of {cores} ({100 * busy:.0f} % of the cores busy with other programs"
+        f"{beside}; TORCH_THREADS sets it)"
     )
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-import numpy as np
-
 from contract import scoring
 from contract.long_text import LongTextError, TooManyWindows
 
@@ -75,7 +73,7 @@ class Answer:
     @cached_property
     def ranked(self) -> list[list[dict]]:
         """Each input's labels, best first, with their scores: TEI's shape."""
-        return scoring.ranked(np.asarray(self.scores, dtype=np.float32), self.labels)
+        return scoring.ranked(self.scores, self.labels)
 
     def wire(self) -> dict:
         """The fields as they travel (no deep copy: dataclasses.asdict cost 18 us an answer)."""

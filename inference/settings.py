@@ -157,9 +157,9 @@ class Settings(BaseSettings):
     where padding costs compute [STATIC_SHAPES]
     """
     tokenizer_thread: bool | None = None
-    """Tokenize micro-batches on a thread of their own, ahead of the model, instead of on the model's thread between
-    forward passes. Default: on with CUDA, where it overlaps the GPU's work; off on the CPU, where it would
-    compete with the forward pass for the cores [TOKENIZER_THREAD]
+    """Gather the engine's micro-batches on a thread of their own, ahead of the model, instead of on the model's
+    thread between forward passes (the front-ends tokenize). Default: on with CUDA, where it overlaps the GPU's
+    work; off on the CPU, where it would compete with the forward pass for the cores [TOKENIZER_THREAD]
     """
     torch_threads: int | None = Field(None, ge=1)
     """Torch intra-op threads (default: `python -m inference` takes the cores other programs leave free at start-up,

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
 from contract.long_text import LongText
 from inference.answers import Encoded, ModelView, Sequence
-from inference.encoding import Tokenizing, encode_request
+from inference.encoding import Tokenizing, check_length, check_tokens, encode_request, encode_unchecked
 
 # One thread: a tokenizer's truncation side is set per call, and the Rust encode lets the event loop run meanwhile.
 ENCODING = ThreadPoolExecutor(1, thread_name_prefix="encode")
@@ -30,11 +31,13 @@ def rebuilt(spec: dict) -> Tokenizing:
 
 
 class Encoders:
-    """Each (model version, adapter)'s Tokenizing, fetched from the engine when first needed."""
+    """Each (model version, adapter)'s Tokenizing, fetched from the engine when first needed; what one loop turn
+    asks to encode is encoded together, one tokenizer call per model and setting (as the engine batched it)."""
 
     def __init__(self, fetch):
         self._fetch = fetch  # async (adapter) -> the engine's spec for its current version
         self._built: dict[str | None, tuple[int, Tokenizing]] = {}
+        self._pending: list[_Request] = []
 
     async def for_version(self, view: ModelView, adapter: str | None, fresh: bool = False) -> tuple[int, Tokenizing]:
         """(version, Tokenizing) for `view`'s version, or the engine's newer one; `fresh` asks the engine again."""
@@ -55,10 +58,70 @@ class Encoders:
     ) -> Encoded:
         """`sequences` as ids for the engine, or the request's refusal; `options`: truncate, left, chunk, max chunks."""
         version, model = await self.for_version(view, adapter, fresh)
+        loop = asyncio.get_running_loop()
+        request = _Request(version, model, sequences, options, loop.create_future())
+        self._pending.append(request)
+        if len(self._pending) == 1:
+            loop.call_soon(self._flush, loop)
+        return await request.future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        pending, self._pending = self._pending, []
+        done = loop.run_in_executor(ENCODING, encode_together, pending, loop)
+        done.add_done_callback(lambda d: d.exception() and _settle([(r.future, d.exception()) for r in pending]))
+
+
+@dataclass(eq=False)
+class _Request:
+    version: int
+    model: Tokenizing
+    sequences: list[Sequence]
+    options: tuple[bool, bool, bool, int]  # truncate, left, chunk, max chunks
+    future: asyncio.Future
+
+
+def encode_together(requests: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
+    """On the encoding thread: requests of one model and truncation setting in one tokenizer call, then each checked
+    alone (a refusal fails its own request); windowed ones one at a time. Results settle in one loop wake-up."""
+    settled = []
+    groups: dict[tuple, list[_Request]] = {}
+    for request in requests:
+        groups.setdefault((id(request.model), *request.options), []).append(request)
+    for group in groups.values():
         started = time.perf_counter()
-        features, owner = await asyncio.get_running_loop().run_in_executor(
-            ENCODING, encode_request, model, sequences, *options
-        )
-        types = [f["token_type_ids"] for f in features] if features and "token_type_ids" in features[0] else None
-        ids = [f["input_ids"] for f in features]
-        return Encoded(ids, types, owner, len(sequences), version, time.perf_counter() - started)
+        model, (truncate, left, chunk, _) = group[0].model, group[0].options
+        try:
+            together = [] if chunk else encode_unchecked(model, [s for r in group for s in r.sequences], truncate, left)
+        except Exception as exc:  # noqa: BLE001 - the tokenizer failed: every request of the call is answered with it
+            settled += [(request.future, exc) for request in group]
+            continue
+        for request in group:
+            features, together = together[: len(request.sequences)], together[len(request.sequences) :]
+            settled.append((request.future, _checked(request, features, time.perf_counter() - started)))
+    loop.call_soon_threadsafe(_settle, settled)
+
+
+def _checked(request: _Request, features: list[dict], seconds: float) -> Encoded | Exception:
+    """The request's Encoded (its windows computed here when it chunks), or its refusal."""
+    model, (truncate, left, chunk, max_chunks) = request.model, request.options
+    try:
+        if chunk:
+            features, owner = encode_request(model, request.sequences, truncate, left, chunk, max_chunks)
+        else:
+            check_length(model, features)
+            owner = list(range(len(features)))
+            check_tokens(features, owner, len(request.sequences))
+    except Exception as exc:  # noqa: BLE001 - a refusal (or a tokenizer failure) answers its own request
+        return exc
+    types = [f["token_type_ids"] for f in features] if features and "token_type_ids" in features[0] else None
+    return Encoded([f["input_ids"] for f in features], types, owner, len(request.sequences), request.version, seconds)
+
+
+def _settle(settled: list) -> None:
+    for future, outcome in settled:
+        if future.done():  # the client left meanwhile
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

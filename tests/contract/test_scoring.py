@@ -34,7 +34,7 @@ def test_numpy_pooling_equals_the_long_text_pool(pooling):
 
 def test_ranking_is_best_first_and_ties_keep_the_labels_order():
     labels = ["World", "Sports", "Business", "Sci/Tech"]
-    rows = scoring.ranked(np.array([[0.1, 0.4, 0.4, 0.1], [0.7, 0.1, 0.1, 0.1]], dtype=np.float32), labels)
+    rows = scoring.ranked([[0.1, 0.4, 0.4, 0.1], [0.7, 0.1, 0.1, 0.1]], labels)
     assert [entry["label"] for entry in rows[0]] == ["Sports", "Business", "World", "Sci/Tech"]
     assert [entry["label"] for entry in rows[1]] == labels
     assert rows[1][0] == {"score": pytest.approx(0.7), "label": "World"}

@@ -333,7 +333,7 @@ def test_an_inference_failure_is_424_backend_and_the_worker_lives_on(smoke_check
 @pytest.mark.parametrize("where", ["client", "static_client"], ids=["model-thread", "tokenizer-thread"])
 def test_a_tokenizer_failure_is_424_and_the_engine_lives_on(request, where, monkeypatch):
     """A tokenizer that raises (in the front-end, which tokenizes) fails its request with 424."""
-    import inference.encoding
+    import inference.front_end.encoder
 
     client = request.getfixturevalue(where)
     assert client.app.state.service.engine.limits.tokenizer_thread == (where == "static_client")
@@ -341,7 +341,7 @@ def test_a_tokenizer_failure_is_424_and_the_engine_lives_on(request, where, monk
     def broken(*args):
         raise RuntimeError("tokenizer failed")
 
-    monkeypatch.setattr(inference.encoding, "encode_unchecked", broken)
+    monkeypatch.setattr(inference.front_end.encoder, "encode_unchecked", broken)
     response = client.post("/predict", json={"inputs": "hello"})
     assert response.status_code == 424
     assert response.json() == {"error": "inference failed (RuntimeError: tokenizer failed)", "error_type": "Backend"}

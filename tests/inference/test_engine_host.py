@@ -133,6 +133,8 @@ def test_the_service_takes_the_cores_others_leave_free(monkeypatch, busy, thread
     assert said.startswith(f"CPU threads: {threads} of 2 ({100 * busy:.0f} % of the cores busy")
     given = Settings(model_id="x", torch_threads=2)
     assert service_main.choose_threads(given) is None and given.threads == 2
+    shared = Settings(model_id="x", workers=4)  # two front-ends a core: the engine keeps what is left, at least one
+    assert "left to 4 front-ends" in service_main.choose_threads(shared) and shared.threads == 1
 
 
 def test_the_services_openmp_threads_sleep_instead_of_spinning(smoke_checkpoint):
