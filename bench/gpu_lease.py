@@ -14,7 +14,7 @@ skipped; the call's deadline, --deadline seconds from start, bounds every child,
           CUDA events, compilation and recording apart) and the Trainer
   scale   the same at batch 512, 2 epochs (equal epochs: accuracy comparable), learning rate x sqrt(512 / 32): MFU
   serve   bench/serve_bench.py at concurrency 32 and 128: ours (one engine, 1 and 8 front-ends) and the null model;
-          each server's GPU memory
+          the engine's busy share after each load, each server's GPU memory
 The `more` call: fsdp (accelerate launch --config_file accelerate_configs/fsdp.yaml --num_processes 1: the smoke
 preset's data with DistilBERT-base in bf16 for 30 steps, FSDP2 over NCCL at world size 1; the dry run: the preset's
 tiny model through the CPU stand-in of tests/helpers/fsdp on gloo), the bf16/fp16 smoke runs, the sync-debug runs,

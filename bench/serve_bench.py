@@ -449,10 +449,12 @@ def measure(servers: dict, texts: list[str], args, work: Path) -> dict[tuple[str
         for i, concurrency in enumerate(rounds):
             for name in names[i % len(names) :] + names[: i % len(names)]:
                 r = load(servers[name][0], texts, concurrency, args.duration, args.load_processes)
+                busy = engine_busy(servers[name][0])  # its last second was under this load
                 runs.setdefault((name, concurrency), []).append(r)
                 print(
                     f"  {name:8s} c={concurrency:<3d} {r['rps']:7.1f} req/s  p50 {r['p50']:7.1f} ms  "
-                    f"p99 {r['p99']:7.1f} ms  errors {r['errors']}  (n={r['n']})",
+                    f"p99 {r['p99']:7.1f} ms  errors {r['errors']}  (n={r['n']})"
+                    + (f"  engine busy {busy:.0%}" if busy is not None else ""),
                     flush=True,
                 )
         memory_table({name: tree_memory(process.pid) for name, process in processes.items()})
@@ -461,6 +463,19 @@ def measure(servers: dict, texts: list[str], args, work: Path) -> dict[tuple[str
             process.send_signal(signal.SIGTERM)
             process.wait(60)
     return {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
+
+
+def engine_busy(url: str) -> float | None:
+    """The engine's busy share over its last second (te_engine_busy_ratio in /metrics); None for a server without
+    one (a peer, the null model, an older commit)."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    found = [line.split()[-1] for line in text.splitlines() if line.startswith("te_engine_busy_ratio")]
+    return max(map(float, found)) if found else None
 
 
 def tree_memory(pid: int) -> tuple[int, float, float, float | None]:
