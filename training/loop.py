@@ -190,7 +190,8 @@ def validate_and_save(run: Run) -> None:
                 reports.write_training_curves(run.out.root, run.progress, plot=False)
     if patience_spent(run.progress.evals_since_best, run.cfg.early_stopping_patience):
         run.accelerator.set_trigger()
-    if run.on_evaluation is not None and run.on_evaluation(run.progress.global_step, results):
+    if run.search is not None and run.search.prune(run.progress.global_step, results):  # the same on every rank
+        run.pruned_at = run.progress.global_step
         run.accelerator.set_trigger()
     # every rank has the same metrics; check_trigger decides together all the same
     run.early_stopped = run.accelerator.check_trigger()
@@ -248,9 +249,10 @@ def fit(run: Run) -> Outcome:
     bar = tqdm(
         total=run.total_steps,
         initial=progress.global_step,
-        desc="Training",
+        desc=run.search.name if run.search else "Training",
         unit="step",
         disable=not accelerator.is_local_main_process,
+        leave=run.search is None,  # a search's trial ends in its own line
     )
     losses = LossMeter(accelerator.device)
     for epoch in range(progress.epoch, run.num_epochs):

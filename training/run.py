@@ -35,6 +35,14 @@ class Loaders:
     test: torch.utils.data.DataLoader | None
 
 
+@dataclass(frozen=True)
+class Search:
+    """What a search (agnews tune) asks of one of its runs."""
+
+    name: str  # the progress bar's label, "Trial 2/4"; the bar is cleared when the run ends
+    prune: Callable[[int, dict], bool]  # after each validation (step, results): True stops the run, untested
+
+
 @dataclass
 class Run:
     """Everything one training run carries from step to step."""
@@ -58,8 +66,8 @@ class Run:
     compiled: CompiledSteps  # --torch_compile: the mode, and what compiling cost (training/speed/capture.py)
     graphs: StepGraph | None = None  # --torch_compile whole-step: the captured steps (training/speed/step_graph.py)
     early_stopped: bool = False  # set when the patience is spent
-    # after each validation (step, results): True stops the run as early stopping does (agnews tune's pruning)
-    on_evaluation: Callable[[int, dict], bool] | None = None
+    search: Search | None = None  # the run is a trial of agnews tune
+    pruned_at: int | None = None  # the step at which the search stopped it
 
     def finished(self) -> bool:
         """Stop when early stopping fired or every step was taken."""
@@ -69,6 +77,7 @@ class Run:
 class Outcome(Enum):
     FINISHED = "finished"  # the best model is saved
     PREEMPTED = "preempted"  # SIGTERM: a resumable state was saved; resume later
+    PRUNED = "pruned"  # a search stopped it: its best model so far saved, neither calibrated nor tested
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):  # before to
 
 import signal
 import time
-from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -45,7 +44,7 @@ from training.guards import check_strategy, check_world_size
 from training.loop import fit, on_disk
 from training.output.claim import claim_output_dir
 from training.push import check_can_push
-from training.run import Outcome, Result, Run
+from training.run import Outcome, Result, Run, Search, run_summary
 from training.set_up import set_up
 from training.speed import capture
 
@@ -89,8 +88,8 @@ def tracker_config(cfg: TrainConfig) -> dict:
     return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in cfg.to_dict().items()}
 
 
-def main(cfg: TrainConfig, accelerator: Accelerator, on_evaluation: Callable | None = None) -> Result:
-    """The whole run: finished with its summary, or preempted. `on_evaluation`: run.Run's."""
+def main(cfg: TrainConfig, accelerator: Accelerator, search: Search | None = None) -> Result:
+    """The whole run: finished with its summary, preempted, or pruned by `search` (a trial of agnews tune)."""
     started = time.time()
     set_seed(cfg.seed)
     logger.info(
@@ -107,7 +106,7 @@ def main(cfg: TrainConfig, accelerator: Accelerator, on_evaluation: Callable | N
     claim = claim_output_dir(cfg.output_dir, accelerator, resuming, cfg.overwrite_output_dir, cfg.model_name_or_path)
     try:
         run = set_up(cfg, accelerator, claim.run_id, claim.previous)
-        run.on_evaluation = on_evaluation
+        run.search = search
         return train_and_report(run, started)
     finally:
         claim.release()
@@ -119,6 +118,8 @@ def train_and_report(run: Run, started: float) -> Result:
         run.accelerator.init_trackers("distilbert_agnews", config=tracker_config(run.cfg))
     if fit(run) is Outcome.PREEMPTED:
         return Result(Outcome.PREEMPTED)  # the state is saved
+    if run.pruned_at is not None:  # a trial that lost: not worth calibrating or testing
+        return Result(Outcome.PRUNED, run_summary(run))
     if run.progress.best_step is None:  # every evaluation was non-finite
         raise UserError(f"Training ended without a model to keep. {on_disk(run)}")
     return Result(Outcome.FINISHED, finish(run, started))

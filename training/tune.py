@@ -18,6 +18,7 @@ import shlex
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -109,26 +110,59 @@ def suggest(trial, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return params
 
 
-def tune(args: argparse.Namespace, cfg: TrainConfig) -> dict:
+def tune(args: argparse.Namespace, cfg: TrainConfig, accelerator) -> dict:
     """Run the study to --n_trials (or --timeout); tune.json's content on the main process, {} on the others."""
-    from training import train
-
     space = search_space(cfg, args.search_space)
-    accelerator = train.make_accelerator(cfg)
     study = open_study(args, cfg, space) if accelerator.is_main_process else None
-    started = time.monotonic()
+    clock = Clock(args.n_trials, args.timeout)
     while True:
-        trial = next_trial(study, args, started) if study is not None else None
+        trial = next_trial(study, args, clock) if study is not None else None
         params = shared(accelerator, suggest(trial, space) if trial is not None else None)
         if params is None:
             break
-        run_trial(study, trial, params, cfg, accelerator)
+        started = time.monotonic()
+        said = run_trial(study, trial, params, cfg, accelerator, args.n_trials)
+        clock.took(time.monotonic() - started)
+        if said:
+            logger.info("%s; %s", said, clock.say())
     if study is None:
         return {}
     summary = report(study, cfg, args.argv)
     (Path(cfg.output_dir) / "tune.json").write_text(json.dumps(summary, indent=2))
     keep_only_best(Path(cfg.output_dir), summary)
     return summary
+
+
+class Clock:
+    """The search's elapsed time, and what is left: the trials to go at this invocation's mean, within --timeout."""
+
+    def __init__(self, n_trials: int, timeout: float | None):
+        self.started, self.n_trials, self.timeout = time.monotonic(), n_trials, timeout
+        self.durations: list[float] = []
+        self.finished = 0  # trials of the study, resumed ones included
+
+    def took(self, seconds: float) -> None:
+        self.durations.append(seconds)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def say(self) -> str:
+        mean = sum(self.durations) / len(self.durations)
+        left = max(self.n_trials - self.finished, 0) * mean
+        if self.timeout is not None:
+            left = min(left, max(self.timeout - self.elapsed(), 0.0) + mean)  # a started trial runs to its end
+        return f"elapsed {duration(self.elapsed())}, " + (f"about {duration(left)} left" if left else "none left")
+
+
+def duration(seconds: float) -> str:
+    """'42 s', '3 min 5 s', '2 h 10 min'."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 def open_study(args: argparse.Namespace, cfg: TrainConfig, space: dict):
@@ -150,11 +184,11 @@ def open_study(args: argparse.Namespace, cfg: TrainConfig, space: dict):
     return study
 
 
-def next_trial(study, args: argparse.Namespace, started: float):
+def next_trial(study, args: argparse.Namespace, clock: Clock):
     """optuna's next trial, or None once --n_trials have finished or --timeout has passed."""
-    finished = len([t for t in study.trials if t.state.is_finished()])
-    late = args.timeout is not None and time.monotonic() - started > args.timeout
-    return None if finished >= args.n_trials or late else study.ask()
+    clock.finished = len([t for t in study.trials if t.state.is_finished()])
+    late = args.timeout is not None and clock.elapsed() > args.timeout
+    return None if clock.finished >= args.n_trials or late else study.ask()
 
 
 def shared(accelerator, value):
@@ -166,19 +200,17 @@ def shared(accelerator, value):
     return broadcast_object_list([value])[0]
 
 
-def run_trial(study, trial, params: dict, cfg: TrainConfig, accelerator) -> None:
+def run_trial(study, trial, params: dict, cfg: TrainConfig, accelerator, n_trials: int) -> str | None:
     """One training run on every process with the trial's settings; the main process tells the study its best
-    validation metric, signed (greater is better), or that it was pruned."""
-    from optuna.trial import TrialState
-
+    validation metric, signed (greater is better), or that it was pruned, and returns the trial's line."""
     from training import train
+    from training.run import Outcome, Search
     from training.scoring.metrics import greater_is_better
 
     number = shared(accelerator, trial.number if trial is not None else None)
     folder = Path(cfg.output_dir) / "trials" / f"trial_{number}"
     settings = {**cfg.to_dict(), **params, "output_dir": str(folder), "overwrite_output_dir": True}
     trial_cfg = TrainConfig.model_validate({k: v for k, v in settings.items() if k in TrainConfig.model_fields})
-    logger.info("Trial %d: %s", number, ", ".join(f"{k}={v}" for k, v in params.items()))
 
     def value_of(results: dict, metric: str) -> float:
         return signed(results.get(metric), greater_is_better(metric, trial_cfg.greater_is_better))
@@ -188,24 +220,59 @@ def run_trial(study, trial, params: dict, cfg: TrainConfig, accelerator) -> None
             trial.report(value_of(results, trial_cfg.metric_for_best_model or next(iter(results))), step)
         return shared(accelerator, trial.should_prune() if trial is not None else None)
 
-    ended = train.main(trial_cfg, accelerator, on_evaluation=prune)
+    with quiet(cfg.verbose):
+        ended = train.main(trial_cfg, accelerator, Search(f"Trial {number + 1}/{n_trials}", prune))
     accelerator.free_memory()  # the trial's model and optimizer leave with it
-    summary = ended.summary
-    if summary is None:  # preempted
+    if ended.outcome is Outcome.PREEMPTED:
         raise UserError("the search was preempted; run the same command again to resume it")
     if trial is None:
+        return None
+    metric = ended.summary["metric_for_best_model"]  # as the run resolved it
+    value = value_of(ended.summary["validation"] or {}, metric)
+    return f"Trial {number + 1}/{n_trials}: " + tell(study, trial, ended, metric, value, params)
+
+
+def tell(study, trial, ended, metric: str, value: float, params: dict) -> str:
+    """The study told how the trial ended; what the trial's line says of it."""
+    from optuna.trial import TrialState
+
+    from training.run import Outcome
+
+    summary = ended.summary
+    found = (summary["validation"] or {}).get(metric)
+    attributes = {"metric": metric, "best_step": summary["best_step"], "value": found, "test": summary["test"]}
+    for key, kept in attributes.items():
+        trial.set_user_attr(key, kept)
+    was_best = ended.outcome is Outcome.FINISHED and not any(
+        t.state is TrialState.COMPLETE and t.value is not None and t.value >= value for t in study.trials
+    )
+    pruned = ended.outcome is Outcome.PRUNED
+    study.tell(trial, state=TrialState.PRUNED) if pruned else study.tell(trial, value)
+    shown = f"{metric} {found:.4f}" if isinstance(found, float) else f"no finite {metric}"
+    how = (
+        f"pruned at step {summary['global_step']} (best {shown})"
+        if pruned
+        else f"{shown} at step {summary['best_step']}"
+    )
+    settings = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+    return f"{how}{' (best so far)' if was_best else ''} with {settings}"
+
+
+@contextmanager
+def quiet(verbose: bool):
+    """A trial's training lines held back (warnings still shown): each trial ends in one line of the search's."""
+    if verbose:
+        yield
         return
-    metric = summary["metric_for_best_model"]
-    for key, value in {
-        "metric": metric,
-        "best_step": summary["best_step"],
-        "value": summary["validation"][metric],
-    }.items():
-        trial.set_user_attr(key, value)
-    if trial.should_prune():
-        study.tell(trial, state=TrialState.PRUNED)
-    else:
-        study.tell(trial, value_of(summary["validation"], metric))
+    trained, ours = logging.getLogger("training"), logger.level
+    before = trained.level
+    trained.setLevel(logging.WARNING)
+    logger.setLevel(logging.INFO)  # ours, as training.tune or __main__
+    try:
+        yield
+    finally:
+        trained.setLevel(before)
+        logger.setLevel(ours)
 
 
 def signed(value, greater: bool) -> float:
@@ -222,6 +289,7 @@ def report(study, cfg: TrainConfig, argv: list[str]) -> dict:
             "metric": t.user_attrs.get("metric"),
             "value": t.user_attrs.get("value"),
             "best_step": t.user_attrs.get("best_step"),
+            "test": t.user_attrs.get("test"),  # a pruned trial is not tested
         }
         for t in study.trials
     ]
@@ -239,6 +307,7 @@ def report(study, cfg: TrainConfig, argv: list[str]) -> dict:
             "params": best.params,
             "metric": best.user_attrs["metric"],
             "value": best.user_attrs["value"],
+            "best_step": best.user_attrs["best_step"],
             "folder": str(Path(cfg.output_dir) / "trials" / f"trial_{best.number}"),
         },
         "command": shlex.join(command),
@@ -279,22 +348,31 @@ def cli(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         return usage_error("agnews tune", exc)
 
-    def work() -> None:
-        summary = tune(args, cfg)
-        if not summary:  # not the main process
-            return
-        best = summary["best"]
-        logger.info(
-            "Best trial %d: %s %.4f with %s; tune.json in %s; train it: %s",
-            best["number"],
-            best["metric"],
-            best["value"],
-            best["params"],
-            cfg.output_dir,
-            summary["command"],
-        )
+    from training.train import make_accelerator
 
-    return run_command(work)
+    accelerator = make_accelerator(cfg)  # through run_command: the trials' CPU threads chosen as train's are
+
+    def work() -> None:
+        summary = tune(args, cfg, accelerator)
+        if summary:  # the main process
+            logger.info("%s", closing_line(summary, cfg))
+
+    return run_command(work, accelerator)
+
+
+def closing_line(summary: dict, cfg: TrainConfig) -> str:
+    """The search's last line: how its trials ended, the best, and the commands for the one folder kept."""
+    from training.output.reports import next_steps
+
+    best, states = summary["best"], [t["state"] for t in summary["trials"]]
+    kept = json.loads((Path(best["folder"]) / "metrics.json").read_text())
+    counts = ", ".join(f"{states.count(s)} {s}" for s in ("complete", "pruned", "fail") if states.count(s))
+    folder_cfg = cfg.model_copy(update={"output_dir": best["folder"], "metric_for_best_model": best["metric"]})
+    then = next_steps(folder_cfg, best["best_step"], best["value"], kept.get("test"))
+    return (
+        f"Best trial: {Path(best['folder']).name} of {len(states)} ({counts}; every trial in "
+        f"{Path(cfg.output_dir) / 'tune.json'}): {then.removeprefix('Done: ')}  |  train it again: {summary['command']}"
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,7 @@ def test_four_trials_find_at_least_the_given_settings_and_a_fifth_resumes_the_st
     said = json.loads((out / "tune.json").read_text())
     trials, best = said["trials"], said["best"]
     assert [t["number"] for t in trials] == [0, 1, 2, 3]
+    says_the_search_in_a_line_per_trial(result.stderr, trials, out / "trials" / f"trial_{best['number']}")
     assert trials[0]["params"]["learning_rate"] == 2e-3 and trials[0]["state"] == "complete"  # the preset's
     finished = [t["value"] for t in trials if t["state"] == "complete"]
     assert best["value"] == max(finished) >= trials[0]["value"] and best["metric"] == "accuracy"
@@ -43,6 +45,25 @@ def test_four_trials_find_at_least_the_given_settings_and_a_fifth_resumes_the_st
     assert again.returncode == 0, describe(again)
     resumed = json.loads((out / "tune.json").read_text())["trials"]
     assert len(resumed) == 5 and resumed[:4] == trials  # the study went on; the first four untouched
+
+
+def says_the_search_in_a_line_per_trial(log: str, trials: list[dict], kept: Path) -> None:
+    """One line per trial (its counter, how it ended), no trial's own closing lines, and one closing line whose
+    commands name the one folder kept."""
+    lines = [line for line in log.splitlines() if " INFO " in line or " WARNING " in line]
+    counted = [line.split("INFO ")[1].split(": ", 1)[1] for line in lines if ": Trial " in line]
+    assert [line.split(":")[0] for line in counted] == [f"Trial {k}/4" for k in range(1, 5)], lines
+    for line, trial in zip(counted, trials):
+        assert ("pruned at step " in line) == (trial["state"] == "pruned"), (line, trial)
+        assert "elapsed " in line and (" left" in line), line
+        assert (trial["test"] is None) == (trial["state"] == "pruned"), trial  # a pruned trial is not tested
+    assert any(t["state"] == "pruned" for t in trials), "the docs' search prunes no trial: pick another --tune_seed"
+    assert "Done:" not in log and "Validation at step" not in log and "Calibration:" not in log, log
+    closing = [line for line in lines if "Evaluate it:" in line]
+    assert len(closing) == 1 and "Best trial" in closing[0], lines
+    named = {Path(word.rstrip(".")) for word in closing[0].split() if "/trials/" in word}
+    assert named and all(path == kept or path.parent == kept for path in named), closing
+    assert kept.is_dir() and (kept / "model.safetensors").is_file()
 
 
 def test_a_search_space_file_and_its_mistakes(smoke_dir, tmp_path):
@@ -63,16 +84,17 @@ def test_a_run_stops_at_the_evaluation_its_hook_says_to(smoke_dir, tmp_path):
 
     from training import train
     from training.config_parsing import load_config
+    from training.run import Outcome, Search
 
     cfg = load_config(["--preset", "smoke", "--eval_steps", "10", "--output_dir", str(tmp_path / "run")])
     seen = []
     try:
-        summary = train.main(
-            cfg, train.make_accelerator(cfg), on_evaluation=lambda step, _: seen.append(step) or True
-        ).summary
+        search = Search("Trial 1/1", lambda step, _: seen.append(step) or True)
+        ended = train.main(cfg, train.make_accelerator(cfg), search)
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)  # the next test file's Accelerator starts afresh
-    assert seen == [10] and summary["global_step"] == 10
+    assert seen == [10] and ended.outcome is Outcome.PRUNED and ended.summary["global_step"] == 10
+    assert ended.summary["test"] is None and "calibration" not in ended.summary  # a pruned run is not finished
 
 
 def test_under_accelerate_launch_each_trial_runs_on_both_processes(smoke_dir, tmp_path):
