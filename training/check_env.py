@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import yaml
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, gather_object, is_port_in_use
 
@@ -234,7 +235,7 @@ def launch_self(args: argparse.Namespace) -> int:
     """Check what `--num_processes N` needs here, then run under it."""
     cuda = torch.cuda.is_available()
     problems = node_problems(args.num_processes, torch.cuda.device_count(), cuda, dist.is_nccl_available())
-    problems += [p for p in [port_problem(args.main_process_port)] if p]
+    problems += [p for p in [port_problem(args.main_process_port), config_problem(args.config_file, cuda)] if p]
     if problems:
         raise UserError(" ".join(problems))
     config = args.config_file or (None if cuda else str(CPU_CONFIG))
@@ -251,6 +252,26 @@ def launch_self(args: argparse.Namespace) -> int:
     command += ["-m", "training.check_env", "--timeout", str(args.timeout), "--buffer_mb", str(args.buffer_mb)]
     logger.info("Launching: %s", " ".join(command))
     return subprocess.run(command, check=False).returncode
+
+
+def config_problem(config_file: str | None, cuda: bool) -> str | None:
+    """A launch config that asks for GPUs on a machine without any (its launch would fail in a child's traceback)."""
+    if config_file is None or cuda:
+        return None
+    try:
+        config = yaml.safe_load(Path(config_file).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        return f"--config_file {config_file} cannot be read ({first_line(exc)})."
+    # cpu_2proc.yaml says MULTI_GPU too (torchrun's path; train.py makes it gloo): GPUs are named, or fp16, which they
+    # alone train in
+    wants = [f"gpu_ids {config['gpu_ids']}"] if config.get("gpu_ids") is not None else []
+    wants += ["fp16"] if str(config.get("mixed_precision")) == "fp16" else []
+    if not wants or config.get("use_cpu"):
+        return None
+    return (
+        f"--config_file {config_file} asks for GPUs ({', '.join(wants)}) and this machine has none: on a CPU use "
+        f"{CPU_CONFIG.relative_to(CPU_CONFIG.parents[1])} (the Kaggle notebook: AGNEWS_NOTEBOOK_SMOKE=1)."
+    )
 
 
 def first_line(exc: BaseException) -> str:

@@ -6,9 +6,12 @@ import socket
 import time
 
 import pytest
+import torch
 
-from tests.helpers.processes import cli_env, describe, free_port, launch
+from tests.helpers.processes import ROOT, cli_env, describe, free_port, launch
 from training.check_env import node_problems
+
+CONFIGS = ROOT / "accelerate_configs"
 
 
 def check_env(*args: str, env: dict | None = None):
@@ -52,6 +55,18 @@ def test_a_port_in_use_fails_before_launching_with_a_hint():
     assert result.returncode == 1, describe(result)
     assert f"Port {port} is already in use" in result.stdout and "--main_process_port" in result.stdout
     assert "Launching" not in result.stdout and "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("config", ["kaggle_2xt4.yaml", "multi_gpu.yaml"])
+def test_a_gpu_config_on_a_machine_without_gpus_is_refused_before_launching(config):
+    """The Kaggle notebook's check passed on a CPU with the 2xT4 config, and training then failed in a child's
+    traceback."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the config is for it")
+    result, _ = check_env("--num_processes", "2", "--main_process_port", "0", "--config_file", f"{CONFIGS}/{config}")
+    assert result.returncode == 1 and "Launching" not in result.stdout, describe(result)
+    [line] = [line for line in result.stdout.splitlines() if "asks for GPUs" in line]
+    assert line.endswith("use accelerate_configs/cpu_2proc.yaml (the Kaggle notebook: AGNEWS_NOTEBOOK_SMOKE=1).")
 
 
 def rank0_env(port: int) -> dict:
