@@ -57,8 +57,9 @@ def command() -> str:
 
 
 def looks_local(name: str) -> bool:
-    """A folder-like name rather than a Hub id."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep in name.replace("/", "")
+    """A folder-like name rather than a Hub id: runs/nope where runs/ is a folder here."""
+    pathlike = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep in name.replace("/", "")
+    return pathlike or ("/" in name and os.path.isdir(name.split("/")[0]))
 
 
 def go_offline() -> None:

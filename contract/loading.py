@@ -218,12 +218,21 @@ def locate(model_id: str, revision: str | None = None) -> tuple[Path, str | None
         return path, None
     if path.exists():
         raise CheckpointError(f"{model_id}: not a folder")
-    if not HUB_ID.match(model_id):
-        raise CheckpointError(
-            f"{model_id}: checkpoint folder not found (train one with `python training/train.py "
-            "--preset smoke`, or give a save_pretrained folder or a Hub id such as org/name)"
-        )
+    if not HUB_ID.match(model_id) or path.parent.is_dir() and path.parent != Path("."):  # runs/nope beside runs/
+        raise CheckpointError(f"{model_id}: checkpoint folder not found{_beside(path)}")
     return _download(model_id, revision)
+
+
+def _beside(path: Path) -> str:
+    """What the missing folder's parent holds that could be meant, and how else to name a model."""
+    parent = path.parent
+    models = sorted(p.name for p in parent.iterdir() if (p / files.CONFIG).is_file())[:6] if parent.is_dir() else []
+    if models:
+        return f" ({parent} holds {', '.join(models)}; a Hub id such as org/name is read from the Hub)"
+    return (
+        " (train one with `python training/train.py --preset smoke`, or give a save_pretrained folder or a Hub id "
+        "such as org/name)"
+    )
 
 
 def _download(model_id: str, revision: str | None) -> tuple[Path, str]:

@@ -58,7 +58,7 @@ def smoke_dir(tmp_path_factory) -> Path:
 
 # One smoke model (1 epoch, states at steps 84 and 168) for tests that only read it; its OpenVINO export lets the
 # serving tests start without converting. Runs that only train alike (the output folder's tests) leave it out.
-SMOKE_TRAINING = ["--preset", "smoke", "--checkpointing_steps", "84", "--num_train_epochs", "1"]
+SMOKE_TRAINING = ["--preset", "smoke", "--checkpointing_steps", "84", "--num_train_epochs", "1", "--keep_states"]
 SMOKE_MODEL_ARGS = SMOKE_TRAINING + (["--export_runtime", "openvino"] if importlib.util.find_spec("openvino") else [])
 
 
@@ -79,7 +79,7 @@ def smoke_model(smoke_dir, tmp_path_factory) -> Path:
 
 # One model trained on the long-document preset (--long_text chunk, 48-token windows, 3 epochs of 202 steps), with
 # resumable states every 100 steps: the long-text tests of training, prediction and the service read it.
-SMOKE_LONG_ARGS = ["--preset", "smoke-long", "--checkpointing_steps", "100"]
+SMOKE_LONG_ARGS = ["--preset", "smoke-long", "--checkpointing_steps", "100", "--keep_states"]
 
 
 @pytest.fixture(scope="session")
@@ -90,7 +90,10 @@ def smoke_long_model(smoke_dir, tmp_path_factory) -> Path:
 # One uninterrupted 2-process smoke run (84 batches per rank per epoch, 252 optimizer steps, a resumable state
 # every 21 steps, learning rate 2e-3 x 2 processes): the end-to-end checks read it, the kill/resume tests compare
 # against it.
-SMOKE_2PROC_ARGS = ["--preset", "smoke", "--checkpointing_steps", "21", "--logging_steps", "21", "--scale_lr", "linear"]
+SMOKE_2PROC_ARGS = [
+    *("--preset", "smoke", "--checkpointing_steps", "21", "--logging_steps", "21", "--scale_lr", "linear"),
+    "--keep_states",
+]
 
 
 @pytest.fixture(scope="session")

@@ -232,6 +232,7 @@ TRAINING_TOP = {
         "borrowed_flags",
         "config_docs",
         "smoke",
+        "examples",
         "model",
         "fit_batch",
         "lora",

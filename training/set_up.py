@@ -3,6 +3,7 @@ optimizer and schedule prepared by the Accelerator, the output folder; resumed w
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import datasets
@@ -40,10 +41,10 @@ def load_data(cfg: TrainConfig, accelerator: Accelerator):
     """Tokenizer, splits and loaders; the main process tokenizes first."""
     local = [cfg.tokenizer_name or cfg.model_name_or_path, cfg.model_name_or_path, *(cfg.extra_metrics or [])]
     local_data = cfg.train_file or Path(cfg.dataset_name).is_dir()  # files, or a dataset folder datasets reads
-    ensure_hub_or_offline(needs_hub=not local_data or not all(Path(p).is_dir() for p in local))
-    if cfg.preset:
+    if cfg.preset:  # built before the check: a preset's files are local, an empty cache no reason to ask the Hub
         with accelerator.local_main_process_first():
             ensure_smoke_assets()
+    ensure_hub_or_offline(needs_hub=not local_data or not all(Path(p).is_dir() for p in local))
 
     def load() -> tuple:
         tokenizer = load_tokenizer(cfg)
@@ -70,7 +71,9 @@ def warn_thin_validation(cfg: TrainConfig, splits: Splits) -> None:
     why = thin_validation(splits.labels.problem, torch.tensor(labels), splits.label_names)
     if why:
         more = (
-            "a larger --validation_file" if cfg.validation_file else f"--validation_split (now {cfg.validation_split})"
+            "a larger --validation_file"
+            if cfg.validation_file
+            else f"--validation_split (now {cfg.validation_split or f'{len(rows)} texts'})"
         )
         logger.warning(
             "%s: too few to pick the best model, calibrate or fit thresholds on reliably; hold out more with %s",
@@ -120,9 +123,13 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str, previous: Pr
     loaders = Loaders(*make_dataloaders(splits, tokenizer, cfg, world, accelerator.device.type, compiled))
     optimizer, scheduler = optimization(cfg, accelerator, model, learning_rate, total_steps, compiled)
     ddp_buffers(accelerator, model)
-    model, optimizer, loaders.train, loaders.validation, loaders.test = accelerator.prepare(
-        model, optimizer, loaders.train, loaders.validation, loaders.test
-    )
+    with warnings.catch_warnings():
+        # accelerate passes DDP's broadcast_buffers, which torch deprecates for forward_sync_buffers; the meaning
+        # ddp_buffers chose (no sync at init either) has no other name yet, so the notice would only repeat per rank
+        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+        model, optimizer, loaders.train, loaders.validation, loaders.test = accelerator.prepare(
+            model, optimizer, loaders.train, loaders.validation, loaders.test
+        )
     widths = train_widths(cfg, accelerator.device.type, compiled)
     model = capture.compiled_model(model, compiled, len(widths), accelerator.device.type)
     logger.info(

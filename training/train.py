@@ -19,6 +19,7 @@ if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):  # before to
     build_parser().print_help()
     sys.exit(0)
 
+import json
 import signal
 import time
 from datetime import timedelta
@@ -34,6 +35,7 @@ from accelerate.utils import (
     set_seed,
 )
 
+from contract import files
 from contract.errors import UsageError, UserError
 from training import launch
 from training.cli import run_command, setup_logging, usage_error
@@ -105,11 +107,26 @@ def main(cfg: TrainConfig, accelerator: Accelerator, search: Search | None = Non
     # claimed before data or model load
     claim = claim_output_dir(cfg.output_dir, accelerator, resuming, cfg.overwrite_output_dir, cfg.model_name_or_path)
     try:
+        if claim.done and cfg.resume_from_checkpoint == "latest":  # a job requeued after it finished
+            return Result(Outcome.FINISHED, nothing_to_resume(Path(cfg.output_dir)))
         run = set_up(cfg, accelerator, claim.run_id, claim.previous)
         run.search = search
         return train_and_report(run, started)
     finally:
         claim.release()
+
+
+def nothing_to_resume(root: Path) -> dict:
+    """A finished run's metrics.json, said in one line."""
+    summary = json.loads((root / files.METRICS).read_text(encoding="utf-8"))
+    logger.info(
+        "Nothing to resume: %s holds a finished run (best step %s) and no resumable state. Start a new run there "
+        "without --resume_from_checkpoint, or fine-tune its model further: --model_name_or_path %s",
+        root,
+        summary.get("best_step"),
+        root,
+    )
+    return summary
 
 
 def train_and_report(run: Run, started: float) -> Result:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import shutil
 import subprocess
 from pathlib import Path
@@ -71,28 +70,3 @@ def find_latest_state(output_dir: str | Path) -> Path | None:
     """The complete state folder with the highest recorded optimizer step (not the newest mtime)."""
     states = complete_states(output_dir)
     return states[-1][1] if states else None
-
-
-TOPICS = {  # three classes a few words apart; each row a fresh combination
-    "sports": (["The team", "The coach", "The striker", "Fans", "The goalkeeper"], ["won the final",
-               "scored twice in the second half", "lost the championship match", "signed a new contract"]),
-    "business": (["Shares", "The bank", "Investors", "The company", "Oil prices"], ["rose after strong earnings",
-                 "cut interest rates again", "reported record profits", "fell on weak sales forecasts"]),
-    "science": (["Researchers", "The telescope", "Scientists", "The space agency", "Engineers"], ["discovered a "
-                "distant planet", "launched a probe to Mars", "found water ice on the moon", "built a quantum chip"]),
-}  # fmt: skip
-
-
-def topic_rows(n: int, seed: int) -> list[dict]:
-    """n rows of three topics a few words apart (README's own-data recipe's mine.csv), shuffled."""
-    rng = random.Random(seed)
-    days = ("on Monday", "on Friday", "this week", "late on Tuesday")
-    rows = []
-    for i in range(n):
-        label = list(TOPICS)[i % len(TOPICS)]
-        who, what = TOPICS[label]
-        rows.append(
-            {"text": f"{rng.choice(who)} {rng.choice(what)}, officials said {rng.choice(days)}.", "label": label}
-        )
-    rng.shuffle(rows)
-    return rows

@@ -27,10 +27,18 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def run_train(
-    args: list[str], *, processes: int = 1, env: dict | None = None, timeout: float = 300, config: Path = CPU_2PROC
+    args: list[str],
+    *,
+    processes: int = 1,
+    env: dict | None = None,
+    timeout: float = 300,
+    config: Path = CPU_2PROC,
+    keep_states: bool = True,
 ) -> tuple[subprocess.CompletedProcess, float]:
-    """Run training/train.py as users do: plain `python` for 1 process, `accelerate launch` (gloo) for more."""
-    target = [str(ROOT / "training" / "train.py"), *args]
+    """Run training/train.py as users do: plain `python` for 1 process, `accelerate launch` (gloo) for more. The
+    resumable states stay after the run (--keep_states) for the tests that resume, damage or compare them; a test of
+    what a finished run removes passes keep_states=False."""
+    target = [str(ROOT / "training" / "train.py"), *args, *(["--keep_states"] if keep_states else [])]
     return launch(target, processes=processes, env=env, timeout=timeout, config=config)
 
 

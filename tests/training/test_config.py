@@ -31,7 +31,7 @@ def test_defaults_are_the_documented_real_run():
         32,
         128,
     )
-    assert cfg.group_by_length is None and cfg.validation_split == 0.05 and cfg.preset is None  # None: by problem type
+    assert cfg.group_by_length is None and cfg.validation_split is None and cfg.preset is None  # None: by problem type
 
 
 def test_every_field_has_a_docstring_and_a_flag():

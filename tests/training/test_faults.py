@@ -16,7 +16,7 @@ from tests.helpers.processes import ROOT, cli_env, describe, fault_env, launch_c
 from training.output.resume import read_progress
 
 pytestmark = pytest.mark.slow
-SMOKE = ["--preset", "smoke", "--stop_check_steps", "5", "--logging_steps", "10"]
+SMOKE = ["--preset", "smoke", "--stop_check_steps", "5", "--logging_steps", "10", "--keep_states"]
 
 
 def test_sigterm_to_the_launcher_saves_a_resumable_state_and_resume_completes(smoke_dir, tmp_path):

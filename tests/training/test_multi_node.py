@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 SBATCH = ROOT / "scripts" / "slurm_multi_node.sbatch"
 
 
-ARGS = ["--preset", "smoke", "--num_train_epochs", "3", "--checkpointing_steps", "42"]  # 84 steps an epoch on 2
+ARGS = ["--preset", "smoke", "--num_train_epochs", "3", "--checkpointing_steps", "42", "--keep_states"]  # 84/epoch
 
 
 def slurm_env(logs: Path) -> dict[str, str]:

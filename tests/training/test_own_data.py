@@ -17,10 +17,11 @@ from fastapi.testclient import TestClient
 from contract import files
 from inference.app import create_app
 from inference.settings import Settings
-from tests.helpers.files import topic_rows, write_rows
+from tests.helpers.files import write_rows
 from tests.helpers.processes import ROOT, cli_env, describe, run_train
 from training.config import ConfigError
 from training.config_parsing import load_config
+from training.examples import topic_rows
 from training.smoke import LABELS, make_example, make_split
 from training.train import cli
 

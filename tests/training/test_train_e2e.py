@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -282,7 +283,8 @@ def test_a_finished_run_ends_with_one_line_whose_commands_run_as_printed(smoke_d
     # the states were saved without accelerate's line per file (--verbose shows them)
     assert "accelerate.checkpointing" not in result.stderr and "accelerate.accelerator" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert "Done: the best model (step " in last and f"is in {out}." in last, last
+    sized = re.search(rf"is in {re.escape(str(out))} \(\d+\.\d MB, ", last)  # the folder's size
+    assert "Done: the best model (step " in last and sized, last
     evaluate, predict, serve = (part.split(": ", 1)[1] for part in last.split(". ", 1)[1].split("  |  "))
     assert serve == f"agnews serve --model_id {out}"
     evaluate = evaluate.split("  (")[0]  # a note on the data it scores may follow

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -136,3 +137,36 @@ class Writer:
     def close(self) -> None:
         if self.sink is not None:
             self.sink.close()
+
+
+PREVIEW_ROWS = 3
+
+
+class Tally:
+    """What a labelled file holds, for prediction's closing line: the texts each label went to, and the first rows."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.preview: list[tuple[str, object]] = []
+
+    def add(self, texts: list, decided: list) -> None:
+        """One chunk's texts and decisions (a label, a list of labels, or a score)."""
+        for value in decided:
+            self.counts.update(value if isinstance(value, list) else [value] if isinstance(value, str) else [])
+        wanted = PREVIEW_ROWS - len(self.preview)
+        self.preview += list(zip(texts[:wanted], decided[:wanted]))
+
+    def say(self) -> str:
+        counted = ", ".join(f"{label} {count}" for label, count in self.counts.most_common())
+        shown = "; ".join(f"{_cut(str(text))!r} -> {_shown(value)}" for text, value in self.preview)
+        return f"{'by label: ' + counted + '; ' if counted else ''}first rows: {shown}"
+
+
+def _cut(text: str, width: int = 48) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return ", ".join(value) or "(none)" if isinstance(value, list) else str(value)

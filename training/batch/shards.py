@@ -212,7 +212,8 @@ def refused(
         else:
             missing = [c for c in needed if c not in (names or [])]
             why = "no rows" if names is None else None
-            why = why or (f"missing column {missing[0]!r} (found: {', '.join(names)})" if missing else None)
+            found = f"(found: {', '.join(names or [])}; name yours with --text_column_names)"
+            why = why or (f"missing column {missing[0]!r} {found}" if missing else None)
             why = why or columns_taken(names, taken)
         if why is None:
             ready.append(shard)

@@ -16,11 +16,13 @@ from contract.hub import explain_missing
 from training.config import TrainConfig
 from training.data.errors import DataError
 from training.data.labels import LabelSpace
+from training.scoring.metrics import SMALL_SPLIT
 
 _LOADERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
 CALIBRATION_TEXTS = 600  # the service calibrates and checks int8 on them
+DEFAULT_HELD_OUT = 0.05  # of the training rows, for validation when no file or split is given
 
 
 @dataclass
@@ -111,14 +113,26 @@ def without_columns(ds: datasets.Dataset, source: str, columns: Sequence[str] | 
     """--remove_columns, dropped first; unknown names are errors."""
     if not columns:
         return ds
-    require_columns(ds, source, columns)
+    require_columns(ds, source, columns, "--remove_columns names columns to drop")
     return ds.remove_columns(list(columns))
 
 
-def require_columns(ds: datasets.Dataset, source: str, columns: Sequence[str]) -> None:
+def require_columns(ds: datasets.Dataset, source: str, columns: Sequence[str], flag: str) -> None:
+    """Every column there, or one line naming the flag that names them."""
     for column in columns:
         if column not in ds.column_names:
-            raise DataError(f"{source}: missing column {column!r} (found: {', '.join(ds.column_names)})")
+            raise DataError(f"{source}: missing column {column!r} (found: {', '.join(ds.column_names)}); {flag}")
+
+
+def text_and_label_flags(ds: datasets.Dataset) -> str:
+    """How to name a labelled file's columns, with its own as the example."""
+    found = ds.column_names
+    example = f" (here perhaps --text_column_names {found[0]} --label_column {found[-1]})" if len(found) > 1 else ""
+    return f"name yours with --text_column_names and --label_column{example}"
+
+
+TEXT_FLAG, PAIR_FLAG, LABEL_FLAG = (f"name yours with --{name}" for name in ("text_column_names", "text_pair_column",
+                                                                             "label_column"))  # fmt: skip
 
 
 def text_columns(cfg: TrainConfig) -> list[str]:
@@ -132,7 +146,8 @@ def join_texts(parts: Sequence[str | None], delimiter: str) -> str:
 
 def check_texts(ds: datasets.Dataset, source: str, cfg: TrainConfig) -> None:
     """Text columns hold strings, and no row's text is empty."""
-    require_columns(ds, source, text_columns(cfg))
+    require_columns(ds, source, cfg.text_column_names, TEXT_FLAG)
+    require_columns(ds, source, text_columns(cfg)[len(cfg.text_column_names) :], PAIR_FLAG)
     values = {column: ds[column] for column in text_columns(cfg)}
     for column, column_values in values.items():
         for row, value in enumerate(column_values, start=1):
@@ -167,7 +182,7 @@ QUERY = "query"  # a reranker's rows: the id of their first text, ranked togethe
 
 def labelled(ds: datasets.Dataset, source: str, cfg: TrainConfig, labels: LabelSpace) -> datasets.Dataset:
     """Validated `text` and `labels` columns; `query` for a reranker."""
-    require_columns(ds, source, [cfg.label_column])
+    require_columns(ds, source, [cfg.label_column], LABEL_FLAG)
     check_texts(ds, source, cfg)
     out = with_texts(ds, cfg).add_column("labels", labels.encode(ds, source, cfg.label_column))
     if not labels.problem.graded:
@@ -202,7 +217,7 @@ def load_splits(cfg: TrainConfig) -> Splits:
     """Train, validation and test, validated and encoded."""
     read, sources = _read_sources(cfg)
     train_source, train = read.pop("train")
-    require_columns(train, train_source, [*text_columns(cfg), cfg.label_column])
+    require_columns(train, train_source, [*text_columns(cfg), cfg.label_column], text_and_label_flags(train))
     labels = LabelSpace.of_training_data(train, train_source, cfg.label_column, cfg)
     # every split checked before any is transformed
     train = labelled(train, train_source, cfg, labels)
@@ -212,7 +227,8 @@ def load_splits(cfg: TrainConfig) -> Splits:
     if "validation" in others:
         validation = others["validation"]
     else:  # the same on every rank and run
-        parts = train.train_test_split(test_size=cfg.validation_split, seed=cfg.seed, shuffle=True)
+        held = held_out(len(train), cfg.validation_split)
+        parts = train.train_test_split(test_size=held, seed=cfg.seed, shuffle=True)
         train, validation = parts["train"], parts["test"]
     test = others.get("test")
     return Splits(
@@ -223,6 +239,14 @@ def load_splits(cfg: TrainConfig) -> Splits:
         calibration=calibration_sample(train, cfg.seed),
         sources=sources,
     )
+
+
+def held_out(rows: int, fraction: float | None) -> float | int:
+    """What train_test_split holds out for validation: --validation_split, or 5 % and at least SMALL_SPLIT texts while
+    that is at most a fifth of the rows."""
+    if fraction is not None:
+        return fraction
+    return max(round(DEFAULT_HELD_OUT * rows), min(SMALL_SPLIT, rows // 5), 1)
 
 
 def calibration_sample(train: datasets.Dataset, seed: int, n: int = CALIBRATION_TEXTS) -> list[str]:

@@ -32,9 +32,17 @@ except ImportError:  # Windows: no advisory locks; the writability check still r
 class Claim:
     """The held lock, this run's id, the folders made."""
 
-    def __init__(self, run_id: str, handle=None, created: list[Path] | None = None, previous: Previous | None = None):
+    def __init__(
+        self,
+        run_id: str,
+        handle=None,
+        created: list[Path] | None = None,
+        previous: Previous | None = None,
+        done: bool = False,
+    ):
         self.run_id = run_id
         self.previous = previous  # on the main process: what this run replaces as it saves
+        self.done = done  # resuming a run that finished and kept no state: nothing to do
         self._handle = handle
         self._created = created or []  # deepest first
 
@@ -80,10 +88,11 @@ def claim_output_dir(
             raise UserError(problem)
         remove_stale_staging(root)
         previous.append(None if resuming else previous_run(root, overwrite))
-        return f"{os.getpid()}-{secrets.token_hex(3)}"
+        done = resuming and finished(root) and not own_states(root)
+        return f"{os.getpid()}-{secrets.token_hex(3)}", done
 
-    run_id = decided_on_main(accelerator, claim)
-    return Claim(run_id, held[0] if held else None, created, previous[0] if previous else None)
+    run_id, done = decided_on_main(accelerator, claim)
+    return Claim(run_id, held[0] if held else None, created, previous[0] if previous else None, done)
 
 
 def unwritable(root: Path) -> str | None:

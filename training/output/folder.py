@@ -3,6 +3,7 @@ rank together, and the final reports. Called by set_up.py, loop.py and finish.py
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import shutil
@@ -129,6 +130,13 @@ class OutputDir:
             problem = attempt(lambda: self._publish(staging, target, progress, scheduler), staging)
         stop_together(accelerator, problem, staging)
         return target
+
+    def remove_states(self) -> None:
+        """A finished run's resumable states removed (main process); other files in state/ stay."""
+        for _, folder in complete_states(self.root):
+            shutil.rmtree(folder)
+        with contextlib.suppress(OSError):  # not empty: what others put there stays
+            (self.root / files.STATE_DIR).rmdir()
 
     def _publish(self, staging: Path, target: Path, progress: Progress, scheduler) -> None:
         """Main process: schedule state, progress.json last, swap, rotate."""

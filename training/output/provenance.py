@@ -22,6 +22,7 @@ MAY_CHANGE = (  # where it writes, how it reads, when it checks
     "export_runtime",
     "checkpointing_steps",
     "save_total_limit",
+    "keep_states",
     "resume_from_checkpoint",
     "overwrite_output_dir",
     "verbose",

@@ -310,8 +310,15 @@ def _curves_figure(progress: Progress):
     return figure
 
 
-def next_steps(cfg, best_step: int, best_metric: float, test_metrics: dict | None) -> str:
-    """A run's last line: where the model is, how good, what to run next."""
+def folder_size(root: Path, kept_states: bool) -> str:
+    """A finished run's folder size, for its last line: ' (91 MB, its resumable states removed: --keep_states)'."""
+    size = sum(p.lstat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    states = "with" if kept_states else "its resumable states removed:"
+    return f" ({size / 1e6:.1f} MB, {states} --keep_states)"
+
+
+def next_steps(cfg, best_step: int, best_metric: float, test_metrics: dict | None, size: str = "") -> str:
+    """A run's last line: where the model is (and its folder's size), how good, what to run next."""
     folder, metric = shlex.quote(str(cfg.output_dir)), cfg.metric_for_best_model
     tested = (test_metrics or {}).get(metric)
     test = f", test {tested:.4f}" if isinstance(tested, float) else ""
@@ -325,7 +332,7 @@ def next_steps(cfg, best_step: int, best_metric: float, test_metrics: dict | Non
         else ""
     )
     return (
-        f"Done: the best model (step {best_step}, validation {metric} {best_metric:.4f}{test}) is in {folder}. "
+        f"Done: the best model (step {best_step}, validation {metric} {best_metric:.4f}{test}) is in {folder}{size}. "
         f"Evaluate it: agnews evaluate --checkpoint_dir {folder}{data}{held}{label}  |  serve it: "
         f"agnews serve --model_id {folder}"
     )
