@@ -101,7 +101,10 @@ NO_CLIENTS_ENV = "CLIENTS_ONLY_PYTHON is not set: .ci/run builds it (python -m t
 def test_the_clients_environment_is_the_install_line_alone():
     """Every client imports there, and nothing of this project or torch does: the blocks run with what the line
     installs."""
-    probe = "import importlib.util as u, sys; sys.exit([m for m in sys.argv[1:] if u.find_spec(m) is None])"
+    probe = (
+        "import importlib.util as u, sys; missing = [m for m in sys.argv[1:] if u.find_spec(m) is None]; "
+        "print(missing); sys.exit(1 if missing else 0)"
+    )
     present = subprocess.run([CLIENTS_PYTHON, "-c", probe, *CLIENTS, "numpy"], capture_output=True, text=True, cwd="/")
     assert present.returncode == 0, present.stderr
     absent = subprocess.run([CLIENTS_PYTHON, "-c", "import torch"], capture_output=True, text=True, cwd="/")

@@ -104,3 +104,13 @@ def test_a_finished_run_keeps_no_state_says_its_size_and_has_nothing_to_resume(t
     [state] = (out / files.STATE_DIR).iterdir()  # one: the first epoch's end (the last is not saved)
     assert state.name == f"step_{metrics['global_step'] // 2}" and metrics["config"]["keep_states"] is True
     assert re.search(r"\(\d+\.\d MB, with --keep_states\)", kept.stderr), kept.stderr[-800:]
+
+
+def test_the_smoke_preset_on_an_empty_cache_does_not_ask_the_hub(tmp_path):
+    """It is offline by design; the first run warned that the Hub did not answer while its files were being made."""
+    env = cli_env(DISTILBERT_AGNEWS_SMOKE_DIR=str(tmp_path / "smoke"), HF_ENDPOINT="http://127.0.0.1:9")
+    env.pop("HF_HUB_OFFLINE")  # as on a user's machine: nothing says offline
+    args = ["--preset", "smoke", "--num_train_epochs", "1", "--output_dir", str(tmp_path / "o")]
+    result, _ = run_train(args, env=env, keep_states=False)
+    assert result.returncode == 0, describe(result)
+    assert "did not answer" not in result.stderr and " WARNING " not in result.stderr, result.stderr[-2000:]
