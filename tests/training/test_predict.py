@@ -91,6 +91,12 @@ def test_every_row_once_in_order_identical_on_one_and_two_processes(model_dir, t
     assert frame["predicted_label"].tolist()[:50] == [LABELS[i] for i in expected[:50].argmax(-1).tolist()]
     assert (frame["predicted_score"] == frame[[f"score_{label}" for label in LABELS]].max(axis=1)).all()
     assert not list(tmp_path.glob(".out*"))  # no temporary file or part folder left
+    # the last line counts the rows each label went to and shows the first rows, as written
+    counts = frame["predicted_label"].value_counts()
+    said = result.stderr.strip().splitlines()[-1]
+    assert f"Wrote 1003 rows to {outputs[1]}" in said and "by label: " in said, said
+    assert all(f"{label} {count}" in said for label, count in counts.items()), said
+    assert f"first rows: '{texts[0][:45]}" in said and f"-> {frame['predicted_label'][0]};" in said, said
 
 
 def test_formats_in_and_out_and_a_save_pretrained_folder(model_dir, tmp_path):
