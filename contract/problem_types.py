@@ -77,6 +77,7 @@ class ProblemType:
     label_lists: ClassVar[bool] = False  # or a delimited string
     graded: ClassVar[bool] = False  # labels are relevance grades, ranked per query (GRADES in config.json)
     thresholded: ClassVar[bool] = False  # decisions at per-label thresholds (config.json decision_thresholds)
+    decides: ClassVar[str] = "none"  # the rule of `decisions`, for torch-free readers (contract/scoring.py decided)
     headline: ClassVar[tuple[str, ...]]  # shown first by cards, plots and summaries
     selection: ClassVar[str]  # the default metric_for_best_model
     metric_sets: ClassVar[tuple[str, ...]]  # the built-in metrics (training/scoring/builtin.py)
@@ -188,7 +189,7 @@ def _per_label_scores(scores: torch.Tensor, labels: list[str]) -> dict[str, Any]
 class SingleLabel(ProblemType):
     """One class per text: softmax; the top label decides."""
 
-    name, function = SINGLE, SOFTMAX
+    name, function, decides = SINGLE, SOFTMAX, "best"
     headline, selection = ("accuracy", "macro_f1"), "accuracy"
     metric_sets = ("accuracy", "macro_f1", "classification_report")
     reports = ("confusion_matrix", "calibration", "misclassified")
@@ -250,7 +251,7 @@ class SingleLabel(ProblemType):
 class MultiLabel(ProblemType):
     """Any labels per text: a sigmoid each, decided at its threshold."""
 
-    name, function, thresholded, label_lists = MULTI, SIGMOID, True, True
+    name, function, thresholded, label_lists, decides = MULTI, SIGMOID, True, True, "thresholds"
     headline, selection = ("micro_f1", "macro_f1", "subset_accuracy"), "micro_f1"
     metric_sets = ("multilabel",)
     reports = ("calibration", "wrong_label_sets")

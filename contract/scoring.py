@@ -51,3 +51,19 @@ def ranked(scores: list[list[float]], labels: list[str]) -> list[list[dict]]:
         [{"score": row[i], "label": labels[i]} for i in sorted(range(len(row)), key=row.__getitem__, reverse=True)]
         for row in scores
     ]
+
+
+BEST, THRESHOLDS = "best", "thresholds"  # problem_types' `decides`: the rule of its decisions
+
+
+def decided(rule: str, row: list[float], thresholds: list[float]) -> list[bool]:
+    """One input's decision per label by a problem type's rule (its `decides`), as its torch `decisions` make it:
+    the best label (the first of equal scores, as argmax), or every label at or above its threshold; a model without
+    classes decides nothing (ValueError)."""
+    if rule == BEST:
+        best = max(range(len(row)), key=row.__getitem__)
+        return [i == best for i in range(len(row))]
+    if rule == THRESHOLDS:  # in fp32, as the scores are: 0.7 is 0.699999988 to the model, and a score of it decides
+        above = np.asarray(row, dtype=np.float32) >= np.asarray(thresholds, dtype=np.float32)
+        return above.tolist()
+    raise ValueError(f"a model that decides by {rule!r} has no classes to decide")

@@ -25,6 +25,7 @@ class ModelView:
     chunks: bool  # long inputs are windowed, unless a request asks to truncate (LONG_TEXT or config.json)
     long_text: dict  # config.json's long-text fields
     problem: str
+    decides: str  # the problem type's decision rule (contract/scoring.py decided)
     thresholds: list[float]
     device: str
     precision: str

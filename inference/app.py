@@ -15,6 +15,7 @@ from inference.front_end import (
     cohere_routes,
     connections,
     kserve_routes,
+    moderation_routes,
     openai_routes,
     routes,
     text_routes,
@@ -67,8 +68,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.router.routes[0:0] = text_routes.fast_routes()  # matched first: the hot path without FastAPI's machinery
     for tei in (routes.router, text_routes.router, token_routes.router, routes.public):
         app.include_router(tei)  # TEI's: /info, /health, /ready, /rerank, /tokenize, /decode
-    for family in (openai_routes.router, cohere_routes.router, kserve_routes.router, kserve_routes.public):
-        app.include_router(family)  # the other clients' shapes: vLLM's classify, Cohere's rerank, KServe v2
+    families = (openai_routes.router, moderation_routes.router, cohere_routes.router, kserve_routes.router)
+    for family in (*families, kserve_routes.public):
+        app.include_router(family)  # the other clients': vLLM, OpenAI's moderation, Cohere's rerank, KServe v2
     if settings.api_metrics:
         app.include_router(routes.metrics_router)
     app.openapi = schema_of(app)

@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     rerank, the KServe v2 model name); TEI's routes answer MODEL_ID. MODEL_ID must then be an adapter too (a LoRA
     run's checkpoint or a peft folder) [LORA_ADAPTERS]
     """
+    flag_labels: Annotated[list[str], NoDecode] = []
+    """Labels whose decision flags an input on OpenAI's moderation route (/v1/moderations), comma-separated; default:
+    every label of a multi-label model, every label but NEGATIVE_LABEL of a single-label one [FLAG_LABELS]
+    """
+    negative_label: str | None = None
+    """A single-label model's label that flags nothing on /v1/moderations (`safe`, `none`, `ok`) [NEGATIVE_LABEL]"""
     revision: str | None = None
     """Hub revision (branch, tag or commit) of a Hub model id [REVISION]"""
     hostname: str = Field("127.0.0.1", validation_alias=_names("hostname", "host"))
@@ -210,9 +216,10 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("lora_adapters", mode="before")
+    @field_validator("lora_adapters", "flag_labels", mode="before")
     @classmethod
-    def _split_adapters(cls, value) -> list[str]:
+    def _split(cls, value) -> list[str]:
+        """Comma-separated, or the flag repeated."""
         items = [value] if isinstance(value, str) else value or []
         return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
 

@@ -83,7 +83,7 @@ def test_the_block_runs_as_written(doc_block: Block, workspace, request):
     (workspace / f".{doc_block.where.replace('/', '_')}.log").write_text(done.stdout + done.stderr)  # read below
 
 
-CLIENTS = ("huggingface_hub", "httpx", "cohere", "tritonclient")  # docs/serving.md's install line brings them
+CLIENTS = ("huggingface_hub", "httpx", "cohere", "tritonclient", "openai")  # docs/serving.md's install line brings them
 CLIENTS_PYTHON = os.environ.get("CLIENTS_ONLY_PYTHON")  # .ci/run: an environment made from that line alone
 
 

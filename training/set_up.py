@@ -63,6 +63,18 @@ def load_data(cfg: TrainConfig, accelerator: Accelerator):
     return tokenizer, splits
 
 
+def prepared(accelerator: Accelerator, model, optimizer, loaders: Loaders) -> tuple:
+    """accelerator.prepare of the model, optimizer and loaders (the loaders in place): (model, optimizer)."""
+    with warnings.catch_warnings():
+        # accelerate passes DDP's broadcast_buffers, which torch deprecates for forward_sync_buffers; the meaning
+        # ddp_buffers chose (no sync at init either) has no other name yet, so the notice would only repeat per rank
+        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+        model, optimizer, loaders.train, loaders.validation, loaders.test = accelerator.prepare(
+            model, optimizer, loaders.train, loaders.validation, loaders.test
+        )
+    return model, optimizer
+
+
 def warn_thin_validation(cfg: TrainConfig, splits: Splits) -> None:
     """Warn once of a validation split too small."""
     rows = splits.validation
@@ -123,13 +135,7 @@ def set_up(cfg: TrainConfig, accelerator: Accelerator, run_id: str, previous: Pr
     loaders = Loaders(*make_dataloaders(splits, tokenizer, cfg, world, accelerator.device.type, compiled))
     optimizer, scheduler = optimization(cfg, accelerator, model, learning_rate, total_steps, compiled)
     ddp_buffers(accelerator, model)
-    with warnings.catch_warnings():
-        # accelerate passes DDP's broadcast_buffers, which torch deprecates for forward_sync_buffers; the meaning
-        # ddp_buffers chose (no sync at init either) has no other name yet, so the notice would only repeat per rank
-        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
-        model, optimizer, loaders.train, loaders.validation, loaders.test = accelerator.prepare(
-            model, optimizer, loaders.train, loaders.validation, loaders.test
-        )
+    model, optimizer = prepared(accelerator, model, optimizer, loaders)
     widths = train_widths(cfg, accelerator.device.type, compiled)
     model = capture.compiled_model(model, compiled, len(widths), accelerator.device.type)
     logger.info(

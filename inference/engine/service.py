@@ -171,6 +171,7 @@ def view_of(loaded: LoadedModel, version: int, settings: Settings, reloads: int)
         chunks=chunks_long_texts(settings, loaded),
         long_text=loaded.long_text.config_fields(),
         problem=loaded.problem.name,
+        decides=loaded.problem.decides,
         thresholds=list(loaded.problem.thresholds),
         device=str(loaded.device),
         precision=loaded.precision,

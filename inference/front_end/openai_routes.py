@@ -1,5 +1,6 @@
-"""vLLM's classify API, which SGLang and LLM gateways speak too: POST /classify and /v1/classify, GET /v1/models.
-Fields as vLLM's own (vllm/entrypoints/pooling/classify/protocol.py); answered by the same engine as /predict."""
+"""vLLM's classify and score API, which SGLang and LLM gateways speak too: POST /classify and /v1/classify, POST /score
+and /v1/score (a one-output pair model), GET /v1/models. Fields as vLLM's own (vllm/entrypoints/pooling/classify/
+protocol.py, vllm/entrypoints/pooling/scoring/protocol.py); answered by the same engine as /predict and /rerank."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from inference import tei_errors
 from inference.answers import ModelView
 from inference.front_end.link import AppState
-from inference.front_end.named_model import check_name, scores_in_label_order
+from inference.front_end.named_model import NOT_FOUND, check_name, scores_in_label_order
 from inference.front_end.routes import (
     ERROR_RESPONSES,
     answered,
@@ -27,6 +28,7 @@ from inference.front_end.routes import (
     service,
 )
 from inference.front_end.schemas import Json
+from inference.front_end.text_routes import is_reranker
 from inference.tei_errors import ServiceError
 
 router = guarded()
@@ -96,25 +98,108 @@ async def classify(request: Request) -> Json:
         {"index": i, "label": ranked[0]["label"], "probs": row, "num_classes": len(row)}
         for i, (ranked, row) in enumerate(zip(answer.ranked, scores, strict=True))
     ]
-    usage = {
-        "prompt_tokens": answer.tokens,
-        "total_tokens": answer.tokens,
-        "completion_tokens": 0,
-        "prompt_tokens_details": None,
-    }
+    return listed("classify", name, data, answer.tokens)
+
+
+def listed(kind: str, name: str, data: list[dict], tokens: int) -> Json:
+    """vLLM's list answer: its data, and UsageInfo (vllm/entrypoints/openai/engine/protocol.py)."""
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0, "prompt_tokens_details": None}
+    created = int(time.time())
     return Json(
         {
-            "id": f"classify-{uuid.uuid4().hex}",
+            "id": f"{kind}-{uuid.uuid4().hex}",
             "object": "list",
-            "created": int(time.time()),
+            "created": created,
             "model": name,
             "data": data,
             "usage": usage,
-        }
+        }  # fmt: skip
     )
 
 
-def asked_truncation(body: ClassifyRequest, max_length: int) -> bool | None:
+Texts = StrictStr | list[StrictStr]
+PAIR_NAMES = (("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"), ("queries", "items"))
+
+
+class ScoreRequest(BaseModel):
+    """vLLM's score request, for texts: the two sides under any of its names (text_1 and text_2, data_1 and data_2,
+    queries and documents or items), one text against many or as many against as many."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={"examples": [{"text_1": "who won?", "text_2": ["Shares fell", "The Yankees won"]}]},
+    )
+    model: StrictStr | None = Field(None, description="The served model's name (GET /v1/models); absent: it.")
+    text_1: Texts | None = None
+    text_2: Texts | None = None
+    data_1: Texts | None = None
+    data_2: Texts | None = None
+    queries: Texts | None = None
+    documents: Texts | None = None
+    items: Texts | None = None
+    truncate_prompt_tokens: StrictInt | None = Field(
+        None, ge=-1, description="-1: cut to the model's maximum; absent: as /rerank (AUTO_TRUNCATE)."
+    )
+    use_activation: StrictBool | None = Field(None, description="false: the logit; else its sigmoid, as /rerank.")
+    user: StrictStr | None = None
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(first, second) per score, as vLLM pairs them: 1:1, 1:N or N:N."""
+        named = [(getattr(self, a), getattr(self, b)) for a, b in PAIR_NAMES]
+        sides = next((pair for pair in named if None not in pair), None)
+        if sides is None:
+            raise vllm_error("send text_1 and text_2 (or data_1 and data_2, queries and documents or items)")
+        first, second = ([side] if isinstance(side, str) else side for side in sides)
+        if len(first) > 1 and len(first) != len(second):  # vLLM's words (scoring/utils.py)
+            raise vllm_error("Input lengths must be either 1:1, 1:N or N:N")
+        if not first or not second:
+            raise vllm_error(f"At least one {'text' if not first else 'text_pair'} element must be given")
+        return list(zip(first * len(second) if len(first) == 1 else first, second, strict=True))
+
+
+class ScoreData(BaseModel):
+    index: int
+    object: str = "score"
+    score: float
+
+
+class ScoreResponse(BaseModel):
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: Usage
+
+
+@router.post("/score", response_model=ScoreResponse, responses=ERROR_RESPONSES, summary="Score pairs (vLLM's API)")
+@router.post("/v1/score", include_in_schema=False)
+async def score(request: Request) -> Json:
+    state, started = service(request), time.perf_counter()
+    require_json(request)
+    with failures_counted(state):
+        body = parse(state, await request.body(), ScoreRequest)
+        name, adapter = check_name(state, body.model)
+        view = live_view(state).named(adapter)
+        if not is_reranker(view):  # vLLM serves /score for one-output models only: the route is not there
+            raise ServiceError(NOT_FOUND, "/score needs a one-output model", status=404, body={"detail": "Not Found"})
+        pairs = body.pairs()
+        state.metrics.request_count.labels("batch").inc()
+        scoring = "none" if body.use_activation is False else "sigmoid"
+        job = queue_sequences(state, pairs, True, asked_truncation(body, view.max_length), False, scoring, adapter)
+        answer = await answered(request, job)
+    count_answer(state, answer, started)
+    data = [{"index": i, "object": "score", "score": ranked[0]["score"]} for i, ranked in enumerate(answer.ranked)]
+    return listed("score", name, data, answer.tokens)
+
+
+def vllm_error(message: str) -> ServiceError:
+    """A refused request in vLLM's ErrorResponse (vllm/entrypoints/openai/engine/protocol.py)."""
+    body = {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+    return ServiceError(tei_errors.VALIDATION, message, status=400, reason="validation", body=body)
+
+
+def asked_truncation(body: ClassifyRequest | ScoreRequest, max_length: int) -> bool | None:
     """vLLM's truncate_prompt_tokens as /predict's truncate: -1 (or the model's maximum and above) cuts to the
     maximum; fewer tokens than the maximum is refused rather than answered from more of the text than was asked."""
     tokens = body.truncate_prompt_tokens

@@ -38,3 +38,21 @@ def test_ranking_is_best_first_and_ties_keep_the_labels_order():
     assert [entry["label"] for entry in rows[0]] == ["Sports", "Business", "World", "Sci/Tech"]
     assert [entry["label"] for entry in rows[1]] == labels
     assert rows[1][0] == {"score": pytest.approx(0.7), "label": "World"}
+
+
+def test_decided_is_the_problem_types_decision():
+    """The service's torch-free decision (moderation) against problem_types' torch one, on random scores with ties and
+    scores equal to a threshold in fp32."""
+    from contract.problem_types import MULTI, REGRESSION, SINGLE, ProblemType
+    from contract.scoring import decided
+
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.rand(200, 5, generator=generator).round(decimals=1)  # ties, and 0.7 itself
+    thresholds = [0.3, 0.5, 0.5, 0.7, 0.9]
+    single, multi = ProblemType.named(SINGLE, 5), ProblemType.named(MULTI, 5, tuple(thresholds))
+    best, above = single.decisions(scores), multi.decisions(scores)
+    for i, row in enumerate(scores.tolist()):
+        assert decided(single.decides, row, []) == [j == best[i].item() for j in range(5)]
+        assert decided(multi.decides, row, thresholds) == above[i].tolist()
+    with pytest.raises(ValueError, match="no classes"):
+        decided(ProblemType.named(REGRESSION).decides, [0.3], [])

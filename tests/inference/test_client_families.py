@@ -207,3 +207,94 @@ def test_the_new_routes_answer_401_413_415_and_429_as_teis_do(smoke_checkpoint):
                 assert busy.status_code == 429 and busy.json()["error_type"] == "Overloaded", (path, busy.text)
             assert first[0].status_code == 200
         assert c.get("/v2/health/ready").status_code == 200 and c.get("/v2/health/live").status_code == 200
+
+
+# vLLM's score protocol, read from its source (vllm/entrypoints/pooling/scoring/protocol.py: ScoreTextRequest,
+# ScoreDataRequest, ScoreQueriesDocumentsRequest, ScoreQueriesItemsRequest, ScoreResponse, ScoreResponseData; the
+# pairing rule and its messages in vllm/entrypoints/pooling/scoring/utils.py, _validate_score_input_lens)
+SCORE_RESPONSE = {"id", "object", "created", "model", "data", "usage"}
+SCORE_DATA = {"index", "object", "score"}
+QUERY, DOCUMENTS = "who won the final?", ["Shares fell", "The Yankees won the pennant", "Rain is expected"]
+
+
+@pytest.mark.parametrize(("first", "second"), [("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"),
+                                               ("queries", "items")])  # fmt: skip
+def test_vllm_score_equals_rerank_one_against_many_and_pair_by_pair(servers, first, second):
+    _, server = servers
+    reranked = httpx.post(f"{server.url}/rerank", json={"query": QUERY, "texts": DOCUMENTS}).json()
+    expected = [next(r["score"] for r in reranked if r["index"] == i) for i in range(len(DOCUMENTS))]
+    for path in ("/score", "/v1/score"):
+        answer = httpx.post(f"{server.url}{path}", json={"model": NAME, first: QUERY, second: DOCUMENTS})
+        assert answer.status_code == 200, answer.text
+        said = answer.json()
+        assert set(said) == SCORE_RESPONSE and said["object"] == "list" and said["model"] == NAME
+        assert set(said["usage"]) == VLLM_USAGE and said["usage"]["prompt_tokens"] > 0
+        assert [set(d) for d in said["data"]] == [SCORE_DATA] * 3 and [d["index"] for d in said["data"]] == [0, 1, 2]
+        assert np.allclose([d["score"] for d in said["data"]], expected, atol=1e-6, rtol=0)
+    pairwise = httpx.post(f"{server.url}/score", json={first: [QUERY] * 3, second: DOCUMENTS}).json()  # N:N
+    assert np.allclose([d["score"] for d in pairwise["data"]], expected, atol=1e-6, rtol=0)
+
+
+def test_vllm_score_logits_and_refusals_as_vllm_gives_them(servers):
+    classifier, server = servers
+    probabilities = httpx.post(f"{server.url}/score", json={"text_1": QUERY, "text_2": DOCUMENTS}).json()["data"]
+    logits = httpx.post(f"{server.url}/score", json={"text_1": QUERY, "text_2": DOCUMENTS, "use_activation": False})
+    assert np.allclose(torch.tensor([d["score"] for d in logits.json()["data"]]).sigmoid().tolist(),
+                       [d["score"] for d in probabilities], atol=1e-6)  # fmt: skip
+    uneven = httpx.post(f"{server.url}/score", json={"text_1": ["a", "b"], "text_2": DOCUMENTS})
+    assert uneven.status_code == 400 and set(uneven.json()["error"]) == VLLM_ERROR
+    assert uneven.json()["error"]["message"] == "Input lengths must be either 1:1, 1:N or N:N"
+    empty = httpx.post(f"{server.url}/score", json={"text_1": QUERY, "text_2": []})
+    assert empty.status_code == 400 and "At least one text_pair element" in empty.json()["error"]["message"]
+    neither = httpx.post(f"{server.url}/score", json={"query": QUERY, "texts": DOCUMENTS})
+    assert neither.status_code == 400 and "text_1 and text_2" in neither.json()["error"]["message"]
+    # a classifier of several labels: vLLM serves no score route for it (tests/entrypoints/pooling/classify: 404)
+    several = httpx.post(f"{classifier.url}/score", json={"text_1": QUERY, "text_2": DOCUMENTS})
+    assert several.status_code == 404 and several.json() == {"detail": "Not Found"}
+    named = httpx.post(f"{server.url}/v1/score", json={"model": "another", "text_1": QUERY, "text_2": DOCUMENTS})
+    assert named.status_code == 404 and set(named.json()["error"]) == VLLM_ERROR
+
+
+# OpenAI's moderation shape, read from the SDK's own types (openai/types/moderation_create_response.py:
+# ModerationCreateResponse; openai/types/moderation.py: Moderation's flagged, categories, category_scores,
+# category_applied_input_types)
+MODERATION = {"id", "model", "results"}
+MODERATION_RESULT = {"flagged", "categories", "category_scores", "category_applied_input_types"}
+
+
+def test_openais_sdk_moderates_with_the_checkpoints_decision(servers):
+    """`client.moderations.create` against a single-label classifier: each label a category, decided as the
+    checkpoint decides (its best label), scored as /predict scores; every label flags by default."""
+    openai = pytest.importorskip("openai", reason="the openai SDK is a dev dependency")
+    server, _ = servers
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    said = client.moderations.create(model=NAME, input=TEXTS)
+    labels = list(httpx.get(f"{server.url}/info").json()["model_type"]["classifier"]["id2label"].values())
+    expected = httpx.post(f"{server.url}/predict", json={"inputs": [[t] for t in TEXTS]}).json()
+    assert said.model == NAME and said.id.startswith("modr-") and len(said.results) == len(TEXTS)
+    raw = httpx.post(f"{server.url}/v1/moderations", json={"input": TEXTS[0]}).json()
+    assert set(raw) == MODERATION and set(raw["results"][0]) == MODERATION_RESULT
+    for result, ranked in zip(said.results, expected):
+        decisions = result.categories.model_extra  # our labels, beyond OpenAI's own categories
+        scores = result.category_scores.model_extra
+        assert list(decisions) == labels and [k for k, v in decisions.items() if v] == [ranked[0]["label"]]
+        assert np.allclose([scores[label] for label in labels], by_label(ranked, labels), atol=1e-6)
+        assert result.flagged is True  # by default every label of a single-label model flags
+    single = client.moderations.create(input="The yankees beat the red sox in overtime.").results[0]
+    assert single.categories.model_extra["Sports"] is True
+
+
+def test_moderation_flags_by_flag_labels_and_negative_label_and_refuses_a_reranker(smoke_checkpoint, servers):
+    _, reranker = servers
+    with make_client(smoke_checkpoint, flag_labels="Sports") as client:
+        results = client.post("/v1/moderations", json={"input": TEXTS}).json()["results"]
+        assert [r["flagged"] for r in results] == [r["categories"]["Sports"] for r in results]
+        assert any(r["flagged"] for r in results) and not all(r["flagged"] for r in results)
+    with make_client(smoke_checkpoint, negative_label="Sports") as client:
+        results = client.post("/v1/moderations", json={"input": TEXTS}).json()["results"]
+        assert [r["flagged"] for r in results] == [not r["categories"]["Sports"] for r in results]
+    with make_client(smoke_checkpoint, flag_labels="Weather") as client:
+        refused = client.post("/v1/moderations", json={"input": TEXTS[0]})
+        assert refused.status_code == 424 and "'Weather', which the model lacks" in refused.json()["error"]
+    one_output = httpx.post(f"{reranker.url}/v1/moderations", json={"input": "a"})
+    assert one_output.status_code == 424 and "moderation needs a classifier" in one_output.json()["error"]

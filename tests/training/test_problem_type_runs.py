@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -504,3 +505,37 @@ def test_a_non_finite_output_is_refused_alike_by_predict_and_rerank(runs, tmp_pa
         ]
     expected = {"error": "the model's output is not finite (NaN or infinity) for this input", "error_type": "Backend"}
     assert [(a.status_code, a.json()) for a in answers] == [(424, expected)] * 4
+
+
+def test_a_multi_label_decision_is_the_same_in_moderation_predict_and_by_hand(runs, smoke_dir, tmp_path):
+    """200 texts: OpenAI's moderation route (the real SDK) decides each label as `agnews predict` writes it in
+    predicted_labels, and as the fitted thresholds applied by hand to /predict's scores decide it."""
+    openai = pytest.importorskip("openai", reason="the openai SDK is a dev dependency")
+    folder, source = runs["multi-label"], tmp_path / "texts.jsonl"
+    texts = [text for text, _ in examples("multi-label", smoke_dir, n=200)]
+    source.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    output = tmp_path / "labelled.jsonl"
+    args = ["--checkpoint_dir", str(folder), "--input_file", str(source), "--output_file", str(output), *FP32]
+    result, _ = launch(["-m", "training.predict", *args])
+    assert result.returncode == 0, describe(result)
+    predicted = [set(json.loads(line)["predicted_labels"]) for line in output.read_text().splitlines()]
+    thresholds = json.loads((folder / files.CONFIG).read_text())[problem_types.THRESHOLDS]
+    server = Server(folder, "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        moderated = [r for start in range(0, 200, 32) for r in
+                     client.moderations.create(input=texts[start : start + 32]).results]  # fmt: skip
+        scored = [answer for start in range(0, 200, 32) for answer in httpx.post(
+            f"{server.url}/predict", json={"inputs": [[t] for t in texts[start : start + 32]]}).json()]  # fmt: skip
+        labels = list(httpx.get(f"{server.url}/info").json()["model_type"]["classifier"]["id2label"].values())
+    finally:
+        server.stop()
+    by_hand = [
+        {label for label, t in zip(labels, thresholds) if np.float32(next(p["score"] for p in a if p["label"] == label))
+         >= np.float32(t)}
+        for a in scored
+    ]  # fmt: skip
+    decided = [{label for label, on in r.categories.model_extra.items() if on} for r in moderated]
+    assert decided == predicted == by_hand
+    assert [r.flagged for r in moderated] == [bool(labels) for labels in decided]  # every label flags by default
+    assert 0 < sum(map(len, decided)) < 200 * len(labels)  # some labels decided, not all

@@ -16,13 +16,13 @@ from contract.hub import explain_missing
 from training.config import TrainConfig
 from training.data.errors import DataError
 from training.data.labels import LabelSpace
-from training.scoring.metrics import SMALL_SPLIT
 
 _LOADERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
 CALIBRATION_TEXTS = 600  # the service calibrates and checks int8 on them
 DEFAULT_HELD_OUT = 0.05  # of the training rows, for validation when no file or split is given
+SMALL_SPLIT = 100  # validation texts: below it, picking the best model, calibrating and fitting thresholds is noisy
 
 
 @dataclass

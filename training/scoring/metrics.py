@@ -13,6 +13,7 @@ from accelerate.logging import get_logger
 
 from contract.errors import UserError
 from contract.problem_types import ProblemType
+from training.data.reading import SMALL_SPLIT
 from training.scoring.builtin import BUILTIN, GROUPED
 
 logger = get_logger(__name__)  # the main process says it
@@ -129,7 +130,7 @@ class MetricSuite:
             )
 
 
-SMALL_SPLIT, SMALL_CLASS = 100, 10  # below these, picking is noisy
+SMALL_CLASS = 10  # below this (and SMALL_SPLIT texts), picking is noisy
 
 
 def thin_validation(problem: ProblemType, references: torch.Tensor, names: Sequence[str]) -> str | None:
