@@ -61,7 +61,7 @@ def test_the_example_files_are_written_once_and_kept(tmp_path):
     assert (tmp_path / "mine.csv").read_text() == "text,label\nmine,a\n"
 
 
-def test_a_missing_folder_beside_its_parent_is_a_missing_folder_not_a_hub_id(tmp_path, smoke_checkpoint):
+def test_a_missing_folder_beside_its_parent_is_a_missing_folder_not_a_hub_id(tmp_path):
     """`--model_id runs/nope` while runs/ exists answered with the Hub's message."""
     (tmp_path / "runs" / "mine").mkdir(parents=True)
     (tmp_path / "runs" / "mine" / files.CONFIG).write_text("{}")
