@@ -21,10 +21,10 @@ def install_line() -> list[str]:
 
 def build(folder: Path) -> Path:
     """The environment in `folder`; its python."""
-    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, stdout=sys.stderr)  # stdout: the path
     python = folder / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--retries", "1"]
-    subprocess.run([*pip, *install_line()], check=True)
+    subprocess.run([*pip, *install_line()], check=True, stdout=sys.stderr)
     return python
 
 
