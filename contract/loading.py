@@ -27,7 +27,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from contract import adapters, files, precision
 from contract.errors import CheckpointError
 from contract.files import file_sha256
-from contract.hub import HUB_ID, hub_reachable, hub_url, is_offline
+from contract.hub import HUB_ID, hub_reachable, hub_url, is_offline, looks_local
 from contract.long_text import LongText, LongTextError
 from contract.padding import NoPadToken, ensure_pad_token, match_pad_token
 from contract.problem_types import ProblemType, ProblemTypeError, SingleLabel, calibration_of
@@ -218,7 +218,7 @@ def locate(model_id: str, revision: str | None = None) -> tuple[Path, str | None
         return path, None
     if path.exists():
         raise CheckpointError(f"{model_id}: not a folder")
-    if not HUB_ID.match(model_id) or path.parent.is_dir() and path.parent != Path("."):  # runs/nope beside runs/
+    if not HUB_ID.match(model_id) or looks_local(model_id):  # runs/nope beside runs/: a folder, not a Hub id
         raise CheckpointError(f"{model_id}: checkpoint folder not found{_beside(path)}")
     return _download(model_id, revision)
 

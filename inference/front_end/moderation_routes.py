@@ -15,7 +15,7 @@ from contract.scoring import BEST, THRESHOLDS, decided
 from inference import tei_errors
 from inference.answers import ModelView
 from inference.front_end import routes
-from inference.front_end.named_model import check_name, scores_in_label_order
+from inference.front_end.named_model import named_request, scores_in_label_order
 from inference.front_end.schemas import Json
 from inference.tei_errors import ServiceError
 
@@ -53,9 +53,7 @@ async def moderations(request: Request) -> Json:
     state, started = routes.service(request), time.perf_counter()
     routes.require_json(request)
     with routes.failures_counted(state):
-        body = routes.parse(state, await request.body(), ModerationRequest)
-        name, adapter = check_name(state, body.model)
-        view = routes.live_view(state).named(adapter)
+        body, name, adapter, view = await named_request(request, state, ModerationRequest)
         flagging = flag_labels(view, state.settings.flag_labels, state.settings.negative_label)
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:

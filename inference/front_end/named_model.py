@@ -3,10 +3,18 @@ must send, the 404 for any other, and each input's scores in label order. Called
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel
+
 from inference import tei_errors
 from inference.answers import Answer, ModelView
 from inference.front_end.link import AppState
+from inference.front_end.routes import live_view, parse
 from inference.tei_errors import ServiceError
+
+M = TypeVar("M", bound=BaseModel)
 
 NOT_FOUND = "NotFound"
 
@@ -24,6 +32,14 @@ def check_name(state: AppState, requested: str | None, openai_body: bool = True)
     message = f"The model `{requested}` does not exist. This service serves {served} (GET /v1/models)."
     body = {"error": {"message": message, "type": "NotFoundError", "param": "model", "code": 404}}
     raise ServiceError(NOT_FOUND, message, status=404, reason="model", body=body if openai_body else None)
+
+
+async def named_request(request: Request, state: AppState, schema: type[M]) -> tuple[M, str, str | None, ModelView]:
+    """A request whose `model` names what answers it: its body parsed, the name answered, the adapter to queue for
+    (check_name) and that model's view."""
+    body = parse(state, await request.body(), schema)
+    name, adapter = check_name(state, body.model)
+    return body, name, adapter, live_view(state).named(adapter)
 
 
 def scores_in_label_order(view: ModelView, answer: Answer) -> list[list[float]]:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from inference import tei_errors
 from inference.answers import ModelView
 from inference.front_end.link import AppState
-from inference.front_end.named_model import NOT_FOUND, check_name, scores_in_label_order
+from inference.front_end.named_model import NOT_FOUND, named_request, scores_in_label_order
 from inference.front_end.routes import (
     ERROR_RESPONSES,
     answered,
@@ -22,7 +22,6 @@ from inference.front_end.routes import (
     failures_counted,
     guarded,
     live_view,
-    parse,
     queue_sequences,
     require_json,
     service,
@@ -80,9 +79,7 @@ async def classify(request: Request) -> Json:
     state, started = service(request), time.perf_counter()
     require_json(request)
     with failures_counted(state):
-        body = parse(state, await request.body(), ClassifyRequest)
-        name, adapter = check_name(state, body.model)
-        view = live_view(state).named(adapter)
+        body, name, adapter, view = await named_request(request, state, ClassifyRequest)
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ServiceError(tei_errors.EMPTY, "`input` cannot be empty", reason="validation")
@@ -178,9 +175,7 @@ async def score(request: Request) -> Json:
     state, started = service(request), time.perf_counter()
     require_json(request)
     with failures_counted(state):
-        body = parse(state, await request.body(), ScoreRequest)
-        name, adapter = check_name(state, body.model)
-        view = live_view(state).named(adapter)
+        body, name, adapter, view = await named_request(request, state, ScoreRequest)
         if not is_reranker(view):  # vLLM serves /score for one-output models only: the route is not there
             raise ServiceError(NOT_FOUND, "/score needs a one-output model", status=404, body={"detail": "Not Found"})
         pairs = body.pairs()

@@ -29,6 +29,7 @@ from contract.errors import UserError
 from training.arguments import OUTPUT_SUFFIXES
 from training.collective import decided_on_main
 from training.data.errors import DataError
+from training.data.reading import TEXT_FLAG, missing_column
 from training.output.atomic import write_json
 
 logger = get_logger(__name__)
@@ -212,8 +213,7 @@ def refused(
         else:
             missing = [c for c in needed if c not in (names or [])]
             why = "no rows" if names is None else None
-            found = f"(found: {', '.join(names or [])}; name yours with --text_column_names)"
-            why = why or (f"missing column {missing[0]!r} {found}" if missing else None)
+            why = why or (missing_column(missing[0], names, TEXT_FLAG) if missing else None)
             why = why or columns_taken(names, taken)
         if why is None:
             ready.append(shard)

@@ -121,7 +121,12 @@ def require_columns(ds: datasets.Dataset, source: str, columns: Sequence[str], f
     """Every column there, or one line naming the flag that names them."""
     for column in columns:
         if column not in ds.column_names:
-            raise DataError(f"{source}: missing column {column!r} (found: {', '.join(ds.column_names)}); {flag}")
+            raise DataError(f"{source}: {missing_column(column, ds.column_names, flag)}")
+
+
+def missing_column(column: str, found: Sequence[str], flag: str) -> str:
+    """What a file lacks, what it has, and the flag that names its columns."""
+    return f"missing column {column!r} (found: {', '.join(found)}); {flag}"
 
 
 def text_and_label_flags(ds: datasets.Dataset) -> str:
@@ -147,7 +152,7 @@ def join_texts(parts: Sequence[str | None], delimiter: str) -> str:
 def check_texts(ds: datasets.Dataset, source: str, cfg: TrainConfig) -> None:
     """Text columns hold strings, and no row's text is empty."""
     require_columns(ds, source, cfg.text_column_names, TEXT_FLAG)
-    require_columns(ds, source, text_columns(cfg)[len(cfg.text_column_names) :], PAIR_FLAG)
+    require_columns(ds, source, [cfg.text_pair_column] if cfg.text_pair_column else [], PAIR_FLAG)
     values = {column: ds[column] for column in text_columns(cfg)}
     for column, column_values in values.items():
         for row, value in enumerate(column_values, start=1):
