@@ -30,7 +30,6 @@ from training import arguments
 from training.arguments import OUTPUT_SUFFIXES, long_text_for
 from training.batch import shards
 from training.batch.rows import (
-    PREVIEW_ROWS,
     Tally,
     Writer,
     joined,
@@ -132,7 +131,7 @@ def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, sta
             columns = prediction_columns(predicted, loaded, reader.long_text)
             decided = next(iter(columns.values()))
             blank += decided.null_count
-            tally.add(table.column(reader.columns[0]).slice(0, PREVIEW_ROWS).to_pylist(), decided.to_pylist())
+            tally.add(table.column(reader.columns[0]), decided)
             for name, column in columns.items():
                 table = table.append_column(name, column)
             writer.write(table)

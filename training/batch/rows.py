@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.csv
 import pyarrow.parquet
 import torch
@@ -149,12 +150,16 @@ class Tally:
         self.counts: Counter[str] = Counter()
         self.preview: list[tuple[str, object]] = []
 
-    def add(self, texts: list, decided: list) -> None:
-        """One chunk's texts and decisions (a label, a list of labels, or a score)."""
-        for value in decided:
-            self.counts.update(value if isinstance(value, list) else [value] if isinstance(value, str) else [])
+    def add(self, texts: pa.Array, decided: pa.Array) -> None:
+        """One chunk's texts and decisions (a label, a list of labels, or a score), counted in Arrow: the rows stay
+        off Python objects."""
+        labels = decided.flatten() if pa.types.is_list(decided.type) else decided
+        if pa.types.is_string(labels.type):
+            for pair in pyarrow.compute.value_counts(labels.drop_null()).to_pylist():
+                self.counts[pair["values"]] += pair["counts"]
         wanted = PREVIEW_ROWS - len(self.preview)
-        self.preview += list(zip(texts[:wanted], decided[:wanted]))
+        if wanted > 0:
+            self.preview += list(zip(texts.slice(0, wanted).to_pylist(), decided.slice(0, wanted).to_pylist()))
 
     def say(self) -> str:
         counted = ", ".join(f"{label} {count}" for label, count in self.counts.most_common())
