@@ -31,6 +31,7 @@ EVAL_RESULTS = "eval_results.json"
 CONFUSION_PNG = "confusion_matrix.png"
 RELIABILITY_PNG = "calibration.png"  # single-label: confidence against accuracy (training/calibration.py)
 MISCLASSIFIED_CSV = "misclassified.csv"
+REVIEW_PNG = "review_band.png"  # precision against coverage (training/review.py), where a band is fitted
 RESIDUALS_PNG = "residuals.png"  # regression
 LARGEST_ERRORS_CSV = "largest_errors.csv"  # regression
 
@@ -53,7 +54,7 @@ ONNX_SOURCE = "source.json"  # onnx/source.json: config.json's WEIGHTS_SHA256 th
 # model's) files of these names are what a new run would replace (training/output/claim.py)
 RUN_FILES = (
     WEIGHTS, CONFIG, METRICS, MODEL_CARD, HF_WEIGHTS, HF_WEIGHTS_INDEX, CURVES_JSON, CURVES_PNG, EVAL_RESULTS,
-    CONFUSION_PNG, RELIABILITY_PNG, MISCLASSIFIED_CSV, RESIDUALS_PNG, LARGEST_ERRORS_CSV, CALIBRATION,
+    CONFUSION_PNG, RELIABILITY_PNG, MISCLASSIFIED_CSV, REVIEW_PNG, RESIDUALS_PNG, LARGEST_ERRORS_CSV, CALIBRATION,
     "generation_config.json",  # save_pretrained's, for decoder models
 )  # fmt: skip
 TOKENIZER_FILES = (  # tokenizer.save_pretrained's names, every tokenizer kind

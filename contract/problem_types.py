@@ -30,6 +30,7 @@ THRESHOLDS = "decision_thresholds"  # config.json: one per label, multi-label mo
 DEFAULT_THRESHOLD = 0.5
 GRADES = "relevance_grades"  # config.json: a reranker's training grades; the largest is relevance 1
 CALIBRATION = "calibration"  # config.json: {"method": "none"} or {"method": "temperature", "temperature(s)": ...}
+REVIEW_BAND = "review_band"  # config.json: {"precision": P, "ranges": [[low, high], ...]}, fitted by --review_precision
 
 
 class ProblemTypeError(UserError, ValueError):
@@ -70,6 +71,8 @@ class ProblemType:
 
     num_labels: int = 1
     thresholds: tuple[float, ...] = ()  # multi-label: one per label, DEFAULT_THRESHOLD each unless given
+    band: tuple[tuple[float, float], ...] = ()  # the review band's [low, high) score ranges (contract/scoring.decide)
+    review_precision: float | None = None  # the precision the band was fitted for
 
     name: ClassVar[str]  # transformers' config.problem_type
     function: ClassVar[str]  # the default scoring function: the text-classification pipeline's rule
@@ -116,7 +119,25 @@ class ProblemType:
         numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in given)
         if given and (len(given) != num or not numbers):
             raise ProblemTypeError(f"config.json: {THRESHOLDS} must hold {num} numbers in [0, 1] (got {given!r})")
-        return replace(problem, thresholds=tuple(float(t) for t in given)) if given else problem
+        problem = replace(problem, thresholds=tuple(float(t) for t in given)) if given else problem
+        record = getattr(config, REVIEW_BAND, None)
+        return replace(problem, band=problem.band_of(record), review_precision=record and record.get("precision"))
+
+    def band_of(self, record: Any) -> tuple[tuple[float, float], ...]:
+        """The review band's ranges config.json records: one on the top score (best) or one per label (thresholds)."""
+        if record is None:
+            return ()
+        wanted = 1 if self.decides == scoring.BEST else self.num_labels if self.decides == scoring.THRESHOLDS else 0
+        ranges = record.get("ranges") if isinstance(record, dict) else None
+        fitted_for = record.get("precision") if isinstance(record, dict) else None
+        if not wanted or not isinstance(ranges, list) or len(ranges) != wanted or not all(map(_range, ranges)):
+            raise ProblemTypeError(
+                f"config.json: {REVIEW_BAND} must hold {wanted or 'no'} [low, high] range(s) of numbers "
+                f"0 <= low <= high for a {self.name} model (got {record!r:.80})"
+            )
+        if not (_grade(fitted_for) and 0 < fitted_for < 1):
+            raise ProblemTypeError(f"config.json: {REVIEW_BAND}'s precision must be a number in (0, 1)")
+        return tuple((float(low), float(high)) for low, high in ranges)
 
     def scores(self, logits: torch.Tensor, function: str | None = None) -> torch.Tensor:
         """Scores by `function`, this type's default when None."""
@@ -132,7 +153,16 @@ class ProblemType:
     def check_outputs(self, num: int) -> None:
         """ProblemTypeError unless `num` outputs fit this type."""
 
+    def band_record(self) -> dict | None:
+        """config.json's review_band, as /info and /v1/models name it; None without a band."""
+        return {"precision": self.review_precision, "ranges": [list(r) for r in self.band]} if self.band else None
+
+    def decided(self, scores: torch.Tensor, band: bool = True) -> scoring.Decisions:
+        """Each text's decisions by contract/scoring.decide, the review band applied unless `band` is False."""
+        return scoring.decide(self.decides, _fp32(scores), self.thresholds, self.band if band else ())
+
     def decisions(self, scores: torch.Tensor) -> torch.Tensor:
+        """What the metrics compare to the references (the band left out): class ids, label booleans, or values."""
         raise NotImplementedError
 
     def label_matrix(self, values: torch.Tensor, num: int) -> torch.Tensor | None:
@@ -170,7 +200,7 @@ class ProblemType:
     def prediction_names(self, labels: list[str]) -> list[str]:
         raise NotImplementedError
 
-    def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+    def prediction_values(self, scores: torch.Tensor, labels: list[str]) -> dict[str, Any]:
         """The prediction file's columns, in row order."""
         raise NotImplementedError
 
@@ -180,6 +210,14 @@ class ProblemType:
 
     def agreement_rule(self) -> str:
         raise NotImplementedError
+
+
+def _fp32(scores: torch.Tensor):
+    return scores.detach().float().cpu().numpy()
+
+
+def _named(matrix, labels: list[str]) -> list[list[str]]:
+    return [[labels[j] for j in row.nonzero()[0].tolist()] for row in matrix]
 
 
 def _per_label_scores(scores: torch.Tensor, labels: list[str]) -> dict[str, Any]:
@@ -200,7 +238,7 @@ class SingleLabel(ProblemType):
             raise ProblemTypeError(f"config.json: a {SINGLE} model needs two or more labels (has {num})")
 
     def decisions(self, scores: torch.Tensor) -> torch.Tensor:
-        return scores.argmax(dim=-1)
+        return torch.from_numpy(self.decided(scores, band=False).chosen.argmax(axis=1))
 
     def label_matrix(self, values: torch.Tensor, num: int) -> torch.Tensor:
         return F.one_hot(values.long(), num).bool()
@@ -229,12 +267,16 @@ class SingleLabel(ProblemType):
         return torch.eye(count), torch.arange(count)
 
     def prediction_names(self, labels: list[str]) -> list[str]:
-        return ["predicted_label", "predicted_score", *[f"score_{label}" for label in labels]]
+        return ["predicted_label", "predicted_score", "decision", *[f"score_{label}" for label in labels]]
 
-    def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+    def prediction_values(self, scores: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+        """The best label and its score; `decision`: that label, or `review` inside the review band."""
+        best, withheld = self.decisions(scores), self.decided(scores).withheld().tolist()
+        named = [labels[i] for i in best.tolist()]
         return {
-            "predicted_label": [labels[i] for i in decided.tolist()],
-            "predicted_score": scores.gather(1, decided[:, None]).squeeze(1).numpy(),
+            "predicted_label": named,
+            "predicted_score": scores.gather(1, best[:, None]).squeeze(1).numpy(),
+            "decision": [scoring.REVIEW if out else label for label, out in zip(named, withheld, strict=True)],
             **_per_label_scores(scores, labels),
         }
 
@@ -242,7 +284,8 @@ class SingleLabel(ProblemType):
         """The argmax; fp32's near-ties are neither blamed nor credited."""
         top = ref.softmax(-1).topk(2, dim=-1).values
         decided = top[:, 0] - top[:, 1] >= TIE_MARGIN
-        return (out.argmax(-1) == ref.argmax(-1))[decided], len(ref) - int(decided.sum())
+        same = self.decisions(self.scores(out.float())) == self.decisions(self.scores(ref.float()))
+        return same[decided], len(ref) - int(decided.sum())
 
     def agreement_rule(self) -> str:
         return f"argmax agreement on texts fp32 decides by {TIE_MARGIN} or more"
@@ -261,7 +304,7 @@ class MultiLabel(ProblemType):
     class_weights, threshold_strategy = "balanced", "per_label"
 
     def decisions(self, scores: torch.Tensor) -> torch.Tensor:
-        return scores >= torch.tensor(self.thresholds, dtype=scores.dtype)
+        return torch.from_numpy(self.decided(scores, band=False).chosen)
 
     def label_matrix(self, values: torch.Tensor, num: int) -> torch.Tensor:
         return values.bool()
@@ -295,18 +338,24 @@ class MultiLabel(ProblemType):
         return hot * 0.9 + 0.05, hot
 
     def prediction_names(self, labels: list[str]) -> list[str]:
-        return ["predicted_labels", *[f"score_{label}" for label in labels]]
+        withheld = ["review"] if self.band else []
+        return ["predicted_labels", "decision", *withheld, *[f"score_{label}" for label in labels]]
 
-    def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
-        chosen = [[labels[j] for j in row.nonzero().flatten().tolist()] for row in decided]
-        return {"predicted_labels": chosen, **_per_label_scores(scores, labels)}
+    def prediction_values(self, scores: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+        """The labels at their thresholds; `decision`: those outside the review band, `review`: those inside it."""
+        decided = self.decided(scores)
+        columns = {"predicted_labels": _named(self.decisions(scores).numpy(), labels)}
+        columns["decision"] = _named(decided.chosen, labels)
+        if self.band:
+            columns["review"] = _named(decided.review, labels)
+        return {**columns, **_per_label_scores(scores, labels)}
 
     def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Each label's decision; near-threshold scores are ties."""
         bounds = torch.tensor(self.thresholds)
         expected, got = ref.sigmoid(), out.sigmoid()
         decided = (expected - bounds).abs() >= TIE_MARGIN
-        return ((got >= bounds) == (expected >= bounds))[decided], int((~decided).sum())
+        return (self.decisions(got) == self.decisions(expected))[decided], int((~decided).sum())
 
     def agreement_rule(self) -> str:
         return f"per-label decisions at thresholds {list(self.thresholds)}, ties within {TIE_MARGIN} left out"
@@ -347,8 +396,8 @@ class Regression(ProblemType):
     def prediction_names(self, labels: list[str]) -> list[str]:
         return ["predicted_value"]
 
-    def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
-        return {"predicted_value": decided.numpy()}
+    def prediction_values(self, scores: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+        return {"predicted_value": self.decisions(scores).numpy()}
 
     def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Agrees within REGRESSION_TOLERANCE standard deviations of fp32's value."""
@@ -394,8 +443,8 @@ class Reranking(ProblemType):
     def prediction_names(self, labels: list[str]) -> list[str]:
         return ["predicted_score"]
 
-    def prediction_values(self, scores: torch.Tensor, decided: torch.Tensor, labels: list[str]) -> dict[str, Any]:
-        return {"predicted_score": decided.numpy()}
+    def prediction_values(self, scores: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+        return {"predicted_score": self.decisions(scores).numpy()}
 
     def agreement(self, out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The sigmoid's side of 0.5; near-0.5 scores are ties."""
@@ -437,6 +486,10 @@ def calibration_of(config: Any) -> dict:
 
 def _grade(number) -> bool:
     return isinstance(number, (int, float)) and not isinstance(number, bool) and math.isfinite(number) and number >= 0
+
+
+def _range(pair) -> bool:
+    return isinstance(pair, list) and len(pair) == 2 and all(map(_grade, pair)) and pair[0] <= pair[1]
 
 
 def _positive(number) -> bool:

@@ -5,6 +5,8 @@ softmax is shared with problem_types.scored. Imports no torch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 SOFTMAX, SIGMOID, NONE = "softmax", "sigmoid", "none"
@@ -54,16 +56,57 @@ def ranked(scores: list[list[float]], labels: list[str]) -> list[list[dict]]:
 
 
 BEST, THRESHOLDS = "best", "thresholds"  # problem_types' `decides`: the rule of its decisions
+REVIEW = "review"  # the word a withheld decision is written as (predict's `decision`, vLLM's `label`)
 
 
-def decided(rule: str, row: list[float], thresholds: list[float]) -> list[bool]:
-    """One input's decision per label by a problem type's rule (its `decides`), as its torch `decisions` make it:
-    the best label (the first of equal scores, as argmax), or every label at or above its threshold; a model without
-    classes decides nothing (ValueError)."""
+@dataclass(frozen=True)
+class Decisions:
+    """Texts x labels: `chosen` where a label is decided yes, `review` where the decision is withheld (the review
+    band); a label is decided no where neither holds."""
+
+    chosen: np.ndarray
+    review: np.ndarray
+
+    def withheld(self) -> np.ndarray:
+        """Per text: any label withheld."""
+        return self.review.any(axis=1)
+
+    def tri_state(self) -> np.ndarray:
+        """int8 texts x labels: 1 yes, 0 no, -1 review (KServe's `decision` tensor)."""
+        return np.where(self.review, -1, self.chosen.astype(np.int8)).astype(np.int8)
+
+
+def decide(rule: str, scores: np.ndarray, thresholds=(), band=()) -> Decisions:
+    """The decisions of rows of scores by a problem type's rule (its `decides`): the one function the service,
+    predict, evaluate, Ray's replicas and the int8 guard decide by.
+
+    `best`: the top label (the first of equal scores, as argmax); `band` one [low, high) range of the top score in
+    which the text is withheld. `thresholds`: every label at or above its threshold; `band` one [low, high) per label
+    in which that label is withheld. A model without classes decides nothing (ValueError)."""
+    scores = np.asarray(scores, dtype=np.float32)  # in fp32, as served: 0.7 is 0.699999988 and a score of it decides
     if rule == BEST:
-        best = max(range(len(row)), key=row.__getitem__)
-        return [i == best for i in range(len(row))]
-    if rule == THRESHOLDS:  # in fp32, as the scores are: 0.7 is 0.699999988 to the model, and a score of it decides
-        above = np.asarray(row, dtype=np.float32) >= np.asarray(thresholds, dtype=np.float32)
-        return above.tolist()
+        top = scores.argmax(axis=1)
+        chosen = np.zeros(scores.shape, dtype=bool)
+        chosen[np.arange(len(scores)), top] = True
+        if not len(band):
+            return Decisions(chosen, np.zeros(scores.shape, dtype=bool))
+        withheld = _inside(scores[np.arange(len(scores)), top], *np.asarray(band, dtype=np.float32)[0])
+        review = np.repeat(withheld[:, None], scores.shape[1], axis=1)
+        return Decisions(chosen & ~review, review)
+    if rule == THRESHOLDS:
+        above = scores >= np.asarray(thresholds, dtype=np.float32)
+        if not len(band):
+            return Decisions(above, np.zeros(scores.shape, dtype=bool))
+        bounds = np.asarray(band, dtype=np.float32)
+        review = _inside(scores, bounds[:, 0], bounds[:, 1])
+        return Decisions(above & ~review, review)
     raise ValueError(f"a model that decides by {rule!r} has no classes to decide")
+
+
+def _inside(scores: np.ndarray, low, high) -> np.ndarray:
+    return (scores >= low) & (scores < high)
+
+
+def decided(rule: str, row: list[float], thresholds: list[float], band=()) -> list[bool]:
+    """One input's labels decided yes (`decide` on one row)."""
+    return decide(rule, np.asarray([row]), thresholds, band).chosen[0].tolist()

@@ -27,6 +27,7 @@ class ModelView:
     problem: str
     decides: str  # the problem type's decision rule (contract/scoring.py decided)
     thresholds: list[float]
+    review_band: dict | None  # config.json's {"precision", "ranges"}: decisions withheld inside it (contract/scoring)
     device: str
     precision: str
     runtime: dict  # the runtime choice's report
@@ -50,6 +51,16 @@ class ModelView:
 
     def wire(self) -> dict:
         return asdict(self)
+
+    def decisions(self, scores: list[list[float]], thresholds: list[float] | None = None) -> scoring.Decisions:
+        """Each input's decisions as the checkpoint decides (contract/scoring.decide), the review band applied; given
+        `thresholds` (a request's override) decide at them, the band left out: it was fitted around the model's."""
+        band = [] if thresholds is not None or not self.review_band else self.review_band["ranges"]
+        return scoring.decide(self.decides, scores, self.thresholds if thresholds is None else thresholds, band)
+
+    def problem_card(self) -> dict:
+        """/info's and /v1/models' account of how this model decides."""
+        return {"name": self.problem, "decision_thresholds": self.thresholds, "review_band": self.review_band}
 
     @classmethod
     def from_wire(cls, said: dict) -> ModelView:

@@ -311,6 +311,12 @@ class EvaluationConfig(_Group):
     temperatures); metrics.json records T and the expected calibration error before and after. 'auto': for
     classification, the temperature only where it helps held-out texts (fitted on one half of validation, it must
     lower the other half's NLL or ECE by 2 % and raise neither, both halves in turn); none for regression."""
+    review_precision: Annotated[float, _bound(">=", 0.5), _bound("<", 1)] | None = None
+    """Fit a review band on the validation split once the model is calibrated, e.g. 0.99: the scores (the top score
+    for single-label, each label's score around its threshold for multi-label) at which the model's decisions do not
+    reach this precision on validation (a 95 % lower confidence bound, so the band holds on new texts), recorded in
+    config.json. Every consumer then decides such inputs `review` (abstains) instead of a label; evaluate reports the
+    coverage and the precision of the decided share. Fitted on 100 validation texts or more, else the run says so."""
     threshold_strategy: Literal["auto", "fixed", "per_label"] = "auto"
     """Multi-label decision thresholds: 'fixed' 0.5 for every label, or 'per_label': the threshold maximising each
     label's F1 on the validation data ('auto': per_label for multi-label data). Written to config.json; evaluation,

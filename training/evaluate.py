@@ -15,13 +15,13 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 
-from contract import files, precision
+from contract import files, precision, problem_types
 from contract.errors import CheckpointError
 from contract.files import file_sha256
 from contract.hub import ensure_hub_or_offline
 from contract.loading import LoadedModel, load_model
 from contract.problem_types import GRADES
-from training import arguments, calibration
+from training import arguments, calibration, review
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.config import TrainConfig
@@ -167,6 +167,11 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
         applied = getattr(saved.loaded.model.config, calibration.CONFIG_FIELD, None) if saved.loaded.model else None
         ece = scale.error(scored.scores, scored.labels)
         evaluation["calibration"] = {"ece": ece, "bins": calibration.BINS, "applied": applied}
+    if saved.loaded.problem.band:  # the share decided and how right it is, beside the scores alone
+        measured = review.measured(saved.loaded.problem, scored.scores, scored.labels)
+        precision = getattr(saved.loaded.model.config, problem_types.REVIEW_BAND)["precision"]
+        evaluation["review_band"] = {"target_precision": precision, **measured}
+        evaluation["files"].append(files.REVIEW_PNG)
     if "confusion_matrix" in report:
         evaluation["confusion_matrix"] = {
             "labels": saved.loaded.labels,
@@ -221,6 +226,9 @@ def write_evaluation(root: Path, evaluation: dict, texts, scored: Scored, loaded
     wrong = reports.write_reports(
         root, reports.Evaluated(texts, scored, loaded.problem, loaded.labels, evaluation, title)
     )
+    if "review_band" in evaluation:
+        curve = review.curve(loaded.problem, scored.scores, scored.labels)
+        reports.write_review_band(root / files.REVIEW_PNG, curve, evaluation, title)
     logger.info("Wrote %s in %s (%d rows in its error table)", ", ".join(evaluation["files"]), root, wrong)
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -16,7 +17,8 @@ from accelerate.logging import get_logger
 
 from contract import files, problem_types
 from contract.errors import UserError
-from training import calibration
+from contract.problem_types import ProblemType
+from training import calibration, review
 from training.collective import decided_on_main
 from training.loop import format_metrics
 from training.output import model_card, reports
@@ -44,9 +46,10 @@ def finish(run: Run, started: float) -> dict:
         speed["train_seconds"],
         speed["peak_memory_mb_per_process"],
     )
-    test_metrics, calibrated, found = score_best_model(run)
+    test_metrics, calibrated, found, band = score_best_model(run)
     summary = run_summary(run, test_metrics, time.time() - started)
     summary["calibration"] = calibrated
+    summary["review_band"] = band
     summary["one_sided_labels"] = found  # labels predicted always or never
     summary["throughput"] = speed
     summary["compilation"] = run.compiled.summary()
@@ -68,23 +71,49 @@ def finish(run: Run, started: float) -> dict:
     return summary
 
 
-def score_best_model(run: Run) -> tuple[dict | None, dict, dict]:
-    """The best model back, scored on validation, calibrated when asked, then on test: (test metrics, calibration,
-    one-sided labels)."""
+def score_best_model(run: Run) -> tuple[dict | None, dict, dict, dict | None]:
+    """The best model back, scored on validation, calibrated and its review band fitted when asked, then on test:
+    (test metrics, calibration, one-sided labels, review band)."""
     run.out.restore_best(run.model)
     model, long_text = eager(run.model), run.cfg.long_text_rule()
     validation, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, long_text=long_text)
     best_thresholds = (run.progress.best_validation or {}).get("thresholds")
     found = say_one_sided(run.metrics.problem, validation, best_thresholds, run.splits.label_names)
-    calibrated = calibrate(run, validation)
+    calibrated, folded = calibrate(run, validation)
+    thresholds = calibrated.get("thresholds") or best_thresholds  # moved with the temperatures
+    decider = replace(run.metrics.problem, thresholds=tuple(thresholds or run.metrics.problem.thresholds))
+    decider, band = fit_review_band(run, model, decider) if run.cfg.review_precision is not None else (decider, None)
+    if folded or decider.band:  # config.json carries the temperatures and the band
+        run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
     if run.loaders.test is None:
-        return None, calibrated, found
-    # thresholds moved with the temperatures
-    thresholds = calibrated.get("thresholds") or best_thresholds
+        return None, calibrated, found, band
     scored, results, _ = score(run.accelerator, model, run.loaders.test, run.metrics, thresholds, long_text)
     calibration.add_test_errors(calibrated, scored, run.objective.problem.name)
+    if decider.band:
+        band["test"] = review.measured(decider, scored.scores, scored.labels)
+        logger.info("Review band on test: %s", review.said(band["test"]))
     logger.info("Test (best model, step %s): %s", run.progress.best_step, format_metrics(results))
-    return results, calibrated, found
+    return results, calibrated, found, band
+
+
+def fit_review_band(run: Run, model, decider: ProblemType) -> tuple[ProblemType, dict]:
+    """--review_precision: the band fitted on validation as the calibrated model scores it, recorded in config.json;
+    nothing on too few texts, said. (The problem type with its band, metrics.json's record.)"""
+    precision = run.cfg.review_precision
+    validation, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, decider.thresholds,
+                             run.cfg.long_text_rule())  # fmt: skip
+    if len(validation.labels) < review.FEWEST_TEXTS:
+        logger.warning("Review band: not fitted: %d validation texts, under %d (hold out more with "
+                       "--validation_split)", len(validation.labels), review.FEWEST_TEXTS)  # fmt: skip
+        return decider, {"precision": precision, "too_few": len(validation.labels)}
+    ranges = review.fit(decider, validation.scores, validation.labels, precision)
+    decider = replace(decider, band=tuple(map(tuple, ranges)))
+    unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
+    setattr(unwrapped.config, problem_types.REVIEW_BAND, review.record(precision, ranges))
+    measured = review.measured(decider, validation.scores, validation.labels)
+    logger.info("Review band: fitted for precision %s on %d validation texts: %s", precision,
+                len(validation.labels), review.said(measured))  # fmt: skip
+    return decider, {**review.record(precision, ranges), "validation": measured}
 
 
 def export(root: Path, runtime: str) -> None:
@@ -109,12 +138,13 @@ def saved_calibration(root: Path) -> dict:
         raise ResumeError(f"{path}: {exc}") from None
 
 
-def calibrate(run: Run, validation: Scored) -> dict:
-    """--calibration on the best model, on every rank: fit, fold in where it helps, move thresholds, save again."""
+def calibrate(run: Run, validation: Scored) -> tuple[dict, bool]:
+    """--calibration on the best model, on every rank: fit, fold in where it helps, move thresholds. (The record,
+    whether temperatures were folded in now: the model is saved again.)"""
     unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
     if run.cfg.calibration == calibration.NONE:
         setattr(unwrapped.config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
-        return {"method": calibration.NONE}
+        return {"method": calibration.NONE}, False
     scale, labels = calibration.scale_for(run.objective.problem.name), validation.labels
     kept, logits, measured = saved_calibration(run.out.root), validation.logits, None
     if kept.get("method") == calibration.TEMPERATURE:
@@ -126,13 +156,13 @@ def calibrate(run: Run, validation: Scored) -> dict:
         if run.cfg.calibration == calibration.AUTO and (why := calibration.too_few(scale, logits, labels)):
             logger.info("Calibration: not applied (auto): %s; the model stays as trained", why)
             setattr(unwrapped.config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
-            return {"method": calibration.NONE, "too_few": why}
+            return {"method": calibration.NONE, "too_few": why}, False
         temperatures = scale.fit(logits, labels)
         if run.cfg.calibration == calibration.AUTO:
             measured = calibration.held_out(scale, logits, labels, run.cfg.seed)
             if not calibration.helps(measured):
                 ece = {"validation": scale.error(scale.probabilities(logits), labels)}
-                return {**calibration.not_applied(unwrapped, temperatures, measured), "ece": ece}
+                return {**calibration.not_applied(unwrapped, temperatures, measured), "ece": ece}, False
         layer = calibration.output_layer(unwrapped, len(run.splits.label_names))
         edit_weights(run.accelerator, run.model, lambda w: calibration.fold_temperature(w, layer, temperatures))
         said = calibration.rounded(temperatures), calibration.held_out_figures(measured)
@@ -143,9 +173,7 @@ def calibrate(run: Run, validation: Scored) -> dict:
     if thresholds:  # multi-label: the same decisions from the calibrated scores
         applied = {**applied, "thresholds": calibration.moved_thresholds(thresholds, temperatures)}
         setattr(unwrapped.config, problem_types.THRESHOLDS, applied["thresholds"])
-    if kept.get("method") != calibration.TEMPERATURE:
-        run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
-    return {
+    record = {
         **applied,
         "clamped": calibration.say_clamped(temperatures),
         "held_out": measured,
@@ -153,3 +181,4 @@ def calibrate(run: Run, validation: Scored) -> dict:
         "ece_before": {"validation": scale.error(scale.probabilities(logits), labels)},
         "ece_after": {"validation": scale.error(scale.probabilities(logits, temperatures), labels)},
     }
+    return record, kept.get("method") != calibration.TEMPERATURE

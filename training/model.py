@@ -15,7 +15,7 @@ from contract import files
 from contract.errors import UserError
 from contract.hub import explain_missing
 from contract.padding import ensure_pad_token, match_pad_token
-from contract.problem_types import GRADES
+from contract.problem_types import GRADES, REVIEW_BAND
 from contract.quiet import quiet_transformers
 from training import calibration, lora
 from training.config import ConfigError, TrainConfig
@@ -71,7 +71,8 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
         config = AutoConfig.from_pretrained(cfg.model_name_or_path, **fields, **hub_options(cfg))
         for name, value in cfg.long_text_rule().config_fields().items():  # fields of ours: from_pretrained drops them
             setattr(config, name, value)
-        for field in (files.WEIGHTS_SHA256, files.ADAPTER_BASE, GRADES):  # fine-tuning one of our checkpoints: not ours
+        fitted_for_another = (files.WEIGHTS_SHA256, files.ADAPTER_BASE, GRADES, REVIEW_BAND)
+        for field in fitted_for_another:  # fine-tuning one of our checkpoints: not ours
             if hasattr(config, field):
                 delattr(config, field)
         if labels.problem.graded:

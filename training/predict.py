@@ -129,7 +129,7 @@ def assemble(reader: Reader, parts: Path, loaded: LoadedModel, output: Path, sta
             table = arrow[rows.start : rows.stop].drop_columns(replaced)
             predicted = pyarrow.parquet.read_table(part_path(parts, chunk))
             columns = prediction_columns(predicted, loaded, reader.long_text)
-            decided = next(iter(columns.values()))
+            decided = columns.get("decision", next(iter(columns.values())))
             blank += decided.null_count
             tally.add(table.column(reader.columns[0]), decided)
             for name, column in columns.items():

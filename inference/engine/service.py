@@ -173,6 +173,7 @@ def view_of(loaded: LoadedModel, version: int, settings: Settings, reloads: int)
         problem=loaded.problem.name,
         decides=loaded.problem.decides,
         thresholds=list(loaded.problem.thresholds),
+        review_band=loaded.problem.band_record(),
         device=str(loaded.device),
         precision=loaded.precision,
         runtime=getattr(loaded, "report", {}),

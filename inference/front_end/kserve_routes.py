@@ -13,7 +13,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
+from contract.scoring import BEST, THRESHOLDS
 from inference import tei_errors
+from inference.answers import ModelView
 from inference.front_end import json_bounds
 from inference.front_end.named_model import check_name, scores_in_label_order
 from inference.front_end.routes import (
@@ -38,7 +40,8 @@ router = guarded()
 public = APIRouter()  # the probes, as /health and /ready
 HEADER_LENGTH = "inference-header-content-length"  # Triton's binary tensor extension
 INPUTS = ("text", "text_pair")
-OUTPUTS = {"scores": "FP32", "label": "BYTES"}  # name: datatype
+OUTPUTS = {"scores": "FP32", "label": "BYTES", "decision": "INT8"}  # name: datatype; decision: 1 yes, 0 no, -1 review
+PACKED = {"FP32": "<f4", "INT8": "i1"}  # binary tensors' element types (BYTES: pack_bytes)
 MODEL_VERSION = "1"
 
 
@@ -98,16 +101,25 @@ async def model_metadata(request: Request, name: str) -> dict:
     state = service(request)
     _, adapter = check_name(state, name, openai_body=False)
     view = live_view(state).named(adapter)
+    outputs = [
+        {"name": "scores", "datatype": OUTPUTS["scores"], "shape": [-1, len(view.labels)], "labels": view.labels},
+        {"name": "label", "datatype": OUTPUTS["label"], "shape": [-1]},
+    ]
+    if decides(view):
+        outputs.append({"name": "decision", "datatype": OUTPUTS["decision"], "shape": [-1, len(view.labels)],
+                        "labels": view.labels, "problem_type": view.problem_card()})  # fmt: skip
     return {
         "name": name,
         "versions": [MODEL_VERSION],
         "platform": "pytorch",
         "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]} for n in INPUTS],
-        "outputs": [
-            {"name": "scores", "datatype": OUTPUTS["scores"], "shape": [-1, len(view.labels)], "labels": view.labels},
-            {"name": "label", "datatype": OUTPUTS["label"], "shape": [-1]},
-        ],
+        "outputs": outputs,
     }
+
+
+def decides(view: ModelView) -> bool:
+    """Whether the model has classes to decide (a `decision` output)."""
+    return view.decides in (BEST, THRESHOLDS)
 
 
 @router.post(
@@ -124,9 +136,10 @@ async def infer(request: Request, name: str) -> Response:
         _, adapter = check_name(state, name, openai_body=False)
         body, blobs = read_request(await request.body(), request.headers.get(HEADER_LENGTH), state.settings)
         texts, pairs = input_texts(body, blobs, state.settings)
-        wanted = requested_outputs(body)  # before the model runs: an unknown output costs it nothing
-        state.metrics.request_count.labels("batch").inc()
         view = live_view(state).named(adapter)
+        # before the model runs: an unknown output or a bad override costs it nothing
+        wanted, thresholds = requested_outputs(body, view), asked_thresholds(body, view)
+        state.metrics.request_count.labels("batch").inc()
         job = queue_sequences(state, list(zip(texts, pairs, strict=True)), True, None, False, None, adapter)
         answer = await answered(request, job)
         scores = scores_in_label_order(view, answer)
@@ -135,7 +148,28 @@ async def infer(request: Request, name: str) -> Response:
         "scores": np.asarray(scores, dtype=np.float32),
         "label": np.asarray([ranked[0]["label"] for ranked in answer.ranked], dtype=object),
     }
-    return respond(name, body, wanted, outputs)
+    if any(asked.name == "decision" for asked in wanted):
+        outputs["decision"] = view.decisions(scores, thresholds).tri_state()
+    echoed = {} if thresholds is None else {"thresholds": thresholds}  # an override is never silent
+    return respond(name, body, wanted, outputs, echoed)
+
+
+def asked_thresholds(body: InferRequest, view: ModelView) -> list[float] | None:
+    """A request's `threshold` (every label) or `thresholds` (one per label) in `parameters`: a multi-label model's
+    decisions at them for this request (the review band left out); None when not asked."""
+    given = {key: body.parameters[key] for key in ("threshold", "thresholds") if key in body.parameters}
+    if not given:
+        return None
+    if view.decides != THRESHOLDS or len(given) > 1:
+        raise bad(f"parameters: {' and '.join(given)} set the decision thresholds of a multi-label model "
+                  f"(one of them); this model is {view.problem}")  # fmt: skip
+    key, value = next(iter(given.items()))
+    values = [value] * len(view.labels) if key == "threshold" else value
+    fine = isinstance(values, list) and len(values) == len(view.labels)
+    if not fine or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in values):
+        raise bad(f"parameters: {key} must be {'a number' if key == 'threshold' else f'{len(view.labels)} numbers'} "
+                  f"in [0, 1] (got {value!r:.80})")  # fmt: skip
+    return [float(v) for v in values]
 
 
 def bad(message: str) -> ServiceError:
@@ -234,24 +268,26 @@ def unpack_bytes(blob: bytes, name: str, count: int) -> list[str]:
     return elements
 
 
-def requested_outputs(body: InferRequest) -> list[Requested]:
-    """The outputs asked for, all by default; an unknown name is 400."""
-    wanted = body.outputs or [Requested(name=n) for n in OUTPUTS]
+def requested_outputs(body: InferRequest, view: ModelView) -> list[Requested]:
+    """The outputs asked for, all the model has by default; an unknown name is 400."""
+    has = [name for name in OUTPUTS if name != "decision" or decides(view)]
+    wanted = body.outputs or [Requested(name=n) for n in has]
     for asked in wanted:
-        if asked.name not in OUTPUTS:
-            raise bad(f"outputs: no output `{asked.name}`; this model has {list(OUTPUTS)}")
+        if asked.name not in has:
+            raise bad(f"outputs: no output `{asked.name}`; this model has {has}")
     return wanted
 
 
-def respond(name: str, body: InferRequest, wanted: list[Requested], outputs: dict) -> Response:
-    """Each output asked for, as JSON data or binary after the header, as requested."""
+def respond(name: str, body: InferRequest, wanted: list[Requested], outputs: dict, parameters: dict) -> Response:
+    """Each output asked for, as JSON data or binary after the header, as requested; `parameters` echoed."""
     all_binary = body.parameters.get("binary_data_output") is True
     header, blobs = [], []
     for asked in wanted:
         array = outputs[asked.name]
         tensor = {"name": asked.name, "datatype": OUTPUTS[asked.name], "shape": list(array.shape)}
         if all_binary or asked.parameters.get("binary_data") is True:
-            blob = array.astype("<f4").tobytes() if asked.name == "scores" else pack_bytes(array)
+            kind = OUTPUTS[asked.name]
+            blob = array.astype(PACKED[kind]).tobytes() if kind in PACKED else pack_bytes(array)
             header.append({**tensor, "parameters": {"binary_data_size": len(blob)}})
             blobs.append(blob)
         else:
@@ -259,6 +295,8 @@ def respond(name: str, body: InferRequest, wanted: list[Requested], outputs: dic
     document = {"model_name": name, "model_version": MODEL_VERSION, "outputs": header}
     if body.id is not None:
         document["id"] = body.id
+    if parameters:
+        document["parameters"] = parameters
     if not blobs:
         return Json(document)
     head = Json(document).body

@@ -1,6 +1,7 @@
 """OpenAI's moderation API, which guardrail gateways (LiteLLM and the like) call: POST /v1/moderations, answered by
-any classifier. Each label is a category: decided as the checkpoint decides (contract/scoring.py `decided`), scored as
-/predict scores it; an input is flagged where a label of FLAG_LABELS is decided. Fields as the `openai` SDK's own
+any classifier. Each label is a category: decided as the checkpoint decides (contract/scoring.py `decide`, its review
+band withholding a decision: `review` lists those labels), scored as /predict scores it; an input is flagged where a
+label of FLAG_LABELS is decided yes. Fields as the `openai` SDK's own
 (openai/types/moderation_create_response.py, openai/types/moderation.py)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import uuid
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from contract.scoring import BEST, THRESHOLDS, decided
+from contract.scoring import BEST, THRESHOLDS
 from inference import tei_errors
 from inference.answers import ModelView
 from inference.front_end import routes
@@ -35,6 +36,7 @@ class Moderation(BaseModel):
     categories: dict[str, bool]
     category_scores: dict[str, float]
     category_applied_input_types: dict[str, list[str]]
+    review: list[str] = Field(description="Ours: the labels whose decision the review band withholds.")
 
 
 class ModerationResponse(BaseModel):
@@ -63,18 +65,22 @@ async def moderations(request: Request) -> Json:
         answer = await routes.answered(request, job)
         scores = scores_in_label_order(view, answer)
     routes.count_answer(state, answer, started)
-    results = [moderation(view, row, flagging) for row in scores]
+    decisions = view.decisions(scores)
+    results = [
+        moderation(view, *each, flagging) for each in zip(scores, decisions.chosen, decisions.review, strict=True)
+    ]
     return Json({"id": f"modr-{uuid.uuid4().hex}", "model": name, "results": results})
 
 
-def moderation(view: ModelView, row: list[float], flagging: set[str]) -> dict:
-    """One input's result: each label's decision and score, flagged where a flagging label is decided."""
-    decisions = dict(zip(view.labels, decided(view.decides, row, view.thresholds), strict=True))
+def moderation(view: ModelView, row: list[float], chosen, review, flagging: set[str]) -> dict:
+    """One input's result: each label's decision and score, flagged where a flagging label is decided yes."""
+    categories = dict(zip(view.labels, chosen.tolist(), strict=True))
     return {
-        "flagged": any(decisions[label] for label in flagging),
-        "categories": decisions,
+        "flagged": any(categories[label] for label in flagging),
+        "categories": categories,
         "category_scores": dict(zip(view.labels, row, strict=True)),
         "category_applied_input_types": {label: ["text"] for label in view.labels},
+        "review": [label for label, out in zip(view.labels, review.tolist(), strict=True) if out],
     }
 
 

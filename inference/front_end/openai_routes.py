@@ -11,6 +11,7 @@ from typing import Literal
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from contract.scoring import BEST, REVIEW
 from inference import tei_errors
 from inference.answers import ModelView
 from inference.front_end.link import AppState
@@ -91,11 +92,21 @@ async def classify(request: Request) -> Json:
         answer = await answered(request, job)
         scores = scores_in_label_order(view, answer)
     count_answer(state, answer, started)
+    labels = decided_labels(view, scores, [ranked[0]["label"] for ranked in answer.ranked], scoring is None)
     data = [
-        {"index": i, "label": ranked[0]["label"], "probs": row, "num_classes": len(row)}
-        for i, (ranked, row) in enumerate(zip(answer.ranked, scores, strict=True))
+        {"index": i, "label": label, "probs": row, "num_classes": len(row)}
+        for i, (label, row) in enumerate(zip(labels, scores, strict=True))
     ]
     return listed("classify", name, data, answer.tokens)
+
+
+def decided_labels(view: ModelView, scores: list[list[float]], top: list[str], probabilities: bool) -> list[str]:
+    """vLLM's `label`: the top label, as vLLM names it; for a single-label model scored as probabilities, the
+    decision: `review` where the review band withholds it."""
+    if view.decides != BEST or not probabilities or not view.review_band:
+        return top
+    withheld = view.decisions(scores).withheld().tolist()
+    return [REVIEW if out else label for label, out in zip(top, withheld, strict=True)]
 
 
 def listed(kind: str, name: str, data: list[dict], tokens: int) -> Json:
@@ -229,4 +240,5 @@ def card(name: str, view: ModelView, parent: str | None) -> dict:
         "root": view.folder,
         "parent": parent,
         "max_model_len": view.max_length,
+        "problem_type": view.problem_card(),  # ours: how it decides (thresholds, review band)
     }

@@ -378,7 +378,7 @@ async def info(request: Request) -> Info:
         distilbert_agnews={
             "device": served.device,
             "runtime": served.runtime,
-            "problem_type": {"name": served.problem, "decision_thresholds": served.thresholds},
+            "problem_type": served.problem_card(),
             "long_text": {
                 **served.long_text,
                 "long_text": CHUNK if served.chunks else TRUNCATE,
@@ -405,7 +405,7 @@ def adapter_card(view: ModelView) -> dict:
     """/info's account of one more adapter of the served base (LORA_ADAPTERS): what a client picking it needs."""
     return {
         "id2label": view.id2label,
-        "problem_type": {"name": view.problem, "decision_thresholds": view.thresholds},
+        "problem_type": view.problem_card(),
         "max_input_length": view.max_length,
         "folder": view.folder,
         "weights_file": view.weights_file,

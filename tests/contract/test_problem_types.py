@@ -39,7 +39,7 @@ def test_each_problem_type_fills_the_interface(name):
     if problem.classes:  # the example's scores decide its references (a regression example has errors to measure)
         assert predictions == refs
     labels = LABELS[:n] if problem.classes else ["value"]
-    columns = problem.prediction_values(scores, decided, labels)
+    columns = problem.prediction_values(scores, labels)
     assert list(columns) == problem.prediction_names(labels)
     assert all(len(column) == len(scores) for column in columns.values())
     logits = torch.randn(64, n, generator=torch.Generator().manual_seed(0))

@@ -56,3 +56,20 @@ def test_decided_is_the_problem_types_decision():
         assert decided(multi.decides, row, thresholds) == above[i].tolist()
     with pytest.raises(ValueError, match="no classes"):
         decided(ProblemType.named(REGRESSION).decides, [0.3], [])
+
+
+def test_decide_withholds_inside_the_review_band_and_nowhere_else():
+    """The band is [low, high): single-label on the top score (the whole text withheld), multi-label per label."""
+    from contract.scoring import BEST, THRESHOLDS, decide
+
+    scores = np.array([[0.9, 0.1], [0.55, 0.45], [0.5, 0.5], [0.2, 0.8]], dtype=np.float32)
+    single = decide(BEST, scores, band=[[0.0, 0.6]])
+    assert single.chosen.tolist() == [[True, False], [False, False], [False, False], [False, True]]
+    assert single.withheld().tolist() == [False, True, True, False]
+    assert single.tri_state().tolist() == [[1, 0], [-1, -1], [-1, -1], [0, 1]]
+    multi = decide(THRESHOLDS, scores, [0.5, 0.5], band=[[0.4, 0.6], [0.0, 0.0]])
+    assert multi.review[:, 0].tolist() == [False, True, True, False]  # 0.55 and 0.5 inside [0.4, 0.6)
+    assert multi.chosen.tolist() == [[True, False], [False, False], [False, True], [False, True]]
+    assert not multi.review[:, 1].any()  # an empty range withholds nothing
+    plain = decide(THRESHOLDS, scores, [0.5, 0.5])
+    assert plain.chosen.tolist() == (scores >= 0.5).tolist() and not plain.review.any()

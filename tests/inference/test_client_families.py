@@ -6,15 +6,18 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from contract import files
+from contract import files, problem_types
 from tests.helpers.docs import block
 from tests.helpers.files import save_new_weights
+from tests.helpers.processes import describe, launch
 from tests.helpers.service import Server
 from tests.inference.test_app import JSON, TEXTS, make_client, model_busy
 
@@ -143,7 +146,7 @@ def test_tritonclient_infers_over_kserve_v2_in_json_and_binary(servers):
         assert not client.is_model_ready("another")
         metadata = client.get_model_metadata(NAME)
         assert [i["name"] for i in metadata["inputs"]] == ["text", "text_pair"]
-        assert [o["name"] for o in metadata["outputs"]] == ["scores", "label"]
+        assert [o["name"] for o in metadata["outputs"]] == ["scores", "label", "decision"]
         assert metadata["outputs"][0]["shape"] == [-1, len(labels)] and metadata["outputs"][0]["labels"] == labels
         for binary in (True, False):
             text = http.InferInput("text", [len(TEXTS)], "BYTES")
@@ -259,7 +262,8 @@ def test_vllm_score_logits_and_refusals_as_vllm_gives_them(servers):
 # ModerationCreateResponse; openai/types/moderation.py: Moderation's flagged, categories, category_scores,
 # category_applied_input_types)
 MODERATION = {"id", "model", "results"}
-MODERATION_RESULT = {"flagged", "categories", "category_scores", "category_applied_input_types"}
+# ours beside them: `review`, the labels the review band withholds
+MODERATION_RESULT = {"flagged", "categories", "category_scores", "category_applied_input_types", "review"}
 
 
 def test_openais_sdk_moderates_with_the_checkpoints_decision(servers):
@@ -298,3 +302,81 @@ def test_moderation_flags_by_flag_labels_and_negative_label_and_refuses_a_rerank
         assert refused.status_code == 424 and "'Weather', which the model lacks" in refused.json()["error"]
     one_output = httpx.post(f"{reranker.url}/v1/moderations", json={"input": "a"})
     assert one_output.status_code == 424 and "moderation needs a classifier" in one_output.json()["error"]
+
+
+@pytest.fixture(scope="module")
+def banded(smoke_checkpoint, tmp_path_factory, smoke_dir) -> tuple[Path, list[str], list[int]]:
+    """The smoke model with a review band on its top score at the median top score of 200 test texts (half of them
+    withheld), written as training writes it; and those texts and labels."""
+    import shutil
+
+    from contract.loading import load_model
+
+    rows = pd.read_csv(smoke_dir / "test.csv").head(200)
+    texts, labels = rows["text"].tolist(), rows["label"].tolist()
+    loaded = load_model(str(smoke_checkpoint), device="cpu", dtype="fp32")
+    with torch.no_grad():
+        batch = loaded.tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        top = loaded.problem.scores(loaded.model(**batch).logits.float()).max(dim=1).values
+    folder = shutil.copytree(smoke_checkpoint, tmp_path_factory.mktemp("banded") / "ckpt")
+    config = json.loads((folder / files.CONFIG).read_text())
+    config[problem_types.REVIEW_BAND] = {"precision": 0.95, "ranges": [[0.0, float(top.median())]]}
+    (folder / files.CONFIG).write_text(json.dumps(config))
+    return folder, texts, labels
+
+
+def test_a_single_label_decision_is_the_same_in_every_shape_and_by_hand(banded, tmp_path):
+    """200 texts, a single-label model with a review band: each text's decision (its best label, or `review`) is the
+    same in OpenAI's moderation route (the real SDK), KServe v2 (tritonclient), vLLM's `label`, `agnews predict`'s
+    `decision` and `agnews evaluate`'s misclassified table, and equals the band applied by hand to /predict's scores."""
+    openai = pytest.importorskip("openai", reason="the openai SDK is a dev dependency")
+    http = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is a dev dependency")
+    folder, texts, truth = banded
+    (tmp_path / "texts.csv").write_text(pd.DataFrame({"text": texts, "label": truth}).to_csv(index=False))
+    output = tmp_path / "labelled.jsonl"
+    args = ["--checkpoint_dir", str(folder), "--input_file", str(tmp_path / "texts.csv"), "--output_file", str(output)]
+    result, _ = launch(["-m", "training.predict", *args, "--mixed_precision", "fp32"])
+    assert result.returncode == 0, describe(result)
+    predicted = [json.loads(line)["decision"] for line in output.read_text().splitlines()]
+    server = Server(folder, *ARGS).wait_ready()
+    try:
+        labels = list(httpx.get(f"{server.url}/info").json()["model_type"]["classifier"]["id2label"].values())
+        [card] = httpx.get(f"{server.url}/v1/models").json()["data"]
+        metadata = httpx.get(f"{server.url}/v2/models/{NAME}").json()["outputs"][2]
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        moderated, scored, vllm = [], [], []
+        for start in range(0, 200, 32):
+            chunk = texts[start : start + 32]
+            moderated += client.moderations.create(model=NAME, input=chunk).results
+            scored += httpx.post(f"{server.url}/predict", json={"inputs": [[t] for t in chunk]}).json()
+            vllm += httpx.post(f"{server.url}/classify", json={"model": NAME, "input": chunk}).json()["data"]
+        triton = http.InferenceServerClient(url=server.url.removeprefix("http://"))
+        tri_state = []
+        for start in range(0, 200, 32):
+            text = http.InferInput("text", [len(texts[start : start + 32])], "BYTES")
+            text.set_data_from_numpy(np.array(texts[start : start + 32], dtype=object))
+            tri_state += list(triton.infer(NAME, [text]).as_numpy("decision"))
+        triton.close()
+    finally:
+        server.stop()
+    band = json.loads((folder / files.CONFIG).read_text())[problem_types.REVIEW_BAND]
+    assert card["problem_type"]["review_band"] == metadata["problem_type"]["review_band"] == band
+    high = band["ranges"][0][1]
+    by_hand = ["review" if np.float32(a[0]["score"]) < np.float32(high) else a[0]["label"] for a in scored]
+
+    def one(chosen: list[str], withheld: list[str]) -> str:
+        return "review" if withheld else chosen[0]
+
+    moderation = [
+        one([k for k, on in r.categories.model_extra.items() if on], r.model_extra["review"]) for r in moderated
+    ]
+    kserve = [one([labels[j] for j in np.flatnonzero(row == 1)], list(np.flatnonzero(row == -1))) for row in tri_state]
+    assert moderation == kserve == [d["label"] for d in vllm] == predicted == by_hand
+    assert 50 < by_hand.count("review") < 150 and all(r.flagged == (d != "review") for r, d in zip(moderated, by_hand))
+    result, _ = launch(["-m", "training.evaluate", "--checkpoint_dir", str(folder),
+                        "--test_file", str(tmp_path / "texts.csv"), "--mixed_precision", "fp32"])  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    table = pd.read_csv(folder / files.MISCLASSIFIED_CSV)
+    assert len(table) > 0 and [by_hand[i] for i in table["row"]] == table["decision"].tolist()
+    band = json.loads((folder / files.EVAL_RESULTS).read_text())["review_band"]
+    assert band["coverage"] == pytest.approx(1 - by_hand.count("review") / 200)

@@ -35,7 +35,8 @@ FP32 = ["--mixed_precision", "fp32"]  # answers comparable to 1e-5 on any CPU
 TASKS = {
     # the multi-label defaults (balanced weights, per-label thresholds); temperatures always folded in: the tests
     # below check what folding does (auto's choice is tests/training/test_calibration.py's)
-    "multi-label": ["--preset", "smoke-multi-label", "--calibration", "temperature"],
+    # and a review band, fitted at 0.95
+    "multi-label": ["--preset", "smoke-multi-label", "--calibration", "temperature", "--review_precision", "0.95"],
     "regression": ["--preset", "smoke-regression", *PAIR_ARGS],  # sentence-pair scoring
 }
 
@@ -146,7 +147,12 @@ def test_evaluate_reports_per_label_for_multi_label(runs, tmp_path):
     assert set(results["per_class"]) == {"Business", "Sci/Tech", "Sports", "World"}
     for key in ("micro_f1", "macro_f1", "subset_accuracy", "loss"):  # the same model on the same test file
         assert results["metrics"][key] == pytest.approx(trained[key], abs=1e-5)
-    assert results["files"] == [files.EVAL_RESULTS, files.RELIABILITY_PNG, files.MISCLASSIFIED_CSV]
+    assert results["files"] == [files.EVAL_RESULTS, files.RELIABILITY_PNG, files.MISCLASSIFIED_CSV, files.REVIEW_PNG]
+    band = json.loads((copy / files.METRICS).read_text())["review_band"]
+    measured = results["review_band"]
+    assert measured.pop("target_precision") == 0.95 and measured.pop("without_band") == band["test"].pop("without_band")
+    assert measured == pytest.approx(band["test"], abs=1e-6)
+    assert (copy / files.REVIEW_PNG).read_bytes().startswith(b"\x89PNG")
     assert results["calibration"]["ece"] == pytest.approx(
         json.loads((copy / files.METRICS).read_text())["calibration"]["ece_after"]["test"], abs=1e-5
     )
@@ -507,10 +513,24 @@ def test_a_non_finite_output_is_refused_alike_by_predict_and_rerank(runs, tmp_pa
     assert [(a.status_code, a.json()) for a in answers] == [(424, expected)] * 4
 
 
-def test_a_multi_label_decision_is_the_same_in_moderation_predict_and_by_hand(runs, smoke_dir, tmp_path):
-    """200 texts: OpenAI's moderation route (the real SDK) decides each label as `agnews predict` writes it in
-    predicted_labels, and as the fitted thresholds applied by hand to /predict's scores decide it."""
+def test_a_review_band_fitted_at_095_holds_its_precision_on_test(runs):
+    """The band fitted on validation (--review_precision 0.95): on the test split the decided share's yes and no
+    decisions are right 95 % of the time or more, with its coverage reported; without it they are not."""
+    band = json.loads((runs["multi-label"] / files.METRICS).read_text())["review_band"]
+    config = json.loads((runs["multi-label"] / files.CONFIG).read_text())[problem_types.REVIEW_BAND]
+    assert config == {"precision": 0.95, "ranges": band["ranges"]} and len(band["ranges"]) == 4
+    test = band["test"]
+    assert test["precision"] >= 0.95 and test["negative_precision"] >= 0.95, test
+    assert 0 < test["coverage"] < 1 and test["texts_decided"] < 1, test  # a weak label may be withheld whole
+    assert test["without_band"]["precision"] < 0.95  # the band is what holds it
+
+
+def test_a_multi_label_decision_is_the_same_in_every_shape_and_by_hand(runs, smoke_dir, tmp_path):
+    """200 test texts: each label's decision (yes, no, or withheld by the review band) is the same in OpenAI's
+    moderation route (the real SDK), KServe v2 (tritonclient), `agnews predict`'s columns and `agnews evaluate`'s
+    table, and equals the fitted thresholds and band applied by hand to /predict's scores."""
     openai = pytest.importorskip("openai", reason="the openai SDK is a dev dependency")
+    http = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is a dev dependency")
     folder, source = runs["multi-label"], tmp_path / "texts.jsonl"
     texts = [text for text, _ in examples("multi-label", smoke_dir, n=200)]
     source.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
@@ -518,24 +538,72 @@ def test_a_multi_label_decision_is_the_same_in_moderation_predict_and_by_hand(ru
     args = ["--checkpoint_dir", str(folder), "--input_file", str(source), "--output_file", str(output), *FP32]
     result, _ = launch(["-m", "training.predict", *args])
     assert result.returncode == 0, describe(result)
-    predicted = [set(json.loads(line)["predicted_labels"]) for line in output.read_text().splitlines()]
-    thresholds = json.loads((folder / files.CONFIG).read_text())[problem_types.THRESHOLDS]
-    server = Server(folder, "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0").wait_ready()
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    predicted = [(set(row["decision"]), set(row["review"])) for row in rows]
+    config = json.loads((folder / files.CONFIG).read_text())
+    thresholds, ranges = config[problem_types.THRESHOLDS], config[problem_types.REVIEW_BAND]["ranges"]
+    server = Server(folder, "--backend", "torch", "--dtype", "float32", "--reload_interval_s", "0",
+                    "--served_model_name", "tagger").wait_ready()  # fmt: skip
     try:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
         moderated = [r for start in range(0, 200, 32) for r in
                      client.moderations.create(input=texts[start : start + 32]).results]  # fmt: skip
         scored = [answer for start in range(0, 200, 32) for answer in httpx.post(
             f"{server.url}/predict", json={"inputs": [[t] for t in texts[start : start + 32]]}).json()]  # fmt: skip
-        labels = list(httpx.get(f"{server.url}/info").json()["model_type"]["classifier"]["id2label"].values())
+        info = httpx.get(f"{server.url}/info").json()
+        labels = list(info["model_type"]["classifier"]["id2label"].values())
+        tri_state = kserve_decisions(http, server, texts)
+        overridden = kserve_override(server, texts[:32])
     finally:
         server.stop()
-    by_hand = [
-        {label for label, t in zip(labels, thresholds) if np.float32(next(p["score"] for p in a if p["label"] == label))
-         >= np.float32(t)}
-        for a in scored
-    ]  # fmt: skip
-    decided = [{label for label, on in r.categories.model_extra.items() if on} for r in moderated]
-    assert decided == predicted == by_hand
-    assert [r.flagged for r in moderated] == [bool(labels) for labels in decided]  # every label flags by default
-    assert 0 < sum(map(len, decided)) < 200 * len(labels)  # some labels decided, not all
+    assert info["distilbert_agnews"]["problem_type"]["review_band"] == config[problem_types.REVIEW_BAND]
+    by_hand = []
+    for answer in scored:
+        score = {p["label"]: np.float32(p["score"]) for p in answer}
+        inside = {label for label, (low, high) in zip(labels, ranges) if np.float32(low) <= score[label] < high}
+        yes = {label for label, t in zip(labels, thresholds) if score[label] >= np.float32(t)}
+        by_hand.append((yes - inside, inside))
+    moderation = [({k for k, on in r.categories.model_extra.items() if on}, set(r.model_extra["review"]))
+                  for r in moderated]  # fmt: skip
+    kserve = [({labels[j] for j in np.flatnonzero(row == 1)}, {labels[j] for j in np.flatnonzero(row == -1)})
+              for row in tri_state]  # fmt: skip
+    assert moderation == predicted == kserve == by_hand
+    assert [r.flagged for r in moderated] == [bool(yes) for yes, _ in moderation]  # every label flags by default
+    assert 0 < sum(len(yes) for yes, _ in by_hand) and 0 < sum(len(out) for _, out in by_hand) < 200 * len(labels)
+    at_half = [[int(p >= np.float32(0.5)) for p in row] for row in overridden["scores"]]
+    assert overridden["decision"] == at_half and overridden["parameters"] == {"thresholds": [0.5] * len(labels)}
+    copy, _ = evaluate_copy(folder, tmp_path, "smoke-multi-label")  # its test file's first 200 rows are these texts
+    table = pd.read_csv(copy / files.MISCLASSIFIED_CSV, keep_default_na=False)
+    listed = table[table["row"] < 200]
+    assert len(listed) > 0
+    for row in listed.itertuples():
+        assert (set(filter(None, row.decision.split("|"))), set(filter(None, row.review.split("|")))) == by_hand[
+            row.row
+        ]
+
+
+def kserve_decisions(http, server: Server, texts: list[str]) -> np.ndarray:
+    """KServe v2's `decision` tensor for the texts (tritonclient, binary), 32 a request."""
+    client = http.InferenceServerClient(url=server.url.removeprefix("http://"))
+    try:
+        rows = []
+        for start in range(0, len(texts), 32):
+            text = http.InferInput("text", [len(texts[start : start + 32])], "BYTES")
+            text.set_data_from_numpy(np.array(texts[start : start + 32], dtype=object))
+            answer = client.infer("tagger", [text], outputs=[http.InferRequestedOutput("decision")])
+            rows += list(answer.as_numpy("decision"))
+        return np.asarray(rows)
+    finally:
+        client.close()
+
+
+def kserve_override(server: Server, texts: list[str]) -> dict:
+    """KServe v2 with `parameters: {"threshold": 0.5}`: the scores, the decisions and the echoed parameters."""
+    tensor = {"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": texts}
+    answer = httpx.post(
+        f"{server.url}/v2/models/tagger/infer", json={"inputs": [tensor], "parameters": {"threshold": 0.5}}
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    outputs = {o["name"]: np.asarray(o["data"]).reshape(o["shape"]).tolist() for o in body["outputs"]}
+    return {**outputs, "parameters": body["parameters"]}

@@ -91,7 +91,7 @@ def _decided(table: pa.Table, loaded: LoadedModel) -> dict[str, pa.Array]:
     scores = torch.tensor(values).reshape(-1, len(loaded.labels))
     empty = torch.isnan(scores).all(1)
     scores = scores.nan_to_num(0.0)
-    decided = loaded.problem.prediction_values(scores, loaded.problem.decisions(scores), loaded.labels)
+    decided = loaded.problem.prediction_values(scores, loaded.labels)
     if not empty.any():
         return {name: _arrow(column) for name, column in decided.items()}
     blank = set(empty.nonzero().flatten().tolist())

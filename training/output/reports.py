@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from contract import files
+from contract import files, scoring
 from contract.problem_types import PROBLEM_TYPES, ProblemType
 from training import calibration
 from training.output.atomic import write_bytes, write_json
@@ -142,44 +142,81 @@ def write_reliability_diagram(
 
 
 def write_misclassified(
-    path: Path, texts: Sequence[str], labels: torch.Tensor, probabilities: torch.Tensor, label_names: Sequence[str]
+    path: Path,
+    texts: Sequence[str],
+    labels: torch.Tensor,
+    scores: torch.Tensor,
+    problem: ProblemType,
+    label_names: Sequence[str],
 ) -> int:
-    """Every wrong prediction, most confident first."""
-    predictions = probabilities.argmax(dim=1)
+    """Every wrong prediction, most confident first; `decision`: the label, or `review` inside the review band."""
+    predictions, withheld = problem.decisions(scores), problem.decided(scores).withheld()
     wrong = (predictions != labels).nonzero().flatten().tolist()
-    wrong.sort(key=lambda i: (-probabilities[i, predictions[i]].item(), i))
+    wrong.sort(key=lambda i: (-scores[i, predictions[i]].item(), i))
     rows = [
         [
             i,
             texts[i],
             label_names[labels[i]],
             label_names[predictions[i]],
-            f"{probabilities[i, predictions[i]].item():.4f}",
-            f"{probabilities[i, labels[i]].item():.4f}",
+            scoring.REVIEW if withheld[i] else label_names[predictions[i]],
+            f"{scores[i, predictions[i]].item():.4f}",
+            f"{scores[i, labels[i]].item():.4f}",
         ]
         for i in wrong
     ]
-    _write_csv(path, ["row", "text", "label", "predicted", "predicted_probability", "label_probability"], rows)
+    header = ["row", "text", "label", "predicted", "decision", "predicted_probability", "label_probability"]
+    _write_csv(path, header, rows)
     return len(wrong)
 
 
 def write_wrong_label_sets(
-    path: Path, texts: Sequence[str], scored: Scored, decided: torch.Tensor, label_names: Sequence[str]
+    path: Path, texts: Sequence[str], scored: Scored, problem: ProblemType, label_names: Sequence[str]
 ) -> int:
-    """Wrong label sets, most wrong first."""
-    actual = scored.labels.bool()
-    misses = (decided != actual).sum(dim=1)
+    """Wrong label sets, most wrong first; `decision` and `review`: the labels decided yes and withheld by the review
+    band."""
+    actual, predicted, decided = scored.labels.bool(), problem.decisions(scored.scores), problem.decided(scored.scores)
+    misses = (predicted != actual).sum(dim=1)
     wrong = sorted(misses.nonzero().flatten().tolist(), key=lambda i: (-int(misses[i]), i))
 
-    def names(row: torch.Tensor) -> str:
-        return "|".join(label_names[j] for j in row.nonzero().flatten().tolist())
+    def names(row) -> str:
+        return "|".join(label_names[j] for j, yes in enumerate(row.tolist()) if yes)
 
     rows = [
-        [i, texts[i], names(actual[i]), names(decided[i]), " ".join(f"{v:.4f}" for v in scored.scores[i].tolist())]
+        [
+            i,
+            texts[i],
+            names(actual[i]),
+            names(predicted[i]),
+            names(decided.chosen[i]),
+            names(decided.review[i]),
+            " ".join(f"{v:.4f}" for v in scored.scores[i].tolist()),
+        ]
         for i in wrong
     ]
-    _write_csv(path, ["row", "text", "labels", "predicted_labels", "scores"], rows)
+    _write_csv(path, ["row", "text", "labels", "predicted_labels", "decision", "review", "scores"], rows)
     return len(wrong)
+
+
+def write_review_band(path: Path, points: Sequence[tuple[float, float]], evaluation: dict, title: str) -> None:
+    """The review band's trade-off: the precision of the decisions kept against their share, the target and where
+    the fitted band stands."""
+    from matplotlib.figure import Figure
+
+    band = evaluation["review_band"]
+    figure = Figure(figsize=(5.5, 4.4))
+    ax = figure.add_subplot()
+    ax.plot([c for c, _ in points], [p for _, p in points], label="yes decisions kept from the highest score down")
+    target = band["target_precision"]
+    ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target}")
+    if band["precision"] is not None:
+        ax.plot([band["coverage"]], [band["precision"]], "ko", label="the fitted band, on this split")
+    ax.set_xlim(0, 1.02)
+    ax.set_xlabel("coverage (share of decisions kept)")
+    ax.set_ylabel("precision of the decisions kept")
+    ax.set_title(f"{title}\nreview band: coverage {band['coverage']:.3f}", fontsize=9)
+    ax.legend(loc="lower left", fontsize=8)
+    write_bytes(path, _png(figure))
 
 
 def write_residuals(path: Path, predicted: torch.Tensor, targets: torch.Tensor, title: str) -> None:
@@ -236,11 +273,11 @@ def _calibration(path: Path, e: Evaluated) -> None:
 
 
 def _misclassified(path: Path, e: Evaluated) -> int:
-    return write_misclassified(path, e.texts, e.scored.labels, e.scored.scores, e.labels)
+    return write_misclassified(path, e.texts, e.scored.labels, e.scored.scores, e.problem, e.labels)
 
 
 def _wrong_label_sets(path: Path, e: Evaluated) -> int:
-    return write_wrong_label_sets(path, e.texts, e.scored, e.problem.decisions(e.scored.scores), e.labels)
+    return write_wrong_label_sets(path, e.texts, e.scored, e.problem, e.labels)
 
 
 def _residuals(path: Path, e: Evaluated) -> None:

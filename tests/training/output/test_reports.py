@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 
 import torch
 from PIL import Image
 
 from contract import files
+from contract.problem_types import SINGLE, ProblemType
 from training.output import model_card, reports
 from training.output.progress import Progress
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 
 
-def test_misclassified_rows_most_confident_first(tmp_path):
+def test_misclassified_rows_most_confident_first_with_the_review_bands_decision(tmp_path):
     probabilities = torch.tensor([[0.9, 0.1, 0, 0], [0.2, 0.7, 0.1, 0], [0.1, 0.1, 0.8, 0], [0.6, 0.4, 0, 0]])
     labels = torch.tensor([0, 0, 2, 1])  # rows 1 and 3 are wrong
+    problem = replace(ProblemType.named(SINGLE, 4), band=((0.0, 0.65),))  # top scores under 0.65 are withheld
     count = reports.write_misclassified(
-        tmp_path / "m.csv", ["a", "b, with a comma", "c", "d\nnewline"], labels, probabilities, LABELS
+        tmp_path / "m.csv", ["a", "b, with a comma", "c", "d\nnewline"], labels, probabilities, problem, LABELS
     )
     rows = list(csv.DictReader(open(tmp_path / "m.csv", newline="", encoding="utf-8")))
     assert count == 2 and [r["row"] for r in rows] == ["1", "3"]  # 0.7 before 0.6
@@ -28,11 +31,13 @@ def test_misclassified_rows_most_confident_first(tmp_path):
         "text": "b, with a comma",
         "label": "World",
         "predicted": "Sports",
+        "decision": "Sports",
         "predicted_probability": "0.7000",
         "label_probability": "0.2000",
     }
-    assert rows[1]["text"] == "d\nnewline"
-    assert reports.write_misclassified(tmp_path / "none.csv", ["a"], torch.tensor([0]), probabilities[:1], LABELS) == 0
+    assert rows[1]["text"] == "d\nnewline" and rows[1]["predicted"] == "World" and rows[1]["decision"] == "review"
+    one = (["a"], torch.tensor([0]), probabilities[:1], problem, LABELS)
+    assert reports.write_misclassified(tmp_path / "none.csv", *one) == 0
     assert (tmp_path / "none.csv").read_text().startswith("row,text,label")
 
 
