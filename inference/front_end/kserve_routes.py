@@ -1,6 +1,8 @@
 """KServe's v2 REST protocol (the Open Inference Protocol, which Triton and MLServer clients speak): server and model
-health, metadata, and infer with a BYTES `text` input (and `text_pair`), answered by the same engine as /predict.
-Tensors as JSON or in Triton's binary extension (what tritonclient.http sends by default)."""
+health, metadata, and infer with a BYTES `text` input (and `text_pair`), answered by the same engine as /predict:
+`scores`, the top `label`, and a classifier's `decision` (the checkpoint's, contract/scoring.decide; a request's
+`parameters.threshold(s)` decide a multi-label model at those, echoed). Tensors as JSON or in Triton's binary
+extension (what tritonclient.http sends by default)."""
 
 from __future__ import annotations
 

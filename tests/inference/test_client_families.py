@@ -174,6 +174,7 @@ def test_kserve_v2_refuses_malformed_tensors_with_400(servers):
         {"inputs": [tensor, {**tensor, "name": "image"}]},
         {"inputs": [{**tensor, "parameters": {"binary_data_size": 10}}]},  # no binary part
         {"inputs": [tensor], "outputs": [{"name": "logits"}]},
+        {"inputs": [tensor], "parameters": {"threshold": 0.7}},  # a single-label model decides by its best label
     ]
     for body in bad:
         answer = httpx.post(url, json=body)
@@ -184,6 +185,33 @@ def test_kserve_v2_refuses_malformed_tensors_with_400(servers):
     )
     assert answer.status_code == 400 and "past its tensor" in answer.json()["error"]
     assert httpx.post(f"{server.url}/v2/models/other/infer", json={"inputs": [tensor]}).status_code == 404
+    _, reranker = servers  # no classes: no decision output, and asking for one is refused
+    one_output = httpx.get(f"{reranker.url}/v2/models/{NAME}").json()["outputs"]
+    assert [o["name"] for o in one_output] == ["scores", "label"]
+    asked = httpx.post(
+        f"{reranker.url}/v2/models/{NAME}/infer", json={"inputs": [tensor], "outputs": [{"name": "decision"}]}
+    )
+    assert asked.status_code == 400 and "no output `decision`" in asked.json()["error"]
+
+
+@pytest.mark.parametrize("threshold", [1.5, -0.1, True, "0.5", [0.5, 0.5]])
+def test_a_bad_threshold_override_is_refused_by_a_multi_label_model(checkpoint_copy, threshold):
+    """Per-request thresholds are numbers in [0, 1], one per label; anything else is 400 before the model runs."""
+    config = json.loads((checkpoint_copy / files.CONFIG).read_text())
+    config["problem_type"] = problem_types.MULTI
+    (checkpoint_copy / files.CONFIG).write_text(json.dumps(config))
+    tensor = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}
+    with make_client(checkpoint_copy) as client:
+        for key in ("threshold", "thresholds"):
+            answer = client.post(
+                f"/v2/models/{checkpoint_copy}/infer", json={"inputs": [tensor], "parameters": {key: threshold}}
+            )
+            assert answer.status_code == 400 and f"parameters: {key} must be" in answer.json()["error"], answer.text
+        both = client.post(
+            f"/v2/models/{checkpoint_copy}/infer",
+            json={"inputs": [tensor], "parameters": {"threshold": 0.5, "thresholds": [0.5] * 4}},
+        )
+        assert both.status_code == 400 and "one of them" in both.json()["error"]
 
 
 def test_the_new_routes_answer_401_413_415_and_429_as_teis_do(smoke_checkpoint):

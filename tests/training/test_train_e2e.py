@@ -279,6 +279,7 @@ def test_a_finished_run_ends_with_one_line_whose_commands_run_as_printed(smoke_d
         own = tmp_path / "mine.csv"
         own.write_text((smoke_dir / "train.csv").read_text()[:20000].rsplit("\n", 1)[0] + "\n")
         args += ["--train_file", str(own), "--test_file", "none", "--model_name_or_path", str(smoke_dir / "model")]
+        args += ["--review_precision", "0.9"]  # on a few dozen validation texts: not fitted, said
     result, _ = run_train(args)
     assert result.returncode == 0 and (out / files.STATE_DIR / "step_5").is_dir(), describe(result)
     # the states were saved without accelerate's line per file (--verbose shows them)
@@ -301,6 +302,9 @@ def test_a_finished_run_ends_with_one_line_whose_commands_run_as_printed(smoke_d
         held = summary["num_examples"]["validation"]
         assert f"Calibration: not applied (auto): {held} validation texts, under 100" in result.stderr
         assert json.loads((out / files.CONFIG).read_text())["calibration"] == {"method": "none"}
+        assert f"Review band: not fitted: {held} validation texts, under 100" in result.stderr
+        assert "review_band" not in json.loads((out / files.CONFIG).read_text())
+        assert summary["review_band"] == {"precision": 0.9, "too_few": held}
     assert (out / "labelled.csv").is_file()
     port = free_port()
     served = subprocess.Popen(shlex.split(serve), cwd=ROOT, env=cli_env(PORT=str(port)), stderr=subprocess.DEVNULL)
