@@ -31,7 +31,7 @@ EVAL_RESULTS = "eval_results.json"
 CONFUSION_PNG = "confusion_matrix.png"
 RELIABILITY_PNG = "calibration.png"  # single-label: confidence against accuracy (training/calibration.py)
 MISCLASSIFIED_CSV = "misclassified.csv"
-REVIEW_PNG = "review_band.png"  # precision against coverage (training/review.py), where a band is fitted
+REVIEW_PNG = "review_band.png"  # precision against coverage (training/scoring/review.py), where a band is fitted
 RESIDUALS_PNG = "residuals.png"  # regression
 LARGEST_ERRORS_CSV = "largest_errors.csv"  # regression
 

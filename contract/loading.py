@@ -32,6 +32,7 @@ from contract.long_text import LongText, LongTextError
 from contract.padding import NoPadToken, ensure_pad_token, match_pad_token
 from contract.problem_types import ProblemType, ProblemTypeError, SingleLabel, calibration_of
 from contract.quiet import quiet_transformers
+from contract.templates import TemplateError, template_of
 
 logger = logging.getLogger(__name__)
 
@@ -134,11 +135,7 @@ def load_model(
         raise CheckpointError(str(exc)) from None
     match_pad_token(config, tokenizer.pad_token_id)
     labels = label_names(config, folder)
-    try:
-        problem, long_text = ProblemType.of(config), LongText.of(config)
-        calibration_of(config)
-    except (ProblemTypeError, LongTextError) as exc:
-        raise CheckpointError(f"{folder}: {exc}") from None
+    problem, long_text = read_contract(config, folder, tokenizer)
     max_length = min(tokenizer.model_max_length, getattr(config, "max_position_embeddings", 512))
     if max_length <= tokenizer.num_special_tokens_to_add(pair=True):  # no room for any text: one answer for all
         raise CheckpointError(
@@ -164,6 +161,20 @@ def load_model(
         problem=problem,
         long_text=long_text,
     )
+
+
+def read_contract(config, folder: Path, tokenizer) -> tuple[ProblemType, LongText]:
+    """config.json's problem type and long-text settings, its calibration checked, its template set on `tokenizer`
+    (as trained, whatever post-processor the tokenizer's class rebuilt on loading)."""
+    try:
+        problem, long_text = ProblemType.of(config), LongText.of(config)
+        calibration_of(config)
+        template = template_of(config)
+    except (ProblemTypeError, LongTextError, TemplateError) as exc:
+        raise CheckpointError(f"{folder}: {exc}") from None
+    if template is not None:
+        template.apply(tokenizer)
+    return problem, long_text
 
 
 def check_same_save(config, weights: Path, tensors: Callable[[], dict[str, torch.Tensor] | None]) -> None:

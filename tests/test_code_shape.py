@@ -236,6 +236,7 @@ TRAINING_TOP = {
         "model",
         "fit_batch",
         "lora",
+        "label_tokens",
         "weights",
         "objective",
     ),

@@ -115,6 +115,16 @@ class ModelConfig(_Group):
     """Tokenizer id or folder, when it differs from model_name_or_path."""
     from_scratch: bool = False
     """Build the model from model_name_or_path's config with random weights (smoke preset, speed benchmarks)."""
+    label_tokens: str | None = None
+    """Start a decoder LLM's classification head from its own next-token head: one word per label
+    (`World=world,Sports=sports,...`), each one token, or `yes,no` for one output (logit_yes - logit_no, vLLM's
+    from_2_way_softmax). At step 0 the classifier scores as the LM reads those tokens after --template (zero-shot).
+    Recorded in config.json (label_tokens)."""
+    template: str | None = None
+    """A prompt template around every input, e.g. 'Topic of the story: {text}\nAnswer:' ({text_pair}, or
+    {document}, for a pair's second text; {query} for {text}). Set as the tokenizer's post-processor and recorded in
+    config.json (prompt_template): training, evaluate, predict and the service wrap inputs alike, and truncation and
+    long-text windows cut the text, never the template."""
     dropout: Fraction | None = None
     """Override every dropout probability of the model config (0 for exactly reproducible comparisons)."""
     attn_implementation: Literal["sdpa", "eager"] | None = None

@@ -21,7 +21,7 @@ from contract.files import file_sha256
 from contract.hub import ensure_hub_or_offline
 from contract.loading import LoadedModel, load_model
 from contract.problem_types import GRADES
-from training import arguments, calibration, review
+from training import arguments, calibration
 from training.cli import run_command, setup_logging
 from training.collective import decided_on_main, main_first
 from training.config import TrainConfig
@@ -32,6 +32,7 @@ from training.data.reading import LABEL_FLAG, hub_split, labelled, load_file, lo
 from training.data.tokenizing import tokenize
 from training.output import reports
 from training.output.atomic import write_json
+from training.scoring import review
 from training.scoring.metrics import MetricSuite, Scored
 from training.scoring.split import score
 from training.smoke import ensure_smoke_assets, presets

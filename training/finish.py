@@ -18,7 +18,7 @@ from accelerate.logging import get_logger
 from contract import files, problem_types
 from contract.errors import UserError
 from contract.problem_types import ProblemType
-from training import calibration, review
+from training import calibration
 from training.collective import decided_on_main
 from training.loop import format_metrics
 from training.output import model_card, reports
@@ -26,6 +26,7 @@ from training.output.atomic import write_json
 from training.output.resume import ResumeError
 from training.push import push
 from training.run import Run, run_summary
+from training.scoring import review
 from training.scoring.metrics import Scored, say_one_sided
 from training.scoring.split import score
 from training.speed.capture import eager

@@ -11,13 +11,14 @@ import transformers
 from accelerate import Accelerator
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
-from contract import files
+from contract import files, templates
 from contract.errors import UserError
 from contract.hub import explain_missing
 from contract.padding import ensure_pad_token, match_pad_token
 from contract.problem_types import GRADES, REVIEW_BAND
 from contract.quiet import quiet_transformers
-from training import calibration, lora
+from contract.templates import Template
+from training import calibration, label_tokens, lora
 from training.config import ConfigError, TrainConfig
 from training.data.batching import steps_in_epoch
 from training.data.labels import LabelSpace
@@ -40,6 +41,10 @@ def load_tokenizer(cfg: TrainConfig):
         raise explain_missing(f"tokenizer {name!r}", exc, name) from None
     if said := ensure_pad_token(tokenizer, f"tokenizer {name!r}"):
         logger.info("%s", said)
+    if cfg.template is not None:  # every split tokenized through it; saved with the tokenizer
+        template = Template.parse(cfg.template)
+        template.check(tokenizer, cfg.max_length)
+        template.apply(tokenizer)
     return tokenizer
 
 
@@ -77,6 +82,10 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
                 delattr(config, field)
         if labels.problem.graded:
             setattr(config, GRADES, labels.values)
+        if cfg.template is not None:
+            setattr(config, templates.CONFIG_FIELD, cfg.template)
+        if cfg.label_tokens is not None:
+            label_tokens.check_causal(config, repr(cfg.model_name_or_path), cfg.from_scratch)
         # the run's end records what it calibrates
         setattr(config, calibration.CONFIG_FIELD, {"method": calibration.NONE})
         if cfg.dropout is not None:  # e.g. DistilBERT: dropout, attention_dropout, seq_classif_dropout
@@ -95,7 +104,9 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
                 output_loading_info=True,
                 **hub_options(cfg),
             )
-        if loading["missing_keys"]:  # what fine-tuning starts fresh, in one line of ours
+        if cfg.label_tokens is not None:
+            start_from_label_tokens(cfg, model, names)
+        elif loading["missing_keys"]:  # what fine-tuning starts fresh, in one line of ours
             fresh = sorted(loading["missing_keys"])
             logger.info("Pretrained weights loaded; newly initialized (not in the checkpoint): %s", ", ".join(fresh))
         return model
@@ -108,6 +119,17 @@ def _pretrained_or_new(cfg: TrainConfig, labels: LabelSpace, attn_implementation
             f"model {cfg.model_name_or_path!r}: its classification head has another number of outputs than the "
             f"{len(names)} of this data; pass --ignore_mismatched_sizes to start that head fresh"
         ) from None
+
+
+def start_from_label_tokens(cfg: TrainConfig, model: PreTrainedModel, names: list[str]) -> None:
+    """--label_tokens: the head's rows from the LM's own rows of those tokens, recorded in config.json."""
+    method, words = label_tokens.parse(cfg.label_tokens, names)
+    ids = label_tokens.token_ids(load_tokenizer(cfg), words)
+    folder = label_tokens.local_folder(cfg.model_name_or_path, cfg.model_revision)
+    rows = label_tokens.lm_rows(model, folder, ids)
+    label_tokens.start_head(model, calibration.output_layer(model, len(names)), method, rows)
+    setattr(model.config, label_tokens.CONFIG_FIELD, label_tokens.record(method, words))
+    logger.info("Head started from the LM's label tokens (%s): %s", method, ", ".join(words))
 
 
 OPTIMIZERS = {"adamw": "AdamW", "adafactor": "Adafactor", "adamw_8bit": "8-bit AdamW (bitsandbytes)", "sgd": "SGD"}

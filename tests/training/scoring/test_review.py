@@ -1,5 +1,5 @@
-"""training/review.py: the review band fitted on known scores holds its precision where it decides, and withholds
-what cannot reach it."""
+"""training/scoring/review.py: the review band fitted on known scores holds its precision where it decides, and
+withholds what cannot reach it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from contract.problem_types import MULTI, SINGLE, ProblemType
-from training import review
+from training.scoring import review
 
 
 def test_the_cutoff_is_the_lowest_score_whose_decisions_hold_the_precision():
