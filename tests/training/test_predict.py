@@ -80,6 +80,7 @@ def test_every_row_once_in_order_identical_on_one_and_two_processes(model_dir, t
         "note",
         "predicted_label",
         "predicted_score",
+        "decision",  # the label, or `review` inside a review band (this model has none)
         *(f"score_{label}" for label in LABELS),
     ]
     assert frame["id"].tolist() == list(range(1003)) and frame["text"].tolist() == texts
@@ -90,6 +91,7 @@ def test_every_row_once_in_order_identical_on_one_and_two_processes(model_dir, t
     assert torch.allclose(got.float(), expected, atol=1e-5)
     assert frame["predicted_label"].tolist()[:50] == [LABELS[i] for i in expected[:50].argmax(-1).tolist()]
     assert (frame["predicted_score"] == frame[[f"score_{label}" for label in LABELS]].max(axis=1)).all()
+    assert frame["decision"].tolist() == frame["predicted_label"].tolist()
     assert not list(tmp_path.glob(".out*"))  # no temporary file or part folder left
     # the last line counts the rows each label went to and shows the first rows, as written
     counts = frame["predicted_label"].value_counts()
@@ -234,7 +236,8 @@ def test_prediction_columns_are_replaced_only_when_asked_and_stay_unique(model_d
     result = predict(*args, "--input_file", str(first), "--output_file", str(second), "--overwrite_prediction_columns")
     assert result.returncode == 0, describe(result)
     table = pd.read_parquet(second)  # pyarrow reads it: every name once
-    assert list(table.columns) == ["id", "text", "predicted_label", "predicted_score", *(f"score_{x}" for x in LABELS)]
+    names = ["predicted_label", "predicted_score", "decision", *(f"score_{x}" for x in LABELS)]
+    assert list(table.columns) == ["id", "text", *names]
     # a csv's cells pass through as the text they were written as
     assert "stale" not in set(table["predicted_label"]) and table["id"].tolist() == [str(i) for i in range(30)]
 
