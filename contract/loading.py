@@ -24,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file as load_safetensors
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from contract import adapters, files, precision
+from contract import adapters, files, label_tokens, precision
 from contract.errors import CheckpointError
 from contract.files import file_sha256
 from contract.hub import HUB_ID, hub_reachable, hub_url, is_offline, looks_local
@@ -287,6 +287,8 @@ def _read_model(folder: Path, shared: adapters.SharedBase | None = None) -> tupl
         raise CheckpointError(f"{folder / files.CONFIG}: {_short(exc)}") from None
     if (folder / files.WEIGHTS).is_file():
         return _from_state_dict(folder / files.WEIGHTS, config)
+    if (folder / label_tokens.SPEC_FILE).is_file():
+        return _from_label_tokens(folder, config)
     shards = folder / files.HF_WEIGHTS_INDEX
     weights = folder / files.HF_WEIGHTS if (folder / files.HF_WEIGHTS).is_file() else shards
     if weights.is_file():
@@ -360,7 +362,23 @@ def _classifier_from_config(config, path: Path) -> torch.nn.Module:
         ) from None
 
 
-def _from_pretrained(folder: Path, config) -> torch.nn.Module:
+def _from_label_tokens(folder: Path, config) -> tuple[torch.nn.Module, Path, str]:
+    """A downloaded causal LM served as the classifier its label_tokens.json names: the body as saved, the head the
+    LM's own rows of those tokens."""
+    weights = folder / files.HF_WEIGHTS if (folder / files.HF_WEIGHTS).is_file() else folder / files.HF_WEIGHTS_INDEX
+    try:
+        spec = label_tokens.read_spec(folder)
+        label_tokens.check_causal(config, str(folder), from_scratch=False)
+        label_tokens.classifier_config(config, spec)
+        model = _from_pretrained(folder, config, fresh=label_tokens.head_layer)
+        label_tokens.head_from_spec(model, folder, _read_tokenizer(folder), spec)
+    except label_tokens.LabelTokenError as exc:
+        raise CheckpointError(str(exc)) from None
+    return model, weights, file_sha256(weights)
+
+
+def _from_pretrained(folder: Path, config, fresh=None) -> torch.nn.Module:
+    """The classifier a folder saved; `fresh` names the head layer the caller sets itself (a causal LM has none)."""
     with quiet_transformers():
         try:
             model, info = AutoModelForSequenceClassification.from_pretrained(
@@ -370,11 +388,13 @@ def _from_pretrained(folder: Path, config) -> torch.nn.Module:
             if "mismatched_sizes" in str(exc):  # transformers' words for tensors that do not fit config.json
                 _check_shapes(folder, _safetensors_shapes(folder), _classifier_from_config(config, folder), config)
             raise CheckpointError(f"{folder}: cannot load the weights ({_short(exc)})") from None
-    missing = sorted(info["missing_keys"])
+    head = fresh(model, config.num_labels) if fresh is not None else None
+    missing = sorted(key for key in info["missing_keys"] if key.rpartition(".")[0] != head)
     if missing:
         raise CheckpointError(
             f"{folder}: the weights lack {', '.join(missing[:3])}: not a fine-tuned sequence "
-            f"classifier (architectures {config.architectures}); fine-tune it first"
+            f"classifier (architectures {config.architectures}); fine-tune it first, or, for a causal LM read "
+            f"through its label tokens, add {label_tokens.SPEC_FILE} (docs/serving.md)"
         )
     return model
 

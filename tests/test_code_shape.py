@@ -236,7 +236,6 @@ TRAINING_TOP = {
         "model",
         "fit_batch",
         "lora",
-        "label_tokens",
         "weights",
         "objective",
     ),

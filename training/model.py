@@ -11,14 +11,14 @@ import transformers
 from accelerate import Accelerator
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
-from contract import files, templates
+from contract import files, label_tokens, templates
 from contract.errors import UserError
 from contract.hub import explain_missing
 from contract.padding import ensure_pad_token, match_pad_token
 from contract.problem_types import GRADES, REVIEW_BAND
 from contract.quiet import quiet_transformers
 from contract.templates import Template
-from training import calibration, label_tokens, lora
+from training import calibration, lora
 from training.config import ConfigError, TrainConfig
 from training.data.batching import steps_in_epoch
 from training.data.labels import LabelSpace

@@ -13,16 +13,16 @@ from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contract import files, templates
+from contract.label_tokens import LabelTokenError
 from contract.problem_types import REGRESSION
 from contract.templates import Template, TemplateError
 from inference.app import create_app
 from inference.settings import Settings
-from tests.helpers.processes import describe, run_train
+from tests.helpers.processes import describe, launch, run_train
 from tests.helpers.tiny_models import tiny_config
 from tests.training.test_decoder_models import decoder_tokenizer
 from training.config_parsing import load_config
 from training.data.labels import LabelSpace
-from training.label_tokens import LabelTokenError
 from training.model import build_model, load_tokenizer
 
 WORDS = ["world", "sports", "business", "science", "topic", "story", "answer", "yes", "no", "relevant"]
@@ -156,11 +156,23 @@ def test_a_short_run_learns_past_zero_shot_and_the_service_reads_the_template(ca
     long = " ".join(test["text"].head(60))  # hundreds of tokens past the 64 the preset trains at
     served = AutoTokenizer.from_pretrained(out / files.TOKENIZER_DIR)
     Template.parse(TEMPLATE).apply(served)
+    texts = test["text"].head(8).tolist()
     with TestClient(
         create_app(Settings(model_id=str(out), dtype="fp32", reload_interval_s=0, backend="torch"))
     ) as client:
         answer = client.post("/predict", json={"inputs": long, "truncate": True, "raw_scores": True}).json()
         tokens = client.post("/tokenize", json={"inputs": long}).json()[0]
+        served_scores = client.post("/predict", json={"inputs": [[t] for t in texts]}).json()
+    source, labelled = tmp_path / "texts.csv", tmp_path / "labelled.csv"
+    pd.DataFrame({"text": texts}).to_csv(source, index=False)
+    args = ["--checkpoint_dir", str(out), "--input_file", str(source), "--output_file", str(labelled)]
+    result, _ = launch(["-m", "training.predict", *args, "--mixed_precision", "fp32"])
+    assert result.returncode == 0, describe(result)
+    predicted = pd.read_csv(labelled)
+    for i, ranked in enumerate(served_scores):  # predict reads the template as the service does
+        scores = {a["label"]: a["score"] for a in ranked}
+        written = [predicted.iloc[i][f"score_{label}"] for label in LABELS]
+        assert written == pytest.approx([scores[label] for label in LABELS], abs=1e-5)
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(out).eval()
@@ -172,3 +184,89 @@ def test_a_short_run_learns_past_zero_shot_and_the_service_reads_the_template(ca
         expected = model(**kept).logits[0]
     got = {a["label"]: a["score"] for a in answer}
     assert [got[label] for label in LABELS] == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+RERANKER_TEMPLATE = "query : {query} document : {document} . relevant :"
+
+
+def downloaded(causal_lm: Path, folder: Path, spec: dict) -> Path:
+    """The causal LM as users download it, plus the label_tokens.json that makes it a classifier."""
+    import shutil
+
+    folder = Path(shutil.copytree(causal_lm, folder))
+    (folder / "label_tokens.json").write_text(json.dumps(spec))
+    return folder
+
+
+@torch.no_grad()
+def by_transformers(folder: Path, parts: list[str], ids: list[int]) -> torch.Tensor:
+    """The causal LM run directly on the template's parts and the texts, each tokenized alone and joined (as
+    Qwen3-Reranker's own usage does): its logits of `ids` at the last token."""
+    tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
+    joined = [i for part in parts for i in tokenizer.encode(part, add_special_tokens=False)]
+    lm = AutoModelForCausalLM.from_pretrained(folder).eval()
+    return lm(input_ids=torch.tensor([joined])).logits[0, -1, ids]
+
+
+@pytest.mark.slow
+def test_a_downloaded_llm_reranker_is_served_from_its_label_tokens_in_every_shape(causal_lm, tmp_path):
+    """vLLM's hf_overrides names in label_tokens.json ({"classifier_from_token": ["no", "yes"], "method":
+    "from_2_way_softmax"}) and the template: /rerank, vLLM's score, Cohere's rerank, /predict on a pair and KServe v2
+    answer sigmoid(logit_yes - logit_no) as transformers computes it on the causal LM, to 1e-4."""
+    spec = {"classifier_from_token": ["no", "yes"], "method": "from_2_way_softmax", "template": RERANKER_TEMPLATE}
+    folder = downloaded(causal_lm, tmp_path / "reranker", spec)
+    query, documents = "who won the cup final", ["the striker scored twice in the final", "shares fell sharply"]
+    tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
+    yes, no = tokenizer.convert_tokens_to_ids(["yes", "no"])
+    expected = []
+    for document in documents:
+        both = by_transformers(folder, ["query : ", query, " document : ", document, " . relevant :"], [yes, no])
+        expected.append(torch.sigmoid(both[0] - both[1]).item())
+    settings = Settings(model_id=str(folder), dtype="fp32", reload_interval_s=0, backend="torch", served_model_name="r")
+    with TestClient(create_app(settings)) as client:
+        reranked = client.post("/rerank", json={"query": query, "texts": documents}).json()
+        scored = client.post("/v1/score", json={"text_1": query, "text_2": documents}).json()["data"]
+        cohere = client.post("/v2/rerank", json={"model": "r", "query": query, "documents": documents}).json()
+        paired = client.post("/predict", json={"inputs": [[query, d] for d in documents]}).json()
+        tensors = [{"name": "text", "shape": [2], "datatype": "BYTES", "data": [query, query]},
+                   {"name": "text_pair", "shape": [2], "datatype": "BYTES", "data": documents}]  # fmt: skip
+        kserve = client.post("/v2/models/r/infer", json={"inputs": tensors}).json()["outputs"][0]["data"]
+        info = client.get("/info").json()
+    assert "reranker" in info["model_type"]
+    assert sorted((r["index"], r["score"]) for r in reranked) == [
+        (i, pytest.approx(e, abs=1e-4)) for i, e in enumerate(expected)
+    ]
+    assert [d["score"] for d in scored] == pytest.approx(expected, abs=1e-4)
+    assert sorted((r["index"], r["relevance_score"]) for r in cohere["results"]) == [
+        (i, pytest.approx(e, abs=1e-4)) for i, e in enumerate(expected)
+    ]
+    assert [a[0]["score"] for a in paired] == pytest.approx(expected, abs=1e-4)
+    assert kserve == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_a_downloaded_llm_classifier_reads_one_token_per_label(causal_lm, tmp_path):
+    """One token per label (vLLM's no_post_processing): /predict and vLLM's classify give the softmax of the LM's own
+    label-token logits after the template, to 1e-4; a label token of several tokens is refused at start, in one line."""
+    words = ["world", "sports", "business", "science"]
+    spec = {"classifier_from_token": words, "method": "no_post_processing", "labels": LABELS, "template": TEMPLATE}
+    folder = downloaded(causal_lm, tmp_path / "topics", spec)
+    text = "the striker scored twice as the league leaders won the cup final"
+    tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
+    logits = by_transformers(
+        folder, ["topic of the story : ", text, " . answer :"], tokenizer.convert_tokens_to_ids(words)
+    )
+    expected = dict(zip(LABELS, logits.softmax(-1).tolist()))
+    settings = Settings(model_id=str(folder), dtype="fp32", reload_interval_s=0, backend="torch", served_model_name="t")
+    with TestClient(create_app(settings)) as client:
+        predicted = {a["label"]: a["score"] for a in client.post("/predict", json={"inputs": text}).json()}
+        classified = client.post("/v1/classify", json={"model": "t", "input": [text]}).json()["data"][0]
+    assert predicted == pytest.approx(expected, abs=1e-4)
+    assert dict(zip(LABELS, classified["probs"])) == pytest.approx(expected, abs=1e-4)
+    bad = downloaded(
+        causal_lm, tmp_path / "bad", {**spec, "classifier_from_token": ["world", "sports", "business", "sci/tech"]}
+    )
+    from contract.loading import CheckpointError, load_model
+
+    with pytest.raises(CheckpointError, match="'sci/tech' is 3 tokens"):
+        load_model(str(bad), device="cpu", dtype="fp32")

@@ -1,21 +1,27 @@
-"""A decoder classifier's head from its LM's own label tokens (--label_tokens): each output's row starts as the
-`lm_head` row of its label's token, so at step 0 the classifier scores as the LM reads those tokens after the
-template, zero-shot; `yes,no` makes one output, logit_yes - logit_no (vLLM's from_2_way_softmax). Called by
-training/model.py.
+"""A decoder classifier's head from its LM's own label tokens: each output's row is the `lm_head` row of its label's
+token, so the classifier scores as the LM reads those tokens after the template; a yes/no pair makes one output,
+logit_yes - logit_no (vLLM's from_2_way_softmax). Training starts a head so (--label_tokens, training/model.py); the
+loader serves a downloaded causal LM so, from the label_tokens.json beside it (contract/loading.py).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from contract.errors import UserError
+from contract.problem_types import GRADES, SINGLE
+from contract.templates import CONFIG_FIELD as TEMPLATE_FIELD
 
 CONFIG_FIELD = "label_tokens"  # config.json: {"method": TOKENS or TWO_WAY, "tokens": [one word per output or yes, no]}
 TOKENS, TWO_WAY = "tokens", "from_2_way_softmax"
+NO_POST_PROCESSING = "no_post_processing"  # vLLM's word for TOKENS
 LM_HEAD = "lm_head.weight"
+SPEC_FILE = "label_tokens.json"  # beside a downloaded causal LM: what makes it a classifier (docs/serving.md)
+SPEC_LIMIT = 1 << 20  # bytes: a spec names a few tokens and a template
 
 
 class LabelTokenError(UserError, ValueError):
@@ -97,6 +103,14 @@ def lm_rows(model: torch.nn.Module, folder: str, ids: list[int]) -> torch.Tensor
     raise LabelTokenError(f"--label_tokens: {folder} holds no {LM_HEAD} in its safetensors to start the head from")
 
 
+def head_layer(model: torch.nn.Module, outputs: int) -> str:
+    """The classifier's output layer: its last linear layer of `outputs` outputs."""
+    found = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.out_features == outputs]
+    if not found:
+        raise LabelTokenError(f"no linear layer with {outputs} outputs to start from the label tokens")
+    return found[-1]
+
+
 def start_head(model: torch.nn.Module, layer: str, method: str, rows: torch.Tensor) -> None:
     """The head `layer` (its weight outputs x hidden) set to the label rows (two-way: their difference), no bias."""
     head = model.get_submodule(layer)
@@ -109,3 +123,57 @@ def start_head(model: torch.nn.Module, layer: str, method: str, rows: torch.Tens
 
 def record(method: str, words: list[str]) -> dict:
     return {"method": method, "tokens": words}
+
+
+def read_spec(folder: Path) -> dict:
+    """label_tokens.json, in vLLM's hf_overrides names (classifier_from_token, method, is_original_qwen3_reranker)
+    and ours (template, labels), as {"method", "tokens" (TWO_WAY: [no, yes], vLLM's order), "labels", "template"}."""
+    path = folder / SPEC_FILE
+    if path.stat().st_size > SPEC_LIMIT:
+        raise LabelTokenError(f"{path}: over {SPEC_LIMIT} bytes; it names label tokens and a template")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LabelTokenError(f"{path}: not JSON ({exc})") from None
+    qwen3 = isinstance(raw, dict) and raw.get("is_original_qwen3_reranker") is True
+    tokens = raw.get("classifier_from_token", ["no", "yes"] if qwen3 else None) if isinstance(raw, dict) else None
+    method = raw.get("method", TWO_WAY if qwen3 else NO_POST_PROCESSING) if isinstance(raw, dict) else None
+    words = isinstance(tokens, list) and tokens and all(isinstance(t, str) and t for t in tokens)
+    if not words or method not in (TWO_WAY, NO_POST_PROCESSING) or (method == TWO_WAY and len(tokens) != 2):
+        raise LabelTokenError(
+            f'{path}: expected {{"classifier_from_token": ["no", "yes"], "method": "{TWO_WAY}"}} (or one token per '
+            f'label with "method": "{NO_POST_PROCESSING}"), optionally "template" and "labels" (got {raw!r:.120})'
+        )
+    labels = raw.get("labels", ["relevance"] if method == TWO_WAY else list(tokens))
+    template = raw.get("template")
+    if not isinstance(labels, list) or len(labels) != (1 if method == TWO_WAY else len(tokens)):
+        raise LabelTokenError(f"{path}: labels must name each output ({labels!r:.80})")
+    if template is not None and not isinstance(template, str):
+        raise LabelTokenError(f"{path}: template must be a string ({template!r:.80})")
+    return {"method": method, "tokens": tokens, "labels": [str(label) for label in labels], "template": template}
+
+
+def classifier_config(config, spec: dict) -> None:
+    """`config` (a causal LM's) made the classifier's: its outputs and labels, a reranker's grades or the label
+    classes, the template and the label tokens recorded as training records them."""
+    labels = spec["labels"]
+    config.num_labels = len(labels)
+    config.id2label, config.label2id = dict(enumerate(labels)), {label: i for i, label in enumerate(labels)}
+    if spec["method"] == TWO_WAY:
+        config.problem_type = None  # one relevance logit: served as a reranker
+        setattr(config, GRADES, [0, 1])
+    else:
+        config.problem_type = SINGLE
+    if spec["template"] is not None:
+        setattr(config, TEMPLATE_FIELD, spec["template"])
+    method = TWO_WAY if spec["method"] == TWO_WAY else TOKENS
+    words = spec["tokens"][::-1] if method == TWO_WAY else spec["tokens"]  # ours: yes first
+    setattr(config, CONFIG_FIELD, record(method, words))
+
+
+def head_from_spec(model: torch.nn.Module, folder: Path, tokenizer, spec: dict) -> None:
+    """The classifier's head set from the LM's rows of the spec's tokens (yes minus no for TWO_WAY)."""
+    words = spec["tokens"][::-1] if spec["method"] == TWO_WAY else spec["tokens"]
+    rows = lm_rows(model, str(folder), token_ids(tokenizer, words))
+    method = TWO_WAY if spec["method"] == TWO_WAY else TOKENS
+    start_head(model, head_layer(model, len(spec["labels"])), method, rows)
