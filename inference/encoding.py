@@ -72,16 +72,20 @@ def check_length(loaded: Model, features: list[dict]) -> None:
         raise InputTooLong(longest, loaded.max_length)
 
 
-def encode_unchecked(loaded: Model, sequences: list[Sequence], truncate: bool, left: bool) -> list[dict]:
-    """encode without the length check; only the kept part is tokenized."""
+def encode_unchecked(
+    loaded: Model, sequences: list[Sequence], truncate: bool, left: bool, special: bool = True
+) -> list[dict]:
+    """encode without the length check; only the kept part is tokenized. `special` False: texts already rendered
+    whole (a chat template's), so neither the model's special tokens nor its prompt template are added."""
     tokenizer = loaded.tokenizer
     tokenizer.truncation_side = "left" if left else "right"  # one encoding at a time per tokenizer (encoder.py)
     features: list[dict | None] = [None] * len(sequences)
     for where, texts, pairs in singles_then_pairs(sequences):
         if not truncate:
-            found = _features(tokenizer(texts, pairs, truncation=False, return_attention_mask=False))
+            plain = {"truncation": False, "return_attention_mask": False, "add_special_tokens": special}
+            found = _features(tokenizer(texts, pairs, **plain))
         elif pairs is None:
-            found = _truncated_texts(loaded, texts, left)
+            found = _truncated_texts(loaded, texts, left, special)
         else:
             found = _truncated_pairs(loaded, texts, pairs, left)
         for k, i in enumerate(where):
@@ -94,17 +98,17 @@ def _features(encoded) -> list[dict]:
     return [{name: encoded[name][k] for name in names} for k in range(len(encoded["input_ids"]))]
 
 
-def _truncated(loaded: Model, texts: list[str], pairs: list[str] | None) -> list[dict]:
+def _truncated(loaded: Model, texts: list[str], pairs: list[str] | None, special: bool = True) -> list[dict]:
     options = {"truncation": True, "max_length": loaded.max_length, "return_attention_mask": False}
-    return _features(loaded.tokenizer(texts, pairs, **options))
+    return _features(loaded.tokenizer(texts, pairs, add_special_tokens=special, **options))
 
 
-def _truncated_texts(loaded: Model, texts: list[str], left: bool) -> list[dict]:
+def _truncated_texts(loaded: Model, texts: list[str], left: bool, special: bool = True) -> list[dict]:
     """Each text tokenized from its kept part, else whole."""
     kept = _kept_parts(texts, loaded.max_length * KEPT_CHARS_PER_TOKEN, left)
-    found = _truncated(loaded, kept, None)
+    found = _truncated(loaded, kept, None, special)
     short = [k for k in range(len(texts)) if kept[k] is not texts[k] and len(found[k]["input_ids"]) < loaded.max_length]
-    for k, feature in zip(short, _truncated(loaded, [texts[k] for k in short], None) if short else []):
+    for k, feature in zip(short, _truncated(loaded, [texts[k] for k in short], None, special) if short else []):
         found[k] = feature
     return found
 
@@ -207,6 +211,7 @@ def spec_of(model: Model) -> dict:
             "input_names": list(tokenizer.model_input_names),
             "max_length": model.max_length,
             "long_text": asdict(model.long_text),
+            "chat_template": getattr(tokenizer, "chat_template", None),  # /v1/classify's `messages` render through it
         }
         found["digest"] = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()
         model._encoding_spec = found

@@ -28,7 +28,9 @@ def rebuilt(spec: dict) -> Tokenizing:
     from transformers import PreTrainedTokenizerFast  # the wrapper only: no torch, no model classes
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(spec["tokenizer"]), model_input_names=spec["input_names"]
+        tokenizer_object=Tokenizer.from_str(spec["tokenizer"]),
+        model_input_names=spec["input_names"],
+        chat_template=spec.get("chat_template"),
     )
     return Tokenizing(tokenizer, spec["max_length"], LongText(**spec["long_text"]))
 
@@ -57,10 +59,11 @@ class Encoders:
         view: ModelView,
         adapter: str | None,
         sequences: list[Sequence],
-        options: tuple[bool, bool, bool, int],
+        options: tuple[bool, bool, bool, int, bool],
         fresh: bool = False,
     ) -> Encoded:
-        """`sequences` as ids for the engine, or the request's refusal; `options`: truncate, left, chunk, max chunks."""
+        """`sequences` as ids for the engine, or the request's refusal; `options`: truncate, left, chunk, max chunks,
+        special tokens (and the prompt template) added."""
         version, model = await self.for_version(view, adapter, fresh)
         loop = asyncio.get_running_loop()
         request = _Request(version, model, sequences, options, loop.create_future())
@@ -90,7 +93,7 @@ class _Request:
     version: int
     model: Tokenizing
     sequences: list[Sequence]
-    options: tuple[bool, bool, bool, int]  # truncate, left, chunk, max chunks
+    options: tuple[bool, bool, bool, int, bool]  # truncate, left, chunk, max chunks, special tokens added
     future: asyncio.Future
 
 
@@ -103,9 +106,10 @@ def encode_together(requests: list[_Request]) -> list[tuple[asyncio.Future, Enco
         groups.setdefault((id(request.model), *request.options), []).append(request)
     for group in groups.values():
         started = time.perf_counter()
-        model, (truncate, left, chunk, _) = group[0].model, group[0].options
+        model, (truncate, left, chunk, _, special) = group[0].model, group[0].options
         try:
-            together = [] if chunk else encode_unchecked(model, [s for r in group for s in r.sequences], truncate, left)
+            texts = [s for r in group for s in r.sequences]
+            together = [] if chunk else encode_unchecked(model, texts, truncate, left, special)
         except Exception as exc:  # noqa: BLE001 - the tokenizer failed: every request of the call is answered with it
             settled += [(request.future, exc) for request in group]
             continue
@@ -117,7 +121,7 @@ def encode_together(requests: list[_Request]) -> list[tuple[asyncio.Future, Enco
 
 def _checked(request: _Request, features: list[dict], seconds: float) -> Encoded | Exception:
     """The request's Encoded (its windows computed here when it chunks), or its refusal."""
-    model, (truncate, left, chunk, max_chunks) = request.model, request.options
+    model, (truncate, left, chunk, max_chunks, _) = request.model, request.options
     try:
         if chunk:
             features, owner = encode_request(model, request.sequences, truncate, left, chunk, max_chunks)

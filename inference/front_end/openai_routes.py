@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from contract.scoring import BEST, REVIEW
 from inference import tei_errors
 from inference.answers import ModelView
+from inference.front_end import chat
+from inference.front_end.chat import ChatFields
 from inference.front_end.link import AppState
 from inference.front_end.named_model import NOT_FOUND, named_request, scores_in_label_order
 from inference.front_end.routes import (
@@ -35,12 +37,13 @@ router = guarded()
 OWNER = "distilbert-agnews"
 
 
-class ClassifyRequest(BaseModel):
-    """vLLM's ClassificationCompletionRequest, for texts (token ids and chat messages are not taken)."""
+class ClassifyRequest(ChatFields):
+    """vLLM's ClassificationCompletionRequest (`input`, texts) or ClassificationChatRequest (`messages`); token ids
+    are not taken."""
 
     model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"input": ["Stocks fell sharply."]}]})
     model: StrictStr | None = Field(None, description="The served model's name (GET /v1/models); absent: it.")
-    input: StrictStr | list[StrictStr]
+    input: StrictStr | list[StrictStr] | None = None
     truncate_prompt_tokens: StrictInt | None = Field(
         None, ge=-1, description="-1: cut to the model's maximum; absent: as /predict (AUTO_TRUNCATE, long texts)."
     )
@@ -81,14 +84,15 @@ async def classify(request: Request) -> Json:
     require_json(request)
     with failures_counted(state):
         body, name, adapter, view = await named_request(request, state, ClassifyRequest)
-        texts = [body.input] if isinstance(body.input, str) else body.input
+        texts = await classified_texts(state, view, adapter, body)
+        special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
         if not texts:
             raise ServiceError(tei_errors.EMPTY, "`input` cannot be empty", reason="validation")
         state.metrics.request_count.labels("batch").inc()
         truncate = asked_truncation(body, view.max_length)
         scoring = "none" if body.use_activation is False else None  # None: the problem type's softmax or sigmoid
         left = body.truncation_side == "left"
-        job = queue_sequences(state, [(t, None) for t in texts], True, truncate, left, scoring, adapter)
+        job = queue_sequences(state, [(t, None) for t in texts], True, truncate, left, scoring, adapter, special)
         answer = await answered(request, job)
         scores = scores_in_label_order(view, answer)
     count_answer(state, answer, started)
@@ -98,6 +102,19 @@ async def classify(request: Request) -> Json:
         for i, (label, row) in enumerate(zip(labels, scores, strict=True))
     ]
     return listed("classify", name, data, answer.tokens)
+
+
+async def classified_texts(state: AppState, view: ModelView, adapter: str | None, body: ClassifyRequest) -> list:
+    """The texts of `input`, or the one chat of `messages` rendered by the model's chat template."""
+    if (body.input is None) == (body.messages is None):
+        raise vllm_error("send `input` (texts) or `messages` (a chat), one of them")
+    if body.messages is None:
+        return [body.input] if isinstance(body.input, str) else body.input
+    _, tokenizing = await state.encoders.for_version(view, adapter)
+    try:
+        return [chat.rendered(tokenizing.tokenizer, body)]
+    except chat.ChatRefused as exc:
+        raise vllm_error(str(exc)) from None
 
 
 def decided_labels(view: ModelView, scores: list[list[float]], top: list[str], probabilities: bool) -> list[str]:

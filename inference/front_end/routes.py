@@ -189,8 +189,10 @@ def queue_sequences(
     left: bool,
     scoring: str | None,
     adapter: str | None = None,
+    special: bool = True,
 ) -> asyncio.Future[Answer]:
-    """Inputs checked against the limits and queued, for the served model or its adapter of that name."""
+    """Inputs checked against the limits and queued, for the served model or its adapter of that name; `special`
+    False for texts rendered whole (a chat template's): no special tokens or prompt template added, no windows."""
     settings = state.settings
     if is_batch:
         check_batch_size(settings, len(sequences))
@@ -199,14 +201,14 @@ def queue_sequences(
             raise ServiceError(tei_errors.EMPTY, "`inputs` cannot be empty" + (f" (inputs[{i}])" if is_batch else ""))
     served = live_view(state).named(adapter)
     # chunking unless the request asks to truncate
-    chunk = served.chunks and asked_truncate is not True
+    chunk = served.chunks and asked_truncate is not True and special
     truncate = settings.auto_truncate if asked_truncate is None else asked_truncate
     if chunk:
         check_characters(sequences, served.window * settings.max_chunks * CHARS_PER_TOKEN_LIMIT)
     else:
         sequences = limit_characters(sequences, served.max_length * CHARS_PER_TOKEN_LIMIT, truncate, left)
     state.metrics.predict_count.inc(len(sequences))  # TEI: one per input handed to the model (core/src/infer.rs)
-    options = (truncate, left, chunk, settings.max_chunks)
+    options = (truncate, left, chunk, settings.max_chunks, special)
     return asyncio.ensure_future(encoded_and_answered(state, served, adapter, sequences, options, scoring))
 
 

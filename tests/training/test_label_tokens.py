@@ -270,3 +270,46 @@ def test_a_downloaded_llm_classifier_reads_one_token_per_label(causal_lm, tmp_pa
 
     with pytest.raises(CheckpointError, match="'sci/tech' is 3 tokens"):
         load_model(str(bad), device="cpu", dtype="fp32")
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} . {% endfor %}"
+    "{% if add_generation_prompt %}answer :{% endif %}"
+)
+
+
+@pytest.mark.slow
+def test_chat_messages_on_classify_render_through_the_models_chat_template(causal_lm, tmp_path):
+    """vLLM's chat form of /v1/classify: `messages` rendered by the model's own chat template and tokenized as
+    rendered (no prompt template added), equal to transformers on the rendered text to 1e-4; refusals in vLLM's
+    error body."""
+    words = ["world", "sports", "business", "science"]
+    spec = {"classifier_from_token": words, "method": "no_post_processing", "labels": LABELS, "template": TEMPLATE}
+    folder = downloaded(causal_lm, tmp_path / "chat", spec)
+    tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder / "tokenizer")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "the striker scored twice in the final"}]}]
+    rendered = "user : the striker scored twice in the final . answer :"
+    ids = tokenizer.convert_tokens_to_ids(words)
+    expected = by_transformers(folder, [rendered], ids).softmax(-1).tolist()
+    wrapped = by_transformers(folder, ["topic of the story : ", rendered, " . answer :"], ids).softmax(-1).tolist()
+    settings = Settings(model_id=str(folder), dtype="fp32", reload_interval_s=0, backend="torch", served_model_name="t")
+    asked = {"model": "t", "messages": messages, "add_generation_prompt": True}
+    with TestClient(create_app(settings)) as client:
+        chat = client.post("/v1/classify", json=asked).json()["data"][0]["probs"]
+        bare = client.post("/v1/classify", json={"model": "t", "input": rendered, "add_special_tokens": False}).json()
+        templated = client.post("/v1/classify", json={"model": "t", "input": rendered}).json()["data"][0]["probs"]
+        refusals = [
+            client.post("/v1/classify", json={**asked, "input": "both"}),
+            client.post("/v1/classify", json={**asked, "chat_template": "{{ 7 * 7 }}"}),
+            client.post("/v1/classify", json={**asked, "continue_final_message": True}),
+        ]
+    assert chat == pytest.approx(expected, abs=1e-4) and bare["data"][0]["probs"] == pytest.approx(expected, abs=1e-4)
+    assert templated == pytest.approx(wrapped, abs=1e-4)  # `input` keeps the prompt template
+    for refused in refusals:
+        assert refused.status_code == 400 and set(refused.json()["error"]) == {"message", "type", "param", "code"}
+    with TestClient(create_app(Settings(model_id=str(downloaded(causal_lm, tmp_path / "plain", spec)), dtype="fp32",
+                                        reload_interval_s=0, backend="torch"))) as client:  # fmt: skip
+        none = client.post("/v1/classify", json={"messages": messages})
+    assert none.status_code == 400 and "no chat template" in none.json()["error"]["message"]
