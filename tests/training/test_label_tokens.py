@@ -168,6 +168,11 @@ def test_a_short_run_learns_past_zero_shot_and_the_service_reads_the_template(ca
     args = ["--checkpoint_dir", str(out), "--input_file", str(source), "--output_file", str(labelled)]
     result, _ = launch(["-m", "training.predict", *args, "--mixed_precision", "fp32"])
     assert result.returncode == 0, describe(result)
+    evaluated = ["-m", "training.evaluate", "--checkpoint_dir", str(out), "--test_file", str(smoke_dir / "test.csv")]
+    result, _ = launch([*evaluated, "--mixed_precision", "fp32"])
+    assert result.returncode == 0, describe(result)
+    again = json.loads((out / files.EVAL_RESULTS).read_text())["metrics"]["accuracy"]
+    assert again == pytest.approx(trained, abs=1e-6)  # evaluate reads the template as training did
     predicted = pd.read_csv(labelled)
     for i, ranked in enumerate(served_scores):  # predict reads the template as the service does
         scores = {a["label"]: a["score"] for a in ranked}
