@@ -354,9 +354,8 @@ def banded(smoke_checkpoint, tmp_path_factory, smoke_dir) -> tuple[Path, list[st
 
 
 def test_a_single_label_decision_is_the_same_in_every_shape_and_by_hand(banded, tmp_path):
-    """200 texts, a single-label model with a review band: each text's decision (its best label, or `review`) is the
-    same in OpenAI's moderation route (the real SDK), KServe v2 (tritonclient), vLLM's `label`, `agnews predict`'s
-    `decision` and `agnews evaluate`'s misclassified table, and equals the band applied by hand to /predict's scores."""
+    """200 texts, a review band: each decision (the best label, or `review`) is the same in moderation (openai SDK),
+    KServe (tritonclient), vLLM's label, predict, evaluate's table, and the band applied to /predict's scores."""
     openai = pytest.importorskip("openai", reason="the openai SDK is a dev dependency")
     http = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is a dev dependency")
     folder, texts, truth = banded

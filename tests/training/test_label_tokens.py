@@ -318,3 +318,24 @@ def test_chat_messages_on_classify_render_through_the_models_chat_template(causa
                                         reload_interval_s=0, backend="torch"))) as client:  # fmt: skip
         none = client.post("/v1/classify", json={"messages": messages})
     assert none.status_code == 400 and "no chat template" in none.json()["error"]["message"]
+
+
+def test_the_docs_command_trains_a_label_token_classifier(smoke_dir, tmp_path):
+    """docs/launching.md's command, its label tokens and template as written, on a tiny Qwen3 and the smoke rows."""
+    import shlex
+
+    from tests.helpers.docs import block
+
+    words = shlex.split(block("docs/launching.md", "--label_tokens").code.replace("\\\n", " "))
+    flags = {name: words[words.index(name) + 1] for name in ("--label_tokens", "--template")}
+    lm = write_causal_lm(tmp_path / "lm", "qwen3", smoke_dir)
+    out = tmp_path / "out"
+    args = ["--preset", "smoke", "--model_name_or_path", str(lm), "--tokenizer_name", str(lm / "tokenizer"),
+            "--from_scratch", "false", "--output_dir", str(out), "--max_train_steps", "5",
+            "--checkpointing_steps", "none", *[part for pair in flags.items() for part in pair]]  # fmt: skip
+    result, _ = run_train(args)
+    assert result.returncode == 0, describe(result)
+    config = json.loads((out / files.CONFIG).read_text())
+    assert config[templates.CONFIG_FIELD] == flags["--template"] == "Classify the news story. Story: {text} Topic:"
+    assert config["label_tokens"] == {"method": "tokens", "tokens": [" World", " Sports", " Business", " Science"]}
+    assert "Head started from the LM's label tokens" in result.stderr

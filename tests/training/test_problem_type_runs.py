@@ -526,9 +526,8 @@ def test_a_review_band_fitted_at_095_holds_its_precision_on_test(runs):
 
 
 def test_a_multi_label_decision_is_the_same_in_every_shape_and_by_hand(runs, smoke_dir, tmp_path):
-    """200 test texts: each label's decision (yes, no, or withheld by the review band) is the same in OpenAI's
-    moderation route (the real SDK), KServe v2 (tritonclient), `agnews predict`'s columns and `agnews evaluate`'s
-    table, and equals the fitted thresholds and band applied by hand to /predict's scores."""
+    """200 test texts: each label's yes, no or review is the same in moderation (openai SDK), KServe (tritonclient),
+    predict's columns, evaluate's table, and the thresholds and band applied to /predict's scores."""
     openai = pytest.importorskip("openai", reason="the openai SDK is a dev dependency")
     http = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is a dev dependency")
     folder, source = runs["multi-label"], tmp_path / "texts.jsonl"
