@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from train_bench import AG_NEWS, prepare_model  # noqa: E402
-from tune_bench import FIXED, agnews, write_splits  # noqa: E402
+from train_bench import AG_NEWS  # noqa: E402
+from tune_bench import FIXED, agnews, rare_tag_data  # noqa: E402
 
 
 def per_label(rows: list[dict], labels: list[str]) -> dict[str, dict]:
@@ -65,10 +65,7 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     with tempfile.TemporaryDirectory(prefix="review_band_") as tmp:
         work = Path(tmp)
-        shares = write_splits(work, args.seed, args.train, args.validation, 1000)
-        model, model_name = prepare_model("minilm", work)
-        data = ["--model_name_or_path", str(model), "--train_file", str(work / "train.jsonl")]
-        data += ["--validation_file", str(work / "validation.jsonl"), "--test_file", str(work / "heldout.jsonl")]
+        shares, data, model_name = rare_tag_data(work, args.seed, args.train, args.validation)
         out = work / "banded"
         agnews("train", *data, *FIXED, "--review_precision", str(args.precision), "--output_dir", str(out))
         labelled = work / "labelled.jsonl"

@@ -60,6 +60,15 @@ def write_splits(work: Path, seed: int, train: int, validation: int, heldout: in
     return {tag: sum(tag in labels for labels in tagged) / len(tagged) for tag in TAGS}
 
 
+def rare_tag_data(work: Path, seed: int, train: int, validation: int) -> tuple[dict[str, float], list[str], str]:
+    """(tags' shares, the training flags naming MiniLM and the three splits, the model's description)."""
+    shares = write_splits(work, seed, train, validation, 1000)
+    model, model_name = prepare_model("minilm", work)
+    data = ["--model_name_or_path", str(model), "--train_file", str(work / "train.jsonl")]
+    data += ["--validation_file", str(work / "validation.jsonl"), "--test_file", str(work / "heldout.jsonl")]
+    return shares, data, model_name
+
+
 def agnews(*args: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "training.commands", *args], cwd=ROOT, capture_output=True, text=True
@@ -77,10 +86,7 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     with tempfile.TemporaryDirectory(prefix="tune_bench_") as tmp:
         work = Path(tmp)
-        shares = write_splits(work, args.seed, args.train, 500, 1000)
-        model, model_name = prepare_model("minilm", work)
-        data = ["--model_name_or_path", str(model), "--train_file", str(work / "train.jsonl")]
-        data += ["--validation_file", str(work / "validation.jsonl"), "--test_file", str(work / "heldout.jsonl")]
+        shares, data, model_name = rare_tag_data(work, args.seed, args.train, 500)
         started = time.perf_counter()
         agnews("train", *data, *FIXED, "--output_dir", str(work / "defaults"))
         default_s = time.perf_counter() - started

@@ -105,8 +105,3 @@ def decide(rule: str, scores: np.ndarray, thresholds=(), band=()) -> Decisions:
 
 def _inside(scores: np.ndarray, low, high) -> np.ndarray:
     return (scores >= low) & (scores < high)
-
-
-def decided(rule: str, row: list[float], thresholds: list[float], band=()) -> list[bool]:
-    """One input's labels decided yes (`decide` on one row)."""
-    return decide(rule, np.asarray([row]), thresholds, band).chosen[0].tolist()

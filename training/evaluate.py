@@ -15,7 +15,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 
-from contract import files, precision, problem_types
+from contract import files, precision
 from contract.errors import CheckpointError
 from contract.files import file_sha256
 from contract.hub import ensure_hub_or_offline
@@ -170,8 +170,7 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
         evaluation["calibration"] = {"ece": ece, "bins": calibration.BINS, "applied": applied}
     if saved.loaded.problem.band:  # the share decided and how right it is, beside the scores alone
         measured = review.measured(saved.loaded.problem, scored.scores, scored.labels)
-        precision = getattr(saved.loaded.model.config, problem_types.REVIEW_BAND)["precision"]
-        evaluation["review_band"] = {"target_precision": precision, **measured}
+        evaluation["review_band"] = {"target_precision": saved.loaded.problem.review_precision, **measured}
         evaluation["files"].append(files.REVIEW_PNG)
     if "confusion_matrix" in report:
         evaluation["confusion_matrix"] = {

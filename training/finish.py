@@ -83,7 +83,11 @@ def score_best_model(run: Run) -> tuple[dict | None, dict, dict, dict | None]:
     calibrated, folded = calibrate(run, validation)
     thresholds = calibrated.get("thresholds") or best_thresholds  # moved with the temperatures
     decider = replace(run.metrics.problem, thresholds=tuple(thresholds or run.metrics.problem.thresholds))
-    decider, band = fit_review_band(run, model, decider) if run.cfg.review_precision is not None else (decider, None)
+    band = None
+    if run.cfg.review_precision is not None:  # scored again only where temperatures changed the scores
+        if folded:
+            validation = score(run.accelerator, model, run.loaders.validation, run.metrics, long_text=long_text)[0]
+        decider, band = fit_review_band(run, validation, decider)
     if folded or decider.band:  # config.json carries the temperatures and the band
         run.out.save_model(run.model, run.tokenizer, run.cfg.export_hf_format)
     if run.loaders.test is None:
@@ -97,24 +101,22 @@ def score_best_model(run: Run) -> tuple[dict | None, dict, dict, dict | None]:
     return results, calibrated, found, band
 
 
-def fit_review_band(run: Run, model, decider: ProblemType) -> tuple[ProblemType, dict]:
+def fit_review_band(run: Run, validation: Scored, decider: ProblemType) -> tuple[ProblemType, dict]:
     """--review_precision: the band fitted on validation as the calibrated model scores it, recorded in config.json;
     nothing on too few texts, said. (The problem type with its band, metrics.json's record.)"""
     precision = run.cfg.review_precision
-    validation, _, _ = score(run.accelerator, model, run.loaders.validation, run.metrics, decider.thresholds,
-                             run.cfg.long_text_rule())  # fmt: skip
     if len(validation.labels) < review.FEWEST_TEXTS:
         logger.warning("Review band: not fitted: %d validation texts, under %d (hold out more with "
                        "--validation_split)", len(validation.labels), review.FEWEST_TEXTS)  # fmt: skip
         return decider, {"precision": precision, "too_few": len(validation.labels)}
     ranges = review.fit(decider, validation.scores, validation.labels, precision)
-    decider = replace(decider, band=tuple(map(tuple, ranges)))
+    decider, record = replace(decider, band=tuple(map(tuple, ranges))), review.record(precision, ranges)
     unwrapped = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
-    setattr(unwrapped.config, problem_types.REVIEW_BAND, review.record(precision, ranges))
+    setattr(unwrapped.config, problem_types.REVIEW_BAND, record)
     measured = review.measured(decider, validation.scores, validation.labels)
     logger.info("Review band: fitted for precision %s on %d validation texts: %s", precision,
                 len(validation.labels), review.said(measured))  # fmt: skip
-    return decider, {**review.record(precision, ranges), "validation": measured}
+    return decider, {**record, "validation": measured}
 
 
 def export(root: Path, runtime: str) -> None:

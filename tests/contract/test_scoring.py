@@ -44,7 +44,10 @@ def test_decided_is_the_problem_types_decision():
     """The service's torch-free decision (moderation) against problem_types' torch one, on random scores with ties and
     scores equal to a threshold in fp32."""
     from contract.problem_types import MULTI, REGRESSION, SINGLE, ProblemType
-    from contract.scoring import decided
+    from contract.scoring import decide
+
+    def decided(rule, row, thresholds):
+        return decide(rule, np.asarray([row]), thresholds).chosen[0].tolist()
 
     generator = torch.Generator().manual_seed(0)
     scores = torch.rand(200, 5, generator=generator).round(decimals=1)  # ties, and 0.7 itself
