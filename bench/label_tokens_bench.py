@@ -1,10 +1,10 @@
 """An encoder against a decoder classifier read through its label tokens, on the same rows: accuracy and training
-examples/s, offline on the CPU with tiny models (the smoke preset's DistilBERT, and Qwen3 causal LMs of the same
-width made here with random weights, so zero-shot knows nothing: this measures the path's cost and that it learns,
-not what a pretrained LM's label tokens bring). The real comparison, MiniLM-L6 against Qwen3-0.6B read through its
-label tokens, needs the Hub's weights on a GPU lease; it is listed in docs/benchmarks.md for one.
+examples/s, offline on the CPU: the smoke preset's DistilBERT, the pretrained MiniLM-L6, and Qwen3 causal LMs of the
+smoke width made here with random weights (so zero-shot knows nothing: this measures the path's cost and that it
+learns, not what a pretrained LM's label tokens bring). The real comparison, MiniLM-L6 against Qwen3-0.6B read through
+its label tokens, needs that LM's weights: not offline here, and past what a GPU lease carries (64 MiB).
 
-    python bench/label_tokens_bench.py            # about 3 minutes on 2 CPU cores
+    python bench/label_tokens_bench.py            # about a minute on 2 CPU cores
 
 Not a CI test: it prints one markdown block for docs/benchmarks-log.md (the machine, the commit, the rows).
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.train_bench import minilm_package  # noqa: E402
 from tests.helpers.tiny_models import tiny_config  # noqa: E402
 from training.smoke import ensure_smoke_assets  # noqa: E402
 
@@ -68,8 +69,13 @@ def main() -> int:
         decoder = ["--model_name_or_path", str(lm), "--tokenizer_name", str(lm / "tokenizer"), "--from_scratch",
                    "false", "--template", TEMPLATE]  # fmt: skip
         labels = ",".join(f"{label}={word}" for label, word in WORDS.items())
+        minilm = ["--model_name_or_path", str(minilm_package()), "--from_scratch", "false", "--template", TEMPLATE]
         rows = {
             "encoder: the smoke DistilBERT (random init), fresh head": train(work / "encoder"),
+            # pretrained: at the decoders' 3e-3 it diverges; 1e-4 is its fine-tuning rate (bench/real_accuracy.py)
+            "encoder: MiniLM-L6 (pretrained, its own tokenizer), fresh head, 1e-4": train(
+                work / "minilm", *minilm, "--learning_rate", "1e-4"
+            ),
             "decoder: tiny Qwen3, fresh head": train(work / "fresh", *decoder),
         }
         started = train(work / "tokens", *decoder, "--label_tokens", labels)
