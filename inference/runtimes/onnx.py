@@ -16,26 +16,13 @@ import torch
 
 from contract import files, precision
 from contract.quiet import quiet
+from inference.runtimes.logits_only import LogitsOnly
 
 logger = logging.getLogger(__name__)
 
 
 def version() -> str:
     return ort.__version__
-
-
-class _Logits(torch.nn.Module):
-    """The classifier with logits as its one output."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
-    ):
-        pair = {} if token_type_ids is None else {"token_type_ids": token_type_ids}  # a BERT's; DistilBERT has none
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, **pair).logits
 
 
 def build(model: torch.nn.Module, example: dict, serving_precision: str, calibration: list[dict], folder: Path) -> Path:
@@ -49,7 +36,7 @@ def build(model: torch.nn.Module, example: dict, serving_precision: str, calibra
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), chatter:
         warnings.simplefilter("ignore")  # the exporter's chatter is not ours to show
         program = torch.onnx.export(
-            _Logits(model.float().eval()),
+            LogitsOnly(model.float().eval()),
             (),
             kwargs=dict(example),
             input_names=list(example),

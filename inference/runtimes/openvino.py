@@ -15,6 +15,7 @@ import torch
 from contract import files, precision
 from contract.quiet import quiet
 from inference.runtimes import signal_stack
+from inference.runtimes.logits_only import LogitsOnly
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def convert(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> ov.Mode
     # the tracer's probing makes transformers warn about an unused loss
     with torch.no_grad(), warnings.catch_warnings(), quiet("transformers.modeling_utils"):
         warnings.simplefilter("ignore")  # shape branches: the graph stays dynamic
-        return ov.convert_model(model.float().eval(), example_input=example)
+        return ov.convert_model(LogitsOnly(model.float().eval()), example_input=example)
 
 
 def input_names(model: ov.Model | ov.CompiledModel) -> list[str]:

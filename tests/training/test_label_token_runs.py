@@ -4,6 +4,7 @@ texts in training and in the service, Ray Data batch prediction; a tiny Qwen3 ma
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -148,3 +149,23 @@ def test_ray_data_labels_long_stories_as_the_service_does(sharded_windows, smoke
         assert written.loc[i, [f"score_{name}" for name in LABELS]].tolist() == pytest.approx(
             [scores[name] for name in LABELS], abs=1e-5
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["openvino", "onnxruntime"])
+def test_the_optimized_runtimes_read_the_template_as_torch_does(qwen3, tmp_path, backend):
+    """A downloaded label-token classifier converted (no cache output: a decoder's) and served in fp32: its answers
+    equal PyTorch's to 1e-5, a text far past the window included."""
+    pytest.importorskip(backend, reason=f"pip install 'distilbert-agnews[{backend}]' (in the dev extra)")
+    folder = Path(shutil.copytree(qwen3, tmp_path / "lm"))
+    spec = {"classifier_from_token": ["world", "sports", "business", "science"], "method": "no_post_processing",
+            "labels": LABELS, "template": TEMPLATE}  # fmt: skip
+    (folder / "label_tokens.json").write_text(json.dumps(spec))
+    texts = [[t] for t in ("the striker scored twice in the final", "shares fell sharply " * 200)]
+    answers = {}
+    for runtime in ("torch", backend):
+        with make_client(folder, dtype="float32", backend=runtime) as client:
+            assert client.get("/info").json()["distilbert_agnews"]["runtime"]["name"] == runtime
+            answers[runtime] = client.post("/predict", json={"inputs": texts, "truncate": True}).json()
+    for got, want in zip(answers[backend], answers["torch"]):
+        assert {a["label"]: a["score"] for a in got} == pytest.approx({a["label"]: a["score"] for a in want}, abs=1e-5)
