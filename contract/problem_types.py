@@ -177,6 +177,10 @@ class ProblemType:
         """The mean of weighted per-example losses: the same however a batch is split."""
         return self.loss(logits, labels, weights, smoothing).mean()
 
+    def teacher_loss(self, logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+        """Each example's distillation loss against the teacher's scores (what its service answers)."""
+        raise NotImplementedError
+
     def balanced_weights(self, targets: list, count: int) -> torch.Tensor:
         """Weights averaging 1 over the training targets."""
         raise NotImplementedError
@@ -252,6 +256,13 @@ class SingleLabel(ProblemType):
             return F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
         return super().batch_loss(logits, labels, weights, smoothing)
 
+    def teacher_loss(self, logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+        """KL(teacher || student) with both softened at `temperature`, times its square (Hinton et al.'s scale);
+        the teacher's probabilities stand for its logits (softmax forgets their shift)."""
+        target = F.log_softmax(teacher.float().clamp(min=1e-12).log() / temperature, dim=-1)
+        student = F.log_softmax(logits.float() / temperature, dim=-1)
+        return F.kl_div(student, target, reduction="none", log_target=True).sum(-1) * temperature**2
+
     def balanced_weights(self, targets: list, count: int) -> torch.Tensor:
         """Weights by texts / (classes x class texts)."""
         counts = torch.bincount(torch.tensor(targets), minlength=count).double()
@@ -314,6 +325,10 @@ class MultiLabel(ProblemType):
         targets = labels.float() * (1 - smoothing) + smoothing / 2
         losses = F.binary_cross_entropy_with_logits(logits.float(), targets, pos_weight=weights, reduction="none")
         return losses.mean(dim=-1)
+
+    def teacher_loss(self, logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+        """Binary cross-entropy on the teacher's probability of each label, averaged."""
+        return F.binary_cross_entropy_with_logits(logits.float(), teacher.float(), reduction="none").mean(-1)
 
     def balanced_weights(self, targets: list, count: int) -> torch.Tensor:
         """Each label's pos_weight: its negatives over its positives."""
@@ -383,6 +398,9 @@ class Regression(ProblemType):
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
         return F.mse_loss(logits.float().squeeze(-1), labels.float(), reduction="none")
 
+    def teacher_loss(self, logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+        return F.mse_loss(logits.float(), teacher.float(), reduction="none").mean(-1)
+
     def cell_values(self, value: Any, row: int, source: str, reader: LabelReader) -> list:
         reader.target(value, row, source)  # checked: a finite number float32 can train on
         return []
@@ -430,6 +448,10 @@ class Reranking(ProblemType):
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, weights, smoothing: float) -> torch.Tensor:
         """Binary cross-entropy on the relevance in [0, 1]: graded labels are soft targets."""
         return F.binary_cross_entropy_with_logits(logits.float().squeeze(-1), labels.float(), reduction="none")
+
+    def teacher_loss(self, logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+        """MSE on the logit: the teacher's relevance read back through the sigmoid it was served with."""
+        return F.mse_loss(logits.float(), torch.logit(teacher.float().clamp(1e-6, 1 - 1e-6)), reduction="none").mean(-1)
 
     def cell_values(self, value: Any, row: int, source: str, reader: LabelReader) -> list:
         return [reader.grade(value, row, source)]

@@ -128,6 +128,13 @@ class Settings(BaseSettings):
     """Texts for int8 calibration and the agreement check (.txt one per line, .jsonl/.csv with a `text` field, .json
     list); default: the checkpoint's calibration_texts.json [CALIBRATION_FILE]
     """
+    agreement_with: str | None = None
+    """The model this one replaces (a distilled student's teacher): at start and every reload both score the
+    student's held-out texts (its distillation.json, else the calibration texts) and a model keeping under
+    MIN_AGREEMENT of its decisions is refused, the current one serving on [AGREEMENT_WITH]
+    """
+    min_agreement: float = Field(0.98, gt=0, le=1)
+    """With AGREEMENT_WITH: the share of the teacher's clear decisions the served model must keep [MIN_AGREEMENT]"""
     runtime_cache: str = "~/.cache/distilbert-agnews/runtime"
     """Where converted models go when the checkpoint folder cannot be written (a Hub model, a read-only folder);
     otherwise they go beside the checkpoint in runtime/ [RUNTIME_CACHE]

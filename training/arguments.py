@@ -184,3 +184,31 @@ def check_env() -> argparse.ArgumentParser:
         "--buffer_mb", type=float, help="all-reduce size for the bandwidth probe (default: 256 MB on GPU, 16 on CPU)"
     )
     return parser
+
+
+def distill() -> argparse.ArgumentParser:
+    parser = _parser(
+        "training.distill",
+        "Distil a teacher into a student on unlabelled files; other flags go to `agnews train`.",
+    )
+    parser.allow_abbrev = False  # a train flag passed through is never taken for one of these
+    parser.add_argument("--teacher", required=True, help="the teacher's checkpoint folder")
+    parser.add_argument("--input_file", required=True, help="unlabelled csv / jsonl / parquet: a file, glob or folder")
+    parser.add_argument("--output_dir", required=True, help="the student's checkpoint folder (its work in distill/)")
+    student = parser.add_mutually_exclusive_group(required=True)
+    student.add_argument("--student_layers", help="a copy of the teacher with these layers (0,2,4) or this many (3)")
+    student.add_argument("--model_name_or_path", help="the student to start from, any model `agnews train` takes")
+    parser.add_argument("--train_file", help="labelled rows mixed in (their labels weigh --distill_alpha)")
+    parser.add_argument("--text_column", default="text", help="the texts' column in every file")
+    parser.add_argument("--label_column", default="label", help="the labels' column in --train_file")
+    parser.add_argument(
+        "--held_out",
+        type=int,
+        default=500,
+        help="texts held out to measure agreement on (at most a fifth of the files)",
+    )
+    parser.add_argument("--seed", type=int, default=42, help="shuffles the texts before holding some out")
+    parser.add_argument("--config_file", help="an accelerate config for the training (several processes, FSDP)")
+    parser.add_argument("--ray", action="store_true", help="the teacher scores the files on Ray Data")
+    parser.add_argument("--num_replicas", help="with --ray: teacher replicas")
+    return parser

@@ -287,6 +287,17 @@ class OptimizationConfig(_Group):
     balanced for multi-label (measured to help rare and common labels alike), none otherwise."""
     label_smoothing_factor: Fraction = 0.0
     """Label smoothing of the classification targets (single- and multi-label); 0 turns it off."""
+    teacher_column: str | None = None
+    """Distillation (`agnews distill` sets it): the column of each row's teacher scores (a list: probabilities per
+    label, or the value); the loss learns them (KL at distill_temperature for single-label, BCE on the probabilities
+    for multi-label, MSE on the value for regression and on the logit for reranking)."""
+    hard_label_column: str | None = None
+    """Distillation: a 0/1 column, 1 where the row's label is a real one (distill_alpha's share of the loss learns
+    it); rows without it learn the teacher only. Default: every label is real."""
+    distill_alpha: Fraction = 0.0
+    """Distillation: the hard labels' share of the loss, (1 - alpha) x teacher loss + alpha x label loss."""
+    distill_temperature: Annotated[float, _bound(">", 0)] = 2.0
+    """Distillation, single-label: the temperature both distributions are softened at (the loss scaled by T^2)."""
     mixed_precision: Annotated[str, BeforeValidator(_precision)] = precision.AUTO
     """auto, no/fp32, fp16 or bf16 (the same names as evaluation, prediction and serving).
     auto: the accelerate config's fp16/bf16 if it sets one, else bf16 where the hardware has native bf16 (bf16 GPUs;

@@ -136,7 +136,7 @@ class LossMeter:
 
 def forward_loss(run: Run, batch: dict) -> torch.Tensor:
     logits = run.model(**model_inputs(batch)).logits
-    return run.objective(logits, batch["labels"])
+    return run.objective(logits, batch["labels"], batch)
 
 
 def after_optimizer_step(run: Run, bar: tqdm) -> None:

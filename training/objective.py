@@ -13,6 +13,7 @@ from contract.problem_types import ProblemType
 from training.config import TrainConfig, class_weight_values
 from training.data.errors import DataError
 from training.data.labels import LabelSpace
+from training.data.reading import HARD, TEACHER
 
 
 @dataclass
@@ -20,6 +21,7 @@ class Objective:
     problem: ProblemType
     weights: torch.Tensor | None = None  # per class (single-label) or per label (multi-label pos_weight)
     label_smoothing: float = 0.0
+    distillation: tuple[float, float] | None = None  # (alpha, temperature) when the rows carry teacher scores
 
     def to(self, device: torch.device) -> Objective:
         return replace(self, weights=self.weights.to(device) if self.weights is not None else None)
@@ -28,9 +30,16 @@ class Objective:
         """Each example's fp32 loss, unweighted unless asked."""
         return self.problem.loss(logits, labels, self.weights if weighted else None, self.label_smoothing)
 
-    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The batch's training loss."""
-        return self.problem.batch_loss(logits, labels, self.weights, self.label_smoothing)
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, batch: dict | None = None) -> torch.Tensor:
+        """The batch's training loss; with the teacher's scores in `batch`, the distillation mix."""
+        if self.distillation is None or batch is None or TEACHER not in batch:
+            return self.problem.batch_loss(logits, labels, self.weights, self.label_smoothing)
+        alpha, temperature = self.distillation
+        taught = self.problem.teacher_loss(logits, batch[TEACHER], temperature)
+        if not alpha:
+            return taught.mean()
+        hard = batch.get(HARD, torch.ones_like(taught))
+        return ((1 - alpha) * taught + alpha * hard * self.per_example(logits, labels, weighted=True)).mean()
 
 
 def class_weights(spec: str, labels: LabelSpace, targets: list) -> torch.Tensor | None:
@@ -62,4 +71,6 @@ def problem_type_defaults(cfg: TrainConfig, problem: ProblemType) -> TrainConfig
 def objective_for(cfg: TrainConfig, labels: LabelSpace, targets: list) -> Objective:
     if not labels.problem.classes and cfg.label_smoothing_factor:
         raise DataError(f"label_smoothing_factor: a {labels.problem.name} target cannot be smoothed; leave it at 0")
-    return Objective(labels.problem, class_weights(cfg.class_weights, labels, targets), cfg.label_smoothing_factor)
+    distillation = (cfg.distill_alpha, cfg.distill_temperature) if cfg.teacher_column else None
+    weights = class_weights(cfg.class_weights, labels, targets)
+    return Objective(labels.problem, weights, cfg.label_smoothing_factor, distillation)

@@ -25,6 +25,7 @@ from contract.long_text import CHUNK, LongTextError
 from inference import logs, memory, prometheus, tei_errors
 from inference.answers import Encoded, ModelView
 from inference.encoding import spec_of, window_length
+from inference.engine import agreement_guard
 from inference.engine.reload import CheckpointWatcher, read_from
 from inference.engine.scheduler import Engine, Limits, warm_up
 from inference.front_end.link import AppState, spare_copy
@@ -206,9 +207,11 @@ def load_for_start(settings: Settings) -> runtimes.ServedModel:
 
 
 def _fp32(settings: Settings, shared: SharedBase | None = None) -> LoadedModel:
-    return load_model(
+    loaded = load_model(
         settings.model_id, device=settings.device, dtype=precision.FP32, revision=settings.revision, shared=shared
     )
+    agreement_guard.check(settings, loaded)
+    return loaded
 
 
 def _with_adapters(settings: Settings) -> runtimes.ServedModel:

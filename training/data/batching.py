@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from contract import shapes
 from training.config import TrainConfig
 from training.data.errors import DataError
-from training.data.reading import QUERY, Splits
+from training.data.reading import HARD, QUERY, TEACHER, Splits
 from training.speed import capture, packing
 
 GPU_LOADER_WORKERS = 2  # a captured step must not wait on collation
@@ -91,7 +91,7 @@ def _model_columns(ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, *ex
     return ds.select_columns(keep)
 
 
-NOT_MODEL_INPUTS = ("labels", "document", QUERY)  # batch keys the model is not called with
+NOT_MODEL_INPUTS = ("labels", "document", QUERY, TEACHER, HARD)  # batch keys the model is not called with
 
 
 def model_inputs(batch: dict) -> dict:
@@ -192,7 +192,7 @@ def make_dataloaders(
     )
     # its own generator: a resumed run draws the same dropout
     train_loader = DataLoader(
-        _model_columns(splits.train, tokenizer),
+        _model_columns(splits.train, tokenizer, TEACHER, HARD),
         batch_sampler=sampler,
         generator=torch.Generator().manual_seed(cfg.seed),
         **{**common, **({"collate_fn": packed} if cfg.packing else {})},

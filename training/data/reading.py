@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,13 +184,41 @@ def with_texts(ds: datasets.Dataset, cfg: TrainConfig) -> datasets.Dataset:
 
 
 QUERY = "query"  # a reranker's rows: the id of their first text, ranked together
+TEACHER, HARD = "teacher", "hard"  # distillation: each row's teacher scores, and 1 where its label is a real one
 
 
-def labelled(ds: datasets.Dataset, source: str, cfg: TrainConfig, labels: LabelSpace) -> datasets.Dataset:
-    """Validated `text` and `labels` columns; `query` for a reranker."""
+def teacher_scores(ds: datasets.Dataset, source: str, column: str, width: int) -> list[list[float]]:
+    """--teacher_column's cells as `width` finite numbers each (a list, or its JSON text in a csv)."""
+    rows = []
+    for row, cell in enumerate(ds[column], start=1):
+        values = json.loads(cell) if isinstance(cell, str) else cell
+        if not isinstance(values, list) or len(values) != width:
+            raise DataError(f"{source}: row {row}: {column} holds {cell!r}, not a list of {width} teacher scores")
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            raise DataError(f"{source}: row {row}: {column} holds a score that is not a finite number: {cell!r}")
+        rows.append([float(v) for v in values])
+    return rows
+
+
+def with_teacher(ds: datasets.Dataset, read: datasets.Dataset, source: str, cfg: TrainConfig, width: int):
+    """`teacher` (and `hard`) beside the texts and labels, for a distillation run."""
+    require_columns(read, source, [cfg.teacher_column], "name it with --teacher_column")
+    ds = ds.add_column(TEACHER, teacher_scores(read, source, cfg.teacher_column, width))
+    if not cfg.hard_label_column:
+        return ds
+    require_columns(read, source, [cfg.hard_label_column], "name it with --hard_label_column")
+    return ds.add_column(HARD, [float(bool(v)) for v in read[cfg.hard_label_column]])
+
+
+def labelled(
+    ds: datasets.Dataset, source: str, cfg: TrainConfig, labels: LabelSpace, taught: bool = False
+) -> datasets.Dataset:
+    """Validated `text` and `labels` columns; `query` for a reranker; the teacher's scores where `taught`."""
     require_columns(ds, source, [cfg.label_column], LABEL_FLAG)
     check_texts(ds, source, cfg)
     out = with_texts(ds, cfg).add_column("labels", labels.encode(ds, source, cfg.label_column))
+    if taught and cfg.teacher_column:
+        out = with_teacher(out, ds, source, cfg, len(labels.names) if labels.problem.classes else 1)
     if not labels.problem.graded:
         return out
     ids: dict[str, int] = {}
@@ -225,7 +254,7 @@ def load_splits(cfg: TrainConfig) -> Splits:
     require_columns(train, train_source, [*text_columns(cfg), cfg.label_column], text_and_label_flags(train))
     labels = LabelSpace.of_training_data(train, train_source, cfg.label_column, cfg)
     # every split checked before any is transformed
-    train = labelled(train, train_source, cfg, labels)
+    train = labelled(train, train_source, cfg, labels, taught=True)
     others = {name: labelled(ds, source, cfg, labels) for name, (source, ds) in read.items()}
     if cfg.shuffle_train_dataset:
         train = train.shuffle(seed=cfg.seed)

@@ -1,0 +1,69 @@
+"""AGREEMENT_WITH: a model is served only where it agrees with the one it replaces (a distilled student and its
+teacher): at start and at every reload, both score the student's recorded held-out texts (distillation.json), else the
+service's calibration texts, and a student under MIN_AGREEMENT is refused, the current model serving on. Called by the
+service's loads (engine/service.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+from contract import agreement, precision
+from contract.loading import CheckpointError, LoadedModel, load_model
+from inference.runtimes.texts import calibration_texts
+from inference.settings import Settings
+
+logger = logging.getLogger(__name__)
+MAX_TEXTS = 1000  # scored twice per load; a recorded file may hold more
+MAX_RECORD_BYTES = 64 << 20  # a record beyond this is not read (the texts used are capped anyway)
+_teachers: dict[str, LoadedModel] = {}  # loaded once per service
+_lock = threading.Lock()
+
+
+def teacher_of(settings: Settings) -> LoadedModel:
+    with _lock:
+        if settings.agreement_with not in _teachers:
+            _teachers[settings.agreement_with] = load_model(
+                settings.agreement_with, device=settings.device, dtype=precision.FP32
+            )
+        return _teachers[settings.agreement_with]
+
+
+def held_out_texts(student: LoadedModel, settings: Settings) -> tuple[list[str], str]:
+    """The texts the student never trained on, as its run recorded them; else the calibration texts."""
+    record = student.folder / agreement.RECORD
+    if record.is_file() and record.stat().st_size <= MAX_RECORD_BYTES:
+        try:
+            texts = json.loads(record.read_text(encoding="utf-8"))["held_out"]["texts"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{record}: cannot read its held-out texts ({type(exc).__name__}: {exc})") from None
+        texts = [t for t in texts if isinstance(t, str) and t.strip()][:MAX_TEXTS]
+        if texts:
+            return texts, f"{len(texts)} held-out texts of {agreement.RECORD}"
+    texts, source = calibration_texts(student.folder, settings.calibration_file)
+    return texts[:MAX_TEXTS], source
+
+
+def check(settings: Settings, student: LoadedModel) -> None:
+    """CheckpointError (the reload keeps the current model) unless `student` agrees with AGREEMENT_WITH."""
+    if not settings.agreement_with:
+        return
+    teacher = teacher_of(settings)
+    if teacher.labels != student.labels or teacher.problem.name != student.problem.name:
+        raise CheckpointError(
+            f"AGREEMENT_WITH: {student.folder} answers {student.problem.name} {student.labels}, its teacher "
+            f"{teacher.folder} {teacher.problem.name} {teacher.labels}: not the model it replaces"
+        )
+    texts, source = held_out_texts(student, settings)
+    measured = agreement.measure(
+        teacher.problem, agreement.logits_of(student, texts), agreement.logits_of(teacher, texts)
+    )
+    share = measured["agreement"]
+    if share is None or share < settings.min_agreement:
+        raise CheckpointError(
+            f"AGREEMENT_WITH: {student.folder} keeps {'no' if share is None else f'{100 * share:.2f} %'} of "
+            f"{teacher.folder}'s decisions on {source}, under MIN_AGREEMENT {100 * settings.min_agreement:g} %"
+        )
+    logger.info("AGREEMENT_WITH %s: %s (%s): served", teacher.folder, agreement.said(measured), source)

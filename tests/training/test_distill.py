@@ -1,0 +1,147 @@
+"""`agnews distill`: the smoke teacher labels 2,000 unlabelled smoke texts, a 1-layer copy of it learns its scores;
+agreement recorded, resume bitwise, and the service's AGREEMENT_WITH guard refusing a bad student at reload."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from contract import agreement, files
+from contract.problem_types import ProblemType
+from tests.helpers.processes import describe, fault_env, launch
+from tests.helpers.service import wait_for
+from tests.inference.test_app import make_client
+from training.distill.students import chosen_layers
+
+pytestmark = pytest.mark.slow
+STEPS = ["--max_length", "64", "--learning_rate", "1e-3", "--num_train_epochs", "2", "--per_device_train_batch_size",
+         "16", "--checkpointing_steps", "50", "--keep_states"]  # fmt: skip
+
+
+def distill_args(teacher: Path, lake: Path, out: Path, smoke_dir: Path, *more: str) -> list[str]:
+    return ["-m", "training.distill", "--teacher", str(teacher), "--input_file", str(lake / "*.csv"), "--output_dir",
+            str(out), "--student_layers", "1", "--test_file", str(smoke_dir / "test.csv"), *STEPS, *more]  # fmt: skip
+
+
+def distill(teacher: Path, lake: Path, out: Path, smoke_dir: Path, *more: str):
+    result, _ = launch(distill_args(teacher, lake, out, smoke_dir, *more))
+    assert result.returncode == 0, describe(result)
+    return result
+
+
+@pytest.fixture(scope="module")
+def lake(smoke_dir, tmp_path_factory) -> Path:
+    """2,000 smoke training texts without their labels, in two shards."""
+    folder = tmp_path_factory.mktemp("lake")
+    texts = pd.read_csv(smoke_dir / "train.csv")[["text"]]
+    texts.iloc[:1000].to_csv(folder / "day0.csv", index=False)
+    texts.iloc[1000:2000].to_csv(folder / "day1.csv", index=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def student(smoke_model, lake, smoke_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("distilled") / "student"
+    distill(smoke_model, lake, out, smoke_dir)
+    return out
+
+
+def test_a_one_layer_student_keeps_its_teachers_accuracy_and_records_their_agreement(smoke_model, student):
+    teacher = json.loads((smoke_model / files.METRICS).read_text())["test"]["accuracy"]
+    metrics = json.loads((student / files.METRICS).read_text())
+    assert metrics["test"]["accuracy"] >= teacher - 0.05, (metrics["test"]["accuracy"], teacher)
+    measured = metrics["agreement_with_teacher"]
+    assert measured["agreement"] >= 0.95 and measured["mean_abs_difference"] < 0.1
+    config = json.loads((student / files.CONFIG).read_text())
+    assert config["n_layers"] == 1 and config[agreement.FIELD]["layers"] == [0]
+    record = json.loads((student / agreement.RECORD).read_text())
+    held = record["held_out"]["texts"]
+    assert record["agreement"] == measured and measured["texts"] == len(held) == len(set(held)) >= 300
+    trained_on = pd.read_json(student / "distill" / "train.jsonl", lines=True)["text"]
+    assert not set(held) & set(trained_on)  # measured on texts it never saw
+    assert "## Agreement with its teacher" in (student / files.MODEL_CARD).read_text()
+
+
+def test_the_agreement_recorded_is_the_student_scored_again(student):
+    """The record's figure from the saved student and the teacher's recorded scores, by hand."""
+    from contract.loading import load_model
+
+    record = json.loads((student / agreement.RECORD).read_text())
+    loaded = load_model(str(student), dtype="fp32")
+    texts, scores = record["held_out"]["texts"], torch.tensor(record["held_out"]["teacher_scores"])
+    mine = loaded.problem.scores(agreement.logits_of(loaded, texts))
+    assert (mine - scores).abs().mean().item() == pytest.approx(record["agreement"]["mean_abs_difference"], abs=1e-5)
+    assert (mine.argmax(-1) == scores.argmax(-1)).float().mean().item() >= record["agreement"]["agreement"] - 0.01
+
+
+def test_a_resume_mid_distillation_ends_bitwise(smoke_model, lake, student, smoke_dir, tmp_path):
+    """Stopped by a fault after step 120 (states every 50), run again with --resume_from_checkpoint latest: the
+    teacher's scored shards are kept, and the student ends as the uninterrupted one, bit for bit."""
+    out = tmp_path / "student"
+    stopped, _ = launch(distill_args(smoke_model, lake, out, smoke_dir), env=fault_env("raise_on_rank:0:120"))
+    assert stopped.returncode != 0 and "injected fault" in stopped.stderr, describe(stopped)
+    result = distill(smoke_model, lake, out, smoke_dir, "--resume_from_checkpoint", "latest")
+    assert f"Resumed from {out / files.STATE_DIR / 'step_100'}" in result.stderr, describe(result)
+    assert "Skipped 2 of 2 shards" in result.stdout + result.stderr  # the teacher's scores are kept
+    a = torch.load(student / files.WEIGHTS, weights_only=True)
+    b = torch.load(out / files.WEIGHTS, weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def mislabelled(source: Path, target: Path) -> Path:
+    """The student with its classifier's rows rolled: every answer under another label's name, saved consistently."""
+    shutil.copytree(source, target)
+    state = torch.load(source / files.WEIGHTS, weights_only=True)
+    for name in ("classifier.weight", "classifier.bias"):
+        state[name] = state[name].roll(1, 0).clone()
+    torch.save(state, target / files.WEIGHTS)
+    config = json.loads((source / files.CONFIG).read_text())
+    config[files.WEIGHTS_SHA256] = {files.WEIGHTS: files.tensors_sha256(state)}
+    (target / files.CONFIG).write_text(json.dumps(config))
+    return target
+
+
+def test_the_service_refuses_a_student_that_disagrees_and_keeps_serving(smoke_model, student, tmp_path, capfd):
+    served = Path(shutil.copytree(student, tmp_path / "served", ignore=shutil.ignore_patterns("state", "distill")))
+    bad = mislabelled(student, tmp_path / "bad")
+    settings = {"backend": "torch", "agreement_with": str(smoke_model), "min_agreement": 0.95}
+    with pytest.raises(Exception, match="AGREEMENT_WITH: .* keeps .* under MIN_AGREEMENT 95 %"):
+        with make_client(bad, **settings):
+            pass
+    with make_client(served, reload_interval_s=0.05, **settings) as client:
+        text = "The striker scored twice as the league leaders won the cup final."
+        before = client.post("/predict", json={"inputs": text}).json()
+        for name in (files.WEIGHTS, files.CONFIG):  # each file whole, by rename
+            shutil.copy(bad / name, served / f".{name}.new")
+            os.replace(served / f".{name}.new", served / name)
+        wait_for(lambda: client.get("/metrics").text, lambda text: 'te_model_reloads{result="failed"} 1.0' in text)
+        assert client.post("/predict", json={"inputs": text}).json() == before
+        assert client.get("/ready").status_code == 200
+    said = capfd.readouterr().err
+    assert "Refused the new checkpoint" in said and "under MIN_AGREEMENT 95 %" in said
+    held = json.loads((student / agreement.RECORD).read_text())["held_out"]["texts"]
+    assert f"{len(held)} held-out texts of distillation.json" in said
+
+
+def test_student_layers_are_rising_layer_numbers_or_a_count():
+    assert (
+        chosen_layers("3", 6) == [0, 2, 5] and chosen_layers("0,2,4", 6) == [0, 2, 4] and chosen_layers("1", 2) == [0]
+    )
+    for spec in ("6", "0,0", "4,2", "0,9", "x"):
+        with pytest.raises(Exception, match="student_layers"):
+            chosen_layers(spec, 6)
+
+
+@pytest.mark.parametrize("name", ["single_label_classification", "multi_label_classification", "regression"])
+def test_recorded_scores_read_back_as_logits_give_the_same_scores(name):
+    problem = ProblemType.named(name, 1 if name == "regression" else 4)
+    logits = torch.randn(16, 1 if name == "regression" else 4)
+    again = agreement.logits_from_scores(problem, problem.scores(logits))
+    assert torch.allclose(problem.scores(again), problem.scores(logits), atol=1e-5)
+    assert agreement.measure(problem, logits, again)["agreement"] == 1.0

@@ -1,0 +1,92 @@
+"""The teacher's side of a distillation: its contract (labels, problem type), its scores on the unlabelled files (the
+batch path: `agnews predict`, resumable shards, Ray where asked) and the rows the student trains and is measured on.
+Called by training/distill/__main__.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from transformers import AutoConfig
+
+from contract.errors import UserError
+from contract.loading import label_names
+from contract.problem_types import ProblemType
+
+logger = logging.getLogger(__name__)
+SCORES, HAS_LABEL = "teacher_scores", "has_label"  # the columns training reads (--teacher_column, --hard_label_column)
+
+
+@dataclass(frozen=True)
+class Teacher:
+    folder: Path
+    problem: ProblemType
+    names: list[str]
+
+    @classmethod
+    def of(cls, folder: Path) -> Teacher:
+        if not folder.is_dir():
+            raise UserError(f"teacher: {folder} is not a folder (a checkpoint folder of this project, or any "
+                            "save_pretrained folder)")  # fmt: skip
+        config = AutoConfig.from_pretrained(folder)
+        return cls(folder, ProblemType.of(config), label_names(config, folder))
+
+    def score_columns(self) -> list[str]:
+        """predict's columns holding the teacher's scores, in output order."""
+        if self.problem.classes:
+            return [f"score_{name}" for name in self.names]
+        return ["predicted_value"] if self.problem.name == "regression" else ["predicted_score"]
+
+    def label_of(self, scored: pd.DataFrame) -> list:
+        """The teacher's decision as a training label: a class id, a list of ids, or the value."""
+        if self.problem.label_lists:
+            ids = {name: i for i, name in enumerate(self.names)}
+            return [[ids[name] for name in _as_list(cell)] for cell in scored["predicted_labels"]]
+        if self.problem.classes:
+            return scored[self.score_columns()].to_numpy().argmax(1).tolist()
+        return scored[self.score_columns()[0]].astype(float).tolist()
+
+    def label(self, cell, row: int, source: str):
+        """A labelled file's own label as the teacher's class id (its name or its id), or the value."""
+        if not self.problem.classes:
+            return float(cell)
+        if self.problem.label_lists:
+            return [self.label(one, row, source) for one in _as_list(cell)]
+        if str(cell) in self.names:
+            return self.names.index(str(cell))
+        if str(cell).lstrip("-").isdigit() and 0 <= int(cell) < len(self.names):
+            return int(cell)
+        raise UserError(f"{source}: row {row}: label {cell!r} is none of the teacher's ({', '.join(self.names)})")
+
+
+def _as_list(cell) -> list:
+    return json.loads(cell) if isinstance(cell, str) else list(cell)
+
+
+def label_files(teacher: Teacher, inputs: str, out: Path, text_column: str, flags: list[str]) -> pd.DataFrame:
+    """The teacher's scores on every row of `inputs` (a glob, folder or file): `agnews predict` into `out`, one jsonl
+    per shard, resumable (a rerun skips the shards already scored)."""
+    command = [sys.executable, "-m", "training.predict", "--checkpoint_dir", str(teacher.folder), "--input_file",
+               inputs, "--output_dir", str(out), "--output_format", "jsonl", "--text_column_names", text_column,
+               "--mixed_precision", "fp32", *flags]  # fmt: skip
+    logger.info("Teacher: scoring %s with %s", inputs, teacher.folder)
+    if subprocess.run(command, check=False).returncode != 0:
+        raise UserError(f"teacher: scoring {inputs} stopped (its log is above); rerun to go on with the shards left")
+    shards = sorted(out.glob("*.jsonl"))
+    return pd.concat([pd.read_json(path, lines=True, dtype=False) for path in shards], ignore_index=True)
+
+
+def rows(teacher: Teacher, scored: pd.DataFrame, text_column: str, labels: list | None) -> pd.DataFrame:
+    """Training rows: the text, the label (the teacher's decision where `labels` is None), the teacher's scores."""
+    return pd.DataFrame({
+        text_column: scored[text_column].astype(str),
+        "label": teacher.label_of(scored) if labels is None else labels,
+        SCORES: scored[teacher.score_columns()].astype(float).to_numpy().tolist(),
+        HAS_LABEL: 0 if labels is None else 1,
+    })  # fmt: skip
