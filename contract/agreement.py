@@ -18,12 +18,12 @@ FIELD = "distilled_from"  # config.json: {"teacher": ..., "layers": [...]} of a 
 
 
 @torch.inference_mode()
-def logits_of(loaded: LoadedModel, texts: list[str]) -> torch.Tensor:
-    """fp32 logits of each text as the model serves it (windows pooled), on the CPU."""
-    rows = []
+def logits_of(loaded: LoadedModel, texts: list[str], pairs: list[str] | None = None) -> torch.Tensor:
+    """fp32 logits of each text (or pair) as the model serves it (windows pooled), on the CPU."""
+    rows, window = [], loaded.long_text.window or loaded.max_length
     for start in range(0, len(texts), BATCH):
-        chunk = texts[start : start + BATCH]
-        windows = loaded.long_text.encode(loaded.tokenizer, chunk, None, loaded.long_text.window or loaded.max_length)
+        chunk, paired = texts[start : start + BATCH], None if pairs is None else pairs[start : start + BATCH]
+        windows = loaded.long_text.encode(loaded.tokenizer, chunk, paired, window)
         logits = model_call.forward(loaded, windows.features).cpu()
         rows.append(loaded.long_text.pool(logits, windows.owner, len(chunk)))
     return torch.cat(rows)
@@ -70,6 +70,6 @@ def said(record: dict) -> str:
     agreement = "n/a" if record["agreement"] is None else f"{100 * record['agreement']:.2f} %"
     extra = f", Spearman {record['spearman']:.4f}" if "spearman" in record else ""
     return (
-        f"agreement {agreement} on {record['texts']} held-out texts ({record['ties']} ties left out), mean absolute "
+        f"agreement {agreement} on {record['texts']} texts ({record['ties']} ties left out), mean absolute "
         f"score difference {record['mean_abs_difference']:.4f}{extra}"
     )

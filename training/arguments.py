@@ -81,6 +81,9 @@ def evaluate() -> argparse.ArgumentParser:
         default=[],
         help="more `evaluate` metrics, comma-separated (Hub names or local paths)",
     )
+    parser.add_argument(
+        "--teacher", help="a distilled student's teacher: its metrics on the same rows and their agreement beside"
+    )
     return parser
 
 

@@ -15,7 +15,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 
-from contract import files, precision
+from contract import agreement, files, precision
 from contract.errors import CheckpointError
 from contract.files import file_sha256
 from contract.hub import ensure_hub_or_offline
@@ -142,9 +142,11 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
     def load() -> tuple:  # the main process tokenizes and caches; the others read it
         split, source = load_split(args, saved, cfg)
         texts, labels = split["text"], split["labels"]  # for the reports: tokenizing drops the text
-        return tokenize(split, tokenizer, cfg.max_length, "evaluation", long_text=long_text), source, texts, labels
+        pairs = split["text_pair"] if "text_pair" in split.column_names else None
+        tokenized = tokenize(split, tokenizer, cfg.max_length, "evaluation", long_text=long_text)
+        return tokenized, source, texts, labels, pairs
 
-    split, source, texts, labels = main_first(accelerator, load)
+    split, source, texts, labels, pairs = main_first(accelerator, load)
     model, loader = accelerator.prepare(
         saved.loaded.model, make_eval_loader(split, tokenizer, args.per_device_eval_batch_size)
     )
@@ -172,6 +174,8 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
         measured = review.measured(saved.loaded.problem, scored.scores, scored.labels)
         evaluation["review_band"] = {"target_precision": saved.loaded.problem.review_precision, **measured}
         evaluation["files"].append(files.REVIEW_PNG)
+    if args.teacher:  # a distilled student: its teacher's figures and their agreement on the same texts
+        evaluation["teacher"] = teacher_figures(args, saved.loaded, scored, (texts, pairs), metrics)
     if "confusion_matrix" in report:
         evaluation["confusion_matrix"] = {
             "labels": saved.loaded.labels,
@@ -189,6 +193,22 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
     if accelerator.is_main_process:
         write_evaluation(root, evaluation, texts, scored, saved.loaded)
     return evaluation
+
+
+def teacher_figures(args: argparse.Namespace, student: LoadedModel, scored: Scored, inputs: tuple, metrics) -> dict:
+    """--teacher on the evaluated texts: its metrics, and how far the student agrees with it (contract/agreement.py)."""
+    teacher = load_model(args.teacher, device=str(student.device), dtype=args.mixed_precision)
+    if teacher.labels != student.labels or teacher.problem.name != student.problem.name:
+        raise CheckpointError(f"--teacher {args.teacher} answers {teacher.problem.name} {teacher.labels}, the "
+                              f"student {student.problem.name} {student.labels}: not its teacher")  # fmt: skip
+    texts, pairs = inputs
+    logits = agreement.logits_of(teacher, list(texts), None if pairs is None else list(pairs))
+    results, _ = metrics.compute(teacher.problem.scores(logits), scored.labels, teacher.problem.thresholds)
+    measured = agreement.measure(teacher.problem, scored.logits, logits)
+    headline = ", ".join(f"{name} {results[name]:.4f}" for name in teacher.problem.headline if name in results)
+    logger.info("Against its teacher %s (%s): %s", args.teacher, headline, agreement.said(measured),
+                main_process_only=True)  # fmt: skip
+    return {"checkpoint_dir": args.teacher, "metrics": results, "agreement": measured}
 
 
 def described_model(saved: SavedModel) -> dict:

@@ -15,11 +15,10 @@ import torch
 from contract import agreement, files
 from contract.problem_types import ProblemType
 from tests.helpers.processes import describe, fault_env, launch
-from tests.helpers.service import wait_for
+from tests.helpers.service import Server, wait_for
 from tests.inference.test_app import make_client
 from training.distill.students import chosen_layers
 
-pytestmark = pytest.mark.slow
 STEPS = ["--max_length", "64", "--learning_rate", "1e-3", "--num_train_epochs", "2", "--per_device_train_batch_size",
          "16", "--checkpointing_steps", "50", "--keep_states"]  # fmt: skip
 
@@ -52,6 +51,7 @@ def student(smoke_model, lake, smoke_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_one_layer_student_keeps_its_teachers_accuracy_and_records_their_agreement(smoke_model, student):
     teacher = json.loads((smoke_model / files.METRICS).read_text())["test"]["accuracy"]
     metrics = json.loads((student / files.METRICS).read_text())
@@ -68,6 +68,7 @@ def test_a_one_layer_student_keeps_its_teachers_accuracy_and_records_their_agree
     assert "## Agreement with its teacher" in (student / files.MODEL_CARD).read_text()
 
 
+@pytest.mark.slow
 def test_the_agreement_recorded_is_the_student_scored_again(student):
     """The record's figure from the saved student and the teacher's recorded scores, by hand."""
     from contract.loading import load_model
@@ -80,6 +81,7 @@ def test_the_agreement_recorded_is_the_student_scored_again(student):
     assert (mine.argmax(-1) == scores.argmax(-1)).float().mean().item() >= record["agreement"]["agreement"] - 0.01
 
 
+@pytest.mark.slow
 def test_a_resume_mid_distillation_ends_bitwise(smoke_model, lake, student, smoke_dir, tmp_path):
     """Stopped by a fault after step 120 (states every 50), run again with --resume_from_checkpoint latest: the
     teacher's scored shards are kept, and the student ends as the uninterrupted one, bit for bit."""
@@ -92,6 +94,44 @@ def test_a_resume_mid_distillation_ends_bitwise(smoke_model, lake, student, smok
     a = torch.load(student / files.WEIGHTS, weights_only=True)
     b = torch.load(out / files.WEIGHTS, weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_a_running_service_teaches_as_its_folder_does(smoke_model, lake, student, smoke_dir, tmp_path):
+    """--teacher http://...: its /info's labels and problem type, its raw scores through /predict (real HTTP): the
+    same teacher scores as the folder's `agnews predict` wrote, to 1e-5; --student_layers needs the folder."""
+    server = Server(smoke_model, "--reload_interval_s", "0", "--backend", "torch", "--dtype", "float32").wait_ready()
+    try:
+        out = tmp_path / "from-url"
+        args = ["-m", "training.distill", "--teacher", server.url, "--input_file", str(lake / "*.csv"),
+                "--output_dir", str(out), "--model_name_or_path", str(student), "--max_train_steps", "5",
+                "--checkpointing_steps", "none"]  # fmt: skip
+        result, _ = launch(args)
+        assert result.returncode == 0, describe(result)
+        refused, _ = launch([*args[:-6], "--student_layers", "1"])
+    finally:
+        server.stop()
+    assert refused.returncode == 2 and "--teacher must be its folder" in refused.stderr, describe(refused)
+    for shard in ("day0", "day1"):
+        by_url = pd.read_json(out / "distill" / "teacher" / f"{shard}.jsonl", lines=True)
+        by_folder = pd.read_json(student / "distill" / "teacher" / f"{shard}.jsonl", lines=True)
+        scores = [c for c in by_folder.columns if c.startswith("score_")]
+        assert (by_url["text"] == by_folder["text"]).all() and len(scores) == 4
+        assert (by_url[scores] - by_folder[scores]).abs().to_numpy().max() <= 1e-5
+    assert json.loads((out / agreement.RECORD).read_text())["teacher"] == server.url
+
+
+@pytest.mark.slow
+def test_evaluate_reports_the_teacher_beside_the_student(smoke_model, student, smoke_dir):
+    args = ["-m", "training.evaluate", "--checkpoint_dir", str(student), "--test_file", str(smoke_dir / "test.csv"),
+            "--teacher", str(smoke_model), "--mixed_precision", "fp32"]  # fmt: skip
+    result, _ = launch(args)
+    assert result.returncode == 0, describe(result)
+    evaluated = json.loads((student / files.EVAL_RESULTS).read_text())
+    teacher = json.loads((smoke_model / files.METRICS).read_text())["test"]["accuracy"]
+    assert evaluated["teacher"]["metrics"]["accuracy"] == pytest.approx(teacher, abs=0.005)
+    assert evaluated["teacher"]["agreement"]["texts"] == 600 and evaluated["teacher"]["agreement"]["agreement"] >= 0.95
+    assert "Against its teacher" in result.stderr
 
 
 def mislabelled(source: Path, target: Path) -> Path:
@@ -107,6 +147,7 @@ def mislabelled(source: Path, target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_the_service_refuses_a_student_that_disagrees_and_keeps_serving(smoke_model, student, tmp_path, capfd):
     served = Path(shutil.copytree(student, tmp_path / "served", ignore=shutil.ignore_patterns("state", "distill")))
     bad = mislabelled(student, tmp_path / "bad")
@@ -145,3 +186,44 @@ def test_recorded_scores_read_back_as_logits_give_the_same_scores(name):
     again = agreement.logits_from_scores(problem, problem.scores(logits))
     assert torch.allclose(problem.scores(again), problem.scores(logits), atol=1e-5)
     assert agreement.measure(problem, logits, again)["agreement"] == 1.0
+
+
+@pytest.mark.parametrize("family", ["distilbert", "bert", "qwen3"])
+def test_a_copy_of_every_layer_is_the_teacher_and_fewer_layers_still_run(family, tmp_path):
+    """smaller_copy keeps the embeddings, the chosen layers (a decoder's attention renumbered) and the head: with
+    every layer it answers as the teacher to 1e-5; with one, it loads and answers, its config saying so."""
+    from transformers import AutoModelForSequenceClassification, DistilBertConfig
+
+    from tests.helpers.tiny_models import tiny_config
+    from training.distill.students import smaller_copy
+
+    torch.manual_seed(0)
+    if family == "distilbert":
+        config = DistilBertConfig(vocab_size=64, dim=32, n_layers=3, n_heads=2, hidden_dim=64, num_labels=3)
+    else:
+        config = tiny_config(family, 64, num_hidden_layers=3, num_labels=3, pad_token_id=0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "teacher")
+    ids = torch.randint(1, 64, (2, 7))
+    teacher = AutoModelForSequenceClassification.from_pretrained(tmp_path / "teacher").eval()
+    assert smaller_copy(tmp_path / "teacher", "0,1,2", tmp_path / "all") == [0, 1, 2]
+    copy = AutoModelForSequenceClassification.from_pretrained(tmp_path / "all").eval()
+    with torch.no_grad():
+        assert torch.allclose(copy(input_ids=ids).logits, teacher(input_ids=ids).logits, atol=1e-5)
+    smaller_copy(tmp_path / "teacher", "2", tmp_path / "one")  # a count: spread from the first layer to the last
+    one = AutoModelForSequenceClassification.from_pretrained(tmp_path / "one").eval()
+    assert one.config.num_hidden_layers == 2 and one.config.distilled_from["layers"] == [0, 2]
+    with torch.no_grad():
+        assert one(input_ids=ids).logits.shape == (2, 3)
+
+
+@pytest.mark.slow
+def test_the_student_trains_on_two_processes_with_a_launch_config(smoke_model, lake, smoke_dir, tmp_path):
+    """--config_file: the student's run under accelerate launch (2 gloo processes), every text counted once."""
+    from tests.helpers.processes import CPU_2PROC
+
+    out = tmp_path / "ddp"
+    result, _ = launch(distill_args(smoke_model, lake, out, smoke_dir, "--config_file", str(CPU_2PROC)))
+    assert result.returncode == 0, describe(result)
+    metrics = json.loads((out / files.METRICS).read_text())
+    assert metrics["world_size"] == 2 and metrics["test"]["num_examples"] == 600
+    assert metrics["agreement_with_teacher"]["agreement"] >= 0.95

@@ -138,3 +138,32 @@ def test_the_problem_type_decides_what_is_left_to_it():
     given = TrainConfig(class_weights="none", threshold_strategy="fixed", group_by_length=True)
     assert problem_type_defaults(given, ProblemType.named(problem_types.MULTI)).class_weights == "none"
     assert problem_type_defaults(given, ProblemType.named(problem_types.REGRESSION)).group_by_length is True
+
+
+@pytest.mark.parametrize("name", [problem_types.SINGLE, problem_types.MULTI, problem_types.REGRESSION, "reranking"])
+def test_the_teacher_loss_is_least_where_the_student_answers_as_the_teacher(name):
+    """Each problem type's distillation loss, at the student's logits that give back the teacher's served scores, is
+    its minimum: the gradient vanishes there, and any step away costs more."""
+    from contract.agreement import logits_from_scores
+
+    torch.manual_seed(0)
+    width = 1 if name in (problem_types.REGRESSION, "reranking") else 4
+    problem = ProblemType.named(name, width)
+    teacher = problem.scores(torch.randn(8, width))
+    at = logits_from_scores(problem, teacher).requires_grad_()
+    loss = problem.teacher_loss(at, teacher, 2.0).sum()
+    (grad,) = torch.autograd.grad(loss, at)
+    assert grad.abs().max().item() < 1e-4
+    moved = at.detach() + 0.3 * torch.randn_like(at)
+    assert problem.teacher_loss(moved, teacher, 2.0).sum() > loss
+
+
+def test_distill_alpha_mixes_real_labels_only_where_a_row_has_one():
+    objective = Objective(ProblemType.named(problem_types.SINGLE, 3), distillation=(0.25, 2.0))
+    logits, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
+    teacher, hard = torch.softmax(torch.randn(4, 3), -1), torch.tensor([1.0, 0.0, 1.0, 0.0])
+    taught = objective.problem.teacher_loss(logits, teacher, 2.0)
+    label = objective.per_example(logits, labels)
+    got = objective(logits, labels, {"teacher": teacher, "hard": hard})
+    assert got.item() == pytest.approx((0.75 * taught + 0.25 * hard * label).mean().item(), rel=1e-6)
+    assert objective(logits, labels).item() == pytest.approx(label.mean().item(), rel=1e-6)  # no teacher: plain

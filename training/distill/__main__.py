@@ -72,11 +72,11 @@ def record_agreement(out: Path, teacher: Teacher, held: pd.DataFrame, args: argp
     measured = agreement.measure(teacher.problem, agreement.logits_of(student, texts), recorded)
     metrics = json.loads((out / files.METRICS).read_text())
     write_json(out / files.METRICS, {**metrics, "agreement_with_teacher": measured})
-    record = {"teacher": str(teacher.folder.resolve()), "layers": layers, "agreement": measured,
+    record = {"teacher": teacher.where, "layers": layers, "agreement": measured,
               "held_out": {"texts": texts, SCORES: held[SCORES].tolist()}}  # fmt: skip
     write_json(out / agreement.RECORD, record)
     with (out / files.MODEL_CARD).open("a", encoding="utf-8") as card:
-        card.write(f"\n## Agreement with its teacher\n\nDistilled from `{teacher.folder}`"
+        card.write(f"\n## Agreement with its teacher\n\nDistilled from `{teacher.where}`"
                    f"{f' (its layers {layers})' if layers else ''}: {agreement.said(measured)}.\n")  # fmt: skip
     logger.info("Student against its teacher: %s", agreement.said(measured))
     return measured
@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args, rest = arguments.distill().parse_known_args(argv)
     try:
-        teacher = Teacher.of(Path(args.teacher))
+        teacher = Teacher.of(args.teacher)
+        if args.student_layers and teacher.url:
+            raise UsageError("student_layers: copies the teacher's own layers, so --teacher must be its folder")
         work = Path(args.output_dir) / "distill"
         work.mkdir(parents=True, exist_ok=True)
         taught, held = training_rows(args, teacher, work)

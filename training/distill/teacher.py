@@ -18,6 +18,7 @@ from transformers import AutoConfig
 from contract.errors import UserError
 from contract.loading import label_names
 from contract.problem_types import ProblemType
+from training.distill import service
 
 logger = logging.getLogger(__name__)
 SCORES, HAS_LABEL = "teacher_scores", "has_label"  # the columns training reads (--teacher_column, --hard_label_column)
@@ -25,17 +26,28 @@ SCORES, HAS_LABEL = "teacher_scores", "has_label"  # the columns training reads 
 
 @dataclass(frozen=True)
 class Teacher:
-    folder: Path
+    where: str  # a folder, or the URL of a running service of this project
     problem: ProblemType
     names: list[str]
 
+    @property
+    def url(self) -> bool:
+        return self.where.startswith(("http://", "https://"))
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.where)
+
     @classmethod
-    def of(cls, folder: Path) -> Teacher:
+    def of(cls, where: str) -> Teacher:
+        if where.startswith(("http://", "https://")):
+            return service.teacher_at(where.rstrip("/"), cls)
+        folder = Path(where)
         if not folder.is_dir():
             raise UserError(f"teacher: {folder} is not a folder (a checkpoint folder of this project, or any "
-                            "save_pretrained folder)")  # fmt: skip
+                            "save_pretrained folder) nor a service's URL")  # fmt: skip
         config = AutoConfig.from_pretrained(folder)
-        return cls(folder, ProblemType.of(config), label_names(config, folder))
+        return cls(str(folder.resolve()), ProblemType.of(config), label_names(config, folder))
 
     def score_columns(self) -> list[str]:
         """predict's columns holding the teacher's scores, in output order."""
@@ -70,14 +82,21 @@ def _as_list(cell) -> list:
 
 
 def label_files(teacher: Teacher, inputs: str, out: Path, text_column: str, flags: list[str]) -> pd.DataFrame:
-    """The teacher's scores on every row of `inputs` (a glob, folder or file): `agnews predict` into `out`, one jsonl
-    per shard, resumable (a rerun skips the shards already scored)."""
-    command = [sys.executable, "-m", "training.predict", "--checkpoint_dir", str(teacher.folder), "--input_file",
+    """The teacher's scores on every row of `inputs` (a glob, folder or file): `agnews predict` (or the teacher's
+    service) into `out`, one jsonl per shard, resumable (a rerun skips the shards already scored)."""
+    if teacher.url:
+        service.label_files(teacher, inputs, out, text_column)
+        return _read_scored(out)
+    command = [sys.executable, "-m", "training.predict", "--checkpoint_dir", teacher.where, "--input_file",
                inputs, "--output_dir", str(out), "--output_format", "jsonl", "--text_column_names", text_column,
                "--mixed_precision", "fp32", *flags]  # fmt: skip
-    logger.info("Teacher: scoring %s with %s", inputs, teacher.folder)
+    logger.info("Teacher: scoring %s with %s", inputs, teacher.where)
     if subprocess.run(command, check=False).returncode != 0:
         raise UserError(f"teacher: scoring {inputs} stopped (its log is above); rerun to go on with the shards left")
+    return _read_scored(out)
+
+
+def _read_scored(out: Path) -> pd.DataFrame:
     shards = sorted(out.glob("*.jsonl"))
     return pd.concat([pd.read_json(path, lines=True, dtype=False) for path in shards], ignore_index=True)
 
