@@ -203,7 +203,11 @@ def distill() -> argparse.ArgumentParser:
     student.add_argument("--model_name_or_path", help="the student to start from, any model `agnews train` takes")
     parser.add_argument("--train_file", help="labelled rows mixed in (their labels weigh --distill_alpha)")
     parser.add_argument("--text_column", default="text", help="the texts' column in every file")
-    parser.add_argument("--label_column", default="label", help="the labels' column in --train_file")
+    parser.add_argument(
+        "--label_column",
+        default="label",
+        help="the labels' column in --train_file and --test_file (and the student's training rows)",
+    )
     parser.add_argument(
         "--held_out",
         type=int,

@@ -518,16 +518,21 @@ def check(cfg: TrainConfig) -> None:
         "chunk_stride",
         f"must be smaller than max_length ({cfg.max_length})",
     )
-    for name in ("hard_label_column", "distill_alpha", "distill_temperature"):  # `agnews distill` sets them all
+    _check_distillation(cfg, need)
+    _check_lora(cfg, need)
+    _check_optim(cfg, need)
+    _check_reranking(cfg, need)
+    _check_sources(cfg, need)
+
+
+def _check_distillation(cfg: TrainConfig, need) -> None:
+    """The distillation flags apply with the teacher's scores (`agnews distill` sets them all)."""
+    for name in ("hard_label_column", "distill_alpha", "distill_temperature"):
         need(
             cfg.teacher_column is not None or name not in cfg.model_fields_set,
             name,
             "applies to distillation only: name the teacher's scores with --teacher_column (agnews distill does)",
         )
-    _check_lora(cfg, need)
-    _check_optim(cfg, need)
-    _check_reranking(cfg, need)
-    _check_sources(cfg, need)
 
 
 def _check_reranking(cfg: TrainConfig, need) -> None:

@@ -165,14 +165,8 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
         **({"per_class": report["per_class"]} if "per_class" in report else {}),
         "files": [files.EVAL_RESULTS, *reports.written_for(saved.loaded.problem.name)],
     }
-    scale = calibration.scale_for(saved.loaded.problem.name)
-    if scale is not None:  # how far the scores are from probabilities
-        applied = getattr(saved.loaded.model.config, calibration.CONFIG_FIELD, None) if saved.loaded.model else None
-        ece = scale.error(scored.scores, scored.labels)
-        evaluation["calibration"] = {"ece": ece, "bins": calibration.BINS, "applied": applied}
-    if saved.loaded.problem.band:  # the share decided and how right it is, beside the scores alone
-        measured = review.measured(saved.loaded.problem, scored.scores, scored.labels)
-        evaluation["review_band"] = {"target_precision": saved.loaded.problem.review_precision, **measured}
+    evaluation.update(beside_the_metrics(saved.loaded, scored))
+    if "review_band" in evaluation:
         evaluation["files"].append(files.REVIEW_PNG)
     if args.teacher:  # a distilled student: its teacher's figures and their agreement on the same texts
         evaluation["teacher"] = teacher_figures(args, saved.loaded, scored, (texts, pairs), metrics)
@@ -193,6 +187,20 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
     if accelerator.is_main_process:
         write_evaluation(root, evaluation, texts, scored, saved.loaded)
     return evaluation
+
+
+def beside_the_metrics(loaded: LoadedModel, scored: Scored) -> dict:
+    """How far the scores are from probabilities; inside a review band, the share decided and how right it is."""
+    found = {}
+    scale = calibration.scale_for(loaded.problem.name)
+    if scale is not None:
+        applied = getattr(loaded.model.config, calibration.CONFIG_FIELD, None) if loaded.model else None
+        ece = scale.error(scored.scores, scored.labels)
+        found["calibration"] = {"ece": ece, "bins": calibration.BINS, "applied": applied}
+    if loaded.problem.band:
+        measured = review.measured(loaded.problem, scored.scores, scored.labels)
+        found["review_band"] = {"target_precision": loaded.problem.review_precision, **measured}
+    return found
 
 
 def teacher_figures(args: argparse.Namespace, student: LoadedModel, scored: Scored, inputs: tuple, metrics) -> dict:

@@ -63,7 +63,7 @@ def test_a_one_layer_student_keeps_its_teachers_accuracy_and_records_their_agree
     record = json.loads((student / agreement.RECORD).read_text())
     held = record["held_out"]["texts"]
     assert record["agreement"] == measured and measured["texts"] == len(held) == len(set(held)) >= 300
-    trained_on = pd.read_json(student / "distill" / "train.jsonl", lines=True)["text"]
+    trained_on = pd.read_parquet(student / "distill" / "train.parquet")["text"]
     assert not set(held) & set(trained_on)  # measured on texts it never saw
     assert "## Agreement with its teacher" in (student / files.MODEL_CARD).read_text()
 
@@ -227,3 +227,28 @@ def test_the_student_trains_on_two_processes_with_a_launch_config(smoke_model, l
     metrics = json.loads((out / files.METRICS).read_text())
     assert metrics["world_size"] == 2 and metrics["test"]["num_examples"] == 600
     assert metrics["agreement_with_teacher"]["agreement"] >= 0.95
+
+
+@pytest.mark.slow
+def test_a_multi_label_teacher_is_distilled_on_its_probabilities(smoke_dir, tmp_path):
+    """BCE on the teacher's probability of each label; the label column (lists of names) read back by name in the
+    test file, every class kept by id even where the teacher never chose it."""
+    teacher, lake, out = tmp_path / "teacher", tmp_path / "lake.jsonl", tmp_path / "student"
+    result, _ = launch(["-m", "training.train", "--preset", "smoke-multi-label", "--max_train_steps", "60",
+                        "--checkpointing_steps", "none", "--output_dir", str(teacher)])  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    texts = pd.read_json(smoke_dir / "multi_label_train.jsonl", lines=True)[["text"]]
+    texts.head(1000).to_json(lake, orient="records", lines=True)
+    args = ["-m", "training.distill", "--teacher", str(teacher), "--input_file", str(lake), "--output_dir", str(out),
+            "--student_layers", "1", "--test_file", str(smoke_dir / "multi_label_test.jsonl"), "--label_column",
+            "labels", "--max_length", "64", "--learning_rate", "1e-3", "--max_train_steps", "60",
+            "--checkpointing_steps", "none"]  # fmt: skip
+    result, _ = launch(args)
+    assert result.returncode == 0, describe(result)
+    metrics = json.loads((out / files.METRICS).read_text())
+    assert metrics["problem_type"] == "multi_label_classification" and metrics["test"]["num_examples"] == 600
+    assert metrics["agreement_with_teacher"]["agreement"] >= 0.9
+    config = json.loads((out / files.CONFIG).read_text())
+    assert list(config["id2label"].values()) == list(
+        json.loads((teacher / files.CONFIG).read_text())["id2label"].values()
+    )

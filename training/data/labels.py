@@ -235,6 +235,8 @@ class LabelSpace:
         index = self._ids.get(key)
         if index is None and not isinstance(key, bool):  # 3 in one file is "3" in another (csv types columns apart)
             index = self._ids.get(str(key) if isinstance(key, int) else int(key) if key.lstrip("-").isdigit() else key)
+        if index is None and isinstance(key, str) and key in self.names and self.names != [str(v) for v in self.values]:
+            index = self.names.index(key)  # ids named (a ClassLabel, --label_names): another file may use the names
         if index is None or isinstance(key, bool) != isinstance(self.values[0], bool):
             raise DataError(
                 f"{source}: row {row}: label {value!r} never appears in the training data "

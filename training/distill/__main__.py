@@ -39,18 +39,19 @@ def training_rows(args: argparse.Namespace, teacher: Teacher, work: Path) -> tup
     lake = lake.drop_duplicates(subset=[args.text_column]).sample(frac=1.0, random_state=args.seed)
     lake = lake.reset_index(drop=True)
     held = min(args.held_out, len(lake) // 5)
-    taught = [rows(teacher, lake.iloc[held:], args.text_column, None)]
+    columns = (args.text_column, args.label_column)
+    taught = [rows(teacher, lake.iloc[held:], columns, None)]
     if args.train_file:
         scored = label_files(teacher, args.train_file, work / "labelled", args.text_column, [])
         if args.label_column not in scored.columns:
             raise UserError(f"{args.train_file}: no column {args.label_column!r} (name it with --label_column)")
         labels = [teacher.label(c, i, args.train_file) for i, c in enumerate(scored[args.label_column], start=1)]
-        taught.append(rows(teacher, scored, args.text_column, labels))
-    return pd.concat(taught, ignore_index=True), rows(teacher, lake.iloc[:held], args.text_column, None)
+        taught.append(rows(teacher, scored, columns, labels))
+    return pd.concat(taught, ignore_index=True), rows(teacher, lake.iloc[:held], columns, None)
 
 
 def train_command(args: argparse.Namespace, rest: list[str], teacher: Teacher, student: str, data: Path) -> list[str]:
-    flags = ["--train_file", str(data), "--text_column_names", args.text_column, "--label_column", "label",
+    flags = ["--train_file", str(data), "--text_column_names", args.text_column, "--label_column", args.label_column,
              "--label_names", ",".join(teacher.names), "--teacher_column", SCORES, "--hard_label_column", HAS_LABEL,
              "--model_name_or_path", student, "--output_dir", args.output_dir, "--seed", str(args.seed)]  # fmt: skip
     if "--calibration" not in rest:  # the teacher's probabilities are the target: sharpening them again moves away
@@ -92,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.output_dir) / "distill"
         work.mkdir(parents=True, exist_ok=True)
         taught, held = training_rows(args, teacher, work)
-        data = work / "train.jsonl"
-        taught.to_json(data, orient="records", lines=True)
+        data = work / "train.parquet"
+        teacher.write(taught, data, (args.text_column, args.label_column))
         student, layers = args.model_name_or_path, None
         if args.student_layers:
             student = str(work / "student")

@@ -44,6 +44,8 @@ def teacher_at(url: str, teacher_class):
         names = [id2label[str(i)] for i in range(len(id2label))]
         card = info["distilbert_agnews"]["problem_type"]
         problem = ProblemType.named(card["name"], len(names), tuple(card.get("decision_thresholds") or ()))
+        if problem.graded:
+            raise UserError(f"teacher: {url} serves a reranker; distilling (query, passage) pairs is not supported")
     except (KeyError, TypeError, StopIteration) as exc:
         raise UserError(f"teacher: {url}/info is not this project's service ({type(exc).__name__}: {exc})") from None
     return teacher_class(url, problem, names)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 from transformers import AutoConfig
 
-from contract.errors import UserError
+from contract.errors import UsageError, UserError
 from contract.loading import label_names
 from contract.problem_types import ProblemType
 from training.distill import service
@@ -47,7 +47,10 @@ class Teacher:
             raise UserError(f"teacher: {folder} is not a folder (a checkpoint folder of this project, or any "
                             "save_pretrained folder) nor a service's URL")  # fmt: skip
         config = AutoConfig.from_pretrained(folder)
-        return cls(str(folder.resolve()), ProblemType.of(config), label_names(config, folder))
+        problem = ProblemType.of(config)
+        if problem.graded:
+            raise UsageError(f"teacher: {folder} is a reranker; distilling (query, passage) pairs is not supported")
+        return cls(str(folder.resolve()), problem, label_names(config, folder))
 
     def score_columns(self) -> list[str]:
         """predict's columns holding the teacher's scores, in output order."""
@@ -76,9 +79,31 @@ class Teacher:
             return int(cell)
         raise UserError(f"{source}: row {row}: label {cell!r} is none of the teacher's ({', '.join(self.names)})")
 
+    def write(self, frame: pd.DataFrame, path: Path, columns: tuple[str, str]) -> None:
+        """Training rows as parquet whose label column names every class (a ClassLabel): a class the teacher never
+        chose on these texts keeps its id and name."""
+        import datasets
+
+        named = datasets.ClassLabel(names=self.names)
+        label = datasets.Sequence(named) if self.problem.label_lists else named if self.problem.classes else None
+        features = datasets.Features({
+            columns[0]: datasets.Value("string"),
+            columns[1]: label or datasets.Value("float64"),
+            SCORES: datasets.Sequence(datasets.Value("float64")),
+            HAS_LABEL: datasets.Value("int64"),
+        })  # fmt: skip
+        datasets.Dataset.from_pandas(frame, features=features, preserve_index=False).to_parquet(str(path))
+
 
 def _as_list(cell) -> list:
-    return json.loads(cell) if isinstance(cell, str) else list(cell)
+    """A multi-label cell: a list, or its JSON text."""
+    try:
+        values = json.loads(cell) if isinstance(cell, str) else list(cell)
+    except (ValueError, TypeError):
+        values = None
+    if not isinstance(values, list):
+        raise UserError(f"a multi-label cell must be a list of labels (a jsonl or parquet file): got {cell!r:.80}")
+    return values
 
 
 def label_files(teacher: Teacher, inputs: str, out: Path, text_column: str, flags: list[str]) -> pd.DataFrame:
@@ -101,11 +126,12 @@ def _read_scored(out: Path) -> pd.DataFrame:
     return pd.concat([pd.read_json(path, lines=True, dtype=False) for path in shards], ignore_index=True)
 
 
-def rows(teacher: Teacher, scored: pd.DataFrame, text_column: str, labels: list | None) -> pd.DataFrame:
+def rows(teacher: Teacher, scored: pd.DataFrame, columns: tuple[str, str], labels: list | None) -> pd.DataFrame:
     """Training rows: the text, the label (the teacher's decision where `labels` is None), the teacher's scores."""
+    text_column, label_column = columns
     return pd.DataFrame({
         text_column: scored[text_column].astype(str),
-        "label": teacher.label_of(scored) if labels is None else labels,
+        label_column: teacher.label_of(scored) if labels is None else labels,
         SCORES: scored[teacher.score_columns()].astype(float).to_numpy().tolist(),
         HAS_LABEL: 0 if labels is None else 1,
     })  # fmt: skip
