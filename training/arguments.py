@@ -195,7 +195,7 @@ def distill() -> argparse.ArgumentParser:
         "Distil a teacher into a student on unlabelled files; other flags go to `agnews train`.",
     )
     parser.allow_abbrev = False  # a train flag passed through is never taken for one of these
-    parser.add_argument("--teacher", required=True, help="the teacher's checkpoint folder")
+    parser.add_argument("--teacher", required=True, help="the teacher's checkpoint folder, or its service's URL")
     parser.add_argument("--input_file", required=True, help="unlabelled csv / jsonl / parquet: a file, glob or folder")
     parser.add_argument("--output_dir", required=True, help="the student's checkpoint folder (its work in distill/)")
     student = parser.add_mutually_exclusive_group(required=True)
@@ -203,6 +203,7 @@ def distill() -> argparse.ArgumentParser:
     student.add_argument("--model_name_or_path", help="the student to start from, any model `agnews train` takes")
     parser.add_argument("--train_file", help="labelled rows mixed in (their labels weigh --distill_alpha)")
     parser.add_argument("--text_column", default="text", help="the texts' column in every file")
+    parser.add_argument("--text_pair_column", help="a pair's second text (a reranker's passages), in every file")
     parser.add_argument(
         "--label_column",
         default="label",

@@ -31,19 +31,21 @@ def teacher_of(settings: Settings) -> LoadedModel:
         return _teachers[settings.agreement_with]
 
 
-def held_out_texts(student: LoadedModel, settings: Settings) -> tuple[list[str], str]:
-    """The texts the student never trained on, as its run recorded them; else the calibration texts."""
+def held_out(student: LoadedModel, settings: Settings) -> tuple[list[str], list[str] | None, str]:
+    """The texts (and pairs) the student never trained on, as its run recorded them; else the calibration texts."""
     record = student.folder / agreement.RECORD
     if record.is_file() and record.stat().st_size <= MAX_RECORD_BYTES:
         try:
-            texts = json.loads(record.read_text(encoding="utf-8"))["held_out"]["texts"]
+            kept = json.loads(record.read_text(encoding="utf-8"))["held_out"]
+            texts, pairs = list(kept["texts"][:MAX_TEXTS]), kept.get("text_pairs")
+            pairs = None if pairs is None else list(pairs[: len(texts)])
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{record}: cannot read its held-out texts ({type(exc).__name__}: {exc})") from None
-        texts = [t for t in texts if isinstance(t, str) and t.strip()][:MAX_TEXTS]
-        if texts:
-            return texts, f"{len(texts)} held-out texts of {agreement.RECORD}"
+        if texts and all(isinstance(t, str) for t in texts + (pairs or [])) and len(pairs or texts) == len(texts):
+            return texts, pairs, f"{len(texts)} held-out texts of {agreement.RECORD}"
+        raise CheckpointError(f"{record}: its held-out texts must be strings (and as many pairs)")
     texts, source = calibration_texts(student.folder, settings.calibration_file)
-    return texts[:MAX_TEXTS], source
+    return texts[:MAX_TEXTS], None, source
 
 
 def check(settings: Settings, student: LoadedModel) -> None:
@@ -56,10 +58,9 @@ def check(settings: Settings, student: LoadedModel) -> None:
             f"AGREEMENT_WITH: {student.folder} answers {student.problem.name} {student.labels}, its teacher "
             f"{teacher.folder} {teacher.problem.name} {teacher.labels}: not the model it replaces"
         )
-    texts, source = held_out_texts(student, settings)
-    measured = agreement.measure(
-        teacher.problem, agreement.logits_of(student, texts), agreement.logits_of(teacher, texts)
-    )
+    texts, pairs, source = held_out(student, settings)
+    ours, theirs = agreement.logits_of(student, texts, pairs), agreement.logits_of(teacher, texts, pairs)
+    measured = agreement.measure(teacher.problem, ours, theirs)
     share = measured["agreement"]
     if share is None or share < settings.min_agreement:
         raise CheckpointError(

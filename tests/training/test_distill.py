@@ -252,3 +252,28 @@ def test_a_multi_label_teacher_is_distilled_on_its_probabilities(smoke_dir, tmp_
     assert list(config["id2label"].values()) == list(
         json.loads((teacher / files.CONFIG).read_text())["id2label"].values()
     )
+
+
+@pytest.mark.slow
+def test_a_reranker_is_distilled_on_query_passage_pairs(smoke_dir, tmp_path):
+    """--text_pair_column: pairs scored, trained and measured as pairs; the student ranks each query's passages
+    (graded by the deciles of the teacher's scores) and distillation.json keeps the pairs for the service's guard."""
+    teacher, lake, out = tmp_path / "teacher", tmp_path / "pairs.csv", tmp_path / "student"
+    files_of = {f"--{split}_file": str(smoke_dir / f"reranking_{split}.csv") for split in ("train", "validation")}
+    pairs = ["--text_column_names", "query", "--text_pair_column", "passage", "--label_column", "relevance"]
+    result, _ = launch(["-m", "training.train", *[x for kv in files_of.items() for x in kv], *pairs, "--problem_type",
+                        "reranking", "--model_name_or_path", str(smoke_dir / "model"), "--from_scratch", "true",
+                        "--max_length", "64", "--learning_rate", "3e-3", "--max_train_steps", "40",
+                        "--checkpointing_steps", "none", "--output_dir", str(teacher)])  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    pd.read_csv(smoke_dir / "reranking_train.csv")[["query", "passage"]].to_csv(lake, index=False)
+    args = ["-m", "training.distill", "--teacher", str(teacher), "--input_file", str(lake), "--text_column", "query",
+            "--text_pair_column", "passage", "--label_column", "relevance", "--output_dir", str(out),
+            "--student_layers", "1", "--test_file", str(smoke_dir / "reranking_test.csv"), "--max_length", "64",
+            "--learning_rate", "1e-3", "--max_train_steps", "20", "--checkpointing_steps", "none"]  # fmt: skip
+    result, _ = launch(args)
+    assert result.returncode == 0, describe(result)
+    metrics = json.loads((out / files.METRICS).read_text())
+    assert "ndcg_at_10" in metrics["test"] and "spearman" in metrics["agreement_with_teacher"]
+    kept = json.loads((out / agreement.RECORD).read_text())["held_out"]
+    assert len(kept["texts"]) == len(kept["text_pairs"]) == metrics["agreement_with_teacher"]["texts"] > 100

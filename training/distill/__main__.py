@@ -21,7 +21,7 @@ from contract.errors import UsageError, UserError
 from contract.loading import load_model
 from training import arguments
 from training.distill import students
-from training.distill.teacher import HAS_LABEL, SCORES, Teacher, label_files, rows
+from training.distill.teacher import HAS_LABEL, SCORES, Columns, Teacher, label_files, rows
 from training.output.atomic import write_json
 
 logger = logging.getLogger("training.distill")
@@ -32,17 +32,21 @@ def teacher_flags(args: argparse.Namespace) -> list[str]:
     return ["--ray", *(["--num_replicas", args.num_replicas] if args.num_replicas else [])] if args.ray else []
 
 
+def columns_of(args: argparse.Namespace) -> Columns:
+    return Columns(args.text_column, args.text_pair_column, args.label_column)
+
+
 def training_rows(args: argparse.Namespace, teacher: Teacher, work: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the rows the student trains on, the held-out texts with the teacher's scores)."""
-    lake = label_files(teacher, args.input_file, work / "teacher", args.text_column, teacher_flags(args))
+    columns = columns_of(args)
+    lake = label_files(teacher, args.input_file, work / "teacher", columns, teacher_flags(args))
     # a text scored twice teaches nothing new, and a held-out text must not be trained on under another row
-    lake = lake.drop_duplicates(subset=[args.text_column]).sample(frac=1.0, random_state=args.seed)
+    lake = lake.drop_duplicates(subset=columns.texts()).sample(frac=1.0, random_state=args.seed)
     lake = lake.reset_index(drop=True)
     held = min(args.held_out, len(lake) // 5)
-    columns = (args.text_column, args.label_column)
     taught = [rows(teacher, lake.iloc[held:], columns, None)]
     if args.train_file:
-        scored = label_files(teacher, args.train_file, work / "labelled", args.text_column, [])
+        scored = label_files(teacher, args.train_file, work / "labelled", columns, [])
         if args.label_column not in scored.columns:
             raise UserError(f"{args.train_file}: no column {args.label_column!r} (name it with --label_column)")
         labels = [teacher.label(c, i, args.train_file) for i, c in enumerate(scored[args.label_column], start=1)]
@@ -51,9 +55,11 @@ def training_rows(args: argparse.Namespace, teacher: Teacher, work: Path) -> tup
 
 
 def train_command(args: argparse.Namespace, rest: list[str], teacher: Teacher, student: str, data: Path) -> list[str]:
-    flags = ["--train_file", str(data), "--text_column_names", args.text_column, "--label_column", args.label_column,
+    flags = ["--train_file", str(data), *columns_of(args).flags(), "--label_column", args.label_column,
              "--label_names", ",".join(teacher.names), "--teacher_column", SCORES, "--hard_label_column", HAS_LABEL,
              "--model_name_or_path", student, "--output_dir", args.output_dir, "--seed", str(args.seed)]  # fmt: skip
+    if teacher.problem.graded:  # its 0 / 1 decisions would read as two classes
+        flags += ["--problem_type", "reranking"]
     if "--calibration" not in rest:  # the teacher's probabilities are the target: sharpening them again moves away
         flags += ["--calibration", "none"]
     if args.student_layers:
@@ -69,13 +75,14 @@ def record_agreement(out: Path, teacher: Teacher, held: pd.DataFrame, args: argp
     distillation.json (what the service's AGREEMENT_WITH guard measures again) and the model card."""
     student = load_model(str(out), device="cpu", dtype="fp32")
     texts = held[args.text_column].tolist()
+    pairs = held[args.text_pair_column].tolist() if args.text_pair_column else None
     recorded = agreement.logits_from_scores(teacher.problem, torch.tensor(held[SCORES].tolist()))
-    measured = agreement.measure(teacher.problem, agreement.logits_of(student, texts), recorded)
+    measured = agreement.measure(teacher.problem, agreement.logits_of(student, texts, pairs), recorded)
     metrics = json.loads((out / files.METRICS).read_text())
     write_json(out / files.METRICS, {**metrics, "agreement_with_teacher": measured})
-    record = {"teacher": teacher.where, "layers": layers, "agreement": measured,
-              "held_out": {"texts": texts, SCORES: held[SCORES].tolist()}}  # fmt: skip
-    write_json(out / agreement.RECORD, record)
+    kept = {"texts": texts, **({"text_pairs": pairs} if pairs else {}), SCORES: held[SCORES].tolist()}
+    write_json(out / agreement.RECORD, {"teacher": teacher.where, "layers": layers, "agreement": measured,
+                                        "held_out": kept})  # fmt: skip
     with (out / files.MODEL_CARD).open("a", encoding="utf-8") as card:
         card.write(f"\n## Agreement with its teacher\n\nDistilled from `{teacher.where}`"
                    f"{f' (its layers {layers})' if layers else ''}: {agreement.said(measured)}.\n")  # fmt: skip
@@ -88,13 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = arguments.distill().parse_known_args(argv)
     try:
         teacher = Teacher.of(args.teacher)
+        if args.train_file and teacher.problem.graded:
+            raise UsageError("train_file: a reranker's own grades and the deciles of its teacher's scores differ in "
+                             "scale; distil it on the teacher's scores alone")  # fmt: skip
         if args.student_layers and teacher.url:
             raise UsageError("student_layers: copies the teacher's own layers, so --teacher must be its folder")
         work = Path(args.output_dir) / "distill"
         work.mkdir(parents=True, exist_ok=True)
         taught, held = training_rows(args, teacher, work)
         data = work / "train.parquet"
-        teacher.write(taught, data, (args.text_column, args.label_column))
+        teacher.write(taught, data, columns_of(args))
         student, layers = args.model_name_or_path, None
         if args.student_layers:
             student = str(work / "student")

@@ -44,19 +44,17 @@ def teacher_at(url: str, teacher_class):
         names = [id2label[str(i)] for i in range(len(id2label))]
         card = info["distilbert_agnews"]["problem_type"]
         problem = ProblemType.named(card["name"], len(names), tuple(card.get("decision_thresholds") or ()))
-        if problem.graded:
-            raise UserError(f"teacher: {url} serves a reranker; distilling (query, passage) pairs is not supported")
     except (KeyError, TypeError, StopIteration) as exc:
         raise UserError(f"teacher: {url}/info is not this project's service ({type(exc).__name__}: {exc})") from None
     return teacher_class(url, problem, names)
 
 
-def logits(teacher, texts: list[str]) -> torch.Tensor:
-    """The service's raw scores (logits) of `texts`, in its output order."""
+def logits(teacher, inputs: list[list[str]]) -> torch.Tensor:
+    """The service's raw scores (logits) of `inputs` (each [text] or [text, pair]), in its output order."""
     order = {name: i for i, name in enumerate(teacher.names)}
     rows = []
-    for start in range(0, len(texts), BATCH):
-        body = {"inputs": [[t] for t in texts[start : start + BATCH]], "raw_scores": True, "truncate": True}
+    for start in range(0, len(inputs), BATCH):
+        body = {"inputs": inputs[start : start + BATCH], "raw_scores": True, "truncate": True}
         for answer in _call(f"{teacher.where}/predict", body):
             row = torch.empty(len(order))
             for item in answer:
@@ -65,7 +63,7 @@ def logits(teacher, texts: list[str]) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def label_files(teacher, inputs: str, out: Path, text_column: str) -> None:
+def label_files(teacher, inputs: str, out: Path, columns) -> None:
     """Each shard's rows with the service's scores as `agnews predict` writes them, into `out`/<stem>.jsonl."""
     out.mkdir(parents=True, exist_ok=True)
     _, paths = expand(inputs)
@@ -73,10 +71,11 @@ def label_files(teacher, inputs: str, out: Path, text_column: str) -> None:
         target = out / f"{Path(path).stem}.jsonl"
         if target.is_file():
             continue
-        texts = [str(t) for t in load_file(path)[text_column]]
-        scores = teacher.problem.scores(logits(teacher, texts))
-        columns = {text_column: texts, **teacher.problem.prediction_values(scores, teacher.names)}
-        rows = [{k: _plain(v[i]) for k, v in columns.items()} for i in range(len(texts))]
+        read = load_file(path)
+        texts = {name: [str(t) for t in read[name]] for name in columns.texts()}
+        scores = teacher.problem.scores(logits(teacher, [list(each) for each in zip(*texts.values())]))
+        found = {**texts, **teacher.problem.prediction_values(scores, teacher.names)}
+        rows = [{k: _plain(v[i]) for k, v in found.items()} for i in range(len(scores))]
         staged = target.with_name(f".{target.name}.tmp")
         staged.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
         os.replace(staged, target)  # whole or absent: a rerun scores it again

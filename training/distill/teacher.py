@@ -15,13 +15,30 @@ from pathlib import Path
 import pandas as pd
 from transformers import AutoConfig
 
-from contract.errors import UsageError, UserError
+from contract.errors import UserError
 from contract.loading import label_names
 from contract.problem_types import ProblemType
 from training.distill import service
 
 logger = logging.getLogger(__name__)
+GRADES = 10  # a reranker's training rows graded by the decile of the teacher's score
 SCORES, HAS_LABEL = "teacher_scores", "has_label"  # the columns training reads (--teacher_column, --hard_label_column)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Where the files hold their texts (and a pair's second text) and, in labelled files, the label."""
+
+    text: str = "text"
+    pair: str | None = None
+    label: str = "label"
+
+    def texts(self) -> list[str]:
+        return [self.text, *([self.pair] if self.pair else [])]
+
+    def flags(self) -> list[str]:
+        """predict's and train's flags naming them."""
+        return ["--text_column_names", self.text, *(["--text_pair_column", self.pair] if self.pair else [])]
 
 
 @dataclass(frozen=True)
@@ -47,10 +64,7 @@ class Teacher:
             raise UserError(f"teacher: {folder} is not a folder (a checkpoint folder of this project, or any "
                             "save_pretrained folder) nor a service's URL")  # fmt: skip
         config = AutoConfig.from_pretrained(folder)
-        problem = ProblemType.of(config)
-        if problem.graded:
-            raise UsageError(f"teacher: {folder} is a reranker; distilling (query, passage) pairs is not supported")
-        return cls(str(folder.resolve()), problem, label_names(config, folder))
+        return cls(str(folder.resolve()), ProblemType.of(config), label_names(config, folder))
 
     def score_columns(self) -> list[str]:
         """predict's columns holding the teacher's scores, in output order."""
@@ -59,7 +73,13 @@ class Teacher:
         return ["predicted_value"] if self.problem.name == "regression" else ["predicted_score"]
 
     def label_of(self, scored: pd.DataFrame) -> list:
-        """The teacher's decision as a training label: a class id, a list of ids, or the value."""
+        """The teacher's decision as a training label: a class id, a list of ids, the value, or a reranker's decile
+        of its scores, 0 to 9 (the grades its validation ranks by; the score itself is the target)."""
+        if self.problem.graded:
+            score = scored[self.score_columns()[0]].astype(float)
+            if score.nunique() < 2:
+                raise UserError(f"teacher: {self.where} scores every pair {score.iloc[0]:.4f}: nothing to distil")
+            return pd.qcut(score.rank(method="first"), GRADES, labels=False).astype(int).tolist()
         if self.problem.label_lists:
             ids = {name: i for i, name in enumerate(self.names)}
             return [[ids[name] for name in _as_list(cell)] for cell in scored["predicted_labels"]]
@@ -79,7 +99,7 @@ class Teacher:
             return int(cell)
         raise UserError(f"{source}: row {row}: label {cell!r} is none of the teacher's ({', '.join(self.names)})")
 
-    def write(self, frame: pd.DataFrame, path: Path, columns: tuple[str, str]) -> None:
+    def write(self, frame: pd.DataFrame, path: Path, columns: Columns) -> None:
         """Training rows as parquet whose label column names every class (a ClassLabel): a class the teacher never
         chose on these texts keeps its id and name."""
         import datasets
@@ -87,8 +107,8 @@ class Teacher:
         named = datasets.ClassLabel(names=self.names)
         label = datasets.Sequence(named) if self.problem.label_lists else named if self.problem.classes else None
         features = datasets.Features({
-            columns[0]: datasets.Value("string"),
-            columns[1]: label or datasets.Value("float64"),
+            **{name: datasets.Value("string") for name in columns.texts()},
+            columns.label: label or datasets.Value("int64" if self.problem.graded else "float64"),
             SCORES: datasets.Sequence(datasets.Value("float64")),
             HAS_LABEL: datasets.Value("int64"),
         })  # fmt: skip
@@ -106,15 +126,15 @@ def _as_list(cell) -> list:
     return values
 
 
-def label_files(teacher: Teacher, inputs: str, out: Path, text_column: str, flags: list[str]) -> pd.DataFrame:
+def label_files(teacher: Teacher, inputs: str, out: Path, columns: Columns, flags: list[str]) -> pd.DataFrame:
     """The teacher's scores on every row of `inputs` (a glob, folder or file): `agnews predict` (or the teacher's
     service) into `out`, one jsonl per shard, resumable (a rerun skips the shards already scored)."""
     if teacher.url:
-        service.label_files(teacher, inputs, out, text_column)
+        service.label_files(teacher, inputs, out, columns)
         return _read_scored(out)
     command = [sys.executable, "-m", "training.predict", "--checkpoint_dir", teacher.where, "--input_file",
-               inputs, "--output_dir", str(out), "--output_format", "jsonl", "--text_column_names", text_column,
-               "--mixed_precision", "fp32", *flags]  # fmt: skip
+               inputs, "--output_dir", str(out), "--output_format", "jsonl", *columns.flags(), "--mixed_precision",
+               "fp32", *flags]  # fmt: skip
     logger.info("Teacher: scoring %s with %s", inputs, teacher.where)
     if subprocess.run(command, check=False).returncode != 0:
         raise UserError(f"teacher: scoring {inputs} stopped (its log is above); rerun to go on with the shards left")
@@ -126,12 +146,11 @@ def _read_scored(out: Path) -> pd.DataFrame:
     return pd.concat([pd.read_json(path, lines=True, dtype=False) for path in shards], ignore_index=True)
 
 
-def rows(teacher: Teacher, scored: pd.DataFrame, columns: tuple[str, str], labels: list | None) -> pd.DataFrame:
-    """Training rows: the text, the label (the teacher's decision where `labels` is None), the teacher's scores."""
-    text_column, label_column = columns
+def rows(teacher: Teacher, scored: pd.DataFrame, columns: Columns, labels: list | None) -> pd.DataFrame:
+    """Training rows: the texts, the label (the teacher's decision where `labels` is None), the teacher's scores."""
     return pd.DataFrame({
-        text_column: scored[text_column].astype(str),
-        label_column: teacher.label_of(scored) if labels is None else labels,
+        **{name: scored[name].astype(str) for name in columns.texts()},
+        columns.label: teacher.label_of(scored) if labels is None else labels,
         SCORES: scored[teacher.score_columns()].astype(float).to_numpy().tolist(),
         HAS_LABEL: 0 if labels is None else 1,
     })  # fmt: skip
