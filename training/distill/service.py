@@ -54,7 +54,8 @@ def logits(teacher, inputs: list[list[str]]) -> torch.Tensor:
     order = {name: i for i, name in enumerate(teacher.names)}
     rows = []
     for start in range(0, len(inputs), BATCH):
-        body = {"inputs": inputs[start : start + BATCH], "raw_scores": True, "truncate": True}
+        # no `truncate`: the service windows long texts where it chunks (LONG_TEXT), else AUTO_TRUNCATE decides
+        body = {"inputs": inputs[start : start + BATCH], "raw_scores": True}
         for answer in _call(f"{teacher.where}/predict", body):
             row = torch.empty(len(order))
             for item in answer:
