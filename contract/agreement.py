@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from contract import model_call
+from contract import files, model_call
 from contract.loading import LoadedModel
 from contract.problem_types import ProblemType
 
 BATCH = 32
-RECORD = "distillation.json"  # beside the student's weights: its teacher, held-out texts and agreement
+RECORD = files.DISTILLATION
 FIELD = "distilled_from"  # config.json: {"teacher": ..., "layers": [...]} of a student made from a teacher's layers
 
 

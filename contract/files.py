@@ -43,6 +43,9 @@ ADAPTER_BASE = "adapter_base"  # config.json: the base the adapters were trained
 ADAPTER_BASE_DIR = "base"  # adapter/base/: a from-scratch base's weights, saved beside its adapters
 
 CALIBRATION = "calibration_texts.json"
+DISTILLATION = (
+    "distillation.json"  # a distilled student's teacher, held-out texts and agreement (contract/agreement.py)
+)
 RUNTIME_DIR = "runtime"
 RUNTIME_CHOICE = "runtime.json"
 RUNTIME_MODEL = "model.xml"  # OpenVINO IR; its weights in model.bin beside it
@@ -55,6 +58,7 @@ ONNX_SOURCE = "source.json"  # onnx/source.json: config.json's WEIGHTS_SHA256 th
 RUN_FILES = (
     WEIGHTS, CONFIG, METRICS, MODEL_CARD, HF_WEIGHTS, HF_WEIGHTS_INDEX, CURVES_JSON, CURVES_PNG, EVAL_RESULTS,
     CONFUSION_PNG, RELIABILITY_PNG, MISCLASSIFIED_CSV, REVIEW_PNG, RESIDUALS_PNG, LARGEST_ERRORS_CSV, CALIBRATION,
+    DISTILLATION,
     "generation_config.json",  # save_pretrained's, for decoder models
 )  # fmt: skip
 TOKENIZER_FILES = (  # tokenizer.save_pretrained's names, every tokenizer kind

@@ -277,3 +277,14 @@ def test_a_reranker_is_distilled_on_query_passage_pairs(smoke_dir, tmp_path):
     assert "ndcg_at_10" in metrics["test"] and "spearman" in metrics["agreement_with_teacher"]
     kept = json.loads((out / agreement.RECORD).read_text())["held_out"]
     assert len(kept["texts"]) == len(kept["text_pairs"]) == metrics["agreement_with_teacher"]["texts"] > 100
+
+
+@pytest.mark.slow
+def test_a_new_run_in_a_students_folder_takes_its_distillation_record_with_it(student, tmp_path):
+    """distillation.json is a run's file: a run replacing the student's folder removes it, so no guard reads it."""
+    folder = Path(shutil.copytree(student, tmp_path / "student", ignore=shutil.ignore_patterns("state", "distill")))
+    flags = ["--overwrite_output_dir", "--max_train_steps", "5", "--checkpointing_steps", "none"]
+    result, _ = launch(["-m", "training.train", "--preset", "smoke", "--output_dir", str(folder), *flags])
+    assert result.returncode == 0, describe(result)
+    assert not (folder / agreement.RECORD).exists()
+    assert "agreement_with_teacher" not in json.loads((folder / files.METRICS).read_text())
