@@ -169,3 +169,21 @@ def test_the_optimized_runtimes_read_the_template_as_torch_does(qwen3, tmp_path,
             answers[runtime] = client.post("/predict", json={"inputs": texts, "truncate": True}).json()
     for got, want in zip(answers[backend], answers["torch"]):
         assert {a["label"]: a["score"] for a in got} == pytest.approx({a["label"]: a["score"] for a in want}, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_a_copy_of_its_layers_reads_stories_as_the_label_token_teacher_did(sharded_windows, smoke_dir, tmp_path):
+    """`agnews distill --student_layers 1` from the windowed label-token Qwen3: the student keeps its template, its
+    48-token windows and their pooling, and its agreement on held-out stories is recorded."""
+    lake = tmp_path / "stories.csv"
+    pd.read_csv(smoke_dir / "long_train.csv")[["text"]].head(300).to_csv(lake, index=False)
+    out = tmp_path / "student"
+    args = ["-m", "training.distill", "--teacher", str(sharded_windows), "--input_file", str(lake), "--output_dir",
+            str(out), "--student_layers", "1", "--max_train_steps", "10", "--checkpointing_steps", "none"]  # fmt: skip
+    result, _ = launch(args)
+    assert result.returncode == 0, describe(result)
+    teacher, student = (json.loads((folder / files.CONFIG).read_text()) for folder in (sharded_windows, out))
+    for field in ("prompt_template", "long_text", "chunk_stride", "chunk_pooling", "chunk_max_length", "label_tokens"):
+        assert student[field] == teacher[field], field
+    assert student["num_hidden_layers"] == 1 and student["distilled_from"]["layers"] == [0]
+    assert json.loads((out / files.METRICS).read_text())["agreement_with_teacher"]["texts"] == 60

@@ -64,6 +64,9 @@ def train_command(args: argparse.Namespace, rest: list[str], teacher: Teacher, s
         flags += ["--calibration", "none"]
     if args.student_layers:
         flags += ["--tokenizer_name", str(Path(student) / files.TOKENIZER_DIR), "--from_scratch", "false"]
+        given = set(rest)  # the copy reads its texts as the teacher did, unless told otherwise
+        flags += [part for flag, value in zip(teacher.reading[::2], teacher.reading[1::2]) if flag not in given
+                  for part in (flag, value)]  # fmt: skip
     script = [str(ROOT / "training" / "train.py"), *rest, *flags]
     if args.config_file:
         return [sys.executable, "-m", "training.launch", "--config_file", args.config_file, *script]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 from transformers import AutoConfig
 
+from contract import files, templates
 from contract.errors import UserError
 from contract.loading import label_names
 from contract.problem_types import ProblemType
@@ -46,6 +47,7 @@ class Teacher:
     where: str  # a folder, or the URL of a running service of this project
     problem: ProblemType
     names: list[str]
+    reading: tuple[str, ...] = ()  # train's flags for how it reads texts: template, length, windows (a copy's)
 
     @property
     def url(self) -> bool:
@@ -64,7 +66,7 @@ class Teacher:
             raise UserError(f"teacher: {folder} is not a folder (a checkpoint folder of this project, or any "
                             "save_pretrained folder) nor a service's URL")  # fmt: skip
         config = AutoConfig.from_pretrained(folder)
-        return cls(str(folder.resolve()), ProblemType.of(config), label_names(config, folder))
+        return cls(str(folder.resolve()), ProblemType.of(config), label_names(config, folder), reading_flags(folder))
 
     def score_columns(self) -> list[str]:
         """predict's columns holding the teacher's scores, in output order."""
@@ -113,6 +115,21 @@ class Teacher:
             HAS_LABEL: datasets.Value("int64"),
         })  # fmt: skip
         datasets.Dataset.from_pandas(frame, features=features, preserve_index=False).to_parquet(str(path))
+
+
+def reading_flags(folder: Path) -> tuple[str, ...]:
+    """How the teacher read its texts (its prompt template, max_length, long-text windows) as train's flags, so a
+    copy of its layers reads them alike."""
+    config = json.loads((folder / files.CONFIG).read_text(encoding="utf-8"))
+    trained = json.loads((folder / files.METRICS).read_text()) if (folder / files.METRICS).is_file() else {}
+    flags = {
+        "--template": config.get(templates.CONFIG_FIELD),
+        "--max_length": trained.get("config", {}).get("max_length"),
+    }
+    if config.get("long_text") == "chunk":
+        flags["--long_text"], flags["--max_length"] = "chunk", config.get("chunk_max_length")
+        flags["--chunk_stride"], flags["--chunk_pooling"] = config.get("chunk_stride"), config.get("chunk_pooling")
+    return tuple(str(part) for flag, value in flags.items() if value is not None for part in (flag, value))
 
 
 def _as_list(cell) -> list:
