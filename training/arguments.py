@@ -82,7 +82,9 @@ def evaluate() -> argparse.ArgumentParser:
         help="more `evaluate` metrics, comma-separated (Hub names or local paths)",
     )
     parser.add_argument(
-        "--teacher", help="a distilled student's teacher: its metrics on the same rows and their agreement beside"
+        "--teacher",
+        help="a distilled student's teacher: its metrics on the same rows and their agreement beside (default: the "
+        "teacher the student's distillation.json names, where that folder is here)",
     )
     return parser
 

@@ -6,6 +6,7 @@ Writes eval_results.json and the problem type's reports beside the model, naming
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,8 +169,9 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
     evaluation.update(beside_the_metrics(saved.loaded, scored))
     if "review_band" in evaluation:
         evaluation["files"].append(files.REVIEW_PNG)
-    if args.teacher:  # a distilled student: its teacher's figures and their agreement on the same texts
-        evaluation["teacher"] = teacher_figures(args, saved.loaded, scored, (texts, pairs), metrics)
+    teacher = args.teacher or recorded_teacher(root)
+    if teacher:  # a distilled student: its teacher's figures and their agreement on the same texts
+        evaluation["teacher"] = teacher_figures(teacher, args, saved.loaded, scored, (texts, pairs), metrics)
     if "confusion_matrix" in report:
         evaluation["confusion_matrix"] = {
             "labels": saved.loaded.labels,
@@ -203,20 +205,34 @@ def beside_the_metrics(loaded: LoadedModel, scored: Scored) -> dict:
     return found
 
 
-def teacher_figures(args: argparse.Namespace, student: LoadedModel, scored: Scored, inputs: tuple, metrics) -> dict:
-    """--teacher on the evaluated texts: its metrics, and how far the student agrees with it (contract/agreement.py)."""
-    teacher = load_model(args.teacher, device=str(student.device), dtype=args.mixed_precision)
+def recorded_teacher(root: Path) -> str | None:
+    """The teacher a distilled student's distillation.json names, where its folder is still there."""
+    try:
+        named = json.loads((root / files.DISTILLATION).read_text(encoding="utf-8"))["teacher"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if isinstance(named, str) and Path(named).is_dir():
+        return named
+    logger.info("%s names its teacher %r, which is not a folder here: pass --teacher to compare them", root, named)
+    return None
+
+
+def teacher_figures(
+    where: str, args: argparse.Namespace, student: LoadedModel, scored: Scored, inputs: tuple, metrics
+) -> dict:
+    """The teacher on the evaluated texts: its metrics, and how far the student agrees (contract/agreement.py)."""
+    teacher = load_model(where, device=str(student.device), dtype=args.mixed_precision)
     if teacher.labels != student.labels or teacher.problem.name != student.problem.name:
-        raise CheckpointError(f"--teacher {args.teacher} answers {teacher.problem.name} {teacher.labels}, the "
+        raise CheckpointError(f"teacher {where} answers {teacher.problem.name} {teacher.labels}, the "
                               f"student {student.problem.name} {student.labels}: not its teacher")  # fmt: skip
     texts, pairs = inputs
     logits = agreement.logits_of(teacher, list(texts), None if pairs is None else list(pairs))
     results, _ = metrics.compute(teacher.problem.scores(logits), scored.labels, teacher.problem.thresholds)
     measured = agreement.measure(teacher.problem, scored.logits, logits)
     headline = ", ".join(f"{name} {results[name]:.4f}" for name in teacher.problem.headline if name in results)
-    logger.info("Against its teacher %s (%s): %s", args.teacher, headline, agreement.said(measured),
+    logger.info("Against its teacher %s (%s): %s", where, headline, agreement.said(measured),
                 main_process_only=True)  # fmt: skip
-    return {"checkpoint_dir": args.teacher, "metrics": results, "agreement": measured}
+    return {"checkpoint_dir": where, "metrics": results, "agreement": measured}
 
 
 def described_model(saved: SavedModel) -> dict:

@@ -123,8 +123,9 @@ def test_a_running_service_teaches_as_its_folder_does(smoke_model, lake, student
 
 @pytest.mark.slow
 def test_evaluate_reports_the_teacher_beside_the_student(smoke_model, student, smoke_dir):
+    """Without --teacher: the one the student's distillation.json names."""
     args = ["-m", "training.evaluate", "--checkpoint_dir", str(student), "--test_file", str(smoke_dir / "test.csv"),
-            "--teacher", str(smoke_model), "--mixed_precision", "fp32"]  # fmt: skip
+            "--mixed_precision", "fp32"]  # fmt: skip
     result, _ = launch(args)
     assert result.returncode == 0, describe(result)
     evaluated = json.loads((student / files.EVAL_RESULTS).read_text())
