@@ -67,6 +67,8 @@ class LoadedModel:
     # the other adapters of this model's base, served beside it by name (LORA_ADAPTERS); each a LoadedModel whose
     # model is an adapters.AdapterSwitch on the one shared base
     adapters: dict[str, LoadedModel] = field(default_factory=dict)
+    # AGREEMENT_WITH: how far it keeps the decisions of the model it replaces, as the service measured it at load
+    agreement: dict | None = None
 
     @property
     def id2label(self) -> dict[str, str]:

@@ -40,6 +40,7 @@ class ModelView:
     reloads: int
     torch_threads: int
     adapters: dict[str, ModelView]  # the other adapters of this base, by name (LORA_ADAPTERS)
+    agreement: dict | None = None  # AGREEMENT_WITH: the teacher, the bound and what was measured
 
     @property
     def id2label(self) -> dict[str, str]:

@@ -68,3 +68,5 @@ def check(settings: Settings, student: LoadedModel) -> None:
             f"{teacher.folder}'s decisions on {source}, under MIN_AGREEMENT {100 * settings.min_agreement:g} %"
         )
     logger.info("AGREEMENT_WITH %s: %s (%s): served", teacher.folder, agreement.said(measured), source)
+    student.agreement = {"teacher": str(teacher.folder), "min_agreement": settings.min_agreement, "texts": source,
+                         **measured}  # fmt: skip

@@ -186,6 +186,7 @@ def view_of(loaded: LoadedModel, version: int, settings: Settings, reloads: int)
         metrics=loaded.metrics,
         reloads=reloads,
         torch_threads=torch.get_num_threads(),
+        agreement=loaded.agreement,
     )
 
 

@@ -388,6 +388,7 @@ async def info(request: Request) -> Info:
                 "max_chunks": settings.max_chunks,
             },
             "torch_threads": served.torch_threads,
+            "agreement_with": served.agreement,
             "adapters": {name: adapter_card(one) for name, one in served.adapters.items()},
             "max_wait_ms": settings.max_wait_ms,
             "front_ends": settings.workers,

@@ -159,6 +159,8 @@ def test_the_service_refuses_a_student_that_disagrees_and_keeps_serving(smoke_mo
     with make_client(served, reload_interval_s=0.05, **settings) as client:
         text = "The striker scored twice as the league leaders won the cup final."
         before = client.post("/predict", json={"inputs": text}).json()
+        shown = client.get("/info").json()["distilbert_agnews"]["agreement_with"]
+        assert shown["teacher"] == str(smoke_model) and shown["min_agreement"] == 0.95 and shown["agreement"] >= 0.95
         for name in (files.WEIGHTS, files.CONFIG):  # each file whole, by rename
             shutil.copy(bad / name, served / f".{name}.new")
             os.replace(served / f".{name}.new", served / name)
