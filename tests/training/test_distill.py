@@ -192,21 +192,24 @@ def test_recorded_scores_read_back_as_logits_give_the_same_scores(name):
 
 
 @pytest.mark.parametrize("family", ["distilbert", "bert", "qwen3"])
-def test_a_copy_of_every_layer_is_the_teacher_and_fewer_layers_still_run(family, tmp_path):
+def test_a_copy_of_every_layer_is_the_teacher_and_fewer_layers_still_run(family, smoke_dir, tmp_path):
     """smaller_copy keeps the embeddings, the chosen layers (a decoder's attention renumbered) and the head: with
     every layer it answers as the teacher to 1e-5; with one, it loads and answers, its config saying so."""
-    from transformers import AutoModelForSequenceClassification, DistilBertConfig
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig
 
     from tests.helpers.tiny_models import tiny_config
     from training.distill.students import smaller_copy
 
     torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(smoke_dir / "model")
+    size = len(tokenizer)
     if family == "distilbert":
-        config = DistilBertConfig(vocab_size=64, dim=32, n_layers=3, n_heads=2, hidden_dim=64, num_labels=3)
+        config = DistilBertConfig(vocab_size=size, dim=32, n_layers=3, n_heads=2, hidden_dim=64, num_labels=3)
     else:
-        config = tiny_config(family, 64, num_hidden_layers=3, num_labels=3, pad_token_id=0)
+        config = tiny_config(family, size, num_hidden_layers=3, num_labels=3, pad_token_id=tokenizer.pad_token_id)
     AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "teacher")
-    ids = torch.randint(1, 64, (2, 7))
+    tokenizer.save_pretrained(tmp_path / "teacher")
+    ids = torch.randint(5, size, (2, 7))
     teacher = AutoModelForSequenceClassification.from_pretrained(tmp_path / "teacher").eval()
     assert smaller_copy(tmp_path / "teacher", "0,1,2", tmp_path / "all") == [0, 1, 2]
     copy = AutoModelForSequenceClassification.from_pretrained(tmp_path / "all").eval()
@@ -217,6 +220,7 @@ def test_a_copy_of_every_layer_is_the_teacher_and_fewer_layers_still_run(family,
     assert one.config.num_hidden_layers == 2 and one.config.distilled_from["layers"] == [0, 2]
     with torch.no_grad():
         assert one(input_ids=ids).logits.shape == (2, 3)
+    assert (tmp_path / "one" / files.TOKENIZER_DIR / "tokenizer.json").is_file()
 
 
 @pytest.mark.slow
@@ -291,3 +295,24 @@ def test_a_new_run_in_a_students_folder_takes_its_distillation_record_with_it(st
     assert result.returncode == 0, describe(result)
     assert not (folder / agreement.RECORD).exists()
     assert "agreement_with_teacher" not in json.loads((folder / files.METRICS).read_text())
+
+
+def test_a_teacher_in_pickle_files_is_refused_before_anything_is_unpickled(smoke_dir, tmp_path, monkeypatch):
+    """pytorch_model.bin runs code when unpickled: the copy reads teachers through the service's loader, which
+    refuses it (and torch.load is never reached)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig
+
+    from contract.loading import CheckpointError
+    from training.distill.students import smaller_copy
+
+    tokenizer = AutoTokenizer.from_pretrained(smoke_dir / "model")
+    config = DistilBertConfig(vocab_size=len(tokenizer), dim=32, n_layers=2, n_heads=2, hidden_dim=64, num_labels=3)
+    config.save_pretrained(tmp_path / "teacher")  # transformers 5 writes safetensors only: the pickle by hand
+    torch.save(
+        AutoModelForSequenceClassification.from_config(config).state_dict(), tmp_path / "teacher" / "pytorch_model.bin"
+    )
+    tokenizer.save_pretrained(tmp_path / "teacher")
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load reached"))
+    with pytest.raises(CheckpointError, match="pytorch_model.bin"):
+        smaller_copy(tmp_path / "teacher", "1", tmp_path / "student")
+    assert not (tmp_path / "student").exists()

@@ -5,15 +5,14 @@ and the head copied into a shallower model of the same family. Called by `agnews
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from contract import files
 from contract.agreement import FIELD
 from contract.errors import UsageError
+from contract.loading import load_model
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +43,11 @@ def layer_list(model: torch.nn.Module, total: int) -> tuple[torch.nn.Module, str
 
 
 def smaller_copy(teacher: Path, spec: str, out: Path) -> list[int]:
-    """The student's folder at `out` (weights, config, the teacher's tokenizer): the layers kept."""
-    config = AutoConfig.from_pretrained(teacher)
-    total = config.num_hidden_layers
+    """The student's folder at `out` (weights, config, the teacher's tokenizer as it reads texts): the layers kept.
+    The teacher is read by the service's own loader: safetensors or a state_dict, never a pickle that runs code."""
+    loaded = load_model(str(teacher), device="cpu", dtype="fp32")
+    model, total = loaded.model, loaded.model.config.num_hidden_layers
     kept = chosen_layers(spec, total)
-    model = AutoModelForSequenceClassification.from_pretrained(teacher, config=config)
     holder, name = layer_list(model, total)
     layers = torch.nn.ModuleList([getattr(holder, name)[i] for i in kept])
     for new, layer in enumerate(layers):
@@ -61,7 +60,6 @@ def smaller_copy(teacher: Path, spec: str, out: Path) -> list[int]:
         model.config.layer_types = [model.config.layer_types[i] for i in kept]
     setattr(model.config, FIELD, {"teacher": str(teacher), "layers": kept})
     model.save_pretrained(out)
-    source = teacher / files.TOKENIZER_DIR if (teacher / files.TOKENIZER_DIR).is_dir() else teacher
-    shutil.copytree(source, out / files.TOKENIZER_DIR, dirs_exist_ok=True)
+    loaded.tokenizer.save_pretrained(out / files.TOKENIZER_DIR)
     logger.info("Student: layers %s of the teacher's %d (embeddings and head copied)", kept, total)
     return kept
