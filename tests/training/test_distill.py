@@ -316,3 +316,37 @@ def test_a_teacher_in_pickle_files_is_refused_before_anything_is_unpickled(smoke
     with pytest.raises(CheckpointError, match="pytorch_model.bin"):
         smaller_copy(tmp_path / "teacher", "1", tmp_path / "student")
     assert not (tmp_path / "student").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, code, says",
+    [
+        (["--teacher", "no-such-folder"], 1, "teacher: no-such-folder is not a folder"),
+        (["--student_layers", "5"], 2, "student_layers: 5 layers; the teacher has 2"),
+        (["--teacher", "http://127.0.0.1:9", "--model_name_or_path", "x"], 1, "cannot be reached"),
+    ],
+    ids=["missing-teacher", "too-many-layers", "unreachable-service"],
+)
+def test_what_cannot_work_stops_in_one_line_before_anything_is_written(
+    smoke_model, smoke_dir, tmp_path, capsys, flags, code, says
+):
+    from training.distill.__main__ import main
+
+    out = tmp_path / "student"
+    base = {"--teacher": str(smoke_model), "--input_file": str(smoke_dir / "test.csv"), "--output_dir": str(out),
+            "--student_layers": "1"}  # fmt: skip
+    given = dict(zip(flags[::2], flags[1::2]))
+    if "--model_name_or_path" in given:
+        del base["--student_layers"]
+    args = [part for pair in {**base, **given}.items() for part in pair]
+    assert main(args) == code
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1].startswith("agnews distill: ") and says in said[-1] and not out.exists()
+
+
+def test_distillation_flags_outside_distillation_are_refused():
+    from training.config import ConfigError
+    from training.config_parsing import load_config
+
+    with pytest.raises(ConfigError, match="distill_alpha: applies to distillation only"):
+        load_config(["--preset", "smoke", "--distill_alpha", "0.5"])

@@ -93,16 +93,23 @@ def record_agreement(out: Path, teacher: Teacher, held: pd.DataFrame, args: argp
     return measured
 
 
+def refuse_early(args: argparse.Namespace, teacher: Teacher) -> None:
+    """What cannot work, said before the teacher scores anything or a file is written."""
+    if args.train_file and teacher.problem.graded:
+        raise UsageError("train_file: a reranker's own grades and the deciles of its teacher's scores differ in "
+                         "scale; distil it on the teacher's scores alone")  # fmt: skip
+    if args.student_layers and teacher.url:
+        raise UsageError("student_layers: copies the teacher's own layers, so --teacher must be its folder")
+    if args.student_layers:
+        students.chosen_layers(args.student_layers, teacher.layers)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args, rest = arguments.distill().parse_known_args(argv)
     try:
         teacher = Teacher.of(args.teacher)
-        if args.train_file and teacher.problem.graded:
-            raise UsageError("train_file: a reranker's own grades and the deciles of its teacher's scores differ in "
-                             "scale; distil it on the teacher's scores alone")  # fmt: skip
-        if args.student_layers and teacher.url:
-            raise UsageError("student_layers: copies the teacher's own layers, so --teacher must be its folder")
+        refuse_early(args, teacher)
         work = Path(args.output_dir) / "distill"
         work.mkdir(parents=True, exist_ok=True)
         taught, held = training_rows(args, teacher, work)

@@ -48,6 +48,7 @@ class Teacher:
     problem: ProblemType
     names: list[str]
     reading: tuple[str, ...] = ()  # train's flags for how it reads texts: template, length, windows (a copy's)
+    layers: int = 0  # its transformer layers (a folder's config)
 
     @property
     def url(self) -> bool:
@@ -65,8 +66,12 @@ class Teacher:
         if not folder.is_dir():
             raise UserError(f"teacher: {folder} is not a folder (a checkpoint folder of this project, or any "
                             "save_pretrained folder) nor a service's URL")  # fmt: skip
-        config = AutoConfig.from_pretrained(folder)
-        return cls(str(folder.resolve()), ProblemType.of(config), label_names(config, folder), reading_flags(folder))
+        try:
+            config = AutoConfig.from_pretrained(folder)
+        except (OSError, ValueError) as exc:  # no config.json, or one transformers cannot read
+            raise UserError(f"teacher: {folder}: not a model folder ({' '.join(str(exc).split())[:200]})") from None
+        reading, layers = reading_flags(folder), getattr(config, "num_hidden_layers", 0)
+        return cls(str(folder.resolve()), ProblemType.of(config), label_names(config, folder), reading, layers)
 
     def score_columns(self) -> list[str]:
         """predict's columns holding the teacher's scores, in output order."""
