@@ -14,6 +14,7 @@ Not a CI test: it prints one markdown block for docs/benchmarks-log.md (the mach
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -74,14 +75,14 @@ def serving_speed(folders: dict[str, Path], texts: list[str], rounds: int = 3) -
 
     best = dict.fromkeys(folders, 0.0)
     batches = [[[t] for t in texts[i : i + 32]] for i in range(0, len(texts), 32)]
-    clients = {
-        name: TestClient(create_app(Settings(model_id=str(folder), dtype="fp32", backend="torch", reload_interval_s=0)))
-        for name, folder in folders.items()
-    }
     order = list(folders)
-    for client in clients.values():
-        client.__enter__()
-    try:
+    with contextlib.ExitStack() as stack:
+        clients = {
+            name: stack.enter_context(
+                TestClient(create_app(Settings(model_id=str(f), dtype="fp32", backend="torch", reload_interval_s=0)))
+            )
+            for name, f in folders.items()
+        }
         for _ in range(rounds):
             for name in order:
                 started = time.perf_counter()
@@ -89,9 +90,6 @@ def serving_speed(folders: dict[str, Path], texts: list[str], rounds: int = 3) -
                     assert clients[name].post("/predict", json={"inputs": batch}).status_code == 200
                 best[name] = max(best[name], len(texts) / (time.perf_counter() - started))
             order.reverse()
-    finally:
-        for client in clients.values():
-            client.__exit__(None, None, None)
     return best
 
 

@@ -29,6 +29,16 @@ def logits_of(loaded: LoadedModel, texts: list[str], pairs: list[str] | None = N
     return torch.cat(rows)
 
 
+def other_task(teacher: LoadedModel, student: LoadedModel) -> str | None:
+    """Why `teacher` cannot be the model `student` replaces (other outputs or problem type), or None."""
+    if teacher.labels == student.labels and teacher.problem.name == student.problem.name:
+        return None
+    return (
+        f"{student.folder} answers {student.problem.name} {student.labels}, {teacher.folder} "
+        f"{teacher.problem.name} {teacher.labels}: not its teacher"
+    )
+
+
 def logits_from_scores(problem: ProblemType, scores: torch.Tensor) -> torch.Tensor:
     """Logits that give back served scores (probabilities, or the value): a recorded teacher read as its logits."""
     scores = scores.double()

@@ -6,6 +6,7 @@ Writes eval_results.json and the problem type's reports beside the model, naming
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import dataclass
@@ -171,7 +172,8 @@ def evaluate_checkpoint(args: argparse.Namespace, accelerator: Accelerator) -> d
         evaluation["files"].append(files.REVIEW_PNG)
     teacher = args.teacher or recorded_teacher(root)
     if teacher:  # a distilled student: its teacher's figures and their agreement on the same texts
-        evaluation["teacher"] = teacher_figures(teacher, args, saved.loaded, scored, (texts, pairs), metrics)
+        figures = functools.partial(teacher_figures, teacher, args, saved.loaded, scored, (texts, pairs), metrics)
+        evaluation["teacher"] = decided_on_main(accelerator, figures)  # scored once, not on every process
     if "confusion_matrix" in report:
         evaluation["confusion_matrix"] = {
             "labels": saved.loaded.labels,
@@ -222,16 +224,14 @@ def teacher_figures(
 ) -> dict:
     """The teacher on the evaluated texts: its metrics, and how far the student agrees (contract/agreement.py)."""
     teacher = load_model(where, device=str(student.device), dtype=args.mixed_precision)
-    if teacher.labels != student.labels or teacher.problem.name != student.problem.name:
-        raise CheckpointError(f"teacher {where} answers {teacher.problem.name} {teacher.labels}, the "
-                              f"student {student.problem.name} {student.labels}: not its teacher")  # fmt: skip
+    if why := agreement.other_task(teacher, student):
+        raise CheckpointError(f"teacher: {why}")
     texts, pairs = inputs
     logits = agreement.logits_of(teacher, list(texts), None if pairs is None else list(pairs))
     results, _ = metrics.compute(teacher.problem.scores(logits), scored.labels, teacher.problem.thresholds)
     measured = agreement.measure(teacher.problem, scored.logits, logits)
     headline = ", ".join(f"{name} {results[name]:.4f}" for name in teacher.problem.headline if name in results)
-    logger.info("Against its teacher %s (%s): %s", where, headline, agreement.said(measured),
-                main_process_only=True)  # fmt: skip
+    logger.info("Against its teacher %s (%s): %s", where, headline, agreement.said(measured), main_process_only=True)
     return {"checkpoint_dir": where, "metrics": results, "agreement": measured}
 
 

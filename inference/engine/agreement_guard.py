@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 MAX_TEXTS = 1000  # scored twice per load; a recorded file may hold more
 MAX_RECORD_BYTES = 64 << 20  # a record beyond this is not read (the texts used are capped anyway)
 _teachers: dict[str, LoadedModel] = {}  # loaded once per service
+_measured: dict[tuple, dict] = {}  # the last (teacher, weights, texts) measured: the background runtime reloads them
 _lock = threading.Lock()
 
 
@@ -53,14 +54,15 @@ def check(settings: Settings, student: LoadedModel) -> None:
     if not settings.agreement_with:
         return
     teacher = teacher_of(settings)
-    if teacher.labels != student.labels or teacher.problem.name != student.problem.name:
-        raise CheckpointError(
-            f"AGREEMENT_WITH: {student.folder} answers {student.problem.name} {student.labels}, its teacher "
-            f"{teacher.folder} {teacher.problem.name} {teacher.labels}: not the model it replaces"
-        )
+    if why := agreement.other_task(teacher, student):
+        raise CheckpointError(f"AGREEMENT_WITH: {why}")
     texts, pairs, source = held_out(student, settings)
-    ours, theirs = agreement.logits_of(student, texts, pairs), agreement.logits_of(teacher, texts, pairs)
-    measured = agreement.measure(teacher.problem, ours, theirs)
+    key = (settings.agreement_with, student.sha256, hash((tuple(texts), tuple(pairs or ()))))
+    if key not in _measured:
+        _measured.clear()
+        ours, theirs = agreement.logits_of(student, texts, pairs), agreement.logits_of(teacher, texts, pairs)
+        _measured[key] = agreement.measure(teacher.problem, ours, theirs)
+    measured = _measured[key]
     share = measured["agreement"]
     if share is None or share < settings.min_agreement:
         raise CheckpointError(

@@ -28,6 +28,26 @@ READY_WITHIN_S = 900  # converting and measuring a model's int8 candidates takes
 BATCH = 64  # texts per /predict request
 
 
+def raw_logits(url: str, inputs: list, labels: list[str], who: str, **options) -> torch.Tensor:
+    """One /predict of the service at `url` for raw scores (a TEI batch: [text] or [text, pair] each), as logits in
+    `labels`' order; an error answer is one UserError starting with `who`. Also `agnews distill`'s service teacher."""
+    body = json.dumps({"inputs": inputs, "raw_scores": True, **options}).encode()
+    request = urllib.request.Request(f"{url}/predict", body, {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=600) as answer:
+            rows = json.loads(answer.read())
+    except urllib.error.HTTPError as exc:  # an OSError: named here, not taken for a write failure
+        raise UserError(f"{who}: the service answered {exc.code}: {exc.read().decode()[:200]}") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise UserError(f"{who}: {url} cannot be reached ({exc}); is the service running?") from None
+    order = {label: i for i, label in enumerate(labels)}
+    logits = torch.empty(len(rows), len(order))
+    for r, row in enumerate(rows):
+        for item in row:
+            logits[r, order[item["label"]]] = item["score"]
+    return logits
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -78,19 +98,7 @@ class ServiceScorer:
         return self.loaded.problem.scores(logits), [1] * len(texts)  # truncated: one window each
 
     def _logits(self, inputs: list) -> torch.Tensor:
-        body = json.dumps({"inputs": inputs, "raw_scores": True, "truncate": True}).encode()
-        request = urllib.request.Request(f"{self.url}/predict", body, {"content-type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=600) as answer:
-                rows = json.loads(answer.read())
-        except urllib.error.HTTPError as exc:  # an OSError: named here, not taken for a write failure
-            raise UserError(f"--runtime: the service answered {exc.code}: {exc.read().decode()[:200]}") from None
-        order = {label: i for i, label in enumerate(self.loaded.labels)}
-        logits = torch.empty(len(rows), len(order))
-        for r, row in enumerate(rows):
-            for item in row:
-                logits[r, order[item["label"]]] = item["score"]
-        return logits
+        return raw_logits(self.url, inputs, self.loaded.labels, "--runtime", truncate=True)
 
     def close(self) -> None:
         if self.process.poll() is None:

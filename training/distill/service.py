@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from contract.errors import UserError
 from contract.problem_types import ProblemType
+from training.batch.service_scorer import raw_logits
 from training.batch.shards import expand
 from training.data.reading import load_file
 
@@ -51,17 +52,9 @@ def teacher_at(url: str, teacher_class):
 
 def logits(teacher, inputs: list[list[str]]) -> torch.Tensor:
     """The service's raw scores (logits) of `inputs` (each [text] or [text, pair]), in its output order."""
-    order = {name: i for i, name in enumerate(teacher.names)}
-    rows = []
-    for start in range(0, len(inputs), BATCH):
-        # no `truncate`: the service windows long texts where it chunks (LONG_TEXT), else AUTO_TRUNCATE decides
-        body = {"inputs": inputs[start : start + BATCH], "raw_scores": True}
-        for answer in _call(f"{teacher.where}/predict", body):
-            row = torch.empty(len(order))
-            for item in answer:
-                row[order[item["label"]]] = item["score"]
-            rows.append(row)
-    return torch.stack(rows)
+    # no `truncate`: the service windows long texts where it chunks (LONG_TEXT), else AUTO_TRUNCATE decides
+    batches = (inputs[start : start + BATCH] for start in range(0, len(inputs), BATCH))
+    return torch.cat([raw_logits(teacher.where, batch, teacher.names, "teacher") for batch in batches])
 
 
 def label_files(teacher, inputs: str, out: Path, columns) -> None:

@@ -18,6 +18,7 @@ from transformers import AutoConfig
 from contract import files, templates
 from contract.errors import UserError
 from contract.loading import label_names
+from contract.long_text import LongText
 from contract.problem_types import ProblemType
 from training.distill import service
 
@@ -70,7 +71,7 @@ class Teacher:
             config = AutoConfig.from_pretrained(folder)
         except (OSError, ValueError) as exc:  # no config.json, or one transformers cannot read
             raise UserError(f"teacher: {folder}: not a model folder ({' '.join(str(exc).split())[:200]})") from None
-        reading, layers = reading_flags(folder), getattr(config, "num_hidden_layers", 0)
+        reading, layers = reading_flags(config, folder), getattr(config, "num_hidden_layers", 0)
         return cls(str(folder.resolve()), ProblemType.of(config), label_names(config, folder), reading, layers)
 
     def score_columns(self) -> list[str]:
@@ -122,18 +123,18 @@ class Teacher:
         datasets.Dataset.from_pandas(frame, features=features, preserve_index=False).to_parquet(str(path))
 
 
-def reading_flags(folder: Path) -> tuple[str, ...]:
+def reading_flags(config, folder: Path) -> tuple[str, ...]:
     """How the teacher read its texts (its prompt template, max_length, long-text windows) as train's flags, so a
     copy of its layers reads them alike."""
-    config = json.loads((folder / files.CONFIG).read_text(encoding="utf-8"))
     trained = json.loads((folder / files.METRICS).read_text()) if (folder / files.METRICS).is_file() else {}
+    windows = LongText.of(config)
     flags = {
-        "--template": config.get(templates.CONFIG_FIELD),
+        "--template": getattr(config, templates.CONFIG_FIELD, None),
         "--max_length": trained.get("config", {}).get("max_length"),
     }
-    if config.get("long_text") == "chunk":
-        flags["--long_text"], flags["--max_length"] = "chunk", config.get("chunk_max_length")
-        flags["--chunk_stride"], flags["--chunk_pooling"] = config.get("chunk_stride"), config.get("chunk_pooling")
+    if windows.chunked:
+        flags.update({"--long_text": windows.mode, "--max_length": windows.window,
+                      "--chunk_stride": windows.stride, "--chunk_pooling": windows.pooling})  # fmt: skip
     return tuple(str(part) for flag, value in flags.items() if value is not None for part in (flag, value))
 
 
