@@ -241,7 +241,7 @@ TRAINING_TOP = {
     ),
     *("calibration", "guards", "collective", "__init__"),
 }
-TRAINING_ROOMS = {"distill", "data", "output", "speed", "scoring", "batch"}
+TRAINING_ROOMS = {"distill", "data", "output", "speed", "scoring", "batch", "search"}
 
 
 def test_training_keeps_the_spine_at_its_top_and_the_rest_in_rooms():

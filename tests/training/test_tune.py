@@ -11,21 +11,21 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.docs import block
-from tests.helpers.processes import ROOT, cli_env, describe, launch
+from tests.helpers.processes import ROOT, cli_env, describe, fault_env, launch
 
 pytest.importorskip("optuna", reason="pip install 'distilbert-agnews[tune]' (dev extra)")
 pytestmark = pytest.mark.slow
 
 
-def tune(*args: str) -> subprocess.CompletedProcess:
+def tune(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "training.commands", "tune", "--preset", "smoke", *args]
-    return subprocess.run(command, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=600)
 
 
 def test_four_trials_find_at_least_the_given_settings_and_a_fifth_resumes_the_study(smoke_dir, tmp_path):
     """docs/launching.md's command, as written but for its output folder."""
     out = tmp_path / "search"
-    words = shlex.split(block("docs/launching.md", "agnews tune").code, comments=True)
+    words = shlex.split(block("docs/launching.md", "--output_dir tuned ").code, comments=True)
     assert words[:4] == ["agnews", "tune", "--preset", "smoke"] and words[-2] == "--output_dir", words
     result = tune(*words[4:-1], str(out))
     assert result.returncode == 0, describe(result)
@@ -45,6 +45,7 @@ def test_four_trials_find_at_least_the_given_settings_and_a_fifth_resumes_the_st
     assert again.returncode == 0, describe(again)
     resumed = json.loads((out / "tune.json").read_text())["trials"]
     assert len(resumed) == 5 and resumed[:4] == trials  # the study went on; the first four untouched
+    assert resumed[4]["params"] not in [t["params"] for t in trials]  # new settings, not the first draws again
 
 
 def says_the_search_in_a_line_per_trial(log: str, trials: list[dict], kept: Path) -> None:
@@ -110,3 +111,54 @@ def test_under_accelerate_launch_each_trial_runs_on_both_processes(smoke_dir, tm
     best = json.loads((out / "trials" / f"trial_{said['best']['number']}" / "metrics.json").read_text())
     assert best["world_size"] == 2 and best["validation"]["accuracy"] == said["best"]["value"]
     assert result.stdout.count("Best trial") + result.stderr.count("Best trial") == 1
+
+
+def test_on_ray_trials_run_side_by_side_one_out_of_memory_fails_alone_and_a_resume_draws_anew(smoke_dir, tmp_path):
+    """docs/launching.md's --ray flags: two trials at a time overlap; a batch that does not fit (injected) fails
+    that trial only; the study resumes with settings not tried before."""
+    pytest.importorskip("ray", reason="pip install 'distilbert-agnews[ray]' (in the dev extra)")
+    import optuna
+
+    space, out = tmp_path / "space.yaml", tmp_path / "search"
+    space.write_text(
+        "learning_rate: {type: float, low: 1.0e-4, high: 3.0e-3, log: true}\n"
+        "per_device_train_batch_size: {type: categorical, choices: [16, 64]}\n"
+    )
+    words = shlex.split(block("docs/launching.md", "--ray").code)  # its flags, with this test's space and steps
+    assert words[words.index("--ray") : words.index("--output_dir")] == ["--ray", "--max_concurrent_trials", "2"]
+    flags = [*words[words.index("--ray") : words.index("--output_dir")], "--max_train_steps", "20"]
+    flags += ["--search_space", str(space)]
+    env = fault_env("oom_above_rows:32")  # a training batch of 64 is out of memory, 16 fits
+    result = tune("--n_trials", "3", *flags, "--output_dir", str(out), env=env)
+    assert result.returncode == 0, describe(result)
+    said = json.loads((out / "tune.json").read_text())
+    trials = said["trials"]
+    states = {t["params"]["per_device_train_batch_size"]: t["state"] for t in trials}
+    assert states == {16: "complete", 64: "fail"}, "both sizes drawn, 64 failed: else pick another --tune_seed"
+    assert "failed (RuntimeError: " in result.stderr and "Trials: 2 at a time" in result.stderr, result.stderr
+    first, second = optuna.load_study(study_name="agnews-tune", storage=f"sqlite:///{out / 'tune.db'}").trials[:2]
+    assert first.datetime_start < second.datetime_complete and second.datetime_start < first.datetime_complete
+    assert sorted(p.name for p in (out / "trials").iterdir()) == [f"trial_{said['best']['number']}"]
+    assert "--ray" not in said["command"] and "--max_concurrent_trials" not in said["command"], said["command"]
+
+    again = tune("--n_trials", "4", *flags, "--output_dir", str(out), env=env)
+    assert again.returncode == 0, describe(again)
+    resumed = json.loads((out / "tune.json").read_text())["trials"]
+    assert len(resumed) == 4 and resumed[:3] == trials
+    assert resumed[3]["params"]["learning_rate"] not in [t["params"]["learning_rate"] for t in trials]
+
+
+@pytest.mark.parametrize(
+    ("flags", "world_size", "said"),
+    [
+        (["--max_concurrent_trials", "2"], "1", "--max_concurrent_trials places trials on Ray: add --ray"),
+        (["--ray", "--trial_gpus", "2"], "1", "--trial_gpus from 0 to 1"),
+        (["--ray"], "2", "not under accelerate launch"),
+        (["--ray", "--trial_gpus", "1"], "1", "a trial asks 1 CPU(s) and 1 GPU(s); the Ray cluster has"),
+    ],
+)
+def test_ray_flags_a_search_cannot_run_are_refused_in_one_line(smoke_dir, tmp_path, flags, world_size, said):
+    pytest.importorskip("ray", reason="pip install 'distilbert-agnews[ray]' (in the dev extra)")
+    result = tune(*flags, "--output_dir", str(tmp_path / "s"), env=cli_env(WORLD_SIZE=world_size))
+    assert result.returncode == 2 and said in result.stderr, describe(result)
+    assert "Traceback" not in result.stderr and not (tmp_path / "s" / "trials").exists()
