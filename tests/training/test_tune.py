@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
@@ -113,9 +114,9 @@ def test_under_accelerate_launch_each_trial_runs_on_both_processes(smoke_dir, tm
     assert result.stdout.count("Best trial") + result.stderr.count("Best trial") == 1
 
 
-def test_on_ray_trials_run_side_by_side_one_out_of_memory_fails_alone_and_a_resume_draws_anew(smoke_dir, tmp_path):
+def test_on_ray_trials_run_side_by_side_and_one_out_of_memory_fails_alone(smoke_dir, tmp_path):
     """docs/launching.md's --ray flags: two trials at a time overlap; a batch that does not fit (injected) fails
-    that trial only; the study resumes with settings not tried before."""
+    that trial only. (The study and its resume are the local search's: tested above.)"""
     pytest.importorskip("ray", reason="pip install 'distilbert-agnews[ray]' (in the dev extra)")
     import optuna
 
@@ -141,12 +142,6 @@ def test_on_ray_trials_run_side_by_side_one_out_of_memory_fails_alone_and_a_resu
     assert sorted(p.name for p in (out / "trials").iterdir()) == [f"trial_{said['best']['number']}"]
     assert "--ray" not in said["command"] and "--max_concurrent_trials" not in said["command"], said["command"]
 
-    again = tune("--n_trials", "4", *flags, "--output_dir", str(out), env=env)
-    assert again.returncode == 0, describe(again)
-    resumed = json.loads((out / "tune.json").read_text())["trials"]
-    assert len(resumed) == 4 and resumed[:3] == trials
-    assert resumed[3]["params"]["learning_rate"] not in [t["params"]["learning_rate"] for t in trials]
-
 
 @pytest.mark.parametrize(
     ("flags", "world_size", "said"),
@@ -154,7 +149,6 @@ def test_on_ray_trials_run_side_by_side_one_out_of_memory_fails_alone_and_a_resu
         (["--max_concurrent_trials", "2"], "1", "--max_concurrent_trials places trials on Ray: add --ray"),
         (["--ray", "--trial_gpus", "2"], "1", "--trial_gpus from 0 to 1"),
         (["--ray"], "2", "not under accelerate launch"),
-        (["--ray", "--trial_gpus", "1"], "1", "a trial asks 1 CPU(s) and 1 GPU(s); the Ray cluster has"),
     ],
 )
 def test_ray_flags_a_search_cannot_run_are_refused_in_one_line(smoke_dir, tmp_path, flags, world_size, said):
@@ -162,3 +156,22 @@ def test_ray_flags_a_search_cannot_run_are_refused_in_one_line(smoke_dir, tmp_pa
     result = tune(*flags, "--output_dir", str(tmp_path / "s"), env=cli_env(WORLD_SIZE=world_size))
     assert result.returncode == 2 and said in result.stderr, describe(result)
     assert "Traceback" not in result.stderr and not (tmp_path / "s" / "trials").exists()
+
+
+def test_a_trial_the_ray_cluster_cannot_hold_is_refused_and_the_width_is_what_it_holds(monkeypatch):
+    """Before any trial starts (Ray would leave it pending forever), from the cluster's resources."""
+    pytest.importorskip("ray", reason="pip install 'distilbert-agnews[ray]' (in the dev extra)")
+    from contract.errors import UsageError
+    from training.search import ray_trials
+
+    def asked(resources: dict, **flags) -> tuple[float, int]:
+        monkeypatch.setattr(ray_trials.ray, "cluster_resources", lambda: resources)
+        given = {"trial_cpus": 1.0, "trial_gpus": None, "max_concurrent_trials": None, "n_trials": 20, **flags}
+        return ray_trials.placement(argparse.Namespace(**given))
+
+    with pytest.raises(UsageError, match=r"a trial asks 1 CPU\(s\) and 1 GPU\(s\); the Ray cluster has 2 and 0"):
+        asked({"CPU": 2.0}, trial_gpus=1.0)
+    assert asked({"CPU": 2.0}) == (0.0, 2)  # CPU trials: one per CPU
+    assert asked({"CPU": 16.0, "GPU": 2.0}) == (1.0, 2)  # a GPU each where there are GPUs: a Kaggle 2xT4
+    assert asked({"CPU": 16.0, "GPU": 2.0}, trial_gpus=0.5, n_trials=3) == (0.5, 3)
+    assert asked({"CPU": 16.0}, trial_cpus=4.0, max_concurrent_trials=3) == (0.0, 3)
