@@ -19,9 +19,7 @@ DEFAULT_SPACE: dict[str, dict[str, Any]] = {
     "weight_decay": {"type": "float", "low": 0.0, "high": 0.1},
     "per_device_train_batch_size": {"type": "categorical", "choices": [8, 16, 32, 64]},
 }
-
 CLASSIFICATION_SPACE = {"class_weights": {"type": "categorical", "choices": ["none", "balanced"]}}
-
 LORA_SPACE = {"lora_r": {"type": "categorical", "choices": [4, 8, 16, 32]}}
 
 

@@ -16,7 +16,6 @@ from training.config import TrainConfig
 logger = logging.getLogger("training.tune")  # the search's lines, as the command's
 
 STUDY = "agnews-tune"
-
 PREEMPTED = "the search was preempted; run the same command again to resume it"
 
 

@@ -12,11 +12,10 @@ from pathlib import Path
 from contract.errors import UserError
 from training.config import TrainConfig
 
+# the search's own flags: none of them is in the command that trains the best trial again
 RAY_FLAGS = ("--max_concurrent_trials", "--trial_cpus", "--trial_gpus")  # with --ray only
-
 TUNE_FLAGS = ("--n_trials", "--timeout", "--search_space", "--tune_seed", "--ray_address", *RAY_FLAGS)
-
-SWITCHES = ("--ray",)  # the search's flags that take no value
+SWITCHES = ("--ray",)  # those that take no value
 
 
 def finish_search(study, cfg: TrainConfig, argv: list[str]) -> dict:
