@@ -20,7 +20,16 @@ from contract.errors import UsageError, UserError
 from training.config import ConfigError, TrainConfig
 from training.config_parsing import load_config
 from training.search.space import search_space, suggest
-from training.search.study import PREEMPTED, Clock, open_study, quiet, told, trial_config, validation_value
+from training.search.study import (
+    PREEMPTED,
+    Clock,
+    open_study,
+    quiet,
+    told,
+    trial_config,
+    trial_name,
+    validation_value,
+)
 from training.search.summary import RAY_FLAGS, finish_search
 
 logger = logging.getLogger(__name__)
@@ -57,8 +66,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig]:
     given = [flag for flag in (*RAY_FLAGS, "--ray_address") if flag in (token.split("=")[0] for token in argv)]
     if given and not ours.ray:
         raise ConfigError(f"{given[0]} places trials on Ray: add --ray")
-    gpus, width = ours.trial_gpus or 0, ours.max_concurrent_trials or 1
-    if ours.ray and not (ours.trial_cpus > 0 and 0 <= gpus <= 1 and width >= 1):
+    gpus, width = ours.trial_gpus or 0, ours.max_concurrent_trials
+    if ours.ray and not (ours.trial_cpus > 0 and 0 <= gpus <= 1 and (width is None or width >= 1)):
         raise ConfigError(
             "--ray: --trial_cpus above 0, --trial_gpus from 0 to 1 (each trial is one process), "
             "--max_concurrent_trials at least 1"
@@ -114,7 +123,7 @@ def run_trial(study, trial, params: dict, cfg: TrainConfig, accelerator, n_trial
         return shared(accelerator, trial.should_prune() if trial is not None else None)
 
     with quiet(cfg.verbose):
-        ended = train.main(trial_cfg, accelerator, Search(f"Trial {number + 1}/{n_trials}", prune))
+        ended = train.main(trial_cfg, accelerator, Search(trial_name(number, n_trials), prune))
     accelerator.free_memory()  # the trial's model and optimizer leave with it
     if ended.outcome is Outcome.PREEMPTED:
         raise UserError(PREEMPTED)

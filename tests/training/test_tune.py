@@ -148,6 +148,7 @@ def test_on_ray_trials_run_side_by_side_and_one_out_of_memory_fails_alone(smoke_
     [
         (["--max_concurrent_trials", "2"], "1", "--max_concurrent_trials places trials on Ray: add --ray"),
         (["--ray", "--trial_gpus", "2"], "1", "--trial_gpus from 0 to 1"),
+        (["--ray", "--max_concurrent_trials", "0"], "1", "--max_concurrent_trials at least 1"),
         (["--ray"], "2", "not under accelerate launch"),
     ],
 )

@@ -58,7 +58,7 @@ class Keeper:
         from optuna.trial import TrialState
 
         self.study.tell(self.trials.pop(number), state=TrialState.FAIL)
-        return f"Trial {number + 1}/{self.n_trials}: failed ({why})"
+        return f"{studies.trial_name(number, self.n_trials)}: failed ({why})"
 
 
 def run_trial(trial_cfg: TrainConfig, number: int, n_trials: int, keeper) -> Result:
@@ -74,7 +74,7 @@ def run_trial(trial_cfg: TrainConfig, number: int, n_trials: int, keeper) -> Res
 
     try:
         with studies.quiet(trial_cfg.verbose):
-            return train.main(trial_cfg, accelerator, Search(f"Trial {number + 1}/{n_trials}", prune))
+            return train.main(trial_cfg, accelerator, Search(studies.trial_name(number, n_trials), prune))
     finally:
         accelerator.end_training()
 

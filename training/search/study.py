@@ -54,6 +54,11 @@ def trial_config(cfg: TrainConfig, params: dict, number: int) -> TrainConfig:
     return TrainConfig.model_validate({k: v for k, v in settings.items() if k in TrainConfig.model_fields})
 
 
+def trial_name(number: int, n_trials: int) -> str:
+    """'Trial 3/20': a trial's progress bar and its line."""
+    return f"Trial {number + 1}/{n_trials}"
+
+
 def validation_value(trial_cfg: TrainConfig, results: dict, metric: str | None = None) -> float:
     """An evaluation's metric for the study, signed so that greater is better."""
     from training.scoring.metrics import greater_is_better
@@ -70,7 +75,7 @@ def told(study, trial, ended, trial_cfg: TrainConfig, params: dict, n_trials: in
     """The study told how the trial's run ended (its best validation metric); the trial's line."""
     metric = ended.summary["metric_for_best_model"]  # as the run resolved it
     value = validation_value(trial_cfg, ended.summary["validation"] or {}, metric)
-    return f"Trial {trial.number + 1}/{n_trials}: " + tell(study, trial, ended, metric, value, params)
+    return f"{trial_name(trial.number, n_trials)}: " + tell(study, trial, ended, metric, value, params)
 
 
 def tell(study, trial, ended, metric: str, value: float, params: dict) -> str:
